@@ -1,0 +1,10 @@
+//! vramlab-models: the workloads vramlab trains, written natively in Burn.
+//!
+//! Each model lives in its own folder (config, model, weight loading) and keeps the
+//! reference implementation's field and parameter names, so reference checkpoints load by
+//! name. Models know nothing about training: they expose `forward`, a loss, and a view of
+//! their forward pass as a chain of stages (used by the trainer for block checkpointing).
+
+pub mod nn;
+pub mod weights;
+pub mod vae3d;
