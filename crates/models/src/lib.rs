@@ -6,5 +6,6 @@
 //! their forward pass as a chain of stages (used by the trainer for block checkpointing).
 
 pub mod nn;
-pub mod weights;
+/// Weight I/O by name (re-exported so models can say `crate::weights`).
+pub use vramlab_store as weights;
 pub mod vae3d;

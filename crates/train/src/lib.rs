@@ -1,1 +1,34 @@
+//! vramlab-train: a model-agnostic, memory-instrumented trainer.
+//!
+//! The trainer sees a model only through [`TrainModel`] (a loss for a batch, and optionally a
+//! chain-of-stages view for block checkpointing) and memory only through
+//! [`vramlab_probe::MemoryProbe`]. It owns the optimizer ([`optim`]), learning-rate schedules
+//! ([`schedule`]), gradient accumulation, global-norm clipping, loss scaling for f16, block
+//! gradient checkpointing ([`checkpointing`]), checkpoints with exact resume, and per-step
+//! metrics ([`metrics`]).
 
+pub mod checkpointing;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod schedule;
+pub mod trainer;
+
+pub use checkpointing::CheckpointMode;
+pub use metrics::StepRecord;
+pub use model::{LossParts, StageTensor, Staged, TrainModel};
+pub use optim::{OptimConfig, OptimKind, Optimizer, ParamGroup};
+pub use schedule::{LrSchedule, ScheduleKind};
+pub use trainer::{TrainConfig, TrainError, TrainOutcome, Trainer};
+
+/// Per-step deterministic seeding: the same (seed, step, stream) always gives the same RNG,
+/// so a resumed run draws exactly the numbers an uninterrupted one would.
+pub fn step_rng(seed: u64, step: u64, stream: u64) -> rand::rngs::StdRng {
+    use rand::SeedableRng;
+    // SplitMix64 finalizer over the three words.
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    rand::rngs::StdRng::seed_from_u64(z)
+}

@@ -1,4 +1,4 @@
-//! Weight I/O by name: safetensors <-> Burn modules.
+//! vramlab-store: weight and state I/O by name: safetensors <-> Burn modules.
 //!
 //! A parameter's name is its module path (`encoder.down_blocks.0.0.conv1.weight`), built from
 //! struct field names and `Vec` indices. Enum variants are *not* part of the name: a
@@ -39,21 +39,22 @@ fn preview(keys: &[String]) -> String {
 }
 
 /// Tracks the module path while visiting/mapping; enum variant names are skipped.
+/// Public so that other visitors (the optimizer) name parameters the same way.
 #[derive(Default)]
-struct PathStack {
+pub struct PathStack {
     parts: Vec<Option<String>>,
 }
 
 impl PathStack {
-    fn enter(&mut self, name: &str, container: &str) {
+    pub fn enter(&mut self, name: &str, container: &str) {
         let keep = !container.starts_with("Enum:");
         self.parts.push(keep.then(|| name.to_string()));
     }
-    fn exit(&mut self) {
+    pub fn exit(&mut self) {
         self.parts.pop();
     }
     /// The current name: the path parts joined with '.', enum variants left out.
-    fn current(&self) -> String {
+    pub fn current(&self) -> String {
         self.parts.iter().flatten().map(String::as_str).collect::<Vec<_>>().join(".")
     }
 }

@@ -1,0 +1,677 @@
+//! The 3D convolutional VAE of the 4D-Radar project, natively in Burn.
+//!
+//! Reference: mlkh21/4D-Radar `diffusion_consistency_radar/cm/vae_3d.py` @ 08c7eb9
+//! (`ResBlock3D`, `Downsample3D`, `Upsample3D`, `SelfAttention3D`, `VAE3DEncoder`,
+//! `VAE3DDecoder`, `VAE3D`) and `cm/nn.py` (`normalization()` → `GroupNorm32`).
+//!
+//! Parameter names equal the reference's `state_dict` keys: the reference's heterogeneous
+//! `nn.ModuleList`s are `Vec`s of the [`VaeLayer`] enum (whose variant names
+//! `crate::weights` leaves out of the name), and its `mid_block` `nn.Sequential(Res,
+//! Attn-or-Identity, Res)` is a `Vec<Option<VaeLayer>>` whose middle entry is `None` without
+//! attention, so the keys are `mid_block.0.*` and `mid_block.2.*` as in PyTorch.
+//!
+//! # Mixed precision
+//! Every forward takes a [`Precision`]. Convolutions run in that dtype (input and f32 master
+//! weights are cast in-graph), so the activations flowing between layers have that dtype;
+//! GroupNorm and the attention softmax run in f32; the encoder's moments (mean, logvar), the
+//! reconstruction and the loss are f32. With [`Precision::F32`] nothing is cast.
+//!
+//! # Stage view
+//! For block gradient checkpointing the forward is also a chain of stages
+//! ([`Vae3d::stage`]); [`Vae3d::forward`] is literally that chain, so the two agree bit for bit.
+
+use burn::module::Module;
+use burn::nn::PaddingConfig3d;
+use burn::nn::conv::{Conv3d, Conv3dConfig};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::{relu, silu, softmax};
+
+use super::config::{Vae3dConfig, Vae3dLossKind, level_stride};
+use crate::nn::{GroupNorm, Precision, cast, conv3d_p, group_count, to_f32};
+
+/// `nn.GroupNorm`'s default epsilon (the reference's `GroupNorm32` does not override it).
+const NORM_EPS: f64 = 1e-5;
+/// The reference's `normalization()` asks for `min(32, C)` groups.
+const MAX_GROUPS: usize = 32;
+/// The reference clamps logvar to this range before sampling (and in the returned posterior).
+const LOGVAR_MIN: f64 = -30.0;
+const LOGVAR_MAX: f64 = 20.0;
+
+fn conv<B: Backend>(cin: usize, cout: usize, kernel: usize, stride: [usize; 3], device: &B::Device) -> Conv3d<B> {
+    let pad = kernel / 2; // "same" for odd kernels at stride 1, as the reference's padding=1 / 0
+    Conv3dConfig::new([cin, cout], [kernel; 3])
+        .with_stride(stride)
+        .with_padding(PaddingConfig3d::Explicit(pad, pad, pad))
+        .init(device)
+}
+
+fn norm<B: Backend>(channels: usize, device: &B::Device) -> GroupNorm<B> {
+    // Largest divisor of C that is <= min(32, C): equal to the reference's min(32, C) whenever
+    // that divides C; where it does not (48 channels), PyTorch would raise instead.
+    GroupNorm::new(group_count(channels, MAX_GROUPS), channels, NORM_EPS, device)
+}
+
+/// `ResBlock3D`: pre-activation residual block, 1³ conv skip when the width changes.
+#[derive(Module, Debug)]
+pub struct ResBlock3d<B: Backend> {
+    pub norm1: GroupNorm<B>,
+    pub conv1: Conv3d<B>,
+    pub norm2: GroupNorm<B>,
+    pub conv2: Conv3d<B>,
+    /// `nn.Conv3d(in, out, 1)` when `in != out`, else the identity (`None`: no parameters).
+    pub skip: Option<Conv3d<B>>,
+}
+
+impl<B: Backend> ResBlock3d<B> {
+    pub fn new(cin: usize, cout: usize, device: &B::Device) -> Self {
+        Self {
+            norm1: norm(cin, device),
+            conv1: conv(cin, cout, 3, [1; 3], device),
+            norm2: norm(cout, device),
+            conv2: conv(cout, cout, 3, [1; 3], device),
+            skip: (cin != cout).then(|| conv(cin, cout, 1, [1; 3], device)),
+        }
+    }
+
+    /// # Shapes
+    /// - x: `[batch, in, d, h, w]` → `[batch, out, d, h, w]`
+    pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        let h = silu(self.norm1.forward(x.clone())); // [b, in, d, h, w]
+        let h = conv3d_p(&self.conv1, h, p); // [b, out, d, h, w]
+        // Dropout would sit here; only p = 0 is supported (Vae3dConfig::validate).
+        let h = silu(self.norm2.forward(h));
+        let h = conv3d_p(&self.conv2, h, p); // [b, out, d, h, w]
+        let skip = match &self.skip {
+            Some(c) => conv3d_p(c, x, p), // [b, out, d, h, w]
+            None => cast(x, p.dtype()),
+        };
+        skip + h
+    }
+}
+
+/// `Downsample3D`: a strided 3³ convolution (stride `(1,2,2)` keeps the Z axis).
+#[derive(Module, Debug)]
+pub struct Downsample3d<B: Backend> {
+    pub conv: Conv3d<B>,
+}
+
+impl<B: Backend> Downsample3d<B> {
+    /// # Shapes
+    /// - x: `[batch, c, d, h, w]` → `[batch, c, ⌈d/s_d⌉, ⌈h/s_h⌉, ⌈w/s_w⌉]`
+    pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        conv3d_p(&self.conv, x, p)
+    }
+}
+
+/// `Upsample3D`: trilinear interpolation by an integer factor, then a 3³ convolution.
+#[derive(Module, Debug)]
+pub struct Upsample3d<B: Backend> {
+    pub conv: Conv3d<B>,
+    /// Scale factor `[depth, height, width]`.
+    pub scale: [usize; 3],
+}
+
+impl<B: Backend> Upsample3d<B> {
+    /// # Shapes
+    /// - x: `[batch, c, d, h, w]` → `[batch, c, d·s_d, h·s_h, w·s_w]`
+    pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        conv3d_p(&self.conv, upsample_trilinear(x, self.scale), p)
+    }
+}
+
+/// PyTorch's `F.interpolate(x, scale_factor=scale, mode="trilinear", align_corners=False)`
+/// for integer scale factors, from differentiable tensor ops.
+///
+/// Trilinear interpolation is separable: it equals linear interpolation along each axis in
+/// turn (PyTorch sums the same 8 weighted corners; results differ only by f32 rounding).
+/// Axes with factor 1 are the identity in PyTorch too (source = destination, λ = 0).
+///
+/// # Shapes
+/// - x: `[batch, c, d, h, w]` → `[batch, c, d·scale[0], h·scale[1], w·scale[2]]`
+pub fn upsample_trilinear<B: Backend>(x: Tensor<B, 5>, scale: [usize; 3]) -> Tensor<B, 5> {
+    let mut h = x;
+    for (axis, &s) in scale.iter().enumerate() {
+        if s != 1 {
+            h = upsample_linear_axis(h, 2 + axis, s);
+        }
+    }
+    h
+}
+
+/// Linear interpolation along `dim` by integer factor `scale` (align_corners = false).
+fn upsample_linear_axis<B: Backend>(x: Tensor<B, 5>, dim: usize, scale: usize) -> Tensor<B, 5> {
+    let n_in = x.dims()[dim];
+    let (i0, i1, lambda) = linear_source_indices(n_in, scale);
+    let n_out = lambda.len();
+    let device = x.device();
+    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
+    // Weights broadcast along every axis but `dim`, in x's dtype (0.25 / 0.75 etc. are exact
+    // in bf16 and f16 for the factor 2 the VAE uses).
+    let mut wshape = [1usize; 5];
+    wshape[dim] = n_out;
+    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(x.dtype());
+    let w0 = weight(lambda.iter().map(|l| 1.0 - l).collect());
+    let w1 = weight(lambda);
+    let lo = x.clone().select(dim, index(i0)); // [.., n_out (at dim), ..]
+    let hi = x.select(dim, index(i1)); // [.., n_out (at dim), ..]
+    lo * w0 + hi * w1
+}
+
+/// Source neighbours and weights of PyTorch's linear upsampling along one axis, as its
+/// `area_pixel_compute_source_index` computes them with `align_corners=False` and an
+/// explicit `scale_factor` (the scale used is `1/scale_factor`):
+/// `src = max((dst + 0.5) / scale − 0.5, 0)`, `i0 = ⌊src⌋`, `i1 = min(i0 + 1, n − 1)`,
+/// `λ = src − i0`; output = `(1 − λ)·x[i0] + λ·x[i1]`.
+pub fn linear_source_indices(n_in: usize, scale: usize) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let inv = 1.0f32 / scale as f32;
+    let n_out = n_in * scale;
+    let (mut i0s, mut i1s, mut lambdas) = (Vec::with_capacity(n_out), Vec::with_capacity(n_out), Vec::with_capacity(n_out));
+    for dst in 0..n_out {
+        let src = (inv * (dst as f32 + 0.5) - 0.5).max(0.0);
+        let i0 = (src as usize).min(n_in - 1);
+        let i1 = (i0 + 1).min(n_in - 1);
+        i0s.push(i0 as i64);
+        i1s.push(i1 as i64);
+        lambdas.push(src - i0 as f32);
+    }
+    (i0s, i1s, lambdas)
+}
+
+/// `SelfAttention3D`: multi-head self-attention over all voxels, with a residual.
+#[derive(Module, Debug)]
+pub struct SelfAttention3d<B: Backend> {
+    pub norm: GroupNorm<B>,
+    pub qkv: Conv3d<B>,
+    pub proj: Conv3d<B>,
+    pub num_heads: usize,
+}
+
+impl<B: Backend> SelfAttention3d<B> {
+    pub fn new(channels: usize, num_heads: usize, device: &B::Device) -> Self {
+        Self {
+            norm: norm(channels, device),
+            qkv: conv(channels, 3 * channels, 1, [1; 3], device),
+            proj: conv(channels, channels, 1, [1; 3], device),
+            num_heads,
+        }
+    }
+
+    /// # Shapes
+    /// - x: `[batch, c, d, h, w]` → `[batch, c, d, h, w]`; attention is over `n = d·h·w`
+    ///   voxels (an `[batch, heads, n, n]` score matrix).
+    pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        let [b, c, d, hh, w] = x.dims();
+        let (heads, n) = (self.num_heads, d * hh * w);
+        let head_dim = c / heads;
+        let h = self.norm.forward(x.clone());
+        // The reference reshapes the 3C channels as (3, heads, head_dim): q, k, v each take a
+        // contiguous block of C channels, split into heads of head_dim channels.
+        let qkv = conv3d_p(&self.qkv, h, p).reshape([b, 3, heads, head_dim, n]);
+        let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([b, heads, head_dim, n]);
+        let (q, k, v) = (part(0), part(1), part(2)); // each [b, heads, head_dim, n]
+        let scores = q.swap_dims(2, 3).matmul(k); // [b, heads, n, n]
+        // SDPA's default scale head_dim^-0.5; softmax in f32 as autocast does.
+        let attn = softmax(to_f32(scores) * (head_dim as f64).powf(-0.5), 3); // [b, heads, n, n]
+        let attn = cast(attn, p.dtype());
+        // (attn · vᵀ)ᵀ = v · attnᵀ keeps the reference's (head, head_dim) channel order.
+        let out = v.matmul(attn.swap_dims(2, 3)); // [b, heads, head_dim, n]
+        x + conv3d_p(&self.proj, out.reshape([b, c, d, hh, w]), p)
+    }
+}
+
+/// One entry of a reference `nn.ModuleList` / `nn.Sequential`. The variant name is not part
+/// of the parameter names (see `crate::weights`).
+#[derive(Module, Debug)]
+pub enum VaeLayer<B: Backend> {
+    Res(ResBlock3d<B>),
+    Attn(SelfAttention3d<B>),
+    Down(Downsample3d<B>),
+    Up(Upsample3d<B>),
+}
+
+impl<B: Backend> VaeLayer<B> {
+    pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        match self {
+            VaeLayer::Res(m) => m.forward(x, p),
+            VaeLayer::Attn(m) => m.forward(x, p),
+            VaeLayer::Down(m) => m.forward(x, p),
+            VaeLayer::Up(m) => m.forward(x, p),
+        }
+    }
+}
+
+fn run_layers<'a, B: Backend>(layers: impl IntoIterator<Item = &'a VaeLayer<B>>, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+    layers.into_iter().fold(x, |h, layer| layer.forward(h, p))
+}
+
+/// `nn.Sequential(ResBlock3D, SelfAttention3D or Identity, ResBlock3D)`.
+fn mid_block<B: Backend>(ch: usize, cfg: &Vae3dConfig, device: &B::Device) -> Vec<Option<VaeLayer<B>>> {
+    vec![
+        Some(VaeLayer::Res(ResBlock3d::new(ch, ch, device))),
+        cfg.use_attention.then(|| VaeLayer::Attn(SelfAttention3d::new(ch, cfg.num_heads, device))),
+        Some(VaeLayer::Res(ResBlock3d::new(ch, ch, device))),
+    ]
+}
+
+/// `VAE3DEncoder` with `double_z=True`.
+#[derive(Module, Debug)]
+pub struct Vae3dEncoder<B: Backend> {
+    pub conv_in: Conv3d<B>,
+    /// Per level: `num_res_blocks` ResBlocks, attention (last level, if enabled), downsample
+    /// (all levels but the last).
+    pub down_blocks: Vec<Vec<VaeLayer<B>>>,
+    pub mid_block: Vec<Option<VaeLayer<B>>>,
+    pub norm_out: GroupNorm<B>,
+    pub conv_out: Conv3d<B>,
+}
+
+/// `VAE3DDecoder`.
+#[derive(Module, Debug)]
+pub struct Vae3dDecoder<B: Backend> {
+    pub conv_in: Conv3d<B>,
+    pub mid_block: Vec<Option<VaeLayer<B>>>,
+    /// Per level: `num_res_blocks + 1` ResBlocks, attention (first level, if enabled),
+    /// upsample (all levels but the last).
+    pub up_blocks: Vec<Vec<VaeLayer<B>>>,
+    pub norm_out: GroupNorm<B>,
+    pub conv_out: Conv3d<B>,
+}
+
+/// `VAE3D`: encoder → (sample) → quant_conv → post_quant_conv → decoder.
+#[derive(Module, Debug)]
+pub struct Vae3d<B: Backend> {
+    pub encoder: Vae3dEncoder<B>,
+    pub decoder: Vae3dDecoder<B>,
+    pub quant_conv: Conv3d<B>,
+    pub post_quant_conv: Conv3d<B>,
+    /// The config the model was built from (loss weights, levels); not a parameter.
+    pub config: Vae3dConfig,
+}
+
+/// What [`Vae3d::forward`] returns; all f32.
+#[derive(Debug, Clone)]
+pub struct Vae3dOutput<B: Backend> {
+    /// `[batch, out_channels, d, h, w]`
+    pub recon: Tensor<B, 5>,
+    /// `[batch, latent_dim, d/f_d, h/f_h, w/f_w]`
+    pub mean: Tensor<B, 5>,
+    /// Clamped to `[-30, 20]`; same shape as `mean`.
+    pub logvar: Tensor<B, 5>,
+}
+
+/// The loss and its parts, each `[1]` and f32.
+#[derive(Debug, Clone)]
+pub struct Vae3dLoss<B: Backend> {
+    /// `recon_loss + kl_weight · kl_loss`
+    pub loss: Tensor<B, 1>,
+    pub recon_loss: Tensor<B, 1>,
+    pub kl_loss: Tensor<B, 1>,
+}
+
+/// What the stages need besides the state tensor.
+#[derive(Debug, Clone)]
+pub struct StageCtx<B: Backend> {
+    /// Posterior noise of the latent's shape: `None` → z = mean (deterministic).
+    pub eps: Option<Tensor<B, 5>>,
+    pub precision: Precision,
+}
+
+impl Vae3dConfig {
+    /// Build the model with PyTorch-like default initialisation (Kaiming-uniform convs,
+    /// GroupNorm weight 1 / bias 0). Panics on an invalid config; call
+    /// [`Vae3dConfig::validate`] first for an error instead.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Vae3d<B> {
+        if let Err(e) = self.validate() {
+            panic!("invalid Vae3dConfig: {e}");
+        }
+        let b = self.base_channels;
+
+        let mut ch = b;
+        let levels = self.encoder_channel_mult.len();
+        let down_blocks = (0..levels)
+            .map(|i| {
+                let out = b * self.encoder_channel_mult[i];
+                let mut block = Vec::new();
+                for _ in 0..self.num_res_blocks {
+                    block.push(VaeLayer::Res(ResBlock3d::new(ch, out, device)));
+                    ch = out;
+                }
+                if self.use_attention && i == levels - 1 {
+                    block.push(VaeLayer::Attn(SelfAttention3d::new(ch, self.num_heads, device)));
+                }
+                if i + 1 < levels {
+                    block.push(VaeLayer::Down(Downsample3d { conv: conv(ch, ch, 3, level_stride(i), device) }));
+                }
+                block
+            })
+            .collect();
+        let encoder = Vae3dEncoder {
+            conv_in: conv(self.in_channels, b, 3, [1; 3], device),
+            down_blocks,
+            mid_block: mid_block(ch, self, device),
+            norm_out: norm(ch, device),
+            conv_out: conv(ch, 2 * self.latent_dim, 3, [1; 3], device),
+        };
+
+        let mut ch = self.decoder_in_channels();
+        let conv_in = conv(self.latent_dim, ch, 3, [1; 3], device);
+        let dec_mid = mid_block(ch, self, device);
+        let levels = self.decoder_channel_mult.len();
+        let up_blocks = (0..levels)
+            .map(|i| {
+                let out = b * self.decoder_channel_mult[i];
+                let mut block = Vec::new();
+                for _ in 0..self.num_res_blocks + 1 {
+                    block.push(VaeLayer::Res(ResBlock3d::new(ch, out, device)));
+                    ch = out;
+                }
+                if self.use_attention && i == 0 {
+                    block.push(VaeLayer::Attn(SelfAttention3d::new(ch, self.num_heads, device)));
+                }
+                if i + 1 < levels {
+                    block.push(VaeLayer::Up(Upsample3d { conv: conv(ch, ch, 3, [1; 3], device), scale: level_stride(i) }));
+                }
+                block
+            })
+            .collect();
+        let decoder = Vae3dDecoder {
+            conv_in,
+            mid_block: dec_mid,
+            up_blocks,
+            norm_out: norm(ch, device),
+            conv_out: conv(ch, self.out_channels, 3, [1; 3], device),
+        };
+
+        Vae3d {
+            encoder,
+            decoder,
+            quant_conv: conv(self.latent_dim, self.latent_dim, 1, [1; 3], device),
+            post_quant_conv: conv(self.latent_dim, self.latent_dim, 1, [1; 3], device),
+            config: self.clone(),
+        }
+    }
+}
+
+/// Split the encoder's moments into `(mean, logvar.clamp(-30, 20))`, as `VAE3D.encode` does.
+///
+/// # Shapes
+/// - moments: `[batch, 2·latent, d', h', w']` → two `[batch, latent, d', h', w']`
+pub fn split_moments<B: Backend>(moments: Tensor<B, 5>) -> (Tensor<B, 5>, Tensor<B, 5>) {
+    let latent = moments.dims()[1] / 2;
+    let mean = moments.clone().narrow(1, 0, latent); // [b, latent, d', h', w']
+    let logvar = moments.narrow(1, latent, latent).clamp(LOGVAR_MIN, LOGVAR_MAX);
+    (mean, logvar)
+}
+
+impl<B: Backend> Vae3d<B> {
+    fn enc_levels(&self) -> usize {
+        self.encoder.down_blocks.len()
+    }
+
+    fn dec_levels(&self) -> usize {
+        self.decoder.up_blocks.len()
+    }
+
+    /// Number of stages: one per encoder level, the encoder tail (→ moments), the latent
+    /// stage, the decoder mid block, one per decoder level, and the output head.
+    pub fn num_stages(&self) -> usize {
+        self.enc_levels() + self.dec_levels() + 4
+    }
+
+    /// Index of the stage whose output is the encoder's moments.
+    pub fn moments_stage(&self) -> usize {
+        self.enc_levels()
+    }
+
+    /// Run stage `i` on the state `h`. Starting from `x` at stage 0 and feeding each output to
+    /// the next stage yields the reconstruction; this is exactly what [`Vae3d::forward`] does.
+    ///
+    /// | stage | computes | output |
+    /// |---|---|---|
+    /// | `0` | conv_in, down level 0 | `[b, c_1, ..]` (compute dtype) |
+    /// | `1..L` | down level i | `[b, c_i+1, ..]` |
+    /// | `L` = [`moments_stage`](Self::moments_stage) | mid block, norm_out, SiLU, conv_out | moments `[b, 2·latent, d', h', w']`, **f32, logvar not yet clamped** (see [`split_moments`]) |
+    /// | `L+1` | split + clamp, z = mean (+ exp(½ logvar)·eps), quant_conv, post_quant_conv, decoder conv_in | `[b, c_dec, d', h', w']` |
+    /// | `L+2` | decoder mid block | same |
+    /// | `L+3 .. L+3+U` | up level j | `[b, c, ..]` upsampled (except the last) |
+    /// | `L+U+3` | norm_out, SiLU, conv_out | recon `[b, out, d, h, w]`, f32 |
+    ///
+    /// (`L`, `U`: encoder / decoder levels.)
+    pub fn stage(&self, i: usize, h: Tensor<B, 5>, ctx: &StageCtx<B>) -> Tensor<B, 5> {
+        let p = ctx.precision;
+        let (l, u) = (self.enc_levels(), self.dec_levels());
+        let enc = &self.encoder;
+        let dec = &self.decoder;
+        match i {
+            0 => run_layers(&enc.down_blocks[0], conv3d_p(&enc.conv_in, h, p), p),
+            i if i < l => run_layers(&enc.down_blocks[i], h, p),
+            i if i == l => {
+                let h = run_layers(enc.mid_block.iter().flatten(), h, p);
+                let h = silu(enc.norm_out.forward(h));
+                to_f32(conv3d_p(&enc.conv_out, h, p)) // [b, 2·latent, d', h', w']
+            }
+            i if i == l + 1 => {
+                let (mean, logvar) = split_moments(h);
+                let z = match &ctx.eps {
+                    None => mean,
+                    Some(eps) => {
+                        assert_eq!(eps.dims(), mean.dims(), "Vae3d: eps must have the latent's shape");
+                        mean + (logvar * 0.5).exp() * to_f32(eps.clone())
+                    }
+                };
+                // The reference applies quant_conv to z *after* sampling (VAE3D.encode).
+                let z = conv3d_p(&self.quant_conv, z, p); // [b, latent, d', h', w']
+                self.latent_to_decoder(z, p)
+            }
+            i if i == l + 2 => run_layers(dec.mid_block.iter().flatten(), h, p),
+            i if i < l + 3 + u => run_layers(&dec.up_blocks[i - l - 3], h, p),
+            i if i == l + 3 + u => {
+                let h = silu(dec.norm_out.forward(h));
+                to_f32(conv3d_p(&dec.conv_out, h, p)) // [b, out, d, h, w]
+            }
+            _ => panic!("Vae3d::stage: stage {i} out of range (num_stages = {})", self.num_stages()),
+        }
+    }
+
+    /// post_quant_conv and the decoder's conv_in.
+    fn latent_to_decoder(&self, z: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        let z = conv3d_p(&self.post_quant_conv, z, p); // [b, latent, d', h', w']
+        conv3d_p(&self.decoder.conv_in, z, p) // [b, c_dec, d', h', w']
+    }
+
+    /// Encode to the posterior `(mean, logvar)`; logvar clamped to `[-30, 20]`; both f32.
+    ///
+    /// # Shapes
+    /// - x: `[batch, in, d, h, w]` → two `[batch, latent, d/f_d, h/f_h, w/f_w]` with
+    ///   `f =` [`Vae3dConfig::downsample_factor`] (sizes rounded up per strided conv).
+    pub fn encode(&self, x: Tensor<B, 5>, p: Precision) -> (Tensor<B, 5>, Tensor<B, 5>) {
+        let ctx = StageCtx { eps: None, precision: p };
+        let moments = (0..=self.moments_stage()).fold(x, |h, i| self.stage(i, h, &ctx));
+        split_moments(moments)
+    }
+
+    /// Decode a latent `z` (what the reference's `encode` returns, i.e. after quant_conv):
+    /// post_quant_conv, then the decoder. Returns f32.
+    ///
+    /// # Shapes
+    /// - z: `[batch, latent, d', h', w']` → `[batch, out, d'·f_d, h'·f_h, w'·f_w]`
+    pub fn decode(&self, z: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+        let ctx = StageCtx { eps: None, precision: p };
+        let h = self.latent_to_decoder(z, p);
+        (self.moments_stage() + 2..self.num_stages()).fold(h, |h, i| self.stage(i, h, &ctx))
+    }
+
+    /// Encode, sample (or take the mean), decode.
+    ///
+    /// `eps`: `None` → deterministic (z = mean); `Some(noise)` with the latent's shape →
+    /// z = mean + exp(½·logvar)·noise (the reference draws `randn_like`; the caller does here).
+    ///
+    /// # Shapes
+    /// - x: `[batch, in, d, h, w]`; outputs as in [`Vae3dOutput`].
+    pub fn forward(&self, x: Tensor<B, 5>, eps: Option<Tensor<B, 5>>, p: Precision) -> Vae3dOutput<B> {
+        let ctx = StageCtx { eps, precision: p };
+        let mut moments = None;
+        let mut h = x;
+        for i in 0..self.num_stages() {
+            h = self.stage(i, h, &ctx);
+            if i == self.moments_stage() {
+                moments = Some(h.clone());
+            }
+        }
+        let (mean, logvar) = split_moments(moments.expect("moments stage is within the chain"));
+        Vae3dOutput { recon: h, mean, logvar }
+    }
+
+    /// The loss of [`Vae3dConfig::loss`] (the reference's `compute_loss(reduction="mean")` by
+    /// default), computed in f32.
+    pub fn compute_loss(&self, x: Tensor<B, 5>, out: &Vae3dOutput<B>) -> Vae3dLoss<B> {
+        self.loss_terms(x, out.recon.clone(), out.mean.clone(), out.logvar.clone())
+    }
+
+    /// The same loss from the saved stage outputs: `moments` (output of
+    /// [`moments_stage`](Self::moments_stage)) and `recon` (output of the last stage).
+    /// Equals `compute_loss(x, &forward(x, ..))` exactly.
+    pub fn loss_from_parts(&self, x: Tensor<B, 5>, moments: Tensor<B, 5>, recon: Tensor<B, 5>) -> Vae3dLoss<B> {
+        let (mean, logvar) = split_moments(to_f32(moments));
+        self.loss_terms(x, recon, mean, logvar)
+    }
+
+    fn loss_terms(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>) -> Vae3dLoss<B> {
+        let cfg = &self.config;
+        let (x, recon) = (to_f32(x), to_f32(recon)); // [b, c, d, h, w]
+        assert_eq!(x.dims(), recon.dims(), "Vae3d loss: input and reconstruction shapes differ");
+        let recon_loss = match cfg.loss {
+            Vae3dLossKind::Mse => (recon - x).square().mean(),
+            Vae3dLossKind::Reference => self.reference_recon_loss(x, recon),
+        };
+        // KL(q(z|x) || N(0, I)), averaged over all latent elements.
+        let kl_loss = (logvar.clone() + 1.0 - mean.square() - logvar.exp()).mean() * -0.5;
+        let loss = recon_loss.clone() + kl_loss.clone() * cfg.kl_weight;
+        Vae3dLoss { loss, recon_loss, kl_loss }
+    }
+
+    /// The reference's sparse-voxel reconstruction loss (reduction "mean"): squared error
+    /// weighted by occupancy (`x[:, 0] > 0`) and per channel, normalised by the mean weights so
+    /// its scale stays comparable to a plain MSE; plus a false-positive term on empty voxels and
+    /// an occupancy-mass term (each only when its weight is > 0, as in the reference).
+    fn reference_recon_loss(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>) -> Tensor<B, 1> {
+        let cfg = &self.config;
+        let [_, c, ..] = x.dims();
+        let device = x.device();
+        let occ_target = x.clone().narrow(1, 0, 1); // [b, 1, d, h, w]
+        let occ_pred = recon.clone().narrow(1, 0, 1); // [b, 1, d, h, w]
+
+        let occupied = occ_target.clone().greater_elem(0.0).float(); // [b, 1, d, h, w]
+        let spatial_weight = occupied * (cfg.occupied_weight - cfg.empty_weight) + cfg.empty_weight;
+        let mut diff = (recon - x).square() * spatial_weight.clone(); // [b, c, d, h, w]
+        let mut denom = spatial_weight.mean().clamp_min(1e-6); // [1]
+        if let Some(cw) = cfg.channel_weights.as_ref().filter(|cw| cw.len() == c) {
+            let cw_mean = cw.iter().sum::<f32>() / cw.len() as f32;
+            let cw = Tensor::<B, 1>::from_data(TensorData::new(cw.clone(), [c]), &device).reshape([1, c, 1, 1, 1]);
+            diff = diff * cw;
+            denom = denom * cw_mean.max(1e-6);
+        }
+        let mut loss = diff.mean() / denom;
+
+        if cfg.false_positive_weight > 0.0 {
+            let empty = occ_target.clone().lower_equal_elem(0.0).float(); // [b, 1, d, h, w]
+            let fp = (relu(occ_pred.clone() - occ_target.clone()).square() * empty).mean();
+            loss = loss + fp * cfg.false_positive_weight;
+        }
+        if cfg.occupancy_mass_weight > 0.0 {
+            let mass = (relu(occ_pred).mean() - relu(occ_target).mean()).abs();
+            loss = loss + mass * cfg.occupancy_mass_weight;
+        }
+        loss
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    type Tb = Flex;
+
+    fn values(t: Tensor<Tb, 5>) -> Vec<f32> {
+        t.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    #[test]
+    fn source_indices_match_pytorch() {
+        let (i0, i1, l) = linear_source_indices(4, 2);
+        assert_eq!(i0, [0, 0, 0, 1, 1, 2, 2, 3]);
+        assert_eq!(i1, [1, 1, 1, 2, 2, 3, 3, 3]);
+        // The last output clamps i1 to i0 but keeps λ = src − i0 = 0.25, as PyTorch does.
+        assert_eq!(l, [0.0, 0.25, 0.75, 0.25, 0.75, 0.25, 0.75, 0.25]);
+    }
+
+    #[test]
+    fn trilinear_1d_matches_pytorch() {
+        let dev = Default::default();
+        let x = Tensor::<Tb, 1>::from_floats([0.0, 1.0, 2.0, 3.0], &dev).reshape([1, 1, 1, 1, 4]);
+        let y = upsample_trilinear(x.clone(), [1, 1, 2]);
+        assert_eq!(y.dims(), [1, 1, 1, 1, 8]);
+        // torch.nn.functional.interpolate(torch.arange(4.).view(1,1,1,1,4), scale_factor=(1,1,2),
+        //   mode="trilinear", align_corners=False)
+        assert_eq!(values(y), [0.0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3.0]);
+        // Along depth too, and in bf16 (weights 0.25 / 0.75 are exact there).
+        let y = upsample_trilinear(x.reshape([1, 1, 4, 1, 1]).cast(burn::tensor::FloatDType::BF16), [2, 1, 1]);
+        assert_eq!(y.dims(), [1, 1, 8, 1, 1]);
+        assert_eq!(values(y), [0.0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3.0]);
+    }
+
+    #[test]
+    fn trilinear_2x2x2_matches_pytorch() {
+        // torch: F.interpolate(torch.tensor([[[[[0.,1.],[2.,3.]],[[4.,5.],[6.,7.]]]]]),
+        //   scale_factor=2, mode="trilinear", align_corners=False)[0,0,1,1] =
+        //   [1.5, 1.75, 2.25, 2.5] (the field is linear: 4·0.25 + 2·0.25 + w_src, w_src = 0, ¼, ¾, 1).
+        let dev = Default::default();
+        let x = Tensor::<Tb, 1>::from_floats([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &dev).reshape([1, 1, 2, 2, 2]);
+        let y = upsample_trilinear(x, [2, 2, 2]);
+        assert_eq!(y.dims(), [1, 1, 4, 4, 4]);
+        let v = values(y);
+        let at = |d: usize, h: usize, w: usize| v[(d * 4 + h) * 4 + w];
+        // Direct trilinear: weights per axis for output index o: (i0, i1, λ) as PyTorch.
+        let (i0, i1, l) = linear_source_indices(2, 2);
+        let src = |d: usize, h: usize, w: usize| (d * 4 + h * 2 + w) as f32;
+        for d in 0..4 {
+            for h in 0..4 {
+                for w in 0..4 {
+                    let mut expect = 0.0;
+                    for (dd, wd) in [(i0[d], 1.0 - l[d]), (i1[d], l[d])] {
+                        for (hh, wh) in [(i0[h], 1.0 - l[h]), (i1[h], l[h])] {
+                            for (ww, wwt) in [(i0[w], 1.0 - l[w]), (i1[w], l[w])] {
+                                expect += wd * wh * wwt * src(dd as usize, hh as usize, ww as usize);
+                            }
+                        }
+                    }
+                    assert!((at(d, h, w) - expect).abs() < 1e-6, "({d},{h},{w}): {} vs {expect}", at(d, h, w));
+                }
+            }
+        }
+        assert_eq!([at(1, 1, 0), at(1, 1, 1), at(1, 1, 2), at(1, 1, 3)], [1.5, 1.75, 2.25, 2.5]);
+    }
+
+    #[test]
+    fn attention_preset_runs_and_keeps_shape() {
+        let dev = Default::default();
+        let cfg = Vae3dConfig {
+            base_channels: 8,
+            encoder_channel_mult: vec![1, 2],
+            decoder_channel_mult: vec![2, 1],
+            num_res_blocks: 1,
+            use_attention: true,
+            ..Vae3dConfig::preset("standard").unwrap()
+        };
+        let model = cfg.init::<Tb>(&dev);
+        assert_eq!(model.num_params(), cfg.num_params());
+        let x = Tensor::<Tb, 5>::random([1, 4, 2, 8, 8], burn::tensor::Distribution::Default, &dev);
+        let out = model.forward(x.clone(), None, Precision::F32);
+        assert_eq!(out.mean.dims(), [1, 4, 2, 4, 4]);
+        assert_eq!(out.recon.dims(), [1, 4, 2, 8, 8]);
+        let loss = model.compute_loss(x, &out).loss.into_scalar();
+        assert!(loss.is_finite());
+    }
+}

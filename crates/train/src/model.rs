@@ -1,0 +1,97 @@
+//! What the trainer needs from a model: nothing but a loss (and optionally stages).
+
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+/// A scalar loss and its named parts (for logging; only `loss` is differentiated).
+pub struct LossParts<B: Backend> {
+    pub loss: Tensor<B, 1>,
+    pub parts: Vec<(&'static str, Tensor<B, 1>)>,
+}
+
+impl<B: Backend> LossParts<B> {
+    pub fn new(loss: Tensor<B, 1>) -> Self {
+        Self { loss, parts: Vec::new() }
+    }
+    pub fn with(mut self, name: &'static str, value: Tensor<B, 1>) -> Self {
+        self.parts.push((name, value));
+        self
+    }
+}
+
+/// A model the trainer can train. The batch type is the model's business.
+pub trait TrainModel<B: AutodiffBackend>: AutodiffModule<B> + Clone {
+    type Batch;
+
+    /// Training-mode loss for one (micro-)batch.
+    fn forward_loss(&self, batch: &Self::Batch) -> LossParts<B>;
+
+    /// The forward pass as a chain of stages, when the model offers one (block checkpointing).
+    fn staged(&self) -> Option<&dyn Staged<B, Self::Batch>> {
+        None
+    }
+}
+
+/// A tensor of any rank flowing between stages.
+#[derive(Clone, Debug)]
+pub enum StageTensor<B: Backend> {
+    R2(Tensor<B, 2>),
+    R3(Tensor<B, 3>),
+    R4(Tensor<B, 4>),
+    R5(Tensor<B, 5>),
+}
+
+macro_rules! each_rank {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            StageTensor::R2($t) => StageTensor::R2($e),
+            StageTensor::R3($t) => StageTensor::R3($e),
+            StageTensor::R4($t) => StageTensor::R4($e),
+            StageTensor::R5($t) => StageTensor::R5($e),
+        }
+    };
+}
+
+impl<B: AutodiffBackend> StageTensor<B> {
+    /// Cut from any graph and track as a new leaf.
+    pub fn leaf(self) -> Self {
+        each_rank!(self, t => t.detach().require_grad())
+    }
+    pub fn detach(self) -> Self {
+        each_rank!(self, t => t.detach())
+    }
+    /// `sum(self * grad)`: backpropagating this scalar sends `grad` into `self`'s graph.
+    pub fn dot(&self, grad: &StageGrad<B>) -> Tensor<B, 1> {
+        match (self, grad) {
+            (StageTensor::R2(t), StageTensor::R2(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
+            (StageTensor::R3(t), StageTensor::R3(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
+            (StageTensor::R4(t), StageTensor::R4(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
+            (StageTensor::R5(t), StageTensor::R5(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
+            _ => panic!("stage output and its gradient differ in rank (model bug)"),
+        }
+    }
+    /// Gradient of this leaf, or zeros when the loss does not depend on it.
+    pub fn grad(&self, grads: &B::Gradients) -> StageGrad<B> {
+        match self {
+            StageTensor::R2(t) => StageTensor::R2(t.grad(grads).unwrap_or_else(|| t.clone().inner().zeros_like())),
+            StageTensor::R3(t) => StageTensor::R3(t.grad(grads).unwrap_or_else(|| t.clone().inner().zeros_like())),
+            StageTensor::R4(t) => StageTensor::R4(t.grad(grads).unwrap_or_else(|| t.clone().inner().zeros_like())),
+            StageTensor::R5(t) => StageTensor::R5(t.grad(grads).unwrap_or_else(|| t.clone().inner().zeros_like())),
+        }
+    }
+}
+
+/// Gradient of a stage tensor (on the inner backend).
+pub type StageGrad<B> = StageTensor<<B as AutodiffBackend>::InnerBackend>;
+
+/// The forward pass as `state_0 = input(batch)`, `state_{i+1} = stage(i, state_i)`,
+/// `loss = loss(state_n)`. Running the chain must give exactly `forward_loss`.
+/// Any tensor the loss needs from an early stage travels along in the state.
+pub trait Staged<B: AutodiffBackend, Batch> {
+    fn num_stages(&self) -> usize;
+    /// The chain's input (data only: no parameter may be involved).
+    fn input(&self, batch: &Batch) -> Vec<StageTensor<B>>;
+    fn stage(&self, i: usize, state: Vec<StageTensor<B>>, batch: &Batch) -> Vec<StageTensor<B>>;
+    fn loss(&self, state: Vec<StageTensor<B>>, batch: &Batch) -> LossParts<B>;
+}

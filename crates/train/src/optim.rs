@@ -1,0 +1,278 @@
+//! Adam / AdamW with PyTorch semantics, parameter groups and global-norm clipping.
+//!
+//! Written here rather than taken from burn-optim because vramlab needs: PyTorch's defaults
+//! (eps 1e-8; Burn's AdamW uses 1e-5), per-group learning rates selected by parameter name
+//! (lerobot's `lr_backbone`), clipping by the *global* norm like `clip_grad_norm_` (Burn's
+//! `GradientClipping::Norm` clips each tensor on its own), optimizer state stored by parameter
+//! name (checkpoints readable without Burn), and exact byte counts of that state.
+//! Frozen parameters (not requiring grad) get no gradient and therefore no state.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+use vramlab_store::{PathStack, WeightError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimKind {
+    /// L2 penalty added to the gradient (`torch.optim.Adam(weight_decay=…)`).
+    Adam,
+    /// Decoupled weight decay (`torch.optim.AdamW`).
+    AdamW,
+}
+
+/// Parameters whose name starts with `prefix` use `lr` instead of the base lr.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamGroup {
+    pub prefix: String,
+    pub lr: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimConfig {
+    pub kind: OptimKind,
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Clip the global L2 norm of all gradients to this value (None: no clipping).
+    pub grad_clip_norm: Option<f64>,
+    pub groups: Vec<ParamGroup>,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self { kind: OptimKind::AdamW, lr: 1e-4, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 1e-2, grad_clip_norm: None, groups: Vec::new() }
+    }
+}
+
+impl OptimConfig {
+    fn lr_for(&self, name: &str) -> f64 {
+        self.groups.iter().find(|g| name.starts_with(&g.prefix)).map_or(self.lr, |g| g.lr)
+    }
+}
+
+struct MomentState<B: Backend> {
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+}
+
+/// Adam(W) with state per parameter name.
+pub struct Optimizer<B: AutodiffBackend> {
+    pub config: OptimConfig,
+    /// Number of optimizer steps taken (PyTorch's per-parameter `step`, shared here).
+    pub step: u64,
+    state: BTreeMap<String, MomentState<B::InnerBackend>>,
+}
+
+/// What an optimizer step did.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInfo {
+    /// Global L2 norm of the (unscaled) gradients before clipping.
+    pub grad_norm: f64,
+    /// False when the step was skipped because a gradient was not finite.
+    pub applied: bool,
+}
+
+impl<B: AutodiffBackend> Optimizer<B> {
+    pub fn new(config: OptimConfig) -> Self {
+        Self { config, step: 0, state: BTreeMap::new() }
+    }
+
+    /// Bytes held as optimizer state (two f32 moments per trainable parameter with a grad seen).
+    pub fn state_bytes(&self) -> u64 {
+        self.state.values().map(|s| 2 * 4 * s.m.dims()[0] as u64).sum()
+    }
+
+    /// Apply one update. `grad_scale` divides the gradients first (f16 loss scaling);
+    /// `lr_factor` multiplies every group's lr (the schedule).
+    pub fn step<M: AutodiffModule<B>>(
+        &mut self,
+        module: M,
+        mut grads: GradientsParams,
+        grad_scale: f64,
+        lr_factor: f64,
+    ) -> (M, StepInfo) {
+        // Global norm over all gradients, computed on device, read once.
+        let mut norm = NormVisitor::<B> { grads: &grads, sum: None };
+        module.visit(&mut norm);
+        let sq = norm.sum.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0);
+        let grad_norm = sq.sqrt() / grad_scale;
+        if !grad_norm.is_finite() {
+            return (module, StepInfo { grad_norm, applied: false });
+        }
+        let mut coef = 1.0 / grad_scale;
+        if let Some(max) = self.config.grad_clip_norm {
+            // torch: clip_coef = max_norm / (total_norm + 1e-6), applied when < 1.
+            let clip = max / (grad_norm + 1e-6);
+            if clip < 1.0 {
+                coef *= clip;
+            }
+        }
+        self.step += 1;
+        let mut mapper = AdamMapper { opt: self, grads: &mut grads, coef, lr_factor, path: PathStack::default() };
+        let module = module.map(&mut mapper);
+        (module, StepInfo { grad_norm, applied: true })
+    }
+
+    /// Save moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`, as torch names them).
+    pub fn save(&self, path: &Path) -> Result<(), WeightError> {
+        let mut tensors = Vec::with_capacity(self.state.len() * 2);
+        for (name, s) in &self.state {
+            tensors.push((format!("{name}.exp_avg"), s.m.to_data()));
+            tensors.push((format!("{name}.exp_avg_sq"), s.v.to_data()));
+        }
+        vramlab_store::write_safetensors(&tensors, path)
+    }
+
+    /// Load moments saved by [`Optimizer::save`]; `step` comes from the trainer state.
+    pub fn load(&mut self, path: &Path, step: u64, device: &burn::tensor::Device<B::InnerBackend>) -> Result<(), WeightError> {
+        let raw = vramlab_store::read_safetensors(path)?;
+        let mut state = BTreeMap::new();
+        let mut pending: BTreeMap<String, (Option<TensorData>, Option<TensorData>)> = BTreeMap::new();
+        for (k, v) in raw {
+            if let Some(name) = k.strip_suffix(".exp_avg_sq") {
+                pending.entry(name.to_string()).or_default().1 = Some(v);
+            } else if let Some(name) = k.strip_suffix(".exp_avg") {
+                pending.entry(name.to_string()).or_default().0 = Some(v);
+            } else {
+                return Err(WeightError::Unused { path: path.to_path_buf(), unused: vec![k] });
+            }
+        }
+        for (name, pair) in pending {
+            let (Some(m), Some(v)) = pair else {
+                return Err(WeightError::Missing { path: path.to_path_buf(), missing: vec![name] });
+            };
+            let to = |d: TensorData| {
+                let n = d.num_elements();
+                Tensor::<B::InnerBackend, 1>::from_data(d.convert::<f32>(), device).reshape([n])
+            };
+            state.insert(name, MomentState { m: to(m), v: to(v) });
+        }
+        self.state = state;
+        self.step = step;
+        Ok(())
+    }
+}
+
+struct NormVisitor<'a, B: AutodiffBackend> {
+    grads: &'a GradientsParams,
+    sum: Option<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for NormVisitor<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            let s = g.cast(burn::tensor::FloatDType::F32).square().sum();
+            self.sum = Some(match self.sum.take() {
+                Some(acc) => acc + s,
+                None => s,
+            });
+        }
+    }
+}
+
+struct AdamMapper<'a, B: AutodiffBackend> {
+    opt: &'a mut Optimizer<B>,
+    grads: &'a mut GradientsParams,
+    coef: f64,
+    lr_factor: f64,
+    path: PathStack,
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for AdamMapper<'_, B> {
+    fn enter_module(&mut self, name: &str, container: &str) {
+        self.path.enter(name, container);
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.exit();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
+            return param;
+        };
+        let name = self.path.current();
+        let cfg = &self.opt.config;
+        let (b1, b2) = cfg.betas;
+        let t = self.opt.step as i32;
+        let lr = cfg.lr_for(&name) * self.lr_factor;
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let p = tensor.inner();
+        let shape = p.shape();
+        let n = shape.num_elements();
+        let mut p = p.reshape([n]);
+        let mut g = grad.reshape([n]);
+        if self.coef != 1.0 {
+            g = g * self.coef;
+        }
+        match cfg.kind {
+            OptimKind::Adam if cfg.weight_decay != 0.0 => g = g + p.clone() * cfg.weight_decay,
+            OptimKind::AdamW if cfg.weight_decay != 0.0 => p = p.clone() * (1.0 - lr * cfg.weight_decay),
+            _ => {}
+        }
+        let st = self.opt.state.remove(&name);
+        let (m, v) = match st {
+            Some(s) => (s.m * b1 + g.clone() * (1.0 - b1), s.v * b2 + g.square() * (1.0 - b2)),
+            None => (g.clone() * (1.0 - b1), g.square() * (1.0 - b2)),
+        };
+        // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= lr / bc1 * m / denom
+        let bc1 = 1.0 - b1.powi(t);
+        let bc2 = 1.0 - b2.powi(t);
+        let denom = v.clone().sqrt() / bc2.sqrt() + cfg.eps;
+        let p = p - m.clone() / denom * (lr / bc1);
+        self.opt.state.insert(name, MomentState { m, v });
+        let mut value = Tensor::<B, D>::from_inner(p.reshape(shape));
+        if require_grad {
+            value = value.require_grad();
+        }
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// Bytes of all float parameters of a module (f32 master weights or whatever dtype they hold).
+pub fn param_bytes<B: Backend, M: burn::module::Module<B>>(module: &M) -> (u64, u64, u64) {
+    struct V {
+        bytes: u64,
+        count: u64,
+        trainable: u64,
+    }
+    impl<B: Backend> ModuleVisitor<B> for V {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let t = param.val();
+            let n = t.shape().num_elements() as u64;
+            self.bytes += n * t.dtype().size() as u64;
+            self.count += n;
+            if param.is_require_grad() {
+                self.trainable += n;
+            }
+        }
+    }
+    let mut v = V { bytes: 0, count: 0, trainable: 0 };
+    module.visit(&mut v);
+    (v.bytes, v.count, v.trainable)
+}
+
+/// Bytes held by a set of parameter gradients.
+pub fn grad_bytes<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, grads: &GradientsParams) -> u64 {
+    struct V<'a> {
+        grads: &'a GradientsParams,
+        bytes: u64,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                self.bytes += g.shape().num_elements() as u64 * g.dtype().size() as u64;
+            }
+        }
+    }
+    let mut v = V { grads, bytes: 0 };
+    module.visit(&mut v);
+    v.bytes
+}
