@@ -31,6 +31,22 @@
 //! * [`npz`]: a reader for the `.npz` voxel files written by the 4D-Radar
 //!   (NTU4DRadLM) preprocessing ([`load_radar_voxels`], [`NpzVoxelDataset`]),
 //!   built on a small panic-free `.npy` parser ([`npy`]).
+//!
+//! # Example
+//!
+//! ```
+//! use vramlab_data::{SynthConfig, VoxelDataset, CH_OCCUPANCY};
+//!
+//! let cfg = SynthConfig { depth: 16, height: 64, width: 64, ..Default::default() };
+//! let ds = VoxelDataset::new(cfg, 42, 1000)?;
+//! let batch = ds.batch(&[0, 1, 2]);
+//! assert_eq!(batch.shape, [3, 4, 16, 64, 64]);
+//! let first = batch.sample(0).unwrap();
+//! let voxels = 16 * 64 * 64;
+//! let occupied = first[CH_OCCUPANCY * voxels..][..voxels].iter().filter(|&&v| v == 1.0).count();
+//! assert!(occupied > 0);
+//! # Ok::<(), vramlab_data::DataError>(())
+//! ```
 
 pub mod error;
 pub mod npy;

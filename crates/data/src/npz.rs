@@ -183,12 +183,11 @@ pub fn radar_voxels_from_npz(
     if sparse.iter().all(|k| npz.arrays.contains_key(*k)) {
         return sparse_to_grid(npz, crop);
     }
-    if npz.arrays.len() == 1 {
-        if let Some((k, arr)) = npz.arrays.iter().next() {
-            if arr.shape.len() == 4 {
-                return dense_to_grid(arr, path, k, crop);
-            }
-        }
+    if npz.arrays.len() == 1
+        && let Some((k, arr)) = npz.arrays.iter().next()
+        && arr.shape.len() == 4
+    {
+        return dense_to_grid(arr, path, k, crop);
     }
     let missing: Vec<&str> = sparse
         .iter()

@@ -3,7 +3,7 @@
 //! A scene is a street-like setting seen by a radar at the grid's
 //! `(H = 0, W = W / 2)` corner, at ground level, looking along `+H`:
 //!
-//! * **ground**: a thin slab in the bottom `max(1, D / 16)` layers (optionally
+//! * **ground**: a thin slab in the bottom `max(1, D / 10)` layers (optionally
 //!   raised by one layer on sidewalks), sparsely occupied with a density that
 //!   falls off with range and is strongly reduced in the radar shadow of
 //!   objects; intensity ≈ 0.3, Doppler 0;
@@ -307,7 +307,7 @@ impl<'a> Scene<'a> {
             plane: d * h * w,
             sensor_l: w as f32 / 2.0,
             ground_top: Vec::new(),
-            ground_layers: (d / 16).max(1),
+            ground_layers: (d / 10).max(1),
         }
     }
 
@@ -354,18 +354,22 @@ impl<'a> Scene<'a> {
             .collect();
         let ground_z = |l: usize| (base_top + 1 + usize::from(on_walk(l))).min(d - 1);
 
-        // Static boxes: buildings along the sides, parked cars anywhere.
+        // Static objects: buildings along the sides, parked cars anywhere, trees on the sidewalks.
         let mut objects: Vec<BoxObj> = Vec::new();
-        let mut statics: Vec<(BoxObj, Look)> = Vec::new();
+        let mut statics: Vec<(BoxObj, Look, Option<usize>)> = Vec::new();
         for _ in 0..cfg.num_static_boxes {
-            let building = unit(rng) < 0.55;
+            let kind = unit(rng);
+            let (building, tree) = (kind < 0.45, kind >= 0.75);
             let (sr, sl, sz, intensity) = if building {
                 (
-                    pick(rng, (s / 12.0) as usize, (s / 4.5) as usize).max(2),
-                    pick(rng, (s / 14.0) as usize, (s / 6.0) as usize).max(2),
-                    ((d as f32) * uniform(rng, 0.4, 0.85)) as usize,
+                    pick(rng, (s / 8.0) as usize, (s / 3.0) as usize).max(2),
+                    pick(rng, (s / 12.0) as usize, (s / 5.0) as usize).max(2),
+                    ((d as f32) * uniform(rng, 0.5, 0.95)) as usize,
                     uniform(rng, 0.65, 1.0),
                 )
+            } else if tree {
+                let crown = pick(rng, (s / 12.0) as usize, (s / 6.0) as usize).max(2);
+                (crown, crown, ((d as f32) * uniform(rng, 0.5, 0.8)) as usize, uniform(rng, 0.5, 0.7))
             } else {
                 (
                     pick(rng, (s / 16.0) as usize, (s / 10.0) as usize).max(2),
@@ -377,13 +381,14 @@ impl<'a> Scene<'a> {
             let sl = sl.min(w - 1);
             let sr = sr.min(h - 2);
             let r0 = pick(rng, (h / 10).max(1), h - sr);
-            let l0 = if building {
+            let l0 = if building || tree {
                 // Hug one side of the street.
+                let margin = if building { w / 8 } else { w / 5 };
                 if unit(rng) < 0.5 {
-                    pick(rng, 0, (w / 8).min(w - sl))
+                    pick(rng, 0, margin.min(w - sl))
                 } else {
                     let hi = w - sl;
-                    pick(rng, hi.saturating_sub(w / 8), hi)
+                    pick(rng, hi.saturating_sub(margin), hi)
                 }
             } else {
                 pick(rng, 0, w - sl)
@@ -397,10 +402,11 @@ impl<'a> Scene<'a> {
                 z0,
                 z1: (z0 + sz.max(2)).min(d),
             };
+            let crown_z0 = tree.then(|| b.z0 + ((b.z1 - b.z0) as f32 * uniform(rng, 0.3, 0.5)) as usize);
             let look = Look {
-                visible: uniform(rng, 0.5, 0.75),
-                hidden: 0.04,
-                top: 0.12,
+                visible: if tree { 0.35 } else { uniform(rng, 0.55, 0.8) },
+                hidden: 0.05,
+                top: 0.15,
                 intensity,
                 intensity_range: (0.5, 1.0),
                 velocity: (0.0, 0.0),
@@ -408,7 +414,7 @@ impl<'a> Scene<'a> {
                 variance: 0.0,
             };
             objects.push(b);
-            statics.push((b, look));
+            statics.push((b, look, crown_z0));
         }
 
         // Movers: cars and cyclists drive along H on the road, pedestrians roam.
@@ -491,8 +497,11 @@ impl<'a> Scene<'a> {
         if cfg.ground {
             self.draw_ground(rng, &objects);
         }
-        for (b, look) in &statics {
-            self.draw_box(rng, b, look);
+        for (b, look, crown_z0) in &statics {
+            match crown_z0 {
+                Some(cz) => self.draw_tree(rng, b, look, *cz),
+                None => self.draw_box(rng, b, look),
+            }
         }
         for (b, look) in &movers {
             self.draw_box(rng, b, look);
@@ -520,7 +529,7 @@ impl<'a> Scene<'a> {
                 (amin, amax, near)
             })
             .collect();
-        let base = uniform(rng, 0.45, 0.6);
+        let base = uniform(rng, 0.55, 0.7);
         for r in 0..h {
             let falloff = 1.0 - 0.55 * r as f32 / h as f32;
             for l in 0..w {
@@ -536,8 +545,13 @@ impl<'a> Scene<'a> {
                     p *= 0.08;
                 }
                 let top = self.ground_top.get(r * w + l).copied().unwrap_or(0) as usize;
-                for z in 0..=top {
-                    let pz = if z == top { p } else { p * 0.5 };
+                // Poor elevation resolution smears some returns one layer above the surface.
+                for z in 0..=(top + 1).min(self.d - 1) {
+                    let pz = match z.cmp(&top) {
+                        std::cmp::Ordering::Less => p * 0.6,
+                        std::cmp::Ordering::Equal => p,
+                        std::cmp::Ordering::Greater => p * 0.15,
+                    };
                     if unit(rng) < pz {
                         let intensity = (0.3 + 0.05 * normal(rng)).clamp(0.05, 0.6);
                         self.put(z, r, l, intensity, 0.0, 0.0);
@@ -585,6 +599,39 @@ impl<'a> Scene<'a> {
                         (0.0, 0.0)
                     };
                     self.put(z, r, l, intensity, doppler, variance);
+                }
+            }
+        }
+    }
+
+    /// A tree: a trunk column under a sparse, volumetric ellipsoidal crown (foliage scatters throughout).
+    fn draw_tree(&mut self, rng: &mut StdRng, b: &BoxObj, look: &Look, crown_z0: usize) {
+        let (lo, hi) = look.intensity_range;
+        let rc = (b.r0 + b.r1) / 2;
+        let lc = (b.l0 + b.l1) / 2;
+        for z in b.z0..crown_z0.min(b.z1) {
+            if unit(rng) < 0.7 {
+                let intensity = (look.intensity + 0.05 * normal(rng)).clamp(lo, hi);
+                self.put(z, rc, lc, intensity, 0.0, 0.0);
+            }
+        }
+        let cr = (b.r0 + b.r1) as f32 / 2.0;
+        let cl = (b.l0 + b.l1) as f32 / 2.0;
+        let cz = (crown_z0 + b.z1) as f32 / 2.0;
+        let ar = ((b.r1 - b.r0) as f32 / 2.0).max(0.5);
+        let al = ((b.l1 - b.l0) as f32 / 2.0).max(0.5);
+        let az = ((b.z1.saturating_sub(crown_z0)) as f32 / 2.0).max(0.5);
+        for z in crown_z0..b.z1 {
+            for r in b.r0..b.r1 {
+                for l in b.l0..b.l1 {
+                    let q = ((r as f32 + 0.5 - cr) / ar).powi(2)
+                        + ((l as f32 + 0.5 - cl) / al).powi(2)
+                        + ((z as f32 + 0.5 - cz) / az).powi(2);
+                    // Denser towards the crown's sensor-facing shell.
+                    if q <= 1.0 && unit(rng) < look.visible * (0.5 + 0.5 * q) {
+                        let intensity = (look.intensity + 0.08 * normal(rng)).clamp(lo, hi);
+                        self.put(z, r, l, intensity, 0.0, 0.0);
+                    }
                 }
             }
         }

@@ -103,7 +103,7 @@ fn feat(x: usize, y: usize, z: usize, c: usize) -> f32 {
 
 /// Occupied voxels of the synthetic reference grid.
 fn occupied(x: usize, y: usize, z: usize) -> bool {
-    (x + 2 * y + 3 * z) % 4 == 0
+    (x + 2 * y + 3 * z).is_multiple_of(4)
 }
 
 /// Sparse members (`coords`, `features`, `shape`) of a dense `(X, Y, Z, 4)` grid, as the reference writes them.
@@ -353,10 +353,10 @@ fn unsupported_dtype() {
     let tmp = TempDir::new("dtype");
     let base = sparse_members(DIMS);
     let n = base[1].1.len();
-    let complex = npy("<c8", &[1, 4], &vec![0u8; 32]);
+    let complex = npy("<c8", &[1, 4], &[0u8; 32]);
     let e = load_err(&tmp, "complex.npz", &replace(&base, "features.npy", complex));
     assert!(e.contains("unsupported dtype <c8") && e.contains("`features`"), "{e}");
-    let text = npy("<U3", &[2], &vec![0u8; 24]);
+    let text = npy("<U3", &[2], &[0u8; 24]);
     let e = load_err(&tmp, "text.npz", &replace(&base, "features.npy", text));
     assert!(e.contains("unsupported dtype <U3"), "{e}");
     assert!(n > 0);
@@ -483,25 +483,35 @@ fn mutate(rng: &mut StdRng, src: &[u8]) -> Vec<u8> {
     b
 }
 
+/// Mutation count per family; `VRAMLAB_FUZZ_ITERS` (and `VRAMLAB_FUZZ_SEED`) allow longer local runs.
+fn fuzz_iters() -> usize {
+    std::env::var("VRAMLAB_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(300)
+}
+
 #[test]
 fn mutation_fuzz_never_panics() {
+    let iters = fuzz_iters();
     let tmp = TempDir::new("fuzz");
     let members = sparse_members(DIMS);
     let stored = zip_bytes(&members, false);
     let deflated = zip_bytes(&members, true);
-    let mut rng = StdRng::seed_from_u64(0x5eed);
+    let seed = std::env::var("VRAMLAB_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let (mut ok, mut err) = (0usize, 0usize);
     let mut check = |r: std::thread::Result<Result<(), DataError>>, what: &str, name: &str| match r {
         Err(_) => panic!("{what}: panicked"),
         Ok(Ok(())) => ok += 1,
         Ok(Err(e)) => {
             err += 1;
+            if std::env::var_os("VRAMLAB_FUZZ_VERBOSE").is_some() {
+                println!("{what}: {e}");
+            }
             assert!(e.to_string().contains(name), "{what}: error does not name the file: {e}");
         }
     };
 
     // 1) Whole-archive mutations: zip layer (and stored npy bytes behind a CRC).
-    for i in 0..300 {
+    for i in 0..iters {
         let base = if i % 2 == 0 { &stored } else { &deflated };
         let bytes = mutate(&mut rng, base);
         let p = tmp.path("m.npz");
@@ -516,7 +526,7 @@ fn mutation_fuzz_never_panics() {
     }
 
     // 2) Member mutations inside a valid zip: exercises the .npy parser and the sparse decoder.
-    for i in 0..300 {
+    for i in 0..iters {
         let k = i % members.len();
         let mut mutated = members.clone();
         mutated[k].1 = mutate(&mut rng, &members[k].1);
@@ -530,12 +540,13 @@ fn mutation_fuzz_never_panics() {
 
     // 3) Bare .npy mutations.
     let dense = npy("<f4", &[3, 2, 2, 4], &f32s(&dense_grid([3, 2, 2])));
-    for i in 0..100 {
+    for i in 0..iters / 3 {
         let p = tmp.path("m.npy");
         write(&p, &mutate(&mut rng, &dense));
         let r = catch_unwind(AssertUnwindSafe(|| vramlab_data::load_radar_npy(&p, None).map(|_| ())));
         check(r, &format!("npy mutation {i}"), "m.npy");
     }
 
+    println!("mutation fuzz: {ok} ok, {err} errors");
     assert!(ok > 0 && err > 0, "mutations should give both outcomes: ok={ok} err={err}");
 }

@@ -6,15 +6,12 @@
 //!   heap, so this *is* the device memory. Install it in the binary with
 //!   `#[global_allocator] static A: CountingAllocator = CountingAllocator;`.
 //! - [`SampledProbe`]: for devices whose runtime reports current usage but keeps no byte
-//!   high-water mark (CubeCL: wgpu, cuda). Its peak is the maximum over the samples taken
-//!   (explicit probe points plus an optional background poller), so it is a lower bound of the
-//!   true peak; the report says so.
+//!   high-water mark (CubeCL: wgpu, cuda). Its peak is the maximum over the samples taken at
+//!   the trainer's probe points, so it is a lower bound of the true peak; reports say so.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// Memory at one instant, in bytes. `allocated` is what live tensors occupy (like
 /// `torch.cuda.memory_allocated`); `reserved` is what the allocator holds from the system or
@@ -198,56 +195,18 @@ impl MemoryProbe for CpuProbe {
 
 type SampleFn = dyn Fn() -> MemSample + Send + Sync;
 
-struct Shared {
-    sample: Box<SampleFn>,
-    peak: Mutex<MemSample>,
-    stop: AtomicBool,
-}
-
-/// Peak as the maximum of samples: every call to `sample`/`peak` and, if enabled, a background
-/// thread polling every `interval` (which catches peaks inside backward passes).
+/// Peak as the maximum of samples taken at probe points. CubeCL keeps its memory pools per
+/// stream, and a stream belongs to the thread that submits work, so sampling must happen on the
+/// training thread: a background poller would read another (empty) stream's pool.
 pub struct SampledProbe {
     name: String,
-    shared: Arc<Shared>,
-    poller: Option<JoinHandle<()>>,
+    sample: Box<SampleFn>,
+    peak: Mutex<MemSample>,
 }
 
 impl SampledProbe {
     pub fn new(name: impl Into<String>, sample: impl Fn() -> MemSample + Send + Sync + 'static) -> Self {
-        let shared = Arc::new(Shared { sample: Box::new(sample), peak: Mutex::new(MemSample::default()), stop: AtomicBool::new(false) });
-        Self { name: name.into(), shared, poller: None }
-    }
-
-    /// Also poll in a background thread every `interval`.
-    pub fn with_poller(mut self, interval: Duration) -> Self {
-        let shared = self.shared.clone();
-        self.poller = Some(std::thread::spawn(move || {
-            while !shared.stop.load(Ordering::Relaxed) {
-                let s = (shared.sample)();
-                if let Ok(mut p) = shared.peak.lock() {
-                    *p = p.max(s);
-                }
-                std::thread::sleep(interval);
-            }
-        }));
-        self
-    }
-
-    fn record(&self) -> MemSample {
-        let s = (self.shared.sample)();
-        if let Ok(mut p) = self.shared.peak.lock() {
-            *p = p.max(s);
-        }
-        s
-    }
-}
-
-impl Drop for SampledProbe {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.poller.take() {
-            let _ = h.join();
-        }
+        Self { name: name.into(), sample: Box::new(sample), peak: Mutex::new(MemSample::default()) }
     }
 }
 
@@ -256,15 +215,19 @@ impl MemoryProbe for SampledProbe {
         self.name.clone()
     }
     fn sample(&self) -> MemSample {
-        self.record()
+        let s = (self.sample)();
+        if let Ok(mut p) = self.peak.lock() {
+            *p = p.max(s);
+        }
+        s
     }
     fn peak(&self) -> MemSample {
-        self.record();
-        self.shared.peak.lock().map(|p| *p).unwrap_or_default()
+        self.sample();
+        self.peak.lock().map(|p| *p).unwrap_or_default()
     }
     fn reset_peak(&self) {
-        let s = (self.shared.sample)();
-        if let Ok(mut p) = self.shared.peak.lock() {
+        let s = (self.sample)();
+        if let Ok(mut p) = self.peak.lock() {
             *p = s;
         }
     }
@@ -305,6 +268,7 @@ mod tests {
 
     #[test]
     fn sampled_probe_keeps_the_max_of_samples() {
+        use std::sync::Arc;
         let v = Arc::new(AtomicU64::new(10));
         let v2 = v.clone();
         let p = SampledProbe::new("fake", move || MemSample { allocated: v2.load(Ordering::Relaxed), reserved: 100 });

@@ -31,6 +31,17 @@ pub trait TrainModel<B: AutodiffBackend>: AutodiffModule<B> + Clone {
     fn staged(&self) -> Option<&dyn Staged<B, Self::Batch>> {
         None
     }
+
+    /// Write the weights of a checkpoint (default: every parameter under its module path).
+    /// Wrappers override this to save the inner model under the reference's names.
+    fn save_weights(&self, path: &std::path::Path) -> Result<(), vramlab_store::WeightError> {
+        vramlab_store::save_safetensors::<B, Self>(self, path)
+    }
+
+    /// Read the weights written by [`TrainModel::save_weights`].
+    fn load_weights(self, path: &std::path::Path) -> Result<Self, vramlab_store::WeightError> {
+        vramlab_store::load_safetensors(self, path, |k| Some(k.to_string()))
+    }
 }
 
 /// A tensor of any rank flowing between stages.

@@ -156,7 +156,7 @@ impl<'a> Trainer<'a> {
             let state_path = dir.join("trainer_state.json");
             let text = fs::read_to_string(&state_path).map_err(io(&state_path))?;
             state = serde_json::from_str(&text).map_err(|e| TrainError::State { path: state_path.clone(), msg: e.to_string() })?;
-            model = vramlab_store::load_safetensors(model, &dir.join("model.safetensors"), |k| Some(k.to_string()))?;
+            model = model.load_weights(&dir.join("model.safetensors"))?;
             optim.load(&dir.join("optimizer.safetensors"), state.optimizer_step, device)?;
             truncate_metrics(&metrics_path, state.step)?;
         } else if latest.is_some() {
@@ -318,7 +318,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// Write `checkpoints/<step>/` atomically: build it under a temporary name, then rename.
-    fn save_checkpoint<B: AutodiffBackend, M: AutodiffModule<B>>(
+    fn save_checkpoint<B: AutodiffBackend, M: TrainModel<B>>(
         &self,
         model: &M,
         optim: &Optimizer<B>,
@@ -331,7 +331,7 @@ impl<'a> Trainer<'a> {
             fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
         }
         fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        vramlab_store::save_safetensors::<B, M>(model, &tmp.join("model.safetensors"))?;
+        model.save_weights(&tmp.join("model.safetensors"))?;
         optim.save(&tmp.join("optimizer.safetensors"))?;
         let state_json = serde_json::to_string_pretty(state).unwrap_or_default();
         fs::write(tmp.join("trainer_state.json"), state_json).map_err(io(&tmp))?;

@@ -15,5 +15,5 @@ pub use config::{InvalidField, Vae3dConfig, Vae3dConfigError, Vae3dLossKind, lev
 pub use load::{Vae3dLoadError, load_pretrained, load_weights, save_pretrained};
 pub use model::{
     Downsample3d, ResBlock3d, SelfAttention3d, StageCtx, Upsample3d, Vae3d, Vae3dDecoder, Vae3dEncoder, Vae3dLoss,
-    Vae3dOutput, VaeLayer, split_moments, upsample_trilinear,
+    Vae3dOutput, VaeLayer, mean_all, split_moments, upsample_trilinear,
 };

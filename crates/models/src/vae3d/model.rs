@@ -393,6 +393,19 @@ impl Vae3dConfig {
     }
 }
 
+/// Mean of all elements of a rank-5 tensor, reduced one axis at a time.
+///
+/// A single flat reduction over a whole activation (65k–millions of elements) accumulates
+/// visible f32 error on some backends (Flex's CPU sum is ~1e-5 relative at 65k elements,
+/// where PyTorch's cascade sum is ~1e-7); reducing axis by axis keeps every partial sum short.
+/// The mean of equal-sized means is the mean, so the value is unchanged up to rounding.
+///
+/// # Shapes
+/// - x: `[a, b, c, d, e]` → `[1]`
+pub fn mean_all<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 1> {
+    x.mean_dim(4).mean_dim(3).mean_dim(2).mean_dim(1).mean_dim(0).reshape([1])
+}
+
 /// Split the encoder's moments into `(mean, logvar.clamp(-30, 20))`, as `VAE3D.encode` does.
 ///
 /// # Shapes
@@ -542,11 +555,11 @@ impl<B: Backend> Vae3d<B> {
         let (x, recon) = (to_f32(x), to_f32(recon)); // [b, c, d, h, w]
         assert_eq!(x.dims(), recon.dims(), "Vae3d loss: input and reconstruction shapes differ");
         let recon_loss = match cfg.loss {
-            Vae3dLossKind::Mse => (recon - x).square().mean(),
+            Vae3dLossKind::Mse => mean_all((recon - x).square()),
             Vae3dLossKind::Reference => self.reference_recon_loss(x, recon),
         };
         // KL(q(z|x) || N(0, I)), averaged over all latent elements.
-        let kl_loss = (logvar.clone() + 1.0 - mean.square() - logvar.exp()).mean() * -0.5;
+        let kl_loss = mean_all(logvar.clone() + 1.0 - mean.square() - logvar.exp()) * -0.5;
         let loss = recon_loss.clone() + kl_loss.clone() * cfg.kl_weight;
         Vae3dLoss { loss, recon_loss, kl_loss }
     }
@@ -565,22 +578,22 @@ impl<B: Backend> Vae3d<B> {
         let occupied = occ_target.clone().greater_elem(0.0).float(); // [b, 1, d, h, w]
         let spatial_weight = occupied * (cfg.occupied_weight - cfg.empty_weight) + cfg.empty_weight;
         let mut diff = (recon - x).square() * spatial_weight.clone(); // [b, c, d, h, w]
-        let mut denom = spatial_weight.mean().clamp_min(1e-6); // [1]
+        let mut denom = mean_all(spatial_weight).clamp_min(1e-6); // [1]
         if let Some(cw) = cfg.channel_weights.as_ref().filter(|cw| cw.len() == c) {
             let cw_mean = cw.iter().sum::<f32>() / cw.len() as f32;
             let cw = Tensor::<B, 1>::from_data(TensorData::new(cw.clone(), [c]), &device).reshape([1, c, 1, 1, 1]);
             diff = diff * cw;
             denom = denom * cw_mean.max(1e-6);
         }
-        let mut loss = diff.mean() / denom;
+        let mut loss = mean_all(diff) / denom;
 
         if cfg.false_positive_weight > 0.0 {
             let empty = occ_target.clone().lower_equal_elem(0.0).float(); // [b, 1, d, h, w]
-            let fp = (relu(occ_pred.clone() - occ_target.clone()).square() * empty).mean();
+            let fp = mean_all(relu(occ_pred.clone() - occ_target.clone()).square() * empty);
             loss = loss + fp * cfg.false_positive_weight;
         }
         if cfg.occupancy_mass_weight > 0.0 {
-            let mass = (relu(occ_pred).mean() - relu(occ_target).mean()).abs();
+            let mass = (mean_all(relu(occ_pred)) - mean_all(relu(occ_target))).abs();
             loss = loss + mass * cfg.occupancy_mass_weight;
         }
         loss
@@ -671,7 +684,13 @@ mod tests {
         let out = model.forward(x.clone(), None, Precision::F32);
         assert_eq!(out.mean.dims(), [1, 4, 2, 4, 4]);
         assert_eq!(out.recon.dims(), [1, 4, 2, 8, 8]);
-        let loss = model.compute_loss(x, &out).loss.into_scalar();
+        let loss = model.compute_loss(x.clone(), &out).loss.into_scalar();
         assert!(loss.is_finite());
+        // bf16: attention scores are cast to f32 for the softmax and back; outputs are f32.
+        let half = model.forward(x, None, Precision::Bf16);
+        assert_eq!(half.recon.dtype(), burn::tensor::DType::F32);
+        let scale = out.recon.clone().abs().max().into_scalar();
+        let err = (half.recon - out.recon).abs().max().into_scalar();
+        assert!(err <= 0.05 * scale + 1e-3, "bf16 recon error {err} vs scale {scale}");
     }
 }

@@ -1,0 +1,170 @@
+//! The one place where backends are chosen. Everything else is generic over `B`.
+//!
+//! Each backend comes in two autodiff flavours: plain, and Burn's `BalancedCheckpointing`
+//! (for `--gradient_checkpointing=balanced`). Each has a memory probe: the counting allocator
+//! on CPU, CubeCL's per-stream memory statistics on wgpu/cuda.
+
+use std::fmt;
+
+use anyhow::{Result, bail};
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::prelude::Backend;
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+use vramlab_models::nn::Precision;
+use vramlab_probe::MemoryProbe;
+use vramlab_train::CheckpointMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Flex,
+    Wgpu,
+    Cuda,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Flex => "flex",
+            Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
+        })
+    }
+}
+
+/// Backends compiled into this binary.
+pub fn compiled() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if cfg!(feature = "flex") {
+        v.push("flex");
+    }
+    if cfg!(feature = "wgpu") {
+        v.push("wgpu");
+    }
+    if cfg!(feature = "cuda") {
+        v.push("cuda");
+    }
+    v
+}
+
+impl BackendKind {
+    pub fn parse(s: &str) -> Result<Self> {
+        let kind = match s.to_ascii_lowercase().as_str() {
+            "flex" | "cpu" => Self::Flex,
+            "wgpu" => Self::Wgpu,
+            "cuda" => Self::Cuda,
+            other => bail!("--backend={other}: unknown backend; valid: flex, wgpu, cuda"),
+        };
+        if !compiled().contains(&kind.to_string().as_str()) {
+            bail!(
+                "--backend={kind}: not compiled into this binary (compiled: {}); rebuild with `--features {kind}`",
+                compiled().join(", ")
+            );
+        }
+        Ok(kind)
+    }
+}
+
+/// Work to run on whichever backend the user picked.
+pub trait Job {
+    type Output;
+    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<Self::Output>;
+}
+
+/// Facts about the backend in use, for reports.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub backend: BackendKind,
+    pub probe: String,
+    pub peak_kind: vramlab_probe::PeakKind,
+}
+
+/// Fails with a clear message when the device cannot compute in `precision`.
+pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, precision: Precision) -> Result<()> {
+    let dt: DType = precision.dtype().into();
+    if B::supports_dtype(device, dt) {
+        return Ok(());
+    }
+    let supported: Vec<&str> = [Precision::F32, Precision::Bf16, Precision::F16]
+        .into_iter()
+        .filter(|p| B::supports_dtype(device, p.dtype().into()))
+        .map(|p| p.name())
+        .collect();
+    bail!(
+        "--precision={}: the {backend} device does not support {} (this adapter supports: {})",
+        precision.name(),
+        precision.name(),
+        supported.join(", ")
+    )
+}
+
+fn run_with<I, J>(job: J, device: I::Device, mode: CheckpointMode, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<J::Output>
+where
+    I: Backend,
+    J: Job,
+{
+    if mode == CheckpointMode::Balanced {
+        job.run::<Autodiff<I, BalancedCheckpointing>>(device, probe, info)
+    } else {
+        job.run::<Autodiff<I>>(device, probe, info)
+    }
+}
+
+/// Run `job` on backend `kind` (device index `index` for GPUs).
+pub fn dispatch<J: Job>(kind: BackendKind, index: usize, mode: CheckpointMode, precision: Precision, job: J) -> Result<J::Output> {
+    match kind {
+        #[cfg(feature = "flex")]
+        BackendKind::Flex => {
+            use burn::backend::Flex;
+            let _ = index;
+            let device = burn::backend::flex::FlexDevice;
+            check_precision::<Flex>(&device, kind, precision)?;
+            let probe = vramlab_probe::CpuProbe::new().map_err(anyhow::Error::msg)?;
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            run_with::<Flex, J>(job, device, mode, &probe, &info)
+        }
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => {
+            use burn::backend::Wgpu;
+            use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+            let device = if index == 0 { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(index) };
+            check_precision::<Wgpu>(&device, kind, precision)?;
+            let probe = cubecl_probe::<WgpuRuntime, Wgpu>("cubecl-wgpu", device.clone());
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            run_with::<Wgpu, J>(job, device, mode, &probe, &info)
+        }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            use burn::backend::Cuda;
+            use burn::backend::cuda::CudaDevice;
+            use burn::cubecl::cuda::CudaRuntime;
+            let device = CudaDevice::new(index);
+            check_precision::<Cuda>(&device, kind, precision)?;
+            let probe = cubecl_probe::<CudaRuntime, Cuda>("cubecl-cuda", device.clone());
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            run_with::<Cuda, J>(job, device, mode, &probe, &info)
+        }
+        #[allow(unreachable_patterns)]
+        other => bail!("--backend={other}: not compiled into this binary (compiled: {})", compiled().join(", ")),
+    }
+}
+
+/// CubeCL keeps usage per stream and no byte high-water mark: the probe synchronises the
+/// device and reads `bytes_in_use` (allocated) and `bytes_reserved` (pool pages) at each probe
+/// point of the trainer (before/after forward, after backward, after the optimizer).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn cubecl_probe<R, B>(name: &str, device: R::Device) -> vramlab_probe::SampledProbe
+where
+    R: burn::cubecl::Runtime,
+    B: Backend<Device = R::Device>,
+{
+    vramlab_probe::SampledProbe::new(name, move || {
+        let _ = B::sync(&device);
+        let client = R::client(&device);
+        match client.memory_usage() {
+            Ok(u) => vramlab_probe::MemSample { allocated: u.bytes_in_use, reserved: u.bytes_reserved },
+            Err(_) => vramlab_probe::MemSample::default(),
+        }
+    })
+}

@@ -1,0 +1,94 @@
+//! `vramlab info`: parameter counts and static bytes of a config, without training.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use burn::tensor::backend::AutodiffBackend;
+use vramlab_probe::MemoryProbe;
+use vramlab_train::metrics::fmt_bytes;
+
+use super::Switches;
+use crate::Cli;
+use crate::backend::{BackendInfo, Job, dispatch};
+use crate::config::{self, RunConfig};
+use crate::workloads::PolicyType;
+use crate::workloads::vae3d;
+
+/// `1234567` → `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn run(cli: &Cli) -> Result<()> {
+    let cfg = config::load(cli.config.as_deref(), &cli.overrides)?;
+    let sw = Switches::from(&cfg)?;
+    dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, InfoJob { cfg })
+}
+
+struct InfoJob {
+    cfg: RunConfig,
+}
+
+/// Print counts per top-level module and the static bytes of training with Adam(W).
+fn report(title: &str, shapes: &[(String, Vec<usize>)], trainable: &dyn Fn(&str) -> bool) {
+    let mut per_module: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let (mut total, mut train) = (0u64, 0u64);
+    for (name, shape) in shapes {
+        let n: u64 = shape.iter().product::<usize>() as u64;
+        let top = name.split('.').next().unwrap_or(name).to_string();
+        let e = per_module.entry(top).or_default();
+        e.0 += n;
+        total += n;
+        if trainable(name) {
+            e.1 += n;
+            train += n;
+        }
+    }
+    println!("{title}");
+    println!("{:<28} {:>14} {:>14}", "module", "parameters", "trainable");
+    for (m, (n, t)) in &per_module {
+        println!("{m:<28} {:>14} {:>14}", thousands(*n), thousands(*t));
+    }
+    println!("{:<28} {:>14} {:>14}", "total", thousands(total), thousands(train));
+    println!("total parameters: {} ({total})", thousands(total));
+    println!("trainable parameters: {} ({train})", thousands(train));
+    // Sizes of tensors that exist for the whole run: f32 master weights, one f32 gradient and
+    // two f32 Adam moments per trainable parameter. Exact sizes, not a measurement of a run.
+    let (p, g, o) = (4 * total, 4 * train, 8 * train);
+    println!("static bytes (f32 params + grads + Adam state): {} = params {} + grads {} + optimizer {}", fmt_bytes(p + g + o), fmt_bytes(p), fmt_bytes(g), fmt_bytes(o));
+    println!("static_bytes: {}", p + g + o);
+}
+
+impl Job for InfoJob {
+    type Output = ();
+    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<()> {
+        match PolicyType::from_config(&self.cfg)? {
+            PolicyType::Vae3d => {
+                let vc = vae3d::resolve_config(&self.cfg.policy)?;
+                let model = vc.init::<B::InnerBackend>(&device);
+                let shapes = vramlab_store::param_shapes::<B::InnerBackend, _>(&model);
+                let json = serde_json::to_string(&vc)?;
+                report(&format!("vae3d {json}"), &shapes, &|_| true);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(super::thousands(694788), "694,788");
+        assert_eq!(super::thousands(40847092), "40,847,092");
+        assert_eq!(super::thousands(12), "12");
+    }
+}

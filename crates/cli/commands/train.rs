@@ -1,0 +1,219 @@
+//! `vramlab train`: build the workload, run the trainer, show progress, write results.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, anyhow, bail};
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::{ProgressBar, ProgressStyle};
+use vramlab_probe::MemoryProbe;
+use vramlab_train::metrics::fmt_bytes;
+use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ScheduleKind, StepRecord, TrainConfig, Trainer};
+
+use super::{Switches, timestamp};
+use crate::Cli;
+use crate::backend::{BackendInfo, Job, dispatch};
+use crate::config::{self, RunConfig};
+use crate::workloads::PolicyType;
+use crate::workloads::vae3d::{self, Vae3dTrain, VoxelSource};
+
+pub fn run(cli: &Cli) -> Result<()> {
+    let cfg = config::load(cli.config.as_deref(), &cli.overrides)?;
+    let sw = Switches::from(&cfg)?;
+    match PolicyType::from_config(&cfg)? {
+        PolicyType::Vae3d => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, Vae3dJob { cfg, sw }),
+    }
+}
+
+/// The trainer's settings from the run config.
+pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf) -> Result<TrainConfig> {
+    let o = &cfg.optimizer;
+    let kind = match o.kind.as_str() {
+        "adam" => OptimKind::Adam,
+        "adamw" => OptimKind::AdamW,
+        other => bail!("optimizer.type={other}: unknown; valid: adam, adamw"),
+    };
+    let [b1, b2] = o.betas.as_slice() else { bail!("optimizer.betas: expected two values, found {:?}", o.betas) };
+    if cfg.steps == 0 || cfg.batch_size == 0 || cfg.grad_accum_steps == 0 {
+        bail!("steps, batch_size and grad_accum_steps must be at least 1");
+    }
+    let schedule_kind = match cfg.scheduler.kind.as_str() {
+        "constant" => ScheduleKind::Constant,
+        "cosine" => ScheduleKind::Cosine,
+        other => bail!("scheduler.type={other}: unknown; valid: constant, cosine"),
+    };
+    Ok(TrainConfig {
+        steps: cfg.steps,
+        batch_size: cfg.batch_size,
+        grad_accum_steps: cfg.grad_accum_steps,
+        optim: OptimConfig {
+            kind,
+            lr: o.lr,
+            betas: (*b1, *b2),
+            eps: o.eps,
+            weight_decay: o.weight_decay,
+            grad_clip_norm: (o.grad_clip_norm > 0.0).then_some(o.grad_clip_norm),
+            groups: Vec::new(),
+        },
+        schedule: LrSchedule { kind: schedule_kind, warmup_steps: cfg.scheduler.warmup_steps, total_steps: cfg.steps },
+        gradient_checkpointing: sw.checkpointing,
+        loss_scale: (sw.precision == vramlab_models::nn::Precision::F16).then_some(65536.0),
+        seed: cfg.seed,
+        save_freq: cfg.save_freq,
+        output_dir,
+        resume: cfg.resume,
+    })
+}
+
+fn output_dir(cfg: &RunConfig, policy: &str) -> PathBuf {
+    cfg.output_dir.clone().unwrap_or_else(|| {
+        let name = cfg.job_name.clone().unwrap_or_else(|| policy.to_string());
+        PathBuf::from("runs").join(format!("{name}-{}", timestamp()))
+    })
+}
+
+/// Progress bar on a terminal; plain log lines otherwise (CI logs).
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    every: u64,
+    peak_kind: &'static str,
+}
+
+impl Progress {
+    pub fn new(steps: u64, start: u64, log_freq: u64, info: &BackendInfo) -> Self {
+        let peak_kind = match info.peak_kind {
+            vramlab_probe::PeakKind::Exact => "peak",
+            vramlab_probe::PeakKind::Sampled => "peak≥",
+        };
+        if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(steps).with_position(start);
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}<{eta_precise}] {bar:30} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            Self { bar: Some(bar), every: log_freq, peak_kind }
+        } else {
+            let every = if log_freq > 0 { log_freq } else { (steps / 10).max(1) };
+            Self { bar: None, every, peak_kind }
+        }
+    }
+
+    pub fn step(&self, r: &StepRecord) {
+        let msg = format!(
+            "loss {:.5} | {:.3} s/step | data {:.3} s | {} {} | act {}",
+            r.loss,
+            r.step_time_s,
+            r.data_wait_s,
+            self.peak_kind,
+            fmt_bytes(r.peak_step_bytes),
+            fmt_bytes(r.activation_bytes)
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.step);
+                bar.set_message(msg.clone());
+                if self.every > 0 && r.step % self.every == 0 {
+                    bar.println(format!("step {} {msg}", r.step));
+                }
+            }
+            None if r.step % self.every == 0 || r.step == 1 => eprintln!("step {} {msg}", r.step),
+            None => {}
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Stop flag set by Ctrl-C / SIGTERM: the trainer finishes the step and checkpoints.
+fn stop_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let _ = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing this step and writing a checkpoint (again to abort)");
+    });
+    flag
+}
+
+struct Vae3dJob {
+    cfg: RunConfig,
+    sw: Switches,
+}
+
+impl Job for Vae3dJob {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
+        let Self { cfg, sw } = self;
+        let vae_cfg = vae3d::resolve_config(&cfg.policy)?;
+        let source = VoxelSource::open(&cfg.dataset, cfg.seed)?;
+        let out = output_dir(&cfg, "vae3d");
+        let tcfg = train_config(&cfg, &sw, out.clone())?;
+        std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create output_dir", out.display()))?;
+        let run_json = serde_json::to_string_pretty(&cfg)?;
+        std::fs::write(out.join("run_config.json"), &run_json).with_context(|| format!("{}: cannot write", out.display()))?;
+
+        let model = Vae3dTrain::<B> { vae: vae_cfg.init(&device), precision: sw.precision };
+        let mut trainer = Trainer::new(tcfg, probe);
+        let mut ref_json = vae_cfg.to_reference_json();
+        if let Some(obj) = ref_json.as_object_mut() {
+            obj.insert("type".into(), "vae3d".into());
+        }
+        trainer.checkpoint_files = vec![
+            ("config.json".into(), serde_json::to_vec_pretty(&ref_json)?),
+            ("run_config.json".into(), run_json.into_bytes()),
+        ];
+        trainer.stop = stop_flag();
+        trainer.summary_header = vec![
+            ("policy".into(), format!("vae3d {}", serde_json::to_string(&ref_json)?)),
+            ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
+            ("precision".into(), sw.precision.name().into()),
+            ("gradient_checkpointing".into(), sw.checkpointing.to_string()),
+            ("batch_size × grad_accum_steps".into(), format!("{} × {}", cfg.batch_size, cfg.grad_accum_steps)),
+            ("data".into(), format!("{} grid {:?}", cfg.dataset.kind, cfg.dataset.grid)),
+        ];
+        let start = if cfg.resume { vramlab_train::trainer::latest_checkpoint(&trainer.checkpoints_dir())?.map_or(0, |c| c.0) } else { 0 };
+        eprintln!(
+            "vramlab train: vae3d ({} parameters) on {} [{}], {} steps, batch {} × {} → {}",
+            vae_cfg.num_params(),
+            info.backend,
+            sw.precision.name(),
+            cfg.steps,
+            cfg.batch_size,
+            cfg.grad_accum_steps,
+            out.display()
+        );
+        let progress = Progress::new(cfg.steps, start, cfg.log_freq, info);
+        let bs = cfg.batch_size as usize;
+        let mut data = |step: u64, micro: u64| {
+            vae3d::make_batch::<B>(&source, &vae_cfg, bs, cfg.seed, step, micro, &device).map_err(|e| e.into())
+        };
+        let result = trainer.run::<B, _>(model, &device, &mut data, &mut |r| progress.step(r));
+        progress.finish();
+        let outcome = result.map_err(|e| anyhow!(e))?;
+        if let (Some(first), Some(last)) = (outcome.records.first(), outcome.records.last()) {
+            eprintln!(
+                "done: loss {:.5} → {:.5} over steps {}..{}; peak {} (activations {}); summary: {}",
+                first.loss,
+                last.loss,
+                first.step,
+                last.step,
+                fmt_bytes(outcome.records.iter().map(|r| r.peak_step_bytes).max().unwrap_or(0)),
+                fmt_bytes(outcome.records.iter().map(|r| r.activation_bytes).max().unwrap_or(0)),
+                out.join("summary.md").display()
+            );
+        }
+        if outcome.interrupted {
+            eprintln!("interrupted; continue with: vramlab train ... --output_dir={} --resume", out.display());
+        }
+        Ok(())
+    }
+}
