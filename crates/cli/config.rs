@@ -252,22 +252,6 @@ pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunCo
     Ok(cfg)
 }
 
-/// Overlay user `fields` on a model config's defaults (`base`), refusing names the model
-/// does not have. Returns the merged JSON for the model's own deserializer.
-pub fn overlay_fields(base: Value, fields: &serde_json::Map<String, Value>, what: &str) -> Result<Value> {
-    let Value::Object(mut obj) = base else { bail!("{what}: defaults are not an object") };
-    for (k, v) in fields {
-        if !obj.contains_key(k) {
-            let mut names: Vec<&String> = obj.keys().collect();
-            names.sort();
-            let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-            bail!("unknown field `policy.{k}` for {what}; valid names: type, preset, {}", names.join(", "));
-        }
-        obj.insert(k.clone(), v.clone());
-    }
-    Ok(Value::Object(obj))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

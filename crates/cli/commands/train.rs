@@ -161,6 +161,8 @@ impl Job for Vae3dJob {
         let run_json = serde_json::to_string_pretty(&cfg)?;
         std::fs::write(out.join("run_config.json"), &run_json).with_context(|| format!("{}: cannot write", out.display()))?;
 
+        // Seed the backend before the weights are drawn: same seed, same initial model.
+        B::seed(&device, cfg.seed);
         let model = Vae3dTrain::<B> { vae: vae_cfg.init(&device), precision: sw.precision };
         let mut trainer = Trainer::new(tcfg, probe);
         let mut ref_json = vae_cfg.to_reference_json();

@@ -32,12 +32,6 @@ impl PolicyType {
             other => bail!("policy.type={other}: unknown; valid: {}", Self::NAMES),
         }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Vae3d => "vae3d",
-        }
-    }
 }
 
 /// Box–Muller standard normals from a seeded RNG (host side, so runs are reproducible on every

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -14,7 +14,7 @@ use vramlab_models::vae3d::{StageCtx, Vae3d, Vae3dConfig, split_moments};
 use vramlab_store::WeightError;
 use vramlab_train::{LossParts, StageTensor, Staged, TrainModel, step_rng};
 
-use crate::config::{DatasetConfig, RunConfig};
+use crate::config::DatasetConfig;
 
 /// `policy.*` → model config: start from `policy.preset` (or the reference defaults), then
 /// apply the other fields by their reference names.
@@ -198,8 +198,94 @@ pub fn make_batch<B: Backend>(
     Ok(Vae3dBatch { x, eps })
 }
 
-/// Read a reference-format `config.json` of a checkpoint directory.
-pub fn checkpoint_config(dir: &Path) -> Result<Vae3dConfig> {
-    let path = dir.join("config.json");
-    Vae3dConfig::from_json_file(&path).with_context(|| format!("{}: cannot load the VAE config", path.display()))
+#[cfg(test)]
+mod tests {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::{AutodiffModule, ModuleVisitor, Param};
+
+    use burn::optim::GradientsParams;
+    use vramlab_train::checkpointing::{PhaseHooks, staged_forward_backward};
+
+    use super::*;
+
+    struct NoHooks;
+    impl PhaseHooks for NoHooks {
+        fn forward_done(&mut self) {}
+    }
+
+    /// Every parameter's gradient, flattened in visit order.
+    fn flat_grads<B: AutodiffBackend>(model: &Vae3dTrain<B>, grads: &GradientsParams) -> Vec<f32> {
+        struct V<'a>(&'a GradientsParams, Vec<f32>);
+        impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                let g = self.0.get::<B::InnerBackend, D>(p.id);
+                assert!(g.is_some(), "no gradient for a parameter of shape {:?} (require_grad {})", p.shape(), p.is_require_grad());
+                self.1.extend(g.unwrap().into_data().to_vec::<f32>().expect("f32 grads"));
+            }
+        }
+        let mut v = V(grads, Vec::new());
+        model.visit(&mut v);
+        v.1
+    }
+
+    fn grads_of<B: AutodiffBackend>(inner: &Vae3d<B::InnerBackend>, cfg: &Vae3dConfig, staged: bool) -> (f32, Vec<f32>) {
+        let device = Default::default();
+        struct RequireGrad;
+        impl<B: AutodiffBackend> burn::module::ModuleMapper<B> for RequireGrad {
+            fn map_float<const D: usize>(&mut self, p: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+                let (id, t, mapper) = p.consume();
+                Param::from_mapped_value(id, t.require_grad(), mapper)
+            }
+        }
+        // `from_inner` keeps the inner parameters' require_grad = false: mark them trainable.
+        let vae = Vae3d::<B>::from_inner(inner.clone()).map(&mut RequireGrad);
+        let model = Vae3dTrain::<B> { vae, precision: Precision::F32 };
+        let source = VoxelSource::open(&DatasetConfig { grid: vec![4, 16, 16], ..DatasetConfig::default() }, 3).unwrap();
+        let batch = make_batch::<B>(&source, cfg, 2, 3, 1, 0, &device).unwrap();
+        if staged {
+            let (parts, grads) = staged_forward_backward(&model, &batch, 1.0, &mut NoHooks).unwrap();
+            (parts.loss.into_scalar().elem(), flat_grads(&model, &grads))
+        } else {
+            let parts = model.forward_loss(&batch);
+            let mut g = parts.loss.backward();
+            let grads = GradientsParams::from_module(&mut g, &model);
+            (parts.loss.into_scalar().elem(), flat_grads(&model, &grads))
+        }
+    }
+
+    fn assert_close(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-5 * scale, "{what}: max |Δgrad| {worst} vs max |grad| {scale}");
+    }
+
+    /// Block recomputation and Burn's balanced checkpointing leave the gradients equal to the
+    /// plain run (≤ 1e-5 relative to the largest gradient).
+    #[test]
+    fn checkpointing_modes_give_equal_gradients() {
+        let cfg = resolve_config(&serde_json::from_str(r#"{"preset": "ultra_lightweight"}"#).unwrap()).unwrap();
+        let inner = cfg.init::<Flex>(&Default::default());
+        // Parameters initialise lazily and each clone of an uninitialised one draws its own
+        // values: read them once so every copy below shares the same weights.
+        let _ = vramlab_store::named_tensors::<Flex, _>(&inner);
+        let (l0, plain) = grads_of::<Autodiff<Flex>>(&inner, &cfg, false);
+        let (l1, blocks) = grads_of::<Autodiff<Flex>>(&inner, &cfg, true);
+        let (l2, balanced) = grads_of::<Autodiff<Flex, BalancedCheckpointing>>(&inner, &cfg, false);
+        assert_eq!(plain.len(), cfg.num_params());
+        assert!((l0 - l1).abs() <= 1e-6 * l0.abs() && (l0 - l2).abs() <= 1e-6 * l0.abs(), "{l0} {l1} {l2}");
+        assert_close(&plain, &blocks, "blocks");
+        assert_close(&plain, &balanced, "balanced");
+    }
+
+    #[test]
+    fn unknown_policy_field_is_named() {
+        let err = resolve_config(&serde_json::from_str(r#"{"preset": "ultra_lightweight", "base_chanels": 8}"#).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("base_chanels") && err.contains("base_channels"), "{err}");
+        let err = resolve_config(&serde_json::from_str(r#"{"preset": "tiny"}"#).unwrap()).unwrap_err().to_string();
+        assert!(err.contains("ultra_lightweight"), "{err}");
+    }
 }
