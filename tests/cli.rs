@@ -1,0 +1,220 @@
+//! End-to-end tests of the `vramlab` binary: the CLI contract, parity through `predict`,
+//! resume after a real kill, measured checkpointing savings, sweeps.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vramlab");
+/// A VAE small enough for CI: ultra_lightweight on a 4×16×16 grid, batch 1.
+const TINY: [&str; 4] = ["--policy.type=vae3d", "--policy.preset=ultra_lightweight", "--dataset.grid=4,16,16", "--batch_size=1"];
+
+fn vramlab(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run vramlab")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vramlab-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn shared() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
+    if p.join("oracle").exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: ../shared not found (CI always has it)");
+        None
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Rec {
+    step: u64,
+    loss: f64,
+    activation_bytes: u64,
+    peak_step_bytes: u64,
+    loss_scale: Option<f64>,
+}
+
+fn records(dir: &Path) -> Vec<Rec> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line"))
+        .collect()
+}
+
+#[test]
+fn info_prints_the_exact_parameter_counts() {
+    for (preset, count) in [
+        ("ultra_lightweight", "694,788"),
+        ("lightweight", "2,717,716"),
+        ("base32", "7,652,628"),
+        ("standard", "40,847,092"),
+    ] {
+        let o = vramlab(&["info", "--policy.type=vae3d", &format!("--policy.preset={preset}")]);
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert!(t.contains(&format!("total parameters: {count}")), "{preset}: {t}");
+    }
+}
+
+#[test]
+fn bad_input_gives_named_errors_not_panics() {
+    let cases: [(&[&str], &[&str]); 7] = [
+        (&["train", "--policy.type=vae3d", "--batchsize=2"], &["batchsize", "batch_size"]),
+        (&["train", "--policy.type=vae3d", "--policy.base_chanels=2"], &["base_chanels", "base_channels"]),
+        (&["train", "--policy.type=vae3d", "--precision=f8"], &["f8", "bf16"]),
+        (&["train", "--policy.type=vae3d", "--gradient_checkpointing=maybe"], &["maybe", "blocks"]),
+        (&["train", "--policy.type=nope"], &["nope", "vae3d"]),
+        (&["train"], &["policy.type"]),
+        (&["train", "--config=/nonexistent.toml"], &["/nonexistent.toml"]),
+    ];
+    for (args, needles) in cases {
+        let o = vramlab(args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert!(!t.contains("panicked"), "{args:?} panicked: {t}");
+        for n in needles {
+            assert!(t.contains(n), "{args:?}: `{n}` not in: {t}");
+        }
+    }
+    if !cfg!(feature = "cuda") {
+        let t = text(&vramlab(&["train", "--policy.type=vae3d", "--backend=cuda"]));
+        assert!(t.contains("not compiled") && t.contains("--features cuda"), "{t}");
+    }
+}
+
+#[test]
+fn malformed_npz_file_is_named() {
+    let dir = tmp("badnpz");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("scene_000.npz");
+    std::fs::write(&bad, b"PK\x03\x04 this is not a real archive").unwrap();
+    let mut args = vec!["train", "--dataset.type=npz", "--steps=1"];
+    args.extend(TINY);
+    let root = format!("--dataset.root={}", dir.display());
+    args.push(&root);
+    let out = format!("--output_dir={}", dir.join("run").display());
+    args.push(&out);
+    let o = vramlab(&args);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("scene_000.npz") && !t.contains("panicked"), "{t}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn predict_reproduces_the_reference_vae() {
+    let Some(shared) = shared() else { return };
+    let fx = shared.join("oracle/vae3d_ultra");
+    let out = tmp("predict").with_extension("safetensors");
+    let o = vramlab(&[
+        "predict",
+        &format!("--checkpoint={}", fx.join("pretrained_model").display()),
+        &format!("--inputs={}", fx.join("inputs.safetensors").display()),
+        &format!("--out={}", out.display()),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ours = vramlab_store::read_safetensors(&out).unwrap();
+    let theirs = vramlab_store::read_safetensors(&fx.join("outputs.safetensors")).unwrap();
+    for name in ["mean", "logvar", "recon", "loss", "recon_loss", "kl_loss"] {
+        let a = ours[name].to_vec::<f32>().unwrap();
+        let b = theirs[name].to_vec::<f32>().unwrap();
+        assert_eq!(ours[name].shape, theirs[name].shape, "{name}");
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale;
+        assert!(err <= 1e-4, "{name}: relative error {err}");
+    }
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn killed_run_resumes_with_bit_identical_losses() {
+    let full = tmp("full");
+    let part = tmp("part");
+    let run = |dir: &Path, extra: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.args(["train", "--steps=6", "--save_freq=1", "--seed=5"]).args(TINY).args(extra);
+        c.arg(format!("--output_dir={}", dir.display()));
+        c
+    };
+    let o = run(&full, &[]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    // Kill -9 the second run once it has logged three steps.
+    let mut child = run(&part, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let t0 = Instant::now();
+    while records(&part).len() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(300), "run did not progress");
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let killed_at = records(&part).len();
+    let o = run(&part, &["--resume"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let a: Vec<(u64, f64)> = records(&full).iter().map(|r| (r.step, r.loss)).collect();
+    let b: Vec<(u64, f64)> = records(&part).iter().map(|r| (r.step, r.loss)).collect();
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b, "killed after {killed_at} logged steps; trajectories differ");
+    // Without --resume the same directory is refused.
+    let o = run(&part, &[]).output().unwrap();
+    assert!(text(&o).contains("--resume"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(full);
+    let _ = std::fs::remove_dir_all(part);
+}
+
+#[test]
+fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
+    let mut act = Vec::new();
+    let mut first_loss = Vec::new();
+    for (mode, precision) in [("off", "f32"), ("blocks", "f32"), ("balanced", "f32"), ("off", "bf16"), ("off", "f16")] {
+        let dir = tmp(&format!("mem-{mode}-{precision}"));
+        let mut args = vec!["train".to_string(), "--steps=2".into()];
+        args.extend(TINY.iter().map(|s| s.to_string()));
+        args.push(format!("--gradient_checkpointing={mode}"));
+        args.push(format!("--precision={precision}"));
+        args.push(format!("--output_dir={}", dir.display()));
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        assert!(o.status.success(), "{mode}/{precision}: {}", text(&o));
+        let r = records(&dir);
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|r| r.loss.is_finite() && r.peak_step_bytes > 0));
+        assert_eq!(r[0].loss_scale.is_some(), precision == "f16", "loss scaling only for f16");
+        act.push(((mode, precision), r.iter().map(|r| r.activation_bytes).max().unwrap()));
+        first_loss.push(r[0].loss);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let get = |m: &str, p: &str| act.iter().find(|((a, b), _)| *a == m && *b == p).unwrap().1;
+    assert!(get("blocks", "f32") < get("off", "f32"), "{act:?}");
+    // Same seed, same weights, same batch: low precision changes the first loss only a little.
+    for l in &first_loss[3..] {
+        assert!((l - first_loss[0]).abs() < 0.05 * first_loss[0].abs(), "{first_loss:?}");
+    }
+}
+
+#[test]
+fn sweep_writes_csv_and_markdown() {
+    let dir = tmp("sweep");
+    let mut args = vec!["sweep", "--steps=1", "--sweep.gradient_checkpointing=off,blocks"];
+    args.extend(TINY);
+    let out = format!("--output_dir={}", dir.display());
+    args.push(&out);
+    let o = vramlab(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert!(csv.lines().skip(1).all(|l| l.contains(",ok,")), "{csv}");
+    let md = std::fs::read_to_string(dir.join("sweep.md")).unwrap();
+    assert!(md.contains("Effect of `gradient_checkpointing`"), "{md}");
+    let _ = std::fs::remove_dir_all(dir);
+}
