@@ -9,3 +9,5 @@ pub mod nn;
 /// Weight I/O by name (re-exported so models can say `crate::weights`).
 pub use vramlab_store as weights;
 pub mod vae3d;
+pub mod act;
+pub mod resnet;

@@ -192,3 +192,40 @@ fn loss_falls_and_records_are_complete() {
     assert!(dir.join("summary.md").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn frozen_parameters_get_no_gradient_no_state_and_do_not_move() {
+    let dir = tmpdir("frozen");
+    let mut model = Mlp::<B>::new(&Default::default());
+    vramlab_train::optim::param_bytes::<B, _>(&model);
+    // Freeze the first layer as a model would freeze its backbone.
+    model.layers[0] = model.layers[0].clone().no_grad();
+    let before = model.layers[0].weight.val().into_data().to_vec::<f32>().unwrap();
+    let out = train(config(dir.clone(), 3, false, CheckpointMode::Off), model).unwrap();
+    let after = out.model.layers[0].weight.val().into_data().to_vec::<f32>().unwrap();
+    assert_eq!(before, after, "a frozen layer moved");
+    let last = out.records.last().unwrap();
+    let frozen = (4 * (16 * 16 + 16)) as u64;
+    assert_eq!(last.grad_bytes, last.param_bytes - frozen);
+    assert_eq!(last.optimizer_state_bytes, 2 * (last.param_bytes - frozen));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
+    let dir = tmpdir("nan");
+    let mut cfg = config(dir.clone(), 50, false, CheckpointMode::Off);
+    cfg.optim.lr = 1e30;
+    cfg.optim.grad_clip_norm = None;
+    cfg.schedule = LrSchedule::constant();
+    cfg.save_freq = 1000;
+    let err = train(cfg, Mlp::new(&Default::default())).err().expect("the run must stop");
+    let TrainError::NonFinite { step, checkpoint, .. } = &err else { panic!("unexpected error: {err}") };
+    assert!(*step >= 2, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("at step {step}")), "{msg}");
+    // The last good state (step - 1) was written.
+    assert!(checkpoint.ends_with(&format!("{:06}", step - 1)), "{msg}");
+    assert!(std::path::Path::new(checkpoint).join("model.safetensors").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,742 @@
+//! The Action Chunking Transformer, natively in Burn.
+//!
+//! Reference: huggingface/lerobot v0.4.4 `src/lerobot/policies/act/modeling_act.py` — `ACT`,
+//! `ACTEncoder`, `ACTEncoderLayer`, `ACTDecoder`, `ACTDecoderLayer`,
+//! `create_sinusoidal_pos_embedding`, `ACTSinusoidalPositionEmbedding2d` and
+//! `ACTPolicy.forward` (the loss).
+//!
+//! Field names are lerobot's `ACT` attribute names, so the parameter names are the policy's
+//! state-dict keys without the policy's `model.` prefix (the loader adds / strips it, see
+//! [`super::load`]). Optional parts (VAE encoder, robot-state / env-state projections,
+//! backbone) are `Option`s, absent exactly when lerobot does not build them.
+//!
+//! # Layout and precision
+//! Tensors are batch-first (`[batch, seq, dim]`; lerobot is sequence-first, which changes no
+//! arithmetic). Matmuls and convolutions run in the forward's [`Precision`]; the residual
+//! stream of the transformers, LayerNorm, softmax, positions, the outputs (`actions`, `mu`,
+//! `log_sigma_x2`) and the loss are f32 (as torch autocast: LayerNorm outputs f32, so the
+//! post-norm residual stream is f32 there too).
+//!
+//! # Training vs eval ([`ActCtx`])
+//! As lerobot: the VAE encoder runs only when `use_vae`, training and actions are given; then
+//! `z = mu + exp(log_sigma_x2 / 2) · eps` with the caller's `eps` (`None` → `z = mu`, i.e.
+//! eps = 0). Otherwise `z = 0` and `mu` / `log_sigma_x2` are `None`. Dropout (rate
+//! `config.dropout`) applies only in training and only with a [`DropoutCtx`] (deterministic
+//! masks); without one it is off.
+//!
+//! # Stage view (for block checkpointing)
+//! [`Act::forward`] is literally this chain of public pieces; a trainer can cut it anywhere:
+//!
+//! | step | call | output |
+//! |---|---|---|
+//! | VAE input | [`Act::vae_encoder_input`] + [`Act::vae_key_padding_mask`] | tokens `[b, 2+chunk, d]` f32, mask `[b, 2+chunk]` |
+//! | VAE layer `i` | [`Act::vae_encoder_layer`] (`i < n_vae_encoder_layers`) | `[b, 2+chunk, d]` f32 |
+//! | latent | [`Act::vae_latent_params`] then [`Act::latent_sample`] | `mu`, `log_sigma_x2` `[b, latent]` → `z` |
+//! | backbone, per camera | `backbone.stem`, `backbone.layer(0..4)` ([`ResNet`]) | layer4 map `[b, 512, h', w']` |
+//! | encoder input | [`Act::encoder_input`] | tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
+//! | encoder layer `i` | [`Act::encoder_layer`] (then [`Act::encoder_final_norm`]) | `[b, s, d]` f32 |
+//! | decoder input | [`Act::decoder_input`] | zeros `[b, chunk, d]` |
+//! | decoder layer `i` | [`Act::decoder_layer`] (needs encoder out and pos) | `[b, chunk, d]` f32 |
+//! | head | [`Act::action_head_out`] (decoder.norm, action_head) | actions `[b, chunk, action]` f32 |
+//! | loss | [`Act::loss`] | [`ActLoss`] |
+//!
+//! Tensors a later step needs (`mu`, `log_sigma_x2`, encoder pos, encoder output) travel along
+//! in the trainer's stage state. The encoder's `pos` depends on a parameter
+//! (`encoder_1d_feature_pos_embed`), so it must be a stage-state tensor with gradient.
+
+use burn::module::{Module, Param};
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+
+use super::config::ActConfig;
+use super::layers::{Activation, DropoutCtx, Embedding, LayerNorm, Linear, MultiheadAttention, dropout};
+use crate::nn::{Precision, to_f32};
+use crate::resnet::{
+    FROZEN_BN_CONTAINER, OUT_CHANNELS, ResNet, conv2d_p, count_params_and_buffers, set_trainable,
+};
+
+/// Dropout block numbers of [`DropoutCtx::site`].
+const BLOCK_VAE: u64 = 0;
+const BLOCK_ENCODER: u64 = 1;
+const BLOCK_DECODER: u64 = 2;
+
+/// What one transformer layer needs to know about the pass.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerCtx<'a> {
+    pub precision: Precision,
+    /// Dropout masks (training only); `None` → no dropout.
+    pub dropout: Option<&'a DropoutCtx>,
+    pub rate: f64,
+    /// Dropout block (0 VAE encoder, 1 encoder, 2 decoder) and layer index: with the slot, the
+    /// mask's site.
+    pub block: u64,
+    pub layer: usize,
+}
+
+impl LayerCtx<'_> {
+    fn drop<B: Backend, const D: usize>(&self, x: Tensor<B, D>, slot: u64) -> Tensor<B, D> {
+        dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
+    }
+
+    fn attn_drop(&self, slot: u64) -> Option<(&DropoutCtx, u64, f64)> {
+        self.dropout.filter(|_| self.rate > 0.0).map(|d| (d, DropoutCtx::site(self.block, self.layer, slot), self.rate))
+    }
+}
+
+fn add_pos<B: Backend>(x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>) -> Tensor<B, 3> {
+    match pos {
+        Some(p) => x + p.clone(),
+        None => x,
+    }
+}
+
+/// `ACTEncoderLayer`: DETR-style layer, positions added to queries and keys only.
+#[derive(Module, Debug)]
+pub struct ActEncoderLayer<B: Backend> {
+    pub self_attn: MultiheadAttention<B>,
+    pub linear1: Linear<B>,
+    pub linear2: Linear<B>,
+    pub norm1: LayerNorm<B>,
+    pub norm2: LayerNorm<B>,
+    pub activation: Activation,
+    pub pre_norm: bool,
+}
+
+impl<B: Backend> ActEncoderLayer<B> {
+    pub fn new(cfg: &ActConfig, device: &B::Device) -> Self {
+        let (d, ff) = (cfg.dim_model, cfg.dim_feedforward);
+        let mut self_attn = MultiheadAttention::new(d, cfg.n_heads, device);
+        self_attn.out_proj = self_attn.out_proj.xavier();
+        Self {
+            self_attn,
+            linear1: Linear::new(d, ff, device).xavier(),
+            linear2: Linear::new(ff, d, device).xavier(),
+            norm1: LayerNorm::new(d, device),
+            norm2: LayerNorm::new(d, device),
+            activation: cfg.activation(),
+            pre_norm: cfg.pre_norm,
+        }
+    }
+
+    /// Dropout slots: 0 attention weights, 1 `dropout1`, 2 `dropout` (FFN), 3 `dropout2`.
+    ///
+    /// # Shapes
+    /// - x: `[b, s, d]` (any dtype; the stream is f32); pos: `[1 or b, s, d]`; mask: `[b, s]`
+    /// - returns `[b, s, d]` f32
+    pub fn forward(&self, x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>, key_padding_mask: Option<&Tensor<B, 2, Bool>>, lc: &LayerCtx) -> Tensor<B, 3> {
+        let p = lc.precision;
+        let x = to_f32(x);
+        let skip = x.clone();
+        let x = if self.pre_norm { self.norm1.forward(x) } else { x };
+        let qk = add_pos(x.clone(), pos);
+        let x = self.self_attn.forward(qk.clone(), qk, x, key_padding_mask, lc.attn_drop(0), p);
+        let x = skip + to_f32(lc.drop(x, 1));
+        let (skip, x) = if self.pre_norm {
+            (x.clone(), self.norm2.forward(x))
+        } else {
+            let x = self.norm1.forward(x);
+            (x.clone(), x)
+        };
+        let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 2);
+        let x = skip + to_f32(lc.drop(self.linear2.forward(h, p), 3));
+        if self.pre_norm { x } else { self.norm2.forward(x) }
+    }
+}
+
+/// `ACTEncoder`: the layers, then a LayerNorm only with `pre_norm` (else `nn.Identity`).
+#[derive(Module, Debug)]
+pub struct ActEncoder<B: Backend> {
+    pub layers: Vec<ActEncoderLayer<B>>,
+    pub norm: Option<LayerNorm<B>>,
+}
+
+impl<B: Backend> ActEncoder<B> {
+    pub fn new(cfg: &ActConfig, num_layers: usize, device: &B::Device) -> Self {
+        Self {
+            layers: (0..num_layers).map(|_| ActEncoderLayer::new(cfg, device)).collect(),
+            norm: cfg.pre_norm.then(|| LayerNorm::new(cfg.dim_model, device)),
+        }
+    }
+
+    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.norm {
+            Some(n) => n.forward(x),
+            None => x,
+        }
+    }
+}
+
+/// `ACTDecoderLayer`: self-attention over the queries, cross-attention to the encoder, FFN.
+#[derive(Module, Debug)]
+pub struct ActDecoderLayer<B: Backend> {
+    pub self_attn: MultiheadAttention<B>,
+    pub multihead_attn: MultiheadAttention<B>,
+    pub linear1: Linear<B>,
+    pub linear2: Linear<B>,
+    pub norm1: LayerNorm<B>,
+    pub norm2: LayerNorm<B>,
+    pub norm3: LayerNorm<B>,
+    pub activation: Activation,
+    pub pre_norm: bool,
+}
+
+impl<B: Backend> ActDecoderLayer<B> {
+    pub fn new(cfg: &ActConfig, device: &B::Device) -> Self {
+        let (d, ff) = (cfg.dim_model, cfg.dim_feedforward);
+        let mut self_attn = MultiheadAttention::new(d, cfg.n_heads, device);
+        self_attn.out_proj = self_attn.out_proj.xavier();
+        let mut multihead_attn = MultiheadAttention::new(d, cfg.n_heads, device);
+        multihead_attn.out_proj = multihead_attn.out_proj.xavier();
+        Self {
+            self_attn,
+            multihead_attn,
+            linear1: Linear::new(d, ff, device).xavier(),
+            linear2: Linear::new(ff, d, device).xavier(),
+            norm1: LayerNorm::new(d, device),
+            norm2: LayerNorm::new(d, device),
+            norm3: LayerNorm::new(d, device),
+            activation: cfg.activation(),
+            pre_norm: cfg.pre_norm,
+        }
+    }
+
+    /// Dropout slots: 0 self-attention weights, 1 `dropout1`, 2 cross-attention weights,
+    /// 3 `dropout2`, 4 `dropout` (FFN), 5 `dropout3`.
+    ///
+    /// # Shapes
+    /// - x: `[b, chunk, d]`; encoder_out: `[b, s, d]`; decoder_pos: `[1, chunk, d]`;
+    ///   encoder_pos: `[1 or b, s, d]` → `[b, chunk, d]` f32
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        encoder_out: Tensor<B, 3>,
+        decoder_pos: Option<&Tensor<B, 3>>,
+        encoder_pos: Option<&Tensor<B, 3>>,
+        lc: &LayerCtx,
+    ) -> Tensor<B, 3> {
+        let p = lc.precision;
+        let x = to_f32(x);
+        let encoder_out = to_f32(encoder_out);
+        let skip = x.clone();
+        let x = if self.pre_norm { self.norm1.forward(x) } else { x };
+        let qk = add_pos(x.clone(), decoder_pos);
+        let x = self.self_attn.forward(qk.clone(), qk, x, None, lc.attn_drop(0), p);
+        let x = skip + to_f32(lc.drop(x, 1));
+        let (skip, x) = if self.pre_norm {
+            (x.clone(), self.norm2.forward(x))
+        } else {
+            let x = self.norm1.forward(x);
+            (x.clone(), x)
+        };
+        let x = self.multihead_attn.forward(
+            add_pos(x, decoder_pos),
+            add_pos(encoder_out.clone(), encoder_pos),
+            encoder_out,
+            None,
+            lc.attn_drop(2),
+            p,
+        );
+        let x = skip + to_f32(lc.drop(x, 3));
+        let (skip, x) = if self.pre_norm {
+            (x.clone(), self.norm3.forward(x))
+        } else {
+            let x = self.norm2.forward(x);
+            (x.clone(), x)
+        };
+        let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 4);
+        let x = skip + to_f32(lc.drop(self.linear2.forward(h, p), 5));
+        if self.pre_norm { x } else { self.norm3.forward(x) }
+    }
+}
+
+/// `ACTDecoder`: the layers, then `norm` (always a LayerNorm).
+#[derive(Module, Debug)]
+pub struct ActDecoder<B: Backend> {
+    pub layers: Vec<ActDecoderLayer<B>>,
+    pub norm: LayerNorm<B>,
+}
+
+/// lerobot's `create_sinusoidal_pos_embedding(n, d)` (computed in f64 as numpy, then f32):
+/// `pe[pos, j] = sin / cos(pos / 10000^(2⌊j/2⌋/d))` (sin for even `j`, cos for odd `j`).
+pub fn sinusoidal_pos_embedding_1d(num_positions: usize, dim: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(num_positions * dim);
+    for pos in 0..num_positions {
+        for j in 0..dim {
+            let angle = pos as f64 / 10000f64.powf((2 * (j / 2)) as f64 / dim as f64);
+            out.push(if j % 2 == 0 { angle.sin() } else { angle.cos() } as f32);
+        }
+    }
+    out
+}
+
+/// lerobot's `ACTSinusoidalPositionEmbedding2d(dim_model // 2)` for an `h × w` map, as
+/// `[h·w, dim_model]` rows in token order (`(h w)` flattening), computed in f32 with the
+/// reference's operation order: positions `1..=n` normalised as `i / (n + 1e-6) · 2π`,
+/// frequencies `10000^(2⌊c/2⌋ / half)`, channel `c` of each half `sin` (even `c`) or `cos`
+/// (odd `c`) — interleaved — and the y half before the x half.
+pub fn sinusoidal_pos_embedding_2d(h: usize, w: usize, dim_model: usize) -> Vec<f32> {
+    let half = dim_model / 2;
+    let two_pi = std::f64::consts::TAU as f32;
+    let eps = 1e-6f32;
+    let inv_freq: Vec<f32> = (0..half).map(|c| 10000f32.powf((2 * (c / 2)) as f32 / half as f32)).collect();
+    let y_norm = |i: usize| (i + 1) as f32 / (h as f32 + eps) * two_pi;
+    let x_norm = |j: usize| (j + 1) as f32 / (w as f32 + eps) * two_pi;
+    let embed = |v: f32, c: usize| {
+        let a = v / inv_freq[c];
+        if c % 2 == 0 { a.sin() } else { a.cos() }
+    };
+    let mut out = Vec::with_capacity(h * w * 2 * half);
+    for i in 0..h {
+        for j in 0..w {
+            let (y, x) = (y_norm(i), x_norm(j));
+            out.extend((0..half).map(|c| embed(y, c)));
+            out.extend((0..half).map(|c| embed(x, c)));
+        }
+    }
+    out
+}
+
+/// How the forward runs: precision, training mode, the VAE noise and dropout masks.
+#[derive(Clone, Debug)]
+pub struct ActCtx<B: Backend> {
+    pub precision: Precision,
+    /// lerobot's `self.training`: enables the VAE encoder (with actions) and dropout.
+    pub training: bool,
+    /// VAE noise `[b, latent]` (training with the VAE only): `None` → `z = mu`.
+    pub eps: Option<Tensor<B, 2>>,
+    /// Dropout masks (training only): `None` → no dropout even when `config.dropout > 0`.
+    pub dropout: Option<DropoutCtx>,
+}
+
+impl<B: Backend> ActCtx<B> {
+    /// Inference: `z = 0`, no dropout.
+    pub fn eval(precision: Precision) -> Self {
+        Self { precision, training: false, eps: None, dropout: None }
+    }
+
+    /// Training: VAE encoder on (when configured), `z = mu` until [`ActCtx::with_eps`], no
+    /// dropout until [`ActCtx::with_dropout`].
+    pub fn train(precision: Precision) -> Self {
+        Self { precision, training: true, eps: None, dropout: None }
+    }
+
+    pub fn with_eps(mut self, eps: Tensor<B, 2>) -> Self {
+        self.eps = Some(eps);
+        self
+    }
+
+    pub fn with_dropout(mut self, seed: u64) -> Self {
+        self.dropout = Some(DropoutCtx::new(seed));
+        self
+    }
+}
+
+/// Model inputs (already normalised, as `policy.model(batch)` sees them).
+#[derive(Clone, Debug)]
+pub struct ActBatch<B: Backend> {
+    /// `observation.state` `[b, state_dim]` (required when the config has it).
+    pub state: Option<Tensor<B, 2>>,
+    /// The ENV input `[b, env_dim]` (required when the config has it).
+    pub env_state: Option<Tensor<B, 2>>,
+    /// One `[b, 3, h, w]` per camera, in [`ActConfig::image_features`] order.
+    pub images: Vec<Tensor<B, 4>>,
+    /// Target actions `[b, chunk, action_dim]` (training).
+    pub action: Option<Tensor<B, 3>>,
+    /// `[b, chunk]`, `true` = padding (absent: no padding).
+    pub action_is_pad: Option<Tensor<B, 2, Bool>>,
+}
+
+impl<B: Backend> ActBatch<B> {
+    pub fn batch_size(&self) -> usize {
+        self.images
+            .first()
+            .map(|i| i.dims()[0])
+            .or_else(|| self.env_state.as_ref().map(|e| e.dims()[0]))
+            .expect("ActBatch: needs images or env_state")
+    }
+}
+
+/// What [`Act::forward`] returns; all f32.
+#[derive(Clone, Debug)]
+pub struct ActOutput<B: Backend> {
+    /// `[b, chunk, action_dim]`
+    pub actions: Tensor<B, 3>,
+    /// `[b, latent]` (VAE training pass only)
+    pub mu: Option<Tensor<B, 2>>,
+    /// `2·log σ`, `[b, latent]` (VAE training pass only)
+    pub log_sigma_x2: Option<Tensor<B, 2>>,
+}
+
+/// lerobot's `ACTPolicy.forward` loss; each `[1]`, f32.
+#[derive(Clone, Debug)]
+pub struct ActLoss<B: Backend> {
+    /// `l1_loss + kl_weight · kld_loss` (just `l1_loss` without the KL term)
+    pub loss: Tensor<B, 1>,
+    /// `(|a − â| · ¬pad).mean()` over all elements (padded ones count in the denominator)
+    pub l1_loss: Tensor<B, 1>,
+    /// `mean_b Σ_latent −½(1 + log σ² − μ² − σ²)`, when `mu` / `log_sigma_x2` are present
+    pub kld_loss: Option<Tensor<B, 1>>,
+}
+
+/// lerobot's `ACT` module.
+#[derive(Module, Debug)]
+pub struct Act<B: Backend> {
+    pub vae_encoder: Option<ActEncoder<B>>,
+    pub vae_encoder_cls_embed: Option<Embedding<B>>,
+    pub vae_encoder_robot_state_input_proj: Option<Linear<B>>,
+    pub vae_encoder_action_input_proj: Option<Linear<B>>,
+    pub vae_encoder_latent_output_proj: Option<Linear<B>>,
+    /// Buffer `[1, 2+chunk, d]` (1+chunk without robot state): fixed sine positions.
+    pub vae_encoder_pos_enc: Option<Param<Tensor<B, 3>>>,
+    pub backbone: Option<ResNet<B>>,
+    pub encoder: ActEncoder<B>,
+    pub decoder: ActDecoder<B>,
+    pub encoder_robot_state_input_proj: Option<Linear<B>>,
+    pub encoder_env_state_input_proj: Option<Linear<B>>,
+    pub encoder_latent_input_proj: Linear<B>,
+    /// 1×1 conv `512 → d` over the layer4 map.
+    pub encoder_img_feat_input_proj: Option<Conv2d<B>>,
+    pub encoder_1d_feature_pos_embed: Embedding<B>,
+    pub decoder_pos_embed: Embedding<B>,
+    pub action_head: Linear<B>,
+    /// The config the model was built from (not a parameter).
+    pub config: ActConfig,
+}
+
+/// The buffer rule of [`Act`] (PyTorch `register_buffer` / FrozenBatchNorm2d tensors).
+pub fn is_act_buffer(container: &str, field: &str) -> bool {
+    container == FROZEN_BN_CONTAINER || (container == "Struct:Act" && field == "vae_encoder_pos_enc")
+}
+
+impl ActConfig {
+    /// Build the model with lerobot's initialisation (Xavier-uniform transformer matrices,
+    /// PyTorch defaults elsewhere; the backbone gets torchvision's random init — lerobot's
+    /// default ImageNet weights are not fetched). With `freeze_backbone` the backbone is
+    /// frozen. Panics on an invalid config; call [`ActConfig::validate`] for an error instead.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Act<B> {
+        if let Err(e) = self.validate() {
+            panic!("invalid ActConfig: {e}");
+        }
+        let d = self.dim_model;
+        let state = self.robot_state_dim();
+        let a = self.action_dim();
+        let vae = self.use_vae;
+        let pos_enc = || {
+            let n = self.vae_seq_len();
+            let t = Tensor::<B, 3>::from_data(TensorData::new(sinusoidal_pos_embedding_1d(n, d), [1, n, d]), device);
+            Param::from_tensor(t).set_require_grad(false)
+        };
+        let backbone = self.backbone_config().map(|bb| bb.init(device));
+        let model = Act {
+            vae_encoder: vae.then(|| ActEncoder::new(self, self.n_vae_encoder_layers, device)),
+            vae_encoder_cls_embed: vae.then(|| Embedding::new(1, d, device)),
+            vae_encoder_robot_state_input_proj: state.filter(|_| vae).map(|s| Linear::new(s, d, device)),
+            vae_encoder_action_input_proj: vae.then(|| Linear::new(a, d, device)),
+            vae_encoder_latent_output_proj: vae.then(|| Linear::new(d, 2 * self.latent_dim, device)),
+            vae_encoder_pos_enc: vae.then(pos_enc),
+            encoder_img_feat_input_proj: backbone.as_ref().map(|_| {
+                Conv2dConfig::new([OUT_CHANNELS, d], [1, 1]).with_padding(PaddingConfig2d::Valid).init(device)
+            }),
+            backbone,
+            encoder: ActEncoder::new(self, self.n_encoder_layers, device),
+            decoder: ActDecoder {
+                layers: (0..self.n_decoder_layers).map(|_| ActDecoderLayer::new(self, device)).collect(),
+                norm: LayerNorm::new(d, device),
+            },
+            encoder_robot_state_input_proj: state.map(|s| Linear::new(s, d, device)),
+            encoder_env_state_input_proj: self.env_state_dim().map(|e| Linear::new(e, d, device)),
+            encoder_latent_input_proj: Linear::new(self.latent_dim, d, device),
+            encoder_1d_feature_pos_embed: Embedding::new(self.n_1d_tokens(), d, device),
+            decoder_pos_embed: Embedding::new(self.chunk_size, d, device),
+            action_head: Linear::new(d, a, device),
+            config: self.clone(),
+        };
+        if self.freeze_backbone { model.with_frozen_backbone() } else { model }
+    }
+}
+
+impl<B: Backend> Act<B> {
+    fn layer_ctx<'a>(&self, ctx: &'a ActCtx<B>, block: u64, layer: usize) -> LayerCtx<'a> {
+        LayerCtx {
+            precision: ctx.precision,
+            dropout: ctx.dropout.as_ref().filter(|_| ctx.training),
+            rate: self.config.dropout,
+            block,
+            layer,
+        }
+    }
+
+    /// Whether a forward with `ctx` and `action` runs the VAE encoder (lerobot:
+    /// `use_vae and ACTION in batch and self.training`).
+    pub fn uses_vae_encoder(&self, ctx: &ActCtx<B>, has_action: bool) -> bool {
+        self.config.use_vae && ctx.training && has_action
+    }
+
+    /// VAE encoder tokens `[cls, (robot state), actions…]`.
+    ///
+    /// # Shapes
+    /// - state: `[b, state_dim]`; action: `[b, chunk, action_dim]` → `[b, 2+chunk, d]` f32
+    pub fn vae_encoder_input(&self, state: Option<Tensor<B, 2>>, action: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        let [b, _, _] = action.dims();
+        let d = self.config.dim_model;
+        let cls = self.vae_encoder_cls_embed.as_ref().expect("use_vae").weight.val().reshape([1, 1, d]).expand([b, 1, d]);
+        let mut tokens = vec![cls];
+        if let Some(proj) = &self.vae_encoder_robot_state_input_proj {
+            let s = state.expect("ActBatch.state is required: the config has observation.state");
+            tokens.push(to_f32(proj.forward(s, p)).reshape([b, 1, d]));
+        }
+        let proj = self.vae_encoder_action_input_proj.as_ref().expect("use_vae");
+        tokens.push(to_f32(proj.forward(action, p)));
+        Tensor::cat(tokens, 1)
+    }
+
+    /// `[False (cls), False (state), action_is_pad…]` as `[b, 2+chunk]` (`true` = ignore).
+    pub fn vae_key_padding_mask(&self, batch_size: usize, action_is_pad: Option<Tensor<B, 2, Bool>>, device: &B::Device) -> Tensor<B, 2, Bool> {
+        let lead = self.config.vae_seq_len() - self.config.chunk_size;
+        let pad = action_is_pad.unwrap_or_else(|| Tensor::<B, 2, Bool>::zeros([batch_size, self.config.chunk_size], device));
+        let head = Tensor::<B, 2, Bool>::zeros([batch_size, lead], device);
+        Tensor::cat(vec![head, pad], 1)
+    }
+
+    /// VAE encoder layer `i` (positions: the `vae_encoder_pos_enc` buffer).
+    pub fn vae_encoder_layer(&self, i: usize, x: Tensor<B, 3>, key_padding_mask: &Tensor<B, 2, Bool>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
+        let enc = self.vae_encoder.as_ref().expect("use_vae");
+        let pos = self.vae_encoder_pos_enc.as_ref().expect("use_vae").val();
+        enc.layers[i].forward(x, Some(&pos), Some(key_padding_mask), &self.layer_ctx(ctx, BLOCK_VAE, i))
+    }
+
+    /// `(mu, log_sigma_x2)` `[b, latent]` f32 from the VAE encoder's last layer output: the
+    /// encoder's final norm (`pre_norm` only; per token, so applied to the cls token alone),
+    /// then `vae_encoder_latent_output_proj` on the cls token.
+    pub fn vae_latent_params(&self, x: Tensor<B, 3>, p: Precision) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let [b, _, d] = x.dims();
+        let l = self.config.latent_dim;
+        let cls = x.narrow(1, 0, 1);
+        let cls = self.vae_encoder.as_ref().expect("use_vae").final_norm(cls).reshape([b, d]);
+        let params = to_f32(self.vae_encoder_latent_output_proj.as_ref().expect("use_vae").forward(cls, p)); // [b, 2l]
+        (params.clone().narrow(1, 0, l), params.narrow(1, l, l))
+    }
+
+    /// `z = mu + exp(log_sigma_x2 / 2) · eps` (`eps = None` → `mu`).
+    pub fn latent_sample(mu: Tensor<B, 2>, log_sigma_x2: Tensor<B, 2>, eps: Option<Tensor<B, 2>>) -> Tensor<B, 2> {
+        match eps {
+            Some(eps) => {
+                assert_eq!(eps.dims(), mu.dims(), "ActCtx.eps must be [batch, latent_dim]");
+                mu + (log_sigma_x2 / 2.0).exp() * to_f32(eps)
+            }
+            None => mu,
+        }
+    }
+
+    /// The whole VAE branch: `(mu, log_sigma_x2)`.
+    pub fn vae_encode(
+        &self,
+        state: Option<Tensor<B, 2>>,
+        action: Tensor<B, 3>,
+        action_is_pad: Option<Tensor<B, 2, Bool>>,
+        ctx: &ActCtx<B>,
+    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let b = action.dims()[0];
+        let device = action.device();
+        let mut x = self.vae_encoder_input(state, action, ctx.precision);
+        let mask = self.vae_key_padding_mask(b, action_is_pad, &device);
+        for i in 0..self.config.n_vae_encoder_layers {
+            x = self.vae_encoder_layer(i, x, &mask, ctx);
+        }
+        self.vae_latent_params(x, ctx.precision)
+    }
+
+    /// The backbone's layer4 map for one camera (stem + 4 stages, see [`ResNet`]).
+    pub fn backbone_features(&self, image: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
+        self.backbone.as_ref().expect("the config has no camera").forward(image, p)
+    }
+
+    /// Transformer encoder tokens `[latent, (state), (env state), camera pixels…]` and their
+    /// positions (`encoder_1d_feature_pos_embed` rows, then the 2-D sine table per camera).
+    ///
+    /// # Shapes
+    /// - z: `[b, latent]`; state: `[b, state_dim]`; env_state: `[b, env_dim]`;
+    ///   cam_features: layer4 maps `[b, 512, h', w']`
+    /// - returns tokens `[b, s, d]` f32 and pos `[1, s, d]` f32
+    pub fn encoder_input(
+        &self,
+        z: Tensor<B, 2>,
+        state: Option<Tensor<B, 2>>,
+        env_state: Option<Tensor<B, 2>>,
+        cam_features: Vec<Tensor<B, 4>>,
+        p: Precision,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let [b, _] = z.dims();
+        let d = self.config.dim_model;
+        let device = z.device();
+        let mut tokens = vec![to_f32(self.encoder_latent_input_proj.forward(z, p)).reshape([b, 1, d])];
+        if let Some(proj) = &self.encoder_robot_state_input_proj {
+            let s = state.expect("ActBatch.state is required: the config has observation.state");
+            tokens.push(to_f32(proj.forward(s, p)).reshape([b, 1, d]));
+        }
+        if let Some(proj) = &self.encoder_env_state_input_proj {
+            let e = env_state.expect("ActBatch.env_state is required: the config has an ENV input");
+            tokens.push(to_f32(proj.forward(e, p)).reshape([b, 1, d]));
+        }
+        let mut pos = vec![self.encoder_1d_feature_pos_embed.weight.val()]; // [n_1d, d]
+        for feats in cam_features {
+            let [_, _, h, w] = feats.dims();
+            let proj = self.encoder_img_feat_input_proj.as_ref().expect("the config has no camera");
+            let f = to_f32(conv2d_p(proj, feats, p)); // [b, d, h, w]
+            tokens.push(f.reshape([b, d, h * w]).swap_dims(1, 2)); // [b, h·w, d]
+            pos.push(Tensor::from_data(TensorData::new(sinusoidal_pos_embedding_2d(h, w, d), [h * w, d]), &device));
+        }
+        let tokens = Tensor::cat(tokens, 1);
+        let pos = Tensor::cat(pos, 0).unsqueeze_dim::<3>(0);
+        (tokens, pos)
+    }
+
+    /// Transformer encoder layer `i`.
+    pub fn encoder_layer(&self, i: usize, x: Tensor<B, 3>, pos: &Tensor<B, 3>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
+        self.encoder.layers[i].forward(x, Some(pos), None, &self.layer_ctx(ctx, BLOCK_ENCODER, i))
+    }
+
+    /// The encoder's final LayerNorm (`pre_norm` only; identity otherwise).
+    pub fn encoder_final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.encoder.final_norm(x)
+    }
+
+    /// The decoder's input: `chunk_size` zero queries `[b, chunk, d]` (f32).
+    pub fn decoder_input(&self, batch_size: usize, device: &B::Device) -> Tensor<B, 3> {
+        Tensor::zeros([batch_size, self.config.chunk_size, self.config.dim_model], device)
+    }
+
+    /// Decoder layer `i`: queries get `decoder_pos_embed`, keys `encoder_pos`.
+    pub fn decoder_layer(&self, i: usize, x: Tensor<B, 3>, encoder_out: Tensor<B, 3>, encoder_pos: &Tensor<B, 3>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
+        let dec_pos = self.decoder_pos_embed.weight.val().unsqueeze_dim::<3>(0); // [1, chunk, d]
+        self.decoder.layers[i].forward(x, encoder_out, Some(&dec_pos), Some(encoder_pos), &self.layer_ctx(ctx, BLOCK_DECODER, i))
+    }
+
+    /// `decoder.norm` then `action_head`: actions `[b, chunk, action_dim]` f32.
+    pub fn action_head_out(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        to_f32(self.action_head.forward(self.decoder.norm.forward(x), p))
+    }
+
+    /// lerobot's `ACT.forward`.
+    pub fn forward(&self, batch: &ActBatch<B>, ctx: &ActCtx<B>) -> ActOutput<B> {
+        let p = ctx.precision;
+        let b = batch.batch_size();
+        assert_eq!(
+            batch.images.len(),
+            self.config.image_features().len(),
+            "ActBatch.images: one tensor per camera of the config ({:?})",
+            self.config.image_features()
+        );
+        let device = batch.images.first().map(|i| i.device()).or_else(|| batch.env_state.as_ref().map(|e| e.device())).unwrap();
+
+        let (mu, log_sigma_x2, z) = match &batch.action {
+            Some(action) if self.uses_vae_encoder(ctx, true) => {
+                let (mu, ls) = self.vae_encode(batch.state.clone(), action.clone(), batch.action_is_pad.clone(), ctx);
+                let z = Self::latent_sample(mu.clone(), ls.clone(), ctx.eps.clone());
+                (Some(mu), Some(ls), z)
+            }
+            _ => (None, None, Tensor::zeros([b, self.config.latent_dim], &device)),
+        };
+
+        let cam_features = batch.images.iter().map(|img| self.backbone_features(img.clone(), p)).collect();
+        let (mut x, pos) = self.encoder_input(z, batch.state.clone(), batch.env_state.clone(), cam_features, p);
+        for i in 0..self.config.n_encoder_layers {
+            x = self.encoder_layer(i, x, &pos, ctx);
+        }
+        let encoder_out = self.encoder_final_norm(x);
+
+        let mut y = self.decoder_input(b, &device);
+        for i in 0..self.config.n_decoder_layers {
+            y = self.decoder_layer(i, y, encoder_out.clone(), &pos, ctx);
+        }
+        ActOutput { actions: self.action_head_out(y, p), mu, log_sigma_x2 }
+    }
+
+    /// lerobot's `ACTPolicy.forward` loss (f32). `action_is_pad = None`: nothing padded.
+    ///
+    /// # Shapes
+    /// - action: `[b, chunk, action_dim]`; action_is_pad: `[b, chunk]`
+    pub fn loss(&self, out: &ActOutput<B>, action: Tensor<B, 3>, action_is_pad: Option<Tensor<B, 2, Bool>>) -> ActLoss<B> {
+        let [b, c, _] = action.dims();
+        let err = (to_f32(action) - out.actions.clone()).abs(); // [b, chunk, a]
+        let err = match action_is_pad {
+            Some(pad) => err * pad.bool_not().float().reshape([b, c, 1]),
+            None => err,
+        };
+        // Axis by axis keeps the partial sums short (see vae3d::mean_all).
+        let l1_loss = err.mean_dim(2).mean_dim(1).mean_dim(0).reshape([1]);
+        let kld_loss = match (&out.mu, &out.log_sigma_x2) {
+            (Some(mu), Some(ls)) if self.config.use_vae => {
+                let kld = (ls.clone().exp() + mu.clone().square() - ls.clone() - 1.0) * 0.5; // [b, latent]
+                Some(kld.sum_dim(1).mean_dim(0).reshape([1]))
+            }
+            _ => None,
+        };
+        let loss = match &kld_loss {
+            Some(k) => l1_loss.clone() + k.clone() * self.config.kl_weight,
+            None => l1_loss.clone(),
+        };
+        ActLoss { loss, l1_loss, kld_loss }
+    }
+
+    /// PyTorch's `sum(p.numel() for p in parameters())`: buffers excluded.
+    pub fn num_parameters(&self) -> usize {
+        count_params_and_buffers::<B, _>(self, is_act_buffer).0
+    }
+
+    /// Elements of buffers (`vae_encoder_pos_enc`, FrozenBatchNorm2d tensors). Burn's
+    /// `Module::num_params` is `num_parameters() + num_buffer_elements()`.
+    pub fn num_buffer_elements(&self) -> usize {
+        count_params_and_buffers::<B, _>(self, is_act_buffer).1
+    }
+
+    /// The same model with the backbone frozen (`require_grad = false` throughout).
+    pub fn with_frozen_backbone(mut self) -> Self {
+        self.backbone = self.backbone.map(ResNet::frozen);
+        self.config.freeze_backbone = true;
+        self
+    }
+
+    /// Set every tensor's `require_grad` from the model's rules: buffers never, the backbone
+    /// not when `config.freeze_backbone`, everything else yes. Call after
+    /// `AutodiffModule::from_inner` (which leaves all tensors without gradient).
+    pub fn set_trainable(self) -> Self {
+        let frozen: &[&str] = if self.config.freeze_backbone { &["backbone"] } else { &[] };
+        set_trainable(self, is_act_buffer, frozen)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pos_1d_matches_reference_formula() {
+        let t = sinusoidal_pos_embedding_1d(3, 4);
+        // pos 2, j = 2, 3: angle = 2 / 10000^(2/4) = 0.02
+        assert!((t[2 * 4 + 2] - 0.02f64.sin() as f32).abs() < 1e-7);
+        assert!((t[2 * 4 + 3] - 0.02f64.cos() as f32).abs() < 1e-7);
+        assert_eq!(t[0], 0.0);
+        assert_eq!(t[1], 1.0);
+    }
+
+    #[test]
+    fn pos_2d_layout_is_y_then_x_interleaved() {
+        // dim_model 8 → half 4: channels [sin y/f0, cos y/f1, sin y/f2, cos y/f3, (same for x)],
+        // f = 10000^(2⌊c/2⌋/4) = [1, 1, 100, 100].
+        let (h, w) = (2, 3);
+        let t = sinusoidal_pos_embedding_2d(h, w, 8);
+        assert_eq!(t.len(), h * w * 8);
+        let tau = std::f64::consts::TAU;
+        let (i, j) = (1, 2);
+        let y = 2.0 / (2.0 + 1e-6) * tau;
+        let x = 3.0 / (3.0 + 1e-6) * tau;
+        let expect = [y.sin(), y.cos(), (y / 100.0).sin(), (y / 100.0).cos(), x.sin(), x.cos(), (x / 100.0).sin(), (x / 100.0).cos()];
+        let row = &t[(i * w + j) * 8..(i * w + j + 1) * 8];
+        for (a, e) in row.iter().zip(expect) {
+            assert!((*a as f64 - e).abs() < 1e-5, "{row:?} vs {expect:?}");
+        }
+    }
+}
