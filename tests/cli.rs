@@ -177,7 +177,7 @@ fn killed_run_resumes_with_bit_identical_losses() {
 fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
     let mut act = Vec::new();
     let mut first_loss = Vec::new();
-    for (mode, precision) in [("off", "f32"), ("blocks", "f32"), ("balanced", "f32"), ("off", "bf16"), ("off", "f16")] {
+    for (mode, precision) in [("off", "f32"), ("blocks", "f32"), ("balanced", "f32"), ("off", "bf16"), ("blocks", "bf16"), ("off", "f16")] {
         let dir = tmp(&format!("mem-{mode}-{precision}"));
         let mut args = vec!["train".to_string(), "--steps=2".into()];
         args.extend(TINY.iter().map(|s| s.to_string()));

@@ -30,7 +30,8 @@ fn value_text(v: &Value) -> String {
     }
 }
 
-/// Aggregates of one point's run (steps after the first, which pays one-time costs).
+/// Aggregates of one point's run: steps after the first (which pays one-time costs: thread
+/// pools, first-use buffers) when there are several.
 #[derive(Default, Clone)]
 struct Summary {
     ok: bool,
@@ -51,7 +52,8 @@ struct Summary {
 }
 
 fn summarize(records: &[StepRecord]) -> Summary {
-    let max = |f: fn(&StepRecord) -> u64| records.iter().map(f).max().unwrap_or(0);
+    let steady = if records.len() > 1 { &records[1..] } else { records };
+    let max = |f: fn(&StepRecord) -> u64| steady.iter().map(f).max().unwrap_or(0);
     Summary {
         ok: !records.is_empty(),
         error: String::new(),
@@ -149,7 +151,16 @@ pub fn run(cli: &Cli) -> Result<()> {
             summary = summarize(&read_records(&metrics));
             if !output.status.success() {
                 let err = String::from_utf8_lossy(&output.stderr);
-                let last = err.lines().rev().find(|l| l.starts_with("error:")).unwrap_or("failed (no message)").to_string();
+                let last = err
+                    .lines()
+                    .rev()
+                    .find(|l| l.starts_with("error:") || l.contains("panicked at"))
+                    .map(|l| match l.contains("panicked at") {
+                        // The panic message is on the line after the location.
+                        true => err.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
+                        false => l.to_string(),
+                    })
+                    .unwrap_or_else(|| format!("exit status {}", output.status));
                 eprintln!("    {last}");
                 summary.ok = false;
                 summary.error = last;
@@ -203,7 +214,7 @@ pub fn run(cli: &Cli) -> Result<()> {
     let mut md = String::new();
     let cmdline: Vec<String> = std::env::args().collect();
     let _ = writeln!(md, "# vramlab sweep\n\nCommand: `{}`\n", cmdline.join(" "));
-    let _ = writeln!(md, "Backend `{}`; {} steps per point; memory in MiB (max over steps), step time = median over steps 2..N.\n", cfg.backend, cfg.steps);
+    let _ = writeln!(md, "Backend `{}`; {} steps per point; memory in MiB = max over steps 2..N, step time = median over steps 2..N (step 1 pays one-time costs).\n", cfg.backend, cfg.steps);
     let _ = writeln!(
         md,
         "| {} | peak fwd | peak bwd | peak opt | **peak step** | reserved | params | grads | optim | **activations** | s/step | loss |",

@@ -2,6 +2,7 @@
 
 use burn::module::AutodiffModule;
 use burn::prelude::*;
+use burn::tensor::FloatDType;
 use burn::tensor::backend::AutodiffBackend;
 
 /// A scalar loss and its named parts (for logging; only `loss` is differentiated).
@@ -72,13 +73,19 @@ impl<B: AutodiffBackend> StageTensor<B> {
     pub fn detach(self) -> Self {
         each_rank!(self, t => t.detach())
     }
-    /// `sum(self * grad)`: backpropagating this scalar sends `grad` into `self`'s graph.
+    /// `sum(self * grad)` in f32: backpropagating this scalar sends `grad` into `self`'s graph.
+    /// (Stage tensors may be low precision while the loss side is f32; the cast is
+    /// differentiable, so the gradient reaches `self` in its own dtype.)
     pub fn dot(&self, grad: &StageGrad<B>) -> Tensor<B, 1> {
+        fn f32_dot<B: AutodiffBackend, const D: usize>(t: &Tensor<B, D>, g: &Tensor<B::InnerBackend, D>) -> Tensor<B, 1> {
+            let g = Tensor::<B, D>::from_inner(g.clone()).cast(FloatDType::F32);
+            (t.clone().cast(FloatDType::F32) * g).sum()
+        }
         match (self, grad) {
-            (StageTensor::R2(t), StageTensor::R2(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
-            (StageTensor::R3(t), StageTensor::R3(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
-            (StageTensor::R4(t), StageTensor::R4(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
-            (StageTensor::R5(t), StageTensor::R5(g)) => (t.clone() * Tensor::from_inner(g.clone())).sum(),
+            (StageTensor::R2(t), StageTensor::R2(g)) => f32_dot(t, g),
+            (StageTensor::R3(t), StageTensor::R3(g)) => f32_dot(t, g),
+            (StageTensor::R4(t), StageTensor::R4(g)) => f32_dot(t, g),
+            (StageTensor::R5(t), StageTensor::R5(g)) => f32_dot(t, g),
             _ => panic!("stage output and its gradient differ in rank (model bug)"),
         }
     }
