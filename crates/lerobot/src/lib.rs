@@ -1,0 +1,1 @@
+//! vramlab-lerobot: native reader for LeRobot-format datasets (work in progress).
