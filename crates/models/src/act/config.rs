@@ -259,7 +259,11 @@ impl<'de> Deserialize<'de> for ActConfig {
                             }
                         }
                         key if LEROBOT_GENERIC_KEYS.contains(&key) => {
-                            extra.insert(k, m.next_value::<serde_json::Value>()?);
+                            let v = m.next_value::<serde_json::Value>()?;
+                            // `null` weights are what vramlab writes when there is no entry.
+                            if !(key == "pretrained_backbone_weights" && v.is_null()) {
+                                extra.insert(k, v);
+                            }
                         }
                         _ => {
                             let v = m.next_value::<serde_json::Value>()?;

@@ -31,7 +31,7 @@
 //! |---|---|---|
 //! | VAE input | [`Act::vae_encoder_input`] + [`Act::vae_key_padding_mask`] | tokens `[b, 2+chunk, d]` f32, mask `[b, 2+chunk]` |
 //! | VAE layer `i` | [`Act::vae_encoder_layer`] (`i < n_vae_encoder_layers`) | `[b, 2+chunk, d]` f32 |
-//! | latent | [`Act::vae_latent_params`] then [`Act::latent_sample`] | `mu`, `log_sigma_x2` `[b, latent]` → `z` |
+//! | latent | [`Act::vae_latent_params`] (final norm if `pre_norm`, cls token, projection) then [`Act::latent_sample`] | `mu`, `log_sigma_x2` `[b, latent]` → `z` (no VAE pass: `z = 0`) |
 //! | backbone, per camera | `backbone.stem`, `backbone.layer(0..4)` ([`ResNet`]) | layer4 map `[b, 512, h', w']` |
 //! | encoder input | [`Act::encoder_input`] | tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
 //! | encoder layer `i` | [`Act::encoder_layer`] (then [`Act::encoder_final_norm`]) | `[b, s, d]` f32 |
