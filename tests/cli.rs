@@ -110,11 +110,12 @@ fn malformed_npz_file_is_named() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn predict_reproduces_the_reference_vae() {
+/// `vramlab predict` on a reference fixture reproduces every output it stores (≤ 1e-4 of the
+/// tensor's largest magnitude).
+fn check_predict(fixture: &str, names: &[&str]) {
     let Some(shared) = shared() else { return };
-    let fx = shared.join("oracle/vae3d_ultra");
-    let out = tmp("predict").with_extension("safetensors");
+    let fx = shared.join("oracle").join(fixture);
+    let out = tmp(&format!("predict-{fixture}")).with_extension("safetensors");
     let o = vramlab(&[
         "predict",
         &format!("--checkpoint={}", fx.join("pretrained_model").display()),
@@ -124,15 +125,41 @@ fn predict_reproduces_the_reference_vae() {
     assert!(o.status.success(), "{}", text(&o));
     let ours = vramlab_store::read_safetensors(&out).unwrap();
     let theirs = vramlab_store::read_safetensors(&fx.join("outputs.safetensors")).unwrap();
-    for name in ["mean", "logvar", "recon", "loss", "recon_loss", "kl_loss"] {
-        let a = ours[name].to_vec::<f32>().unwrap();
-        let b = theirs[name].to_vec::<f32>().unwrap();
-        assert_eq!(ours[name].shape, theirs[name].shape, "{name}");
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for name in names {
+        let a = ours[*name].to_vec::<f32>().unwrap();
+        let b = theirs[*name].to_vec::<f32>().unwrap();
+        assert_eq!(ours[*name].shape, theirs[*name].shape, "{name}");
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
         let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale;
-        assert!(err <= 1e-4, "{name}: relative error {err}");
+        assert!(err <= 1e-4, "{fixture}/{name}: relative error {err}");
     }
     let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn predict_reproduces_the_reference_vae() {
+    check_predict("vae3d_ultra", &["mean", "logvar", "recon", "loss", "recon_loss", "kl_loss"]);
+}
+
+#[test]
+fn predict_reproduces_lerobot_act() {
+    check_predict("act_small", &["eval_actions", "train_actions_z_mu", "vae_mu", "vae_log_sigma_x2", "loss", "l1_loss", "kld_loss"]);
+}
+
+#[test]
+fn info_prints_the_exact_act_counts() {
+    for (extra, count) in [(None, "51,613,582"), (Some("--policy.use_vae=false"), "34,232,142")] {
+        let mut args = vec!["info", "--policy.type=act"];
+        args.extend(extra);
+        let o = vramlab(&args);
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        assert!(t.contains(&format!("total parameters: {count}")), "{t}");
+    }
+    let t = text(&vramlab(&["info", "--policy.type=act"]));
+    for (module, count) in [("backbone", "11,166,912"), ("vae_encoder", "17,332,736"), ("encoder", "17,332,736"), ("decoder", "5,385,856")] {
+        assert!(t.lines().any(|l| l.starts_with(module) && l.contains(count)), "{module} {count}: {t}");
+    }
 }
 
 #[test]

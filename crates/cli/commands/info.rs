@@ -12,7 +12,7 @@ use crate::Cli;
 use crate::backend::{BackendInfo, Job, dispatch};
 use crate::config::{self, RunConfig};
 use crate::workloads::PolicyType;
-use crate::workloads::vae3d;
+use crate::workloads::{act, vae3d};
 
 /// `1234567` → `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -37,24 +37,23 @@ struct InfoJob {
     cfg: RunConfig,
 }
 
-/// Print counts per top-level module and the static bytes of training with Adam(W).
-fn report(title: &str, shapes: &[(String, Vec<usize>)], trainable: &dyn Fn(&str) -> bool) {
-    let mut per_module: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let (mut total, mut train) = (0u64, 0u64);
+/// Rows (module, parameters, trainable) grouped by the first segment of each parameter name.
+fn rows_by_top_module(shapes: &[(String, Vec<usize>)]) -> Vec<(String, u64, u64)> {
+    let mut per_module: BTreeMap<String, u64> = BTreeMap::new();
     for (name, shape) in shapes {
-        let n: u64 = shape.iter().product::<usize>() as u64;
         let top = name.split('.').next().unwrap_or(name).to_string();
-        let e = per_module.entry(top).or_default();
-        e.0 += n;
-        total += n;
-        if trainable(name) {
-            e.1 += n;
-            train += n;
-        }
+        *per_module.entry(top).or_default() += shape.iter().product::<usize>() as u64;
     }
+    per_module.into_iter().map(|(m, n)| (m, n, n)).collect()
+}
+
+/// Print counts per top-level module and the static bytes of training with Adam(W).
+fn report(title: &str, rows: &[(String, u64, u64)]) {
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    let train: u64 = rows.iter().map(|r| r.2).sum();
     println!("{title}");
     println!("{:<28} {:>14} {:>14}", "module", "parameters", "trainable");
-    for (m, (n, t)) in &per_module {
+    for (m, n, t) in rows {
         println!("{m:<28} {:>14} {:>14}", thousands(*n), thousands(*t));
     }
     println!("{:<28} {:>14} {:>14}", "total", thousands(total), thousands(train));
@@ -76,7 +75,30 @@ impl Job for InfoJob {
                 let model = vc.init::<B::InnerBackend>(&device);
                 let shapes = vramlab_store::param_shapes::<B::InnerBackend, _>(&model);
                 let json = serde_json::to_string(&vc)?;
-                report(&format!("vae3d {json}"), &shapes, &|_| true);
+                report(&format!("vae3d {json}"), &rows_by_top_module(&shapes));
+            }
+            PolicyType::Act => {
+                let ac = act::resolve_config(&self.cfg.policy)?;
+                let mut model = ac.init::<B::InnerBackend>(&device);
+                if ac.freeze_backbone {
+                    model = model.with_frozen_backbone();
+                }
+                let cams: Vec<String> = ac.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
+                let title = format!(
+                    "act: chunk_size {}, dim_model {}, dim_feedforward {}, {} encoder / {} decoder / {} VAE layers, use_vae {}, state {:?}, action {}, cameras [{}]",
+                    ac.chunk_size,
+                    ac.dim_model,
+                    ac.dim_feedforward,
+                    ac.n_encoder_layers,
+                    ac.n_decoder_layers,
+                    ac.n_vae_encoder_layers,
+                    ac.use_vae,
+                    ac.robot_state_dim(),
+                    ac.action_dim(),
+                    cams.join(", ")
+                );
+                report(&title, &act::info_rows(&model));
+                println!("buffers (FrozenBatchNorm2d, positional tables; not parameters): {}", thousands(model.num_buffer_elements() as u64));
             }
         }
         Ok(())

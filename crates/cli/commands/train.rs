@@ -24,6 +24,7 @@ pub fn run(cli: &Cli) -> Result<()> {
     let sw = Switches::from(&cfg)?;
     match PolicyType::from_config(&cfg)? {
         PolicyType::Vae3d => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, Vae3dJob { cfg, sw }),
+        PolicyType::Act => bail!("policy.type=act: training ACT needs the LeRobot dataset reader (open issue); `vramlab info` and `vramlab predict` support ACT"),
     }
 }
 

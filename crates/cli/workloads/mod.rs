@@ -1,6 +1,7 @@
 //! Glue between models (which know nothing of training) and the trainer (which knows nothing
 //! of models): one adapter per model family implements `TrainModel`.
 
+pub mod act;
 pub mod vae3d;
 
 use anyhow::{Result, bail};
@@ -12,10 +13,11 @@ use crate::config::RunConfig;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyType {
     Vae3d,
+    Act,
 }
 
 impl PolicyType {
-    pub const NAMES: &'static str = "vae3d (act and diffusion: see the open issues)";
+    pub const NAMES: &'static str = "vae3d, act (diffusion: see the open issues)";
 
     pub fn from_config(cfg: &RunConfig) -> Result<Self> {
         match cfg.policy.get("type") {
@@ -28,7 +30,8 @@ impl PolicyType {
     pub fn parse(s: &str) -> Result<Self> {
         match s {
             "vae3d" => Ok(Self::Vae3d),
-            "act" | "diffusion" => bail!("policy.type={s}: not implemented yet in this build; valid: {}", Self::NAMES),
+            "act" => Ok(Self::Act),
+            "diffusion" => bail!("policy.type={s}: not implemented yet in this build; valid: {}", Self::NAMES),
             other => bail!("policy.type={other}: unknown; valid: {}", Self::NAMES),
         }
     }
