@@ -130,25 +130,28 @@ pub struct OptimizerConfig {
     /// `adam` or `adamw`.
     #[serde(rename = "type", default = "d_adamw")]
     pub kind: String,
-    #[serde(default = "d_lr")]
-    pub lr: f64,
+    /// Base learning rate (absent: the policy's preset, e.g. lerobot's `optimizer_lr`).
+    #[serde(default)]
+    pub lr: Option<f64>,
     #[serde(default = "d_betas")]
     pub betas: Vec<f64>,
     /// PyTorch's default (Burn's AdamW default is 1e-5).
     #[serde(default = "d_eps")]
     pub eps: f64,
+    /// Absent: the policy's preset.
     #[serde(default)]
-    pub weight_decay: f64,
-    /// Clip the global gradient norm (0 = off).
+    pub weight_decay: Option<f64>,
+    /// Clip the global gradient norm (0 = off; absent: the policy's preset).
     #[serde(default)]
-    pub grad_clip_norm: f64,
+    pub grad_clip_norm: Option<f64>,
+    /// Learning rate of the vision backbone (absent: the policy's preset, e.g. lerobot's
+    /// `optimizer_lr_backbone`).
+    #[serde(default)]
+    pub lr_backbone: Option<f64>,
 }
 
 fn d_adamw() -> String {
     "adamw".into()
-}
-fn d_lr() -> f64 {
-    1e-4
 }
 fn d_betas() -> Vec<f64> {
     vec![0.9, 0.999]
@@ -276,7 +279,7 @@ mod tests {
     #[test]
     fn overrides_reach_nested_fields() {
         let c = load(None, &[("optimizer.lr".into(), "0.5".into()), ("dataset.grid".into(), "4,16,16".into())]).unwrap();
-        assert_eq!(c.optimizer.lr, 0.5);
+        assert_eq!(c.optimizer.lr, Some(0.5));
         assert_eq!(c.dataset.grid, vec![4, 16, 16]);
         let err = load(None, &[("dataset.nope".into(), "1".into())]).unwrap_err().to_string();
         assert!(err.contains("nope") && err.contains("num_scenes"), "{err}");

@@ -10,13 +10,15 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramlab_probe::MemoryProbe;
 use vramlab_train::metrics::fmt_bytes;
-use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ScheduleKind, StepRecord, TrainConfig, Trainer};
+use vramlab_train::trainer::BoxError;
+use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ParamGroup, ScheduleKind, StepRecord, TrainConfig, TrainModel, Trainer};
 
 use super::{Switches, timestamp};
 use crate::Cli;
 use crate::backend::{BackendInfo, Job, dispatch};
 use crate::config::{self, RunConfig};
 use crate::workloads::PolicyType;
+use crate::workloads::act;
 use crate::workloads::vae3d::{self, Vae3dTrain, VoxelSource};
 
 pub fn run(cli: &Cli) -> Result<()> {
@@ -24,13 +26,29 @@ pub fn run(cli: &Cli) -> Result<()> {
     let sw = Switches::from(&cfg)?;
     match PolicyType::from_config(&cfg)? {
         PolicyType::Vae3d => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, Vae3dJob { cfg, sw }),
-        PolicyType::Act => bail!("policy.type=act: training ACT needs the LeRobot dataset reader (open issue); `vramlab info` and `vramlab predict` support ACT"),
+        PolicyType::Act => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, ActJob { cfg, sw }),
     }
 }
 
+/// A policy's optimizer defaults (lerobot's `get_optimizer_preset`), used where the run
+/// config leaves a field out.
+pub struct OptimPreset {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub grad_clip_norm: f64,
+    /// (parameter-name prefix, lr) of the vision backbone, if the policy has one.
+    pub backbone: Option<(String, f64)>,
+}
+
 /// The trainer's settings from the run config.
-pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf) -> Result<TrainConfig> {
+pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf, preset: &OptimPreset) -> Result<TrainConfig> {
     let o = &cfg.optimizer;
+    let clip = o.grad_clip_norm.unwrap_or(preset.grad_clip_norm);
+    let groups = match &preset.backbone {
+        Some((prefix, lr)) => vec![ParamGroup { prefix: prefix.clone(), lr: o.lr_backbone.unwrap_or(*lr) }],
+        None if o.lr_backbone.is_some() => bail!("optimizer.lr_backbone: this policy has no vision backbone"),
+        None => Vec::new(),
+    };
     let kind = match o.kind.as_str() {
         "adam" => OptimKind::Adam,
         "adamw" => OptimKind::AdamW,
@@ -51,12 +69,12 @@ pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf) -> Resu
         grad_accum_steps: cfg.grad_accum_steps,
         optim: OptimConfig {
             kind,
-            lr: o.lr,
+            lr: o.lr.unwrap_or(preset.lr),
             betas: (*b1, *b2),
             eps: o.eps,
-            weight_decay: o.weight_decay,
-            grad_clip_norm: (o.grad_clip_norm > 0.0).then_some(o.grad_clip_norm),
-            groups: Vec::new(),
+            weight_decay: o.weight_decay.unwrap_or(preset.weight_decay),
+            grad_clip_norm: (clip > 0.0).then_some(clip),
+            groups,
         },
         schedule: LrSchedule { kind: schedule_kind, warmup_steps: cfg.scheduler.warmup_steps, total_steps: cfg.steps },
         gradient_checkpointing: sw.checkpointing,
@@ -144,6 +162,78 @@ fn stop_flag() -> Arc<AtomicBool> {
     flag
 }
 
+/// What a workload hands to the generic training run.
+pub struct Workload<'a, M, Batch> {
+    pub policy: &'static str,
+    pub model: M,
+    /// The model's `config.json` (reference / lerobot format), written into every checkpoint.
+    pub config_json: serde_json::Value,
+    pub num_params: usize,
+    pub optim: OptimPreset,
+    pub data_desc: String,
+    pub data: Box<dyn FnMut(u64, u64) -> Result<Batch, BoxError> + 'a>,
+}
+
+/// Train any workload: output directory, checkpoint files, progress, summary.
+pub fn run_training<B, M>(cfg: &RunConfig, sw: &Switches, info: &BackendInfo, probe: &dyn MemoryProbe, device: &B::Device, w: Workload<'_, M, M::Batch>) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+{
+    let Workload { policy, model, config_json, num_params, optim, data_desc, mut data } = w;
+    let out = output_dir(cfg, policy);
+    let tcfg = train_config(cfg, sw, out.clone(), &optim)?;
+    std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create output_dir", out.display()))?;
+    let run_json = serde_json::to_string_pretty(cfg)?;
+    std::fs::write(out.join("run_config.json"), &run_json).with_context(|| format!("{}: cannot write", out.display()))?;
+    let mut trainer = Trainer::new(tcfg, probe);
+    trainer.checkpoint_files = vec![
+        ("config.json".into(), serde_json::to_vec_pretty(&config_json)?),
+        ("run_config.json".into(), run_json.into_bytes()),
+    ];
+    trainer.stop = stop_flag();
+    let o = &trainer.config.optim;
+    trainer.summary_header = vec![
+        ("policy".into(), format!("{policy} ({num_params} parameters) {}", serde_json::to_string(&config_json)?)),
+        ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
+        ("precision".into(), sw.precision.name().into()),
+        ("gradient_checkpointing".into(), sw.checkpointing.to_string()),
+        ("batch_size × grad_accum_steps".into(), format!("{} × {}", cfg.batch_size, cfg.grad_accum_steps)),
+        ("optimizer".into(), format!("{:?} lr {} (groups {:?}), weight_decay {}, clip {:?}", o.kind, o.lr, o.groups, o.weight_decay, o.grad_clip_norm)),
+        ("data".into(), data_desc),
+    ];
+    let start = if cfg.resume { vramlab_train::trainer::latest_checkpoint(&trainer.checkpoints_dir())?.map_or(0, |c| c.0) } else { 0 };
+    eprintln!(
+        "vramlab train: {policy} ({num_params} parameters) on {} [{}], {} steps, batch {} × {} → {}",
+        info.backend,
+        sw.precision.name(),
+        cfg.steps,
+        cfg.batch_size,
+        cfg.grad_accum_steps,
+        out.display()
+    );
+    let progress = Progress::new(cfg.steps, start, cfg.log_freq, info);
+    let result = trainer.run::<B, M>(model, device, &mut *data, &mut |r| progress.step(r));
+    progress.finish();
+    let outcome = result.map_err(|e| anyhow!(e))?;
+    if let (Some(first), Some(last)) = (outcome.records.first(), outcome.records.last()) {
+        eprintln!(
+            "done: loss {:.5} → {:.5} over steps {}..{}; peak {} (activations {}); summary: {}",
+            first.loss,
+            last.loss,
+            first.step,
+            last.step,
+            fmt_bytes(outcome.records.iter().map(|r| r.peak_step_bytes).max().unwrap_or(0)),
+            fmt_bytes(outcome.records.iter().map(|r| r.activation_bytes).max().unwrap_or(0)),
+            out.join("summary.md").display()
+        );
+    }
+    if outcome.interrupted {
+        eprintln!("interrupted; continue with: vramlab train ... --output_dir={} --resume", out.display());
+    }
+    Ok(())
+}
+
 struct Vae3dJob {
     cfg: RunConfig,
     sw: Switches,
@@ -156,67 +246,73 @@ impl Job for Vae3dJob {
         let Self { cfg, sw } = self;
         let vae_cfg = vae3d::resolve_config(&cfg.policy)?;
         let source = VoxelSource::open(&cfg.dataset, cfg.seed)?;
-        let out = output_dir(&cfg, "vae3d");
-        let tcfg = train_config(&cfg, &sw, out.clone())?;
-        std::fs::create_dir_all(&out).with_context(|| format!("{}: cannot create output_dir", out.display()))?;
-        let run_json = serde_json::to_string_pretty(&cfg)?;
-        std::fs::write(out.join("run_config.json"), &run_json).with_context(|| format!("{}: cannot write", out.display()))?;
-
         // Seed the backend before the weights are drawn: same seed, same initial model.
         B::seed(&device, cfg.seed);
         let model = Vae3dTrain::<B> { vae: vae_cfg.init(&device), precision: sw.precision };
-        let mut trainer = Trainer::new(tcfg, probe);
-        let mut ref_json = vae_cfg.to_reference_json();
-        if let Some(obj) = ref_json.as_object_mut() {
+        let mut config_json = vae_cfg.to_reference_json();
+        if let Some(obj) = config_json.as_object_mut() {
             obj.insert("type".into(), "vae3d".into());
         }
-        trainer.checkpoint_files = vec![
-            ("config.json".into(), serde_json::to_vec_pretty(&ref_json)?),
-            ("run_config.json".into(), run_json.into_bytes()),
-        ];
-        trainer.stop = stop_flag();
-        trainer.summary_header = vec![
-            ("policy".into(), format!("vae3d {}", serde_json::to_string(&ref_json)?)),
-            ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
-            ("precision".into(), sw.precision.name().into()),
-            ("gradient_checkpointing".into(), sw.checkpointing.to_string()),
-            ("batch_size × grad_accum_steps".into(), format!("{} × {}", cfg.batch_size, cfg.grad_accum_steps)),
-            ("data".into(), format!("{} grid {:?}", cfg.dataset.kind, cfg.dataset.grid)),
-        ];
-        let start = if cfg.resume { vramlab_train::trainer::latest_checkpoint(&trainer.checkpoints_dir())?.map_or(0, |c| c.0) } else { 0 };
-        eprintln!(
-            "vramlab train: vae3d ({} parameters) on {} [{}], {} steps, batch {} × {} → {}",
-            vae_cfg.num_params(),
-            info.backend,
-            sw.precision.name(),
-            cfg.steps,
-            cfg.batch_size,
-            cfg.grad_accum_steps,
-            out.display()
-        );
-        let progress = Progress::new(cfg.steps, start, cfg.log_freq, info);
         let bs = cfg.batch_size as usize;
-        let mut data = |step: u64, micro: u64| {
-            vae3d::make_batch::<B>(&source, &vae_cfg, bs, cfg.seed, step, micro, &device).map_err(|e| e.into())
+        let (seed, dev) = (cfg.seed, device.clone());
+        let vc = vae_cfg.clone();
+        let w = Workload {
+            policy: "vae3d",
+            model,
+            config_json,
+            num_params: vae_cfg.num_params(),
+            optim: OptimPreset { lr: 1e-4, weight_decay: 0.0, grad_clip_norm: 0.0, backbone: None },
+            data_desc: format!("{} grid {:?}", cfg.dataset.kind, cfg.dataset.grid),
+            data: Box::new(move |step, micro| vae3d::make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
         };
-        let result = trainer.run::<B, _>(model, &device, &mut data, &mut |r| progress.step(r));
-        progress.finish();
-        let outcome = result.map_err(|e| anyhow!(e))?;
-        if let (Some(first), Some(last)) = (outcome.records.first(), outcome.records.last()) {
-            eprintln!(
-                "done: loss {:.5} → {:.5} over steps {}..{}; peak {} (activations {}); summary: {}",
-                first.loss,
-                last.loss,
-                first.step,
-                last.step,
-                fmt_bytes(outcome.records.iter().map(|r| r.peak_step_bytes).max().unwrap_or(0)),
-                fmt_bytes(outcome.records.iter().map(|r| r.activation_bytes).max().unwrap_or(0)),
-                out.join("summary.md").display()
-            );
+        run_training::<B, _>(&cfg, &sw, info, probe, &device, w)
+    }
+}
+
+struct ActJob {
+    cfg: RunConfig,
+    sw: Switches,
+}
+
+impl Job for ActJob {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
+        let Self { cfg, sw } = self;
+        let ac = act::resolve_config(&cfg.policy)?;
+        let random = match cfg.dataset.kind.as_str() {
+            "synthetic" | "random" => act::RandomActData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed },
+            other => bail!("dataset.type={other}: ACT trains on `random` inputs in this build (the LeRobot reader is an open issue)"),
+        };
+        B::seed(&device, cfg.seed);
+        let mut model = ac.init::<B>(&device);
+        if ac.freeze_backbone {
+            model = model.with_frozen_backbone();
         }
-        if outcome.interrupted {
-            eprintln!("interrupted; continue with: vramlab train ... --output_dir={} --resume", out.display());
+        let model = act::ActTrain::<B> { act: model, precision: sw.precision };
+        let mut config_json: serde_json::Value = serde_json::from_str(&ac.to_json_string())?;
+        if let Some(obj) = config_json.as_object_mut() {
+            // As on hub checkpoints: lets `vramlab predict` (and lerobot) tell the policy type.
+            obj.insert("type".into(), "act".into());
         }
-        Ok(())
+        let bs = cfg.batch_size as usize;
+        let (seed, dev) = (cfg.seed, device.clone());
+        let acc = ac.clone();
+        let cams: Vec<String> = ac.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
+        let w = Workload {
+            policy: "act",
+            model,
+            config_json,
+            num_params: ac.num_params(),
+            optim: OptimPreset {
+                lr: ac.optimizer_lr,
+                weight_decay: ac.optimizer_weight_decay,
+                grad_clip_norm: 10.0,
+                backbone: (!ac.image_features().is_empty()).then(|| ("act.backbone".to_string(), ac.optimizer_lr_backbone)),
+            },
+            data_desc: format!("random normalised inputs ({} fixed samples; shapes only matter for memory): cameras [{}]", random.num_samples, cams.join(", ")),
+            data: Box::new(move |step, micro| Ok(random.batch::<B>(&acc, bs, seed, step, micro, &dev))),
+        };
+        run_training::<B, _>(&cfg, &sw, info, probe, &device, w)
     }
 }

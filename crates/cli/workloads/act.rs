@@ -130,3 +130,283 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, devi
     }
     Ok(out)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Training adapter
+
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+use rand::Rng;
+use vramlab_models::act::ActOutput;
+use vramlab_store::WeightError;
+use vramlab_train::{LossParts, StageTensor, Staged, TrainModel, step_rng};
+
+/// The trainable wrapper: ACT plus the compute precision of its forward pass.
+#[derive(Module, Debug)]
+pub struct ActTrain<B: Backend> {
+    pub act: Act<B>,
+    #[module(skip)]
+    pub precision: Precision,
+}
+
+/// One training batch: model inputs with target actions, the VAE noise and the dropout seed.
+pub struct ActTrainBatch<B: Backend> {
+    pub batch: ActBatch<B>,
+    pub eps: Option<Tensor<B, 2>>,
+    pub dropout_seed: u64,
+}
+
+impl<B: Backend> ActTrain<B> {
+    fn ctx(&self, b: &ActTrainBatch<B>) -> ActCtx<B> {
+        let mut ctx = ActCtx::train(self.precision);
+        if let Some(eps) = &b.eps {
+            ctx = ctx.with_eps(eps.clone());
+        }
+        if self.act.config.dropout > 0.0 {
+            ctx = ctx.with_dropout(b.dropout_seed);
+        }
+        ctx
+    }
+
+    fn loss_parts(&self, out: &ActOutput<B>, b: &ActTrainBatch<B>) -> LossParts<B> {
+        let action = b.batch.action.clone().expect("training batches carry actions");
+        let l = self.act.loss(out, action, b.batch.action_is_pad.clone());
+        let mut parts = LossParts::new(l.loss).with("l1_loss", l.l1_loss);
+        if let Some(k) = l.kld_loss {
+            parts = parts.with("kld_loss", k);
+        }
+        parts
+    }
+
+    fn has_vae(&self) -> bool {
+        self.act.config.use_vae
+    }
+
+    /// The chain: backbone stem and 4 stages (all cameras at once), VAE input + each VAE
+    /// layer, encoder input, each encoder layer, each decoder layer (the first also applies the
+    /// encoder's final norm, the last the action head).
+    fn plan(&self) -> Vec<ActStage> {
+        let c = &self.act.config;
+        let mut v = Vec::new();
+        if !c.image_features().is_empty() {
+            v.push(ActStage::Stem);
+            v.extend((0..4).map(ActStage::Layer));
+        }
+        if self.has_vae() {
+            v.push(ActStage::VaeIn);
+            v.extend((0..c.n_vae_encoder_layers).map(ActStage::VaeLayer));
+        }
+        v.push(ActStage::EncIn);
+        v.extend((0..c.n_encoder_layers).map(ActStage::EncLayer));
+        v.extend((0..c.n_decoder_layers).map(ActStage::DecLayer));
+        v
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ActStage {
+    Stem,
+    Layer(usize),
+    VaeIn,
+    VaeLayer(usize),
+    EncIn,
+    EncLayer(usize),
+    DecLayer(usize),
+}
+
+impl<B: AutodiffBackend> TrainModel<B> for ActTrain<B> {
+    type Batch = ActTrainBatch<B>;
+
+    fn forward_loss(&self, b: &Self::Batch) -> LossParts<B> {
+        let out = self.act.forward(&b.batch, &self.ctx(b));
+        self.loss_parts(&out, b)
+    }
+
+    fn staged(&self) -> Option<&dyn Staged<B, Self::Batch>> {
+        Some(self)
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<(), WeightError> {
+        vramlab_models::act::save_weights(&self.act, path)
+    }
+
+    fn load_weights(self, path: &Path) -> Result<Self, WeightError> {
+        let act = vramlab_models::act::load_weights(self.act, path)?.set_trainable();
+        Ok(Self { act, precision: self.precision })
+    }
+}
+
+fn r3<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 3> {
+    match t {
+        StageTensor::R3(t) => t.clone(),
+        _ => unreachable!("ACT stage layout: rank-3 tensor expected"),
+    }
+}
+fn r2<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 2> {
+    match t {
+        StageTensor::R2(t) => t.clone(),
+        _ => unreachable!("ACT stage layout: rank-2 tensor expected"),
+    }
+}
+fn r4<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 4> {
+    match t {
+        StageTensor::R4(t) => t.clone(),
+        _ => unreachable!("ACT stage layout: rank-4 tensor expected"),
+    }
+}
+
+/// State layout between stages:
+/// - backbone: `[cam features…]`
+/// - VAE: `[cam features…, vae tokens]`
+/// - encoder: `[tokens, pos, (mu, log_sigma_x2)]`
+/// - decoder: `[queries, encoder out, pos, (mu, log_sigma_x2)]`; after the last: `[actions, (mu, ls)]`
+impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
+    fn num_stages(&self) -> usize {
+        self.plan().len()
+    }
+
+    fn input(&self, b: &ActTrainBatch<B>) -> Vec<StageTensor<B>> {
+        b.batch.images.iter().cloned().map(StageTensor::R4).collect()
+    }
+
+    fn stage(&self, i: usize, s: Vec<StageTensor<B>>, b: &ActTrainBatch<B>) -> Vec<StageTensor<B>> {
+        let plan = self.plan();
+        let p = self.precision;
+        let ctx = self.ctx(b);
+        let a = &self.act;
+        let cams = a.config.image_features().len();
+        let backbone = || a.backbone.as_ref().expect("cameras need the backbone");
+        match plan[i] {
+            ActStage::Stem => s.iter().map(|t| StageTensor::R4(backbone().stem(r4(t), p))).collect(),
+            ActStage::Layer(l) => s.iter().map(|t| StageTensor::R4(backbone().layer(l, r4(t), p))).collect(),
+            ActStage::VaeIn => {
+                let action = b.batch.action.clone().expect("training batches carry actions");
+                let mut out = s;
+                out.push(StageTensor::R3(a.vae_encoder_input(b.batch.state.clone(), action, p)));
+                out
+            }
+            ActStage::VaeLayer(l) => {
+                let mut out = s;
+                let x = out.pop().map(|t| r3(&t)).expect("vae tokens");
+                let bsz = x.dims()[0];
+                let mask = a.vae_key_padding_mask(bsz, b.batch.action_is_pad.clone(), &x.device());
+                out.push(StageTensor::R3(a.vae_encoder_layer(l, x, &mask, &ctx)));
+                out
+            }
+            ActStage::EncIn => {
+                let feats: Vec<Tensor<B, 4>> = s.iter().take(cams).map(r4).collect();
+                let bsz = b.batch.action.as_ref().map(|x| x.dims()[0]).unwrap_or_else(|| b.batch.batch_size());
+                let (z, vae) = if self.has_vae() {
+                    let (mu, ls) = a.vae_latent_params(r3(&s[cams]), p);
+                    (Act::<B>::latent_sample(mu.clone(), ls.clone(), ctx.eps.clone()), Some((mu, ls)))
+                } else {
+                    let device = b.batch.action.as_ref().map(|x| x.device()).expect("actions");
+                    (Tensor::zeros([bsz, a.config.latent_dim], &device), None)
+                };
+                let (x, pos) = a.encoder_input(z, b.batch.state.clone(), b.batch.env_state.clone(), feats, p);
+                let mut out = vec![StageTensor::R3(x), StageTensor::R3(pos)];
+                if let Some((mu, ls)) = vae {
+                    out.push(StageTensor::R2(mu));
+                    out.push(StageTensor::R2(ls));
+                }
+                out
+            }
+            ActStage::EncLayer(l) => {
+                let mut out = s;
+                out[0] = StageTensor::R3(a.encoder_layer(l, r3(&out[0]), &r3(&out[1]), &ctx));
+                out
+            }
+            ActStage::DecLayer(l) => {
+                // Enter the decoder: [tokens, pos, vae…] → [queries, encoder out, pos, vae…].
+                let s = if l == 0 {
+                    let enc = a.encoder_final_norm(r3(&s[0]));
+                    let q = a.decoder_input(enc.dims()[0], &enc.device());
+                    let mut v = vec![StageTensor::R3(q), StageTensor::R3(enc)];
+                    v.extend(s.into_iter().skip(1));
+                    v
+                } else {
+                    s
+                };
+                let y = a.decoder_layer(l, r3(&s[0]), r3(&s[1]), &r3(&s[2]), &ctx);
+                if l + 1 == a.config.n_decoder_layers {
+                    let mut v = vec![StageTensor::R3(a.action_head_out(y, p))];
+                    v.extend(s.into_iter().skip(3));
+                    v
+                } else {
+                    let mut v = s;
+                    v[0] = StageTensor::R3(y);
+                    v
+                }
+            }
+        }
+    }
+
+    fn loss(&self, s: Vec<StageTensor<B>>, b: &ActTrainBatch<B>) -> LossParts<B> {
+        let out = ActOutput {
+            actions: r3(&s[0]),
+            mu: s.get(1).map(r2),
+            log_sigma_x2: s.get(2).map(r2),
+        };
+        self.loss_parts(&out, b)
+    }
+}
+
+/// Random normalised inputs of the configured shapes, a fixed set of `num_samples` samples
+/// (deterministic per index, so the model can fit them and the loss falls). For memory and
+/// speed measurement, where only shapes matter; real data comes from LeRobot datasets.
+pub struct RandomActData {
+    pub num_samples: u64,
+    pub seed: u64,
+}
+
+impl RandomActData {
+    fn sample(&self, cfg: &ActConfig, index: u64) -> (Vec<f32>, Vec<Vec<f32>>, Vec<f32>) {
+        let mut rng = step_rng(self.seed ^ 0xAC7, index, 0);
+        let state = crate::workloads::normal_vec(&mut rng, cfg.robot_state_dim().unwrap_or(0));
+        let images = cfg.image_features().iter().map(|(_, s)| crate::workloads::normal_vec(&mut rng, s.iter().product())).collect();
+        // Smooth action trajectories: a random walk, so the chunk has structure to learn.
+        let (c, a) = (cfg.chunk_size, cfg.action_dim());
+        let steps = crate::workloads::normal_vec(&mut rng, c * a);
+        let mut action = vec![0f32; c * a];
+        for t in 0..c {
+            for j in 0..a {
+                let prev = if t == 0 { 0.0 } else { action[(t - 1) * a + j] };
+                action[t * a + j] = prev + 0.1 * steps[t * a + j];
+            }
+        }
+        (state, images, action)
+    }
+
+    pub fn batch<B: Backend>(&self, cfg: &ActConfig, batch_size: usize, seed: u64, step: u64, micro: u64, device: &B::Device) -> ActTrainBatch<B> {
+        let mut rng = step_rng(seed, step, micro);
+        let idx: Vec<u64> = (0..batch_size).map(|_| rng.random_range(0..self.num_samples.max(1))).collect();
+        let samples: Vec<_> = idx.iter().map(|&i| self.sample(cfg, i)).collect();
+        let cams = cfg.image_features();
+        let sd = cfg.robot_state_dim();
+        let state = sd.map(|d| {
+            let v: Vec<f32> = samples.iter().flat_map(|s| s.0.clone()).collect();
+            Tensor::from_data(TensorData::new(v, [batch_size, d]), device)
+        });
+        let images = cams
+            .iter()
+            .enumerate()
+            .map(|(ci, (_, shape))| {
+                let v: Vec<f32> = samples.iter().flat_map(|s| s.1[ci].clone()).collect();
+                Tensor::from_data(TensorData::new(v, [batch_size, shape[0], shape[1], shape[2]]), device)
+            })
+            .collect();
+        let (c, a) = (cfg.chunk_size, cfg.action_dim());
+        let act: Vec<f32> = samples.iter().flat_map(|s| s.2.clone()).collect();
+        let action = Tensor::from_data(TensorData::new(act, [batch_size, c, a]), device);
+        let eps = cfg.use_vae.then(|| {
+            let e = crate::workloads::normal_vec(&mut rng, batch_size * cfg.latent_dim);
+            Tensor::from_data(TensorData::new(e, [batch_size, cfg.latent_dim]), device)
+        });
+        let dropout_seed = rng.random::<u64>();
+        ActTrainBatch {
+            batch: ActBatch { state, env_state: None, images, action: Some(action), action_is_pad: None },
+            eps,
+            dropout_seed,
+        }
+    }
+}
