@@ -1,1 +1,28 @@
-//! vramlab-lerobot: native reader for LeRobot-format datasets (work in progress).
+//! vramlab-lerobot: native reader for LeRobot-format datasets (v2.0/v2.1 and v3.0).
+//!
+//! - metadata (`info.json`, episodes, tasks, stats) and tabular parquet data
+//!   ([`LeRobotDataset::open`], [`LeRobotDataset::frame`]);
+//! - lerobot-compatible delta windows and padding masks ([`delta`], [`LeRobotDataset::sample`]);
+//! - normalisation from dataset stats ([`normalize`]);
+//! - AV1 mp4 decoding in pure Rust ([`video`], feature `video`, on by default).
+//!
+//! No tensor library: everything comes out as `Vec<f32>` with shapes.
+
+pub mod dataset;
+pub mod delta;
+pub mod error;
+pub mod image;
+pub mod info;
+pub mod meta;
+pub mod normalize;
+mod table;
+pub mod video;
+
+pub use dataset::{Array, Frame, LeRobotDataset, Sample, SampleOptions, DEFAULT_TOLERANCE_S};
+pub use delta::{act_delta_indices, diffusion_delta_indices, DeltaIndices};
+pub use error::DatasetError;
+pub use info::{Feature, FeatureKind, Info, Version};
+pub use meta::{Episode, EpisodeVideo, FeatureStats, Stats};
+pub use normalize::{NormMode, Normalizer};
+pub use video::{RgbImage, VideoReader};
+

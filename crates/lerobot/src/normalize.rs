@@ -1,0 +1,203 @@
+//! Normalisation from dataset statistics, as lerobot 0.4.4's `NormalizerProcessorStep`
+//! (float32 arithmetic, eps = 1e-8):
+//! - MEAN_STD: `(x - mean) / (std + eps)`
+//! - MIN_MAX:  `2 * (x - min) / d - 1` with `d = max - min`, replaced by `eps` where `d == 0`
+//! - IDENTITY: unchanged.
+
+use std::collections::BTreeMap;
+
+use crate::error::DatasetError;
+use crate::info::{Info, PolicyFeatureType};
+use crate::meta::{FeatureStats, Stats};
+
+/// lerobot's default epsilon.
+pub const EPS: f32 = 1e-8;
+
+/// ImageNet channel statistics (lerobot `IMAGENET_STATS`), used for cameras when
+/// `use_imagenet_stats` is on (lerobot's default for training).
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormMode {
+    Identity,
+    MeanStd,
+    MinMax,
+}
+
+/// Norm mode per policy feature type (lerobot's `normalization_mapping`).
+pub type NormMap = BTreeMap<&'static str, NormMode>;
+
+fn type_name(t: PolicyFeatureType) -> &'static str {
+    match t {
+        PolicyFeatureType::Visual => "VISUAL",
+        PolicyFeatureType::State => "STATE",
+        PolicyFeatureType::Env => "ENV",
+        PolicyFeatureType::Action => "ACTION",
+        PolicyFeatureType::Reward => "REWARD",
+    }
+}
+
+/// ACT's default mapping: everything MEAN_STD.
+pub fn act_norm_map() -> NormMap {
+    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MeanStd), ("ACTION", NormMode::MeanStd)].into()
+}
+
+/// Diffusion Policy's default mapping: cameras MEAN_STD, state/action MIN_MAX.
+pub fn diffusion_norm_map() -> NormMap {
+    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MinMax), ("ACTION", NormMode::MinMax)].into()
+}
+
+#[derive(Debug, Clone)]
+struct KeyNorm {
+    mode: NormMode,
+    /// MEAN_STD: (mean, std); MIN_MAX: (min, max), one value per stats element.
+    p: Vec<f32>,
+    q: Vec<f32>,
+    shape: Vec<usize>,
+}
+
+/// Per-key normaliser built from dataset stats.
+#[derive(Debug, Clone, Default)]
+pub struct Normalizer {
+    keys: BTreeMap<String, KeyNorm>,
+}
+
+impl Normalizer {
+    /// Build from stats and a per-feature-type mapping. With `imagenet_for_cameras`, camera
+    /// mean/std are replaced by ImageNet stats (as lerobot's `use_imagenet_stats`).
+    pub fn new(info: &Info, stats: &Stats, map: &NormMap, imagenet_for_cameras: bool) -> Result<Self, DatasetError> {
+        let mut keys = BTreeMap::new();
+        for key in info.features.keys() {
+            let Some(t) = info.policy_feature_type(key) else { continue };
+            let mode = map.get(type_name(t)).copied().unwrap_or(NormMode::Identity);
+            if mode == NormMode::Identity {
+                continue;
+            }
+            let mut fs: Option<FeatureStats> = stats.get(key).cloned();
+            if imagenet_for_cameras && t == PolicyFeatureType::Visual {
+                let mut s = fs.unwrap_or(FeatureStats {
+                    shape: vec![3, 1, 1],
+                    mean: vec![0.0; 3],
+                    std: vec![1.0; 3],
+                    min: vec![0.0; 3],
+                    max: vec![1.0; 3],
+                    count: None,
+                });
+                s.shape = vec![3, 1, 1];
+                s.mean = IMAGENET_MEAN.iter().map(|&x| x as f64).collect();
+                s.std = IMAGENET_STD.iter().map(|&x| x as f64).collect();
+                if s.min.len() != 3 {
+                    s.min = vec![0.0; 3];
+                    s.max = vec![1.0; 3];
+                }
+                fs = Some(s);
+            }
+            // lerobot skips keys without stats (identity).
+            let Some(fs) = fs else { continue };
+            let f32v = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            let (p, q) = match mode {
+                NormMode::MeanStd => (f32v(&fs.mean), f32v(&fs.std)),
+                NormMode::MinMax => (f32v(&fs.min), f32v(&fs.max)),
+                NormMode::Identity => unreachable!(),
+            };
+            let numel = info.features[key].numel();
+            if t != PolicyFeatureType::Visual && p.len() != numel {
+                return Err(DatasetError::arg(format!(
+                    "stats of `{key}` have {} values but the feature has {numel}",
+                    p.len()
+                )));
+            }
+            if t == PolicyFeatureType::Visual && p.len() != info.features[key].chw().map_or(0, |c| c.0) && p.len() != numel {
+                return Err(DatasetError::arg(format!(
+                    "stats of camera `{key}` have {} values: expected one per channel",
+                    p.len()
+                )));
+            }
+            keys.insert(key.clone(), KeyNorm { mode, p, q, shape: fs.shape.clone() });
+        }
+        Ok(Normalizer { keys })
+    }
+
+    /// Mode used for `key` (Identity when not normalised).
+    pub fn mode(&self, key: &str) -> NormMode {
+        self.keys.get(key).map(|k| k.mode).unwrap_or(NormMode::Identity)
+    }
+
+    /// Normalise `data` in place: one or more items of a vector feature back to back
+    /// (e.g. `[T, 26]` flattened), stats broadcast over the leading dimension. Cameras with
+    /// per-channel `[C,1,1]` stats go through [`Normalizer::normalize_image`].
+    pub fn normalize(&self, key: &str, data: &mut [f32]) -> Result<(), DatasetError> {
+        self.apply(key, data, false)
+    }
+
+    /// Inverse of [`Normalizer::normalize`].
+    pub fn unnormalize(&self, key: &str, data: &mut [f32]) -> Result<(), DatasetError> {
+        self.apply(key, data, true)
+    }
+
+    fn apply(&self, key: &str, data: &mut [f32], inverse: bool) -> Result<(), DatasetError> {
+        let Some(k) = self.keys.get(key) else { return Ok(()) };
+        let c = k.p.len();
+        if c == 0 {
+            return Ok(());
+        }
+        if k.shape.len() == 3 && k.shape[1] == 1 && k.shape[2] == 1 && c > 1 {
+            return Err(DatasetError::arg(format!(
+                "normalize `{key}`: per-channel camera stats, use `normalize_image`"
+            )));
+        }
+        if data.len() % c != 0 {
+            return Err(DatasetError::arg(format!("normalize `{key}`: {} values not a multiple of {c}", data.len())));
+        }
+        for chunk in data.chunks_exact_mut(c) {
+            for ((x, &p), &q) in chunk.iter_mut().zip(&k.p).zip(&k.q) {
+                *x = norm_one(k.mode, inverse, *x, p, q);
+            }
+        }
+        Ok(())
+    }
+
+    /// Normalise CHW camera data (any number of `[C, H, W]` images back to back, `plane`
+    /// = H*W), with per-channel stats.
+    pub fn normalize_image(&self, key: &str, data: &mut [f32], plane: usize) -> Result<(), DatasetError> {
+        self.apply_image(key, data, plane, false)
+    }
+
+    /// Inverse of [`Normalizer::normalize_image`].
+    pub fn unnormalize_image(&self, key: &str, data: &mut [f32], plane: usize) -> Result<(), DatasetError> {
+        self.apply_image(key, data, plane, true)
+    }
+
+    fn apply_image(&self, key: &str, data: &mut [f32], plane: usize, inverse: bool) -> Result<(), DatasetError> {
+        let Some(k) = self.keys.get(key) else { return Ok(()) };
+        let c = k.p.len();
+        if c == 0 || plane == 0 || data.len() % (c * plane) != 0 {
+            return Err(DatasetError::arg(format!(
+                "normalize `{key}`: {} values is not a whole number of [{c}, {plane}] images",
+                data.len()
+            )));
+        }
+        for img in data.chunks_exact_mut(c * plane) {
+            for (ch, pl) in img.chunks_exact_mut(plane).enumerate() {
+                let (p, q) = (k.p[ch], k.q[ch]);
+                pl.iter_mut().for_each(|x| *x = norm_one(k.mode, inverse, *x, p, q));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[inline]
+fn norm_one(mode: NormMode, inverse: bool, x: f32, p: f32, q: f32) -> f32 {
+    match (mode, inverse) {
+        (NormMode::MeanStd, false) => (x - p) / (q + EPS),
+        (NormMode::MeanStd, true) => x * q + p,
+        (NormMode::MinMax, _) => {
+            let d = q - p;
+            let d = if d == 0.0 { EPS } else { d };
+            if inverse { (x + 1.0) / 2.0 * d + p } else { 2.0 * (x - p) / d - 1.0 }
+        }
+        (NormMode::Identity, _) => x,
+    }
+}

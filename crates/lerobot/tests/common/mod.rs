@@ -1,0 +1,46 @@
+#![allow(dead_code)]
+use std::path::PathBuf;
+
+/// `../../../shared/datasets/<name>` relative to this crate, or None (with a message) when absent.
+pub fn shared_dataset(name: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/datasets").join(name);
+    if p.join("meta/info.json").exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: shared dataset {} not found (../shared absent?)", p.display());
+        None
+    }
+}
+pub mod synth;
+
+/// Recursively copy a directory (small datasets only).
+pub fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        let to = dst.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to);
+        } else {
+            std::fs::copy(e.path(), &to).unwrap();
+            let mut perm = std::fs::metadata(&to).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&to, perm).unwrap();
+        }
+    }
+}
+
+/// Seconds to decode one 96x96 AV1 frame (pusht frame 0): ~0.3 s when rav1d is built with
+/// debug assertions (the workspace dev profile), a few ms otherwise.
+pub fn av1_probe_secs(pusht_root: &std::path::Path) -> f64 {
+    let p = pusht_root.join("videos/observation.image/chunk-000/file-000.mp4");
+    let mut r = vramlab_lerobot::VideoReader::open(&p).unwrap();
+    let t = std::time::Instant::now();
+    r.frame(0).unwrap();
+    t.elapsed().as_secs_f64()
+}
+
+pub const SLOW_AV1_NOTE: &str = "rav1d is built with debug assertions (slow DisjointMut checks); add \
+    `[profile.dev.package.rav1d] debug-assertions = false` and `overflow-checks = false` to the workspace \
+    Cargo.toml to run the full video checks";
