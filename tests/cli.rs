@@ -291,3 +291,37 @@ fn act_trains_and_block_checkpointing_matches() {
         assert!((a - b).abs() <= 1e-4 * a.abs(), "off {off:?} vs blocks {blocks:?}");
     }
 }
+
+/// ACT trains on a real LeRobot v3.0 dataset (PushT, AV1 video) and the loss falls.
+#[test]
+fn act_trains_on_a_lerobot_dataset() {
+    let Some(shared) = shared() else { return };
+    let dir = tmp("act-pusht");
+    let o = vramlab(&[
+        "train",
+        "--policy.type=act",
+        "--dataset.type=lerobot",
+        &format!("--dataset.root={}", shared.join("datasets/pusht_v30").display()),
+        "--policy.chunk_size=10",
+        "--policy.n_action_steps=10",
+        "--policy.dim_model=32",
+        "--policy.n_heads=4",
+        "--policy.dim_feedforward=64",
+        "--policy.n_encoder_layers=1",
+        "--policy.n_vae_encoder_layers=1",
+        "--policy.latent_dim=8",
+        "--batch_size=4",
+        "--steps=12",
+        "--optimizer.lr=1e-3",
+        &format!("--output_dir={}", dir.display()),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = records(&dir);
+    assert_eq!(r.len(), 12);
+    let first: f64 = r[..3].iter().map(|x| x.loss).sum::<f64>() / 3.0;
+    let last: f64 = r[9..].iter().map(|x| x.loss).sum::<f64>() / 3.0;
+    assert!(last < first, "loss did not fall: {first} -> {last}");
+    let t = text(&vramlab(&["dataset", "info", &shared.join("datasets/g1_v21_subset").display().to_string()]));
+    assert!(t.contains("frames    1461") && t.contains("codec av1"), "{t}");
+    let _ = std::fs::remove_dir_all(dir);
+}

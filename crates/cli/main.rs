@@ -29,6 +29,7 @@ USAGE:
   vramlab info    [--config FILE] [--policy.type=…] [overrides]   parameter counts, static bytes
   vramlab sweep   --config FILE --sweep.<field>=v1,v2,… [overrides] grid of measured runs → CSV + markdown
   vramlab predict --checkpoint DIR --inputs FILE.safetensors --out FILE.safetensors [--backend=…]
+  vramlab dataset info PATH | vramlab dataset bench PATH [--samples=N] [--workers=1,2]   LeRobot v2.1/v3.0
 
 Any config field can be set as --a.b.c=value (lists: 1,2,4). Unknown names are errors.
 ";
@@ -36,6 +37,8 @@ Any config field can be set as --a.b.c=value (lists: 1,2,4). Unknown names are e
 /// Parsed command line: the command, `--config`, and every other `--key=value`.
 pub struct Cli {
     pub command: String,
+    /// Positional words after the command (`dataset info PATH`).
+    pub positional: Vec<String>,
     pub config: Option<PathBuf>,
     pub overrides: Vec<(String, String)>,
 }
@@ -48,8 +51,15 @@ fn parse_args(args: Vec<String>) -> Result<Cli> {
     }
     let mut config = None;
     let mut overrides = Vec::new();
+    let mut positional = Vec::new();
     while let Some(arg) = it.next() {
-        let Some(flag) = arg.strip_prefix("--") else { bail!("unexpected argument `{arg}` (flags look like --name=value)\n\n{USAGE}") };
+        let Some(flag) = arg.strip_prefix("--") else {
+            if command == "dataset" {
+                positional.push(arg);
+                continue;
+            }
+            bail!("unexpected argument `{arg}` (flags look like --name=value)\n\n{USAGE}")
+        };
         let (key, value) = match flag.split_once('=') {
             Some((k, v)) => (k.to_string(), v.to_string()),
             None => match it.peek() {
@@ -67,7 +77,7 @@ fn parse_args(args: Vec<String>) -> Result<Cli> {
             overrides.push((key, value));
         }
     }
-    Ok(Cli { command, config, overrides })
+    Ok(Cli { command, positional, config, overrides })
 }
 
 fn run() -> Result<()> {
@@ -77,6 +87,7 @@ fn run() -> Result<()> {
         "info" => commands::info::run(&cli),
         "sweep" => commands::sweep::run(&cli),
         "predict" => commands::predict::run(&cli),
+        "dataset" => commands::dataset::run(&cli, &cli.positional),
         other => bail!("unknown command `{other}`\n\n{USAGE}"),
     }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod dataset;
 pub mod info;
 pub mod predict;
 pub mod sweep;

@@ -279,10 +279,22 @@ impl Job for ActJob {
 
     fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
         let Self { cfg, sw } = self;
-        let ac = act::resolve_config(&cfg.policy)?;
-        let random = match cfg.dataset.kind.as_str() {
-            "synthetic" | "random" => act::RandomActData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed },
-            other => bail!("dataset.type={other}: ACT trains on `random` inputs in this build (the LeRobot reader is an open issue)"),
+        enum Source {
+            Random(act::RandomActData),
+            LeRobot(Box<act::LeRobotActData>),
+        }
+        let (ac, source) = match cfg.dataset.kind.as_str() {
+            "synthetic" | "random" => (
+                act::resolve_config(&cfg.policy)?,
+                Source::Random(act::RandomActData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed }),
+            ),
+            "lerobot" => {
+                let root = cfg.dataset.root.as_deref().ok_or_else(|| anyhow!("dataset.root is required for dataset.type=lerobot"))?;
+                let chunk = cfg.policy.get("chunk_size").and_then(|v| v.as_u64()).unwrap_or(100) as usize;
+                let (data, features) = act::LeRobotActData::open(root, chunk)?;
+                (act::resolve_config_for(&cfg.policy, &features)?, Source::LeRobot(Box::new(data)))
+            }
+            other => bail!("dataset.type={other}: unknown for ACT; valid: lerobot (with dataset.root), random"),
         };
         B::seed(&device, cfg.seed);
         let mut model = ac.init::<B>(&device);
@@ -310,8 +322,22 @@ impl Job for ActJob {
                 grad_clip_norm: 10.0,
                 backbone: (!ac.image_features().is_empty()).then(|| ("act.backbone".to_string(), ac.optimizer_lr_backbone)),
             },
-            data_desc: format!("random normalised inputs ({} fixed samples; shapes only matter for memory): cameras [{}]", random.num_samples, cams.join(", ")),
-            data: Box::new(move |step, micro| Ok(random.batch::<B>(&acc, bs, seed, step, micro, &dev))),
+            data_desc: match &source {
+                Source::Random(r) => format!("random normalised inputs ({} fixed samples; shapes only matter for memory): cameras [{}]", r.num_samples, cams.join(", ")),
+                Source::LeRobot(d) => format!(
+                    "LeRobot {:?} dataset {} ({} episodes, {} frames, {} fps): cameras [{}]",
+                    d.ds.version(),
+                    cfg.dataset.root.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    d.ds.num_episodes(),
+                    d.ds.num_frames(),
+                    d.ds.fps(),
+                    cams.join(", ")
+                ),
+            },
+            data: Box::new(move |step, micro| match &source {
+                Source::Random(r) => Ok(r.batch::<B>(&acc, bs, seed, step, micro, &dev)),
+                Source::LeRobot(d) => d.batch::<B>(&acc, bs, seed, step, micro, &dev).map_err(|e| e.into()),
+            }),
         };
         run_training::<B, _>(&cfg, &sw, info, probe, &device, w)
     }

@@ -15,6 +15,37 @@ use vramlab_models::resnet::count_params_and_buffers;
 /// state and action, one 480×640 camera.
 const FEATURE_KEYS: [&str; 4] = ["state_dim", "action_dim", "camera_shape", "num_cameras"];
 
+/// Features of a dataset, as ACT needs them.
+pub struct DataFeatures {
+    pub state_dim: Option<usize>,
+    pub action_dim: usize,
+    /// (key, [C, H, W]) per camera, in the dataset's order.
+    pub cameras: Vec<(String, [usize; 3])>,
+}
+
+/// Policy fields + the features of a dataset (lerobot takes the features from the dataset).
+pub fn resolve_config_for(policy: &serde_json::Map<String, Value>, f: &DataFeatures) -> Result<ActConfig> {
+    let mut fields = serde_json::Map::new();
+    for (k, v) in policy {
+        if FEATURE_KEYS.contains(&k.as_str()) {
+            bail!("policy.{k}: the dataset defines the features; drop this flag");
+        }
+        if k != "type" {
+            fields.insert(k.clone(), v.clone());
+        }
+    }
+    let mut cfg: ActConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (act): {e}"))?;
+    if let Some(d) = f.state_dim {
+        cfg = cfg.with_robot_state(d);
+    }
+    for (k, s) in &f.cameras {
+        cfg = cfg.with_camera(k, *s);
+    }
+    cfg = cfg.with_action(f.action_dim);
+    cfg.validate().map_err(|e| anyhow!("policy (act): {e}"))?;
+    Ok(cfg)
+}
+
 pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<ActConfig> {
     let mut fields = serde_json::Map::new();
     let mut feat = BTreeMap::new();
@@ -408,5 +439,84 @@ impl RandomActData {
             eps,
             dropout_seed,
         }
+    }
+}
+
+/// Training samples from a LeRobot dataset (v2.1 / v3.0): actions `0..chunk_size` with
+/// `action_is_pad`, MEAN_STD normalisation from the dataset stats, ImageNet stats for cameras
+/// (lerobot's defaults for ACT).
+pub struct LeRobotActData {
+    pub ds: vramlab_lerobot::LeRobotDataset,
+    opts: vramlab_lerobot::SampleOptions,
+    norm: vramlab_lerobot::Normalizer,
+}
+
+impl LeRobotActData {
+    pub fn open(root: &Path, chunk_size: usize) -> Result<(Self, DataFeatures)> {
+        use vramlab_lerobot::FeatureKind;
+        let ds = vramlab_lerobot::LeRobotDataset::open(root)?;
+        let feats = ds.features();
+        let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
+        let action_dim = vec_dim("action").ok_or_else(|| anyhow!("{}: no `action` feature in meta/info.json", root.display()))?;
+        let mut cameras = Vec::new();
+        for (k, f) in feats {
+            if matches!(f.kind(), FeatureKind::Video | FeatureKind::Image) {
+                // info.json stores cameras as [H, W, C].
+                let [h, w, c]: [usize; 3] = f
+                    .shape
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| anyhow!("{}: camera `{k}` has shape {:?}, expected [H, W, C]", root.display(), f.shape))?;
+                cameras.push((k.clone(), [c, h, w]));
+            }
+        }
+        let stats = ds.stats().ok_or_else(|| anyhow!("{}: no stats (meta/stats.json or episodes_stats.jsonl)", root.display()))?;
+        let norm = vramlab_lerobot::Normalizer::new(ds.info(), stats, &vramlab_lerobot::normalize::act_norm_map(), true)?;
+        let opts = vramlab_lerobot::SampleOptions::new(vramlab_lerobot::act_delta_indices(ds.info(), chunk_size));
+        let f = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
+        Ok((Self { ds, opts, norm }, f))
+    }
+
+    pub fn batch<B: Backend>(&self, cfg: &ActConfig, batch_size: usize, seed: u64, step: u64, micro: u64, device: &B::Device) -> Result<ActTrainBatch<B>> {
+        let mut rng = step_rng(seed, step, micro);
+        let n = self.ds.num_frames();
+        let (c, a) = (cfg.chunk_size, cfg.action_dim());
+        let cams = cfg.image_features();
+        let (mut state, mut action, mut pad) = (Vec::new(), Vec::new(), Vec::new());
+        let mut images: Vec<Vec<f32>> = vec![Vec::new(); cams.len()];
+        for _ in 0..batch_size {
+            let s = self.ds.sample(rng.random_range(0..n), &self.opts)?;
+            if cfg.robot_state_dim().is_some() {
+                let mut v = s.values.get("observation.state").map(|x| x.data.clone()).unwrap_or_default();
+                self.norm.normalize("observation.state", &mut v)?;
+                state.extend(v);
+            }
+            let mut act = s.values.get("action").map(|x| x.data.clone()).ok_or_else(|| anyhow!("sample {} has no action", s.index))?;
+            self.norm.normalize("action", &mut act)?;
+            action.extend(act);
+            pad.extend(s.pads.get("action").cloned().unwrap_or_else(|| vec![false; c]));
+            for (ci, (key, shape)) in cams.iter().enumerate() {
+                let mut img = s.values.get(*key).map(|x| x.data.clone()).ok_or_else(|| anyhow!("sample {} has no `{key}`", s.index))?;
+                self.norm.normalize_image(key, &mut img, shape[1] * shape[2])?;
+                images[ci].extend(img);
+            }
+        }
+        let state = cfg.robot_state_dim().map(|d| Tensor::from_data(TensorData::new(state, [batch_size, d]), device));
+        let images = cams
+            .iter()
+            .zip(images)
+            .map(|((_, s), v)| Tensor::from_data(TensorData::new(v, [batch_size, s[0], s[1], s[2]]), device))
+            .collect();
+        let action = Tensor::from_data(TensorData::new(action, [batch_size, c, a]), device);
+        let action_is_pad = Tensor::<B, 2, Bool>::from_data(TensorData::new(pad, [batch_size, c]), device);
+        let eps = cfg.use_vae.then(|| {
+            let e = crate::workloads::normal_vec(&mut rng, batch_size * cfg.latent_dim);
+            Tensor::from_data(TensorData::new(e, [batch_size, cfg.latent_dim]), device)
+        });
+        Ok(ActTrainBatch {
+            batch: ActBatch { state, env_state: None, images, action: Some(action), action_is_pad: Some(action_is_pad) },
+            eps,
+            dropout_seed: rng.random::<u64>(),
+        })
     }
 }
