@@ -10,4 +10,5 @@ pub mod nn;
 pub use vramlab_store as weights;
 pub mod vae3d;
 pub mod act;
+pub mod diffusion;
 pub mod resnet;

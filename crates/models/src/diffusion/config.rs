@@ -1,0 +1,692 @@
+//! Configuration of Diffusion Policy, read from and written to lerobot's `config.json`.
+//!
+//! Reference: huggingface/lerobot v0.4.4
+//! `src/lerobot/policies/diffusion/configuration_diffusion.py` (`DiffusionConfig`: field names,
+//! defaults, `__post_init__` / `validate_features` checks) and `src/lerobot/configs/policies.py`
+//! (`PreTrainedConfig`: the features and the generic keys).
+//!
+//! # JSON
+//! As [`crate::act::ActConfig`]: `"type"` must be `"diffusion"` when present; lerobot's generic
+//! keys ([`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
+//! [`DiffusionConfig::lerobot_extra`] (written back on save); any other unknown key is an error
+//! naming it; `input_features` keeps the file's order (camera order = feature order of the
+//! global conditioning). Two of the accepted keys still constrain the model:
+//! `resize_shape` must be `null` (vramlab does not implement the resize pre-processing) and
+//! `pretrained_backbone_weights` must be `null` with `use_group_norm` (lerobot raises too).
+//!
+//! # Defaults
+//! Every default is lerobot 0.4.4's `DiffusionConfig()` — note that **`crop_shape` defaults to
+//! `None` in 0.4.4** (older lerobot used `(84, 84)`); [`DiffusionConfig::pusht`] builds the
+//! classic PushT setup (state 2, action 2, one 96×96 camera, crop 84×84).
+//!
+//! vramlab's own field `freeze_backbone` is written only when `true`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::{Error as _, MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub use crate::act::config::{FeatureType, Features, InvalidField, PolicyFeature};
+use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
+
+/// lerobot's `OBS_STATE`: the robot state (required by Diffusion Policy).
+pub const OBS_STATE: &str = "observation.state";
+/// lerobot's `OBS_ENV_STATE` (the name [`DiffusionConfig::with_env_state`] uses; any ENV
+/// feature is the environment state, as lerobot's `env_state_feature`).
+pub const OBS_ENV_STATE: &str = "observation.environment_state";
+/// lerobot's `ACTION`.
+pub const ACTION: &str = "action";
+
+/// Keys of a lerobot diffusion `config.json` that vramlab accepts without modelling them (kept
+/// verbatim in [`DiffusionConfig::lerobot_extra`]): `PreTrainedConfig`'s generic fields, data
+/// normalisation, torchvision pretrained weights, the resize pre-processing (`resize_shape`
+/// must be null, `crop_ratio` only acts with a resize) and `torch.compile` switches.
+pub const LEROBOT_GENERIC_KEYS: [&str; 15] = [
+    "device",
+    "use_amp",
+    "use_peft",
+    "push_to_hub",
+    "repo_id",
+    "private",
+    "tags",
+    "license",
+    "pretrained_path",
+    "normalization_mapping",
+    "pretrained_backbone_weights",
+    "resize_shape",
+    "crop_ratio",
+    "compile_model",
+    "compile_mode",
+];
+
+/// Generic keys written as `null` when absent (lerobot's defaults; read back as absent).
+const NULL_WRITTEN_KEYS: [&str; 2] = ["pretrained_backbone_weights", "resize_shape"];
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// lerobot's `DiffusionConfig` (+ the features of `PreTrainedConfig`) and vramlab's
+/// `freeze_backbone`. Defaults are lerobot 0.4.4's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
+pub struct DiffusionConfig {
+    /// Observation steps fed to the policy (current + past).
+    pub n_obs_steps: usize,
+    /// Inputs, in file order: `observation.state` (STATE `[state_dim]`, required), cameras
+    /// (VISUAL `[3, h, w]`, all the same shape), an environment state (ENV `[env_dim]`).
+    #[serde(skip)]
+    pub input_features: Features,
+    /// Outputs: `action` (ACTION `[action_dim]`).
+    #[serde(skip)]
+    pub output_features: Features,
+    /// Actions generated per sample (counted from the first observation step).
+    pub horizon: usize,
+    /// Actions executed per prediction.
+    pub n_action_steps: usize,
+    /// Dataset sampling detail (frames not sampled at the end of an episode); data-side only.
+    pub drop_n_last_frames: usize,
+    /// `"resnet18"` or `"resnet34"` (the BasicBlock ResNets).
+    pub vision_backbone: String,
+    /// `(h, w)` crop (center at eval, random in training); `None`: no crop.
+    pub crop_shape: Option<[usize; 2]>,
+    pub crop_is_random: bool,
+    /// Must be true: BatchNorm2d's batch statistics are not implemented (see `validate`).
+    pub use_group_norm: bool,
+    pub spatial_softmax_num_keypoints: usize,
+    pub use_separate_rgb_encoder_per_camera: bool,
+    /// UNet widths per level; the horizon must be a multiple of `2^len`.
+    pub down_dims: Vec<usize>,
+    pub kernel_size: usize,
+    pub n_groups: usize,
+    pub diffusion_step_embed_dim: usize,
+    pub use_film_scale_modulation: bool,
+    /// `"DDPM"` or `"DDIM"`.
+    pub noise_scheduler_type: String,
+    pub num_train_timesteps: usize,
+    /// `"squaredcos_cap_v2"`, `"linear"` or `"scaled_linear"`.
+    pub beta_schedule: String,
+    pub beta_start: f64,
+    pub beta_end: f64,
+    /// `"epsilon"` or `"sample"`.
+    pub prediction_type: String,
+    pub clip_sample: bool,
+    pub clip_sample_range: f64,
+    /// `None`: `num_train_timesteps`.
+    pub num_inference_steps: Option<usize>,
+    pub do_mask_loss_for_padding: bool,
+    pub optimizer_lr: f64,
+    pub optimizer_betas: [f64; 2],
+    pub optimizer_eps: f64,
+    pub optimizer_weight_decay: f64,
+    pub scheduler_name: String,
+    pub scheduler_warmup_steps: usize,
+    /// vramlab: keep the vision backbone(s) frozen (written only when true).
+    #[serde(skip_serializing_if = "is_false")]
+    pub freeze_backbone: bool,
+    /// The lerobot generic keys read from a `config.json`, verbatim (written back on save).
+    #[serde(skip)]
+    pub lerobot_extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Default for DiffusionConfig {
+    /// lerobot 0.4.4's `DiffusionConfig()`, with no features.
+    fn default() -> Self {
+        Self {
+            n_obs_steps: 2,
+            input_features: Features::default(),
+            output_features: Features::default(),
+            horizon: 16,
+            n_action_steps: 8,
+            drop_n_last_frames: 7,
+            vision_backbone: "resnet18".into(),
+            crop_shape: None,
+            crop_is_random: true,
+            use_group_norm: true,
+            spatial_softmax_num_keypoints: 32,
+            use_separate_rgb_encoder_per_camera: false,
+            down_dims: vec![512, 1024, 2048],
+            kernel_size: 5,
+            n_groups: 8,
+            diffusion_step_embed_dim: 128,
+            use_film_scale_modulation: true,
+            noise_scheduler_type: "DDPM".into(),
+            num_train_timesteps: 100,
+            beta_schedule: "squaredcos_cap_v2".into(),
+            beta_start: 1e-4,
+            beta_end: 0.02,
+            prediction_type: "epsilon".into(),
+            clip_sample: true,
+            clip_sample_range: 1.0,
+            num_inference_steps: None,
+            do_mask_loss_for_padding: false,
+            optimizer_lr: 1e-4,
+            optimizer_betas: [0.95, 0.999],
+            optimizer_eps: 1e-8,
+            optimizer_weight_decay: 1e-6,
+            scheduler_name: "cosine".into(),
+            scheduler_warmup_steps: 500,
+            freeze_backbone: false,
+            lerobot_extra: BTreeMap::new(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DiffusionConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DiffusionConfig;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a lerobot diffusion config object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<DiffusionConfig, A::Error> {
+                let mut rest = serde_json::Map::new();
+                let mut extra = BTreeMap::new();
+                let (mut inputs, mut outputs) = (None, None);
+                while let Some(k) = m.next_key::<String>()? {
+                    match k.as_str() {
+                        "input_features" => {
+                            inputs = Some(m.next_value::<Features>().map_err(|e| A::Error::custom(format!("field `input_features`: {e}")))?)
+                        }
+                        "output_features" => {
+                            outputs = Some(m.next_value::<Features>().map_err(|e| A::Error::custom(format!("field `output_features`: {e}")))?)
+                        }
+                        "type" => {
+                            let t: serde_json::Value = m.next_value()?;
+                            if t.as_str() != Some("diffusion") {
+                                return Err(A::Error::custom(format!("field `type`: expected \"diffusion\", found {t}")));
+                            }
+                        }
+                        key if LEROBOT_GENERIC_KEYS.contains(&key) => {
+                            let v = m.next_value::<serde_json::Value>()?;
+                            // `null` is what vramlab writes for these when there is no entry.
+                            if !(v.is_null() && NULL_WRITTEN_KEYS.contains(&key)) {
+                                extra.insert(k, v);
+                            }
+                        }
+                        _ => {
+                            let v = m.next_value::<serde_json::Value>()?;
+                            rest.insert(k, v);
+                        }
+                    }
+                }
+                let mut cfg = DiffusionConfig::deserialize(serde_json::Value::Object(rest)).map_err(A::Error::custom)?;
+                cfg.input_features = inputs.unwrap_or_default();
+                cfg.output_features = outputs.unwrap_or_default();
+                cfg.lerobot_extra = extra;
+                Ok(cfg)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Serialize for DiffusionConfig {
+    /// lerobot's layout: `type`, `n_obs_steps`, the features (in order), the generic keys, the
+    /// diffusion fields. `pretrained_backbone_weights` and `resize_shape` are written as `null`
+    /// unless the config came with them.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error as _;
+        let fields = match DiffusionConfig::serialize(self, serde_json::value::Serializer).map_err(S::Error::custom)? {
+            serde_json::Value::Object(m) => m,
+            _ => return Err(S::Error::custom("DiffusionConfig did not serialize to an object")),
+        };
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("type", "diffusion")?;
+        map.serialize_entry("n_obs_steps", &self.n_obs_steps)?;
+        map.serialize_entry("input_features", &self.input_features)?;
+        map.serialize_entry("output_features", &self.output_features)?;
+        for (k, v) in &self.lerobot_extra {
+            map.serialize_entry(k, v)?;
+        }
+        for key in NULL_WRITTEN_KEYS {
+            if !self.lerobot_extra.contains_key(key) {
+                map.serialize_entry(key, &serde_json::Value::Null)?;
+            }
+        }
+        for (k, v) in fields.iter().filter(|(k, _)| k.as_str() != "n_obs_steps") {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// Reading a `config.json` failed: the file and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffusionConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Malformed JSON, a wrong type, or an unknown key (the message names the field).
+    #[error("{path}: {source}")]
+    Json { path: PathBuf, source: serde_json::Error },
+    #[error("{path}: {source}")]
+    Invalid { path: PathBuf, source: InvalidField },
+}
+
+/// Python's `round` (half to even) of `n / 2`: torchvision `CenterCrop`'s offset.
+fn half_round_even(n: usize) -> usize {
+    let k = n / 2;
+    if n % 2 == 1 && k % 2 == 1 { k + 1 } else { k }
+}
+
+impl DiffusionConfig {
+    /// lerobot's PushT setup: `observation.state` 2, `observation.image` 3×96×96, `action` 2,
+    /// crop 84×84; every other field at its default.
+    pub fn pusht() -> Self {
+        Self { crop_shape: Some([84, 84]), ..Self::default() }
+            .with_robot_state(2)
+            .with_camera("observation.image", [3, 96, 96])
+            .with_action(2)
+    }
+
+    /// Add (or replace) `observation.state` with `dim` entries.
+    pub fn with_robot_state(mut self, dim: usize) -> Self {
+        self.input_features.insert(OBS_STATE, PolicyFeature { kind: FeatureType::State, shape: vec![dim] });
+        self
+    }
+
+    /// Add (or replace) `observation.environment_state` with `dim` entries.
+    pub fn with_env_state(mut self, dim: usize) -> Self {
+        self.input_features.insert(OBS_ENV_STATE, PolicyFeature { kind: FeatureType::Env, shape: vec![dim] });
+        self
+    }
+
+    /// Add (or replace) a camera `key` of shape `[3, h, w]` (order = insertion order).
+    pub fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self {
+        self.input_features.insert(key, PolicyFeature { kind: FeatureType::Visual, shape: shape.to_vec() });
+        self
+    }
+
+    /// Set the `action` output to `dim` entries.
+    pub fn with_action(mut self, dim: usize) -> Self {
+        self.output_features.insert(ACTION, PolicyFeature { kind: FeatureType::Action, shape: vec![dim] });
+        self
+    }
+
+    /// `robot_state_feature`'s size (0 when missing; `validate` rejects that).
+    pub fn state_dim(&self) -> usize {
+        self.input_features.get(OBS_STATE).filter(|f| f.kind == FeatureType::State).and_then(|f| f.shape.first().copied()).unwrap_or(0)
+    }
+
+    /// `env_state_feature`: the first ENV input (key and size).
+    pub fn env_state(&self) -> Option<(&str, usize)> {
+        self.input_features.iter().find(|(_, f)| f.kind == FeatureType::Env).and_then(|(k, f)| f.shape.first().map(|d| (k, *d)))
+    }
+
+    pub fn env_state_dim(&self) -> Option<usize> {
+        self.env_state().map(|(_, d)| d)
+    }
+
+    /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
+    pub fn image_features(&self) -> Vec<(&str, [usize; 3])> {
+        self.input_features
+            .iter()
+            .filter(|(_, f)| f.kind == FeatureType::Visual)
+            .map(|(k, f)| (k, [0, 1, 2].map(|i| f.shape.get(i).copied().unwrap_or(0))))
+            .collect()
+    }
+
+    pub fn num_cameras(&self) -> usize {
+        self.image_features().len()
+    }
+
+    /// `action_feature`'s size (0 when missing; `validate` rejects that).
+    pub fn action_dim(&self) -> usize {
+        self.output_features.get(ACTION).filter(|f| f.kind == FeatureType::Action).and_then(|f| f.shape.first().copied()).unwrap_or(0)
+    }
+
+    /// The vision trunk (GroupNorm), or `None` without cameras.
+    pub fn backbone_config(&self) -> Option<ResNetConfig> {
+        if self.image_features().is_empty() {
+            return None;
+        }
+        ResNetConfig::from_name(&self.vision_backbone, ResNetNorm::GroupNorm)
+    }
+
+    /// RGB encoders built: 0 without cameras, one per camera with
+    /// `use_separate_rgb_encoder_per_camera`, else 1.
+    pub fn num_rgb_encoders(&self) -> usize {
+        match self.num_cameras() {
+            0 => 0,
+            n if self.use_separate_rgb_encoder_per_camera => n,
+            _ => 1,
+        }
+    }
+
+    /// `[h, w]` of the images the backbone sees (the crop, else the camera shape).
+    pub fn backbone_input_size(&self) -> Option<[usize; 2]> {
+        let (_, [_, h, w]) = *self.image_features().first()?;
+        Some(self.crop_shape.unwrap_or([h, w]))
+    }
+
+    /// `[h', w']` of the backbone's feature map (the SpatialSoftmax grid).
+    pub fn feature_map_size(&self) -> Option<[usize; 2]> {
+        let [h, w] = self.backbone_input_size()?;
+        Some(self.backbone_config()?.feature_size(h, w))
+    }
+
+    /// torchvision `CenterCrop`'s `[top, left]` for the configured crop (`None`: no crop).
+    pub fn center_crop_offset(&self) -> Option<[usize; 2]> {
+        let crop = self.crop_shape?;
+        let (_, [_, h, w]) = *self.image_features().first()?;
+        Some([half_round_even(h - crop[0]), half_round_even(w - crop[1])])
+    }
+
+    /// The largest `[top, left]` of a random crop (torchvision `RandomCrop` draws each uniformly
+    /// in `0..=max`); `None` without a crop. The trainer draws the offsets and passes them in
+    /// [`super::DiffusionCtx::crop_offsets`].
+    pub fn random_crop_max_offset(&self) -> Option<[usize; 2]> {
+        let crop = self.crop_shape?;
+        let (_, [_, h, w]) = *self.image_features().first()?;
+        Some([h - crop[0], w - crop[1]])
+    }
+
+    /// Features per observation step: state, `2·K` per camera, env state.
+    pub fn obs_feature_dim(&self) -> usize {
+        self.state_dim() + self.num_cameras() * 2 * self.spatial_softmax_num_keypoints + self.env_state_dim().unwrap_or(0)
+    }
+
+    /// `global_cond_dim · n_obs_steps`: the UNet's global conditioning width.
+    pub fn global_cond_dim(&self) -> usize {
+        self.obs_feature_dim() * self.n_obs_steps
+    }
+
+    /// FiLM conditioning width: step embedding + global conditioning.
+    pub fn cond_dim(&self) -> usize {
+        self.diffusion_step_embed_dim + self.global_cond_dim()
+    }
+
+    /// Reverse diffusion steps at inference (`num_inference_steps` or `num_train_timesteps`).
+    pub fn inference_steps(&self) -> usize {
+        self.num_inference_steps.unwrap_or(self.num_train_timesteps)
+    }
+
+    /// Check the config as lerobot does (`__post_init__`, `validate_features`, the model's own
+    /// asserts) and what vramlab implements; the error names the field.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let bad = |field, msg: String| Err(InvalidField { field, msg });
+        for (field, v) in [
+            ("n_obs_steps", self.n_obs_steps),
+            ("horizon", self.horizon),
+            ("n_action_steps", self.n_action_steps),
+            ("spatial_softmax_num_keypoints", self.spatial_softmax_num_keypoints),
+            ("n_groups", self.n_groups),
+            ("num_train_timesteps", self.num_train_timesteps),
+        ] {
+            if v == 0 {
+                return bad(field, "must be > 0".into());
+            }
+        }
+        if self.n_action_steps + self.n_obs_steps > self.horizon + 1 {
+            return bad(
+                "n_action_steps",
+                format!(
+                    "must be <= horizon - n_obs_steps + 1 = {} (lerobot's select_action), got {}",
+                    (self.horizon + 1).saturating_sub(self.n_obs_steps),
+                    self.n_action_steps
+                ),
+            );
+        }
+        if ResNetConfig::from_name(&self.vision_backbone, ResNetNorm::GroupNorm).is_none() {
+            return bad("vision_backbone", format!("only \"resnet18\" and \"resnet34\" are supported, got {:?}", self.vision_backbone));
+        }
+        if !self.use_group_norm {
+            return bad("use_group_norm", "must be true: vramlab implements the GroupNorm backbone only (BatchNorm2d training statistics are not implemented)".into());
+        }
+        let not_null = |k: &str| self.lerobot_extra.get(k).is_some_and(|v| !v.is_null());
+        if not_null("pretrained_backbone_weights") {
+            return bad("pretrained_backbone_weights", "must be null with use_group_norm (lerobot: \"You can't replace BatchNorm in a pretrained model\")".into());
+        }
+        if not_null("resize_shape") {
+            return bad("resize_shape", "must be null: the resize pre-processing is not implemented by vramlab".into());
+        }
+        if let Some(r) = self.lerobot_extra.get("crop_ratio").and_then(|v| v.as_f64())
+            && !(r > 0.0 && r <= 1.0)
+        {
+            return bad("crop_ratio", format!("must be in (0, 1], got {r}"));
+        }
+        if self.down_dims.is_empty() || self.down_dims.contains(&0) {
+            return bad("down_dims", format!("must be a non-empty list of positive widths, got {:?}", self.down_dims));
+        }
+        if let Some(d) = self.down_dims.iter().find(|d| *d % self.n_groups != 0) {
+            return bad("n_groups", format!("{} groups do not divide the UNet width {d}", self.n_groups));
+        }
+        let factor = 1usize.checked_shl(self.down_dims.len() as u32).unwrap_or(0);
+        if factor == 0 || self.horizon % factor != 0 {
+            return bad("horizon", format!("must be a multiple of 2^len(down_dims) = {factor}, got {}", self.horizon));
+        }
+        if self.kernel_size % 2 == 0 {
+            return bad("kernel_size", format!("must be odd (padding kernel_size // 2 keeps the length), got {}", self.kernel_size));
+        }
+        if self.diffusion_step_embed_dim < 4 || self.diffusion_step_embed_dim % 2 != 0 {
+            return bad("diffusion_step_embed_dim", format!("must be even and >= 4 (sinusoidal embedding), got {}", self.diffusion_step_embed_dim));
+        }
+        if !matches!(self.noise_scheduler_type.as_str(), "DDPM" | "DDIM") {
+            return bad("noise_scheduler_type", format!("must be \"DDPM\" or \"DDIM\", got {:?}", self.noise_scheduler_type));
+        }
+        if !matches!(self.beta_schedule.as_str(), "squaredcos_cap_v2" | "linear" | "scaled_linear") {
+            return bad("beta_schedule", format!("must be \"squaredcos_cap_v2\", \"linear\" or \"scaled_linear\", got {:?}", self.beta_schedule));
+        }
+        if !matches!(self.prediction_type.as_str(), "epsilon" | "sample") {
+            return bad("prediction_type", format!("must be \"epsilon\" or \"sample\", got {:?}", self.prediction_type));
+        }
+        for (field, v) in [("beta_start", self.beta_start), ("beta_end", self.beta_end)] {
+            if !(v.is_finite() && v > 0.0 && v < 1.0) {
+                return bad(field, format!("must be in (0, 1), got {v}"));
+            }
+        }
+        if !(self.clip_sample_range.is_finite() && self.clip_sample_range > 0.0) {
+            return bad("clip_sample_range", format!("must be finite and > 0, got {}", self.clip_sample_range));
+        }
+        if let Some(n) = self.num_inference_steps
+            && (n == 0 || n > self.num_train_timesteps)
+        {
+            return bad("num_inference_steps", format!("must be in 1..=num_train_timesteps ({}), got {n}", self.num_train_timesteps));
+        }
+        for (field, v) in [
+            ("optimizer_lr", self.optimizer_lr),
+            ("optimizer_eps", self.optimizer_eps),
+            ("optimizer_weight_decay", self.optimizer_weight_decay),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return bad(field, format!("must be finite and >= 0, got {v}"));
+            }
+        }
+        if self.optimizer_betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+            return bad("optimizer_betas", format!("must be in [0, 1), got {:?}", self.optimizer_betas));
+        }
+        // Features (validate_features and the model's needs).
+        for (k, f) in self.input_features.iter() {
+            match f.kind {
+                FeatureType::Visual => {
+                    if f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0 {
+                        return bad("input_features", format!("camera `{k}` must have shape [3, h, w], got {:?}", f.shape));
+                    }
+                }
+                FeatureType::State | FeatureType::Env => {
+                    if f.shape.len() != 1 || f.shape[0] == 0 {
+                        return bad("input_features", format!("`{k}` must have shape [n] with n > 0, got {:?}", f.shape));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if self.state_dim() == 0 {
+            return bad("input_features", "needs `observation.state` (STATE): Diffusion Policy always conditions on it".into());
+        }
+        let cams = self.image_features();
+        if cams.is_empty() && self.env_state_dim().is_none() {
+            return bad("input_features", "needs at least one camera (VISUAL) or an environment state (ENV)".into());
+        }
+        if let Some((first, shape)) = cams.first()
+            && let Some((k, s)) = cams.iter().find(|(_, s)| s != shape)
+        {
+            return bad("input_features", format!("`{k}` has shape {s:?} but `{first}` has {shape:?}: all cameras must match"));
+        }
+        if let (Some(crop), Some((k, [_, h, w]))) = (self.crop_shape, cams.first()) {
+            if crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w {
+                return bad("crop_shape", format!("{crop:?} must be positive and fit within `{k}` ({h}×{w})"));
+            }
+        }
+        match self.output_features.get(ACTION) {
+            Some(f) if f.kind == FeatureType::Action && f.shape.len() == 1 && f.shape[0] > 0 => {}
+            Some(f) => return bad("output_features", format!("`action` must be ACTION with shape [n], got {:?} {:?}", f.kind, f.shape)),
+            None => return bad("output_features", "needs an `action` feature".into()),
+        }
+        Ok(())
+    }
+
+    /// Parse lerobot `config.json` text and validate it.
+    pub fn from_json_str(text: &str) -> Result<Self, serde_json::Error> {
+        let cfg: Self = serde_json::from_str(text)?;
+        cfg.validate().map_err(serde_json::Error::custom)?;
+        Ok(cfg)
+    }
+
+    /// Read and validate a lerobot `config.json`.
+    pub fn from_json_file(path: &Path) -> Result<Self, DiffusionConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| DiffusionConfigError::Io { path: path.to_path_buf(), source })?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|source| DiffusionConfigError::Json { path: path.to_path_buf(), source })?;
+        cfg.validate().map_err(|source| DiffusionConfigError::Invalid { path: path.to_path_buf(), source })?;
+        Ok(cfg)
+    }
+
+    /// lerobot-format JSON text (pretty, feature order kept).
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string_pretty(self).expect("DiffusionConfig always serializes")
+    }
+
+    /// Parameters of one RGB encoder: trunk + SpatialSoftmax 1×1 conv + `out` Linear.
+    pub fn rgb_encoder_num_params(&self) -> usize {
+        let Some(bb) = self.backbone_config() else { return 0 };
+        let k = self.spatial_softmax_num_keypoints;
+        bb.num_parameters() + (OUT_CHANNELS * k + k) + (2 * k * 2 * k + 2 * k)
+    }
+
+    /// Parameters of `ConditionalUnet1d`, in closed form.
+    pub fn unet_num_params(&self) -> usize {
+        let (a, e, k) = (self.action_dim(), self.diffusion_step_embed_dim, self.kernel_size);
+        let cond = self.cond_dim();
+        let film = if self.use_film_scale_modulation { 2 } else { 1 };
+        let conv_block = |i: usize, o: usize| i * o * k + o + 2 * o; // Conv1d + GroupNorm
+        let res = |i: usize, o: usize| {
+            conv_block(i, o) + (cond * film * o + film * o) + conv_block(o, o) + if i != o { i * o + o } else { 0 }
+        };
+        let mut n = (e * 4 * e + 4 * e) + (4 * e * e + e); // diffusion_step_encoder
+        let dims = &self.down_dims;
+        let in_out: Vec<(usize, usize)> = std::iter::once((a, dims[0])).chain(dims.windows(2).map(|w| (w[0], w[1]))).collect();
+        for (ind, &(i, o)) in in_out.iter().enumerate() {
+            n += res(i, o) + res(o, o);
+            if ind + 1 < in_out.len() {
+                n += o * o * 3 + o; // Downsample1d
+            }
+        }
+        let last = *dims.last().unwrap_or(&0);
+        n += 2 * res(last, last);
+        for &(o, i) in in_out[1..].iter().rev() {
+            n += res(2 * i, o) + res(o, o) + (o * o * 4 + o); // + Upsample1d (ConvTranspose1d)
+        }
+        n + conv_block(dims[0], dims[0]) + (dims[0] * a + a)
+    }
+
+    /// PyTorch's `sum(p.numel() for p in policy.parameters())` in closed form (the
+    /// SpatialSoftmax `pos_grid` is a buffer and not counted; a frozen backbone is).
+    pub fn num_params(&self) -> usize {
+        self.num_rgb_encoders() * self.rgb_encoder_num_params() + self.unet_num_params()
+    }
+
+    /// Elements of buffers in the state dict: each encoder's `pool.pos_grid` `[h'·w', 2]`.
+    pub fn num_buffer_elements(&self) -> usize {
+        self.feature_map_size().map_or(0, |[h, w]| self.num_rgb_encoders() * h * w * 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pusht_counts_match_lerobot() {
+        let c = DiffusionConfig::pusht();
+        c.validate().unwrap();
+        assert_eq!(c.rgb_encoder_num_params(), 11_197_088);
+        assert_eq!(c.unet_num_params(), 251_511_938);
+        assert_eq!(c.num_params(), 262_709_026);
+        assert_eq!(c.feature_map_size(), Some([3, 3]));
+        assert_eq!(c.num_buffer_elements(), 18);
+        assert_eq!(c.global_cond_dim(), 132);
+        assert_eq!(c.center_crop_offset(), Some([6, 6]));
+        assert_eq!(c.random_crop_max_offset(), Some([12, 12]));
+    }
+
+    #[test]
+    fn center_crop_rounds_half_to_even() {
+        assert_eq!(half_round_even(12), 6);
+        assert_eq!(half_round_even(5), 2); // round(2.5) = 2
+        assert_eq!(half_round_even(7), 4); // round(3.5) = 4
+        assert_eq!(half_round_even(1), 0);
+    }
+
+    #[test]
+    fn json_round_trip_keeps_extras_and_order() {
+        let text = r#"{"type":"diffusion","n_obs_steps":2,"input_features":{"observation.state":{"type":"STATE","shape":[4]},
+            "observation.images.b":{"type":"VISUAL","shape":[3,64,64]},"observation.images.a":{"type":"VISUAL","shape":[3,64,64]}},
+            "output_features":{"action":{"type":"ACTION","shape":[4]}},"device":"cuda","resize_shape":null,"crop_ratio":1.0,
+            "compile_model":false,"compile_mode":"reduce-overhead","crop_shape":[56,56],"down_dims":[32,64],"num_inference_steps":null,
+            "noise_scheduler_type":"DDIM","optimizer_betas":[0.9,0.99]}"#;
+        let c = DiffusionConfig::from_json_str(text).unwrap();
+        assert_eq!(c.crop_shape, Some([56, 56]));
+        assert_eq!(c.down_dims, [32, 64]);
+        assert_eq!(c.optimizer_betas, [0.9, 0.99]);
+        let cams: Vec<_> = c.image_features().into_iter().map(|(k, _)| k.to_string()).collect();
+        assert_eq!(cams, ["observation.images.b", "observation.images.a"]);
+        assert_eq!(c.lerobot_extra["compile_mode"], "reduce-overhead");
+        let out = c.to_json_string();
+        assert!(out.contains("\"pretrained_backbone_weights\": null"), "{out}");
+        assert!(!out.contains("freeze_backbone"), "{out}");
+        assert_eq!(DiffusionConfig::from_json_str(&out).unwrap(), c);
+        let frozen = DiffusionConfig { freeze_backbone: true, ..c };
+        assert!(DiffusionConfig::from_json_str(&frozen.to_json_string()).unwrap().freeze_backbone);
+    }
+
+    #[test]
+    fn unknown_and_invalid_fields_are_named() {
+        let base = DiffusionConfig::pusht();
+        let mut v: serde_json::Value = serde_json::from_str(&base.to_json_string()).unwrap();
+        v["horizn"] = 3.into();
+        let e = DiffusionConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+        assert!(e.contains("horizn"), "{e}");
+        let e = DiffusionConfig::from_json_str(r#"{"type":"act"}"#).unwrap_err().to_string();
+        assert!(e.contains("type"), "{e}");
+
+        let field = |c: DiffusionConfig| c.validate().unwrap_err().field;
+        assert_eq!(field(DiffusionConfig { horizon: 12, ..base.clone() }), "horizon");
+        assert_eq!(field(DiffusionConfig { n_action_steps: 16, ..base.clone() }), "n_action_steps");
+        assert_eq!(field(DiffusionConfig { use_group_norm: false, ..base.clone() }), "use_group_norm");
+        assert_eq!(field(DiffusionConfig { vision_backbone: "resnet50".into(), ..base.clone() }), "vision_backbone");
+        assert_eq!(field(DiffusionConfig { noise_scheduler_type: "PNDM".into(), ..base.clone() }), "noise_scheduler_type");
+        assert_eq!(field(DiffusionConfig { prediction_type: "v_prediction".into(), ..base.clone() }), "prediction_type");
+        assert_eq!(field(DiffusionConfig { beta_schedule: "sigmoid".into(), ..base.clone() }), "beta_schedule");
+        assert_eq!(field(DiffusionConfig { num_inference_steps: Some(101), ..base.clone() }), "num_inference_steps");
+        assert_eq!(field(DiffusionConfig { kernel_size: 4, ..base.clone() }), "kernel_size");
+        assert_eq!(field(DiffusionConfig { n_groups: 7, ..base.clone() }), "n_groups");
+        assert_eq!(field(DiffusionConfig { crop_shape: Some([100, 84]), ..base.clone() }), "crop_shape");
+        assert_eq!(field(DiffusionConfig { diffusion_step_embed_dim: 7, ..base.clone() }), "diffusion_step_embed_dim");
+        let mut resize = base.clone();
+        resize.lerobot_extra.insert("resize_shape".into(), serde_json::json!([96, 96]));
+        assert_eq!(field(resize), "resize_shape");
+        assert_eq!(field(base.clone().with_camera("observation.images.wrist", [3, 64, 64])), "input_features");
+        assert_eq!(field(DiffusionConfig::default().with_robot_state(2).with_action(2)), "input_features");
+        assert_eq!(field(DiffusionConfig::default().with_env_state(2).with_action(2)), "input_features");
+        assert_eq!(field(DiffusionConfig::default().with_robot_state(2).with_env_state(2)), "output_features");
+        // State + env state, no camera: valid, no backbone.
+        let env = DiffusionConfig::default().with_robot_state(2).with_env_state(4).with_action(2);
+        env.validate().unwrap();
+        assert!(env.backbone_config().is_none());
+        assert_eq!(env.global_cond_dim(), 12);
+    }
+}

@@ -1,0 +1,27 @@
+//! Diffusion Policy as in huggingface/lerobot v0.4.4 (`src/lerobot/policies/diffusion/`:
+//! `configuration_diffusion.py`, `modeling_diffusion.py`), natively in Burn, with diffusers'
+//! `DDPMScheduler` / `DDIMScheduler` (as lerobot configures them) re-implemented.
+//!
+//! - [`config`]: [`DiffusionConfig`] — lerobot's field names and defaults, features,
+//!   validation, `config.json` I/O, closed-form parameter counts.
+//! - [`layers`]: `DiffusionConv1dBlock`, `DiffusionConditionalResidualBlock1d` (FiLM),
+//!   `SpatialSoftmax`, Mish, the sinusoidal step embedding, precision-aware 1-D convolutions.
+//! - [`model`]: [`Diffusion`] — `DiffusionModel` (RGB encoder(s) on
+//!   [`crate::resnet::ResNet`] with GroupNorm, the conditional 1-D UNet, conditioning, sampling,
+//!   the loss) and the stage pieces a trainer can checkpoint.
+//! - [`scheduler`]: [`NoiseScheduler`] — DDPM / DDIM steps and `add_noise`.
+//! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — lerobot `pretrained_model/` dirs.
+
+pub mod config;
+pub mod layers;
+pub mod load;
+pub mod model;
+pub mod scheduler;
+
+pub use config::{DiffusionConfig, DiffusionConfigError};
+pub use layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, sinusoidal_step_embedding, spatial_softmax_pos_grid};
+pub use load::{DiffusionLoadError, file_key, load_pretrained, load_weights, model_key, save_pretrained, save_weights};
+pub use model::{
+    ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionCtx, RgbEncoder, RgbEncoders, crop, is_diffusion_buffer,
+};
+pub use scheduler::{BetaSchedule, NoiseScheduler, PredictionType, SchedulerKind};

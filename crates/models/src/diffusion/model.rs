@@ -1,0 +1,604 @@
+//! Diffusion Policy's `DiffusionModel`, natively in Burn.
+//!
+//! Reference: huggingface/lerobot v0.4.4 `src/lerobot/policies/diffusion/modeling_diffusion.py` —
+//! `DiffusionModel` (`_prepare_global_conditioning`, `conditional_sample`, `generate_actions`,
+//! `compute_loss`), `DiffusionRgbEncoder`, `DiffusionConditionalUnet1d`.
+//!
+//! Field names are lerobot's attribute names, so parameter names are the policy's state-dict
+//! keys without its `diffusion.` prefix — except the backbone, which lerobot keeps as
+//! `nn.Sequential(*resnet.children()[:-2])` (`backbone.0.weight`, `backbone.4.0.conv1.weight`)
+//! and vramlab as [`ResNet`] with torchvision names; [`super::load`] maps between the two.
+//!
+//! # Layout and precision
+//! Inputs follow lerobot's model-level batch (already normalised): `state` `[b, s, state]`,
+//! one `[b, s, 3, h, w]` tensor per camera, `env_state` `[b, s, env]`, with `s = n_obs_steps`.
+//! Convolutions and Linears run in the forward's [`Precision`]; GroupNorm, Mish, the spatial
+//! softmax, the global conditioning, the UNet output, the scheduler and the loss are f32.
+//!
+//! # Randomness
+//! All of it is the caller's, so runs are reproducible and recomputation (checkpointing) is
+//! exact: the training noise and timesteps ([`Diffusion::compute_loss`]), the random-crop offsets
+//! ([`DiffusionCtx::crop_offsets`]; eval or none given → center crop), the initial sample and
+//! DDPM's per-step noise ([`Diffusion::conditional_sample`]).
+//!
+//! # Stage view (for block checkpointing)
+//! [`Diffusion::compute_loss`] is literally this chain of public pieces:
+//!
+//! | step | call | output |
+//! |---|---|---|
+//! | images, per encoder `e` | [`Diffusion::encoder_input`] (stack cameras, crop) | `[n_e, 3, h_c, w_c]` f32 |
+//! | backbone | `rgb_encoder(e).backbone.stem`, `.layer(0..4)` ([`ResNet`]) | `[n_e, 512, h', w']` |
+//! | encoder head | [`RgbEncoder::head`] (SpatialSoftmax, `out`, ReLU) | `[n_e, 2K]` f32 |
+//! | conditioning | [`Diffusion::global_conditioning`] (all heads' outputs, state, env) | `[b, global_cond_dim]` f32 |
+//! | noising | [`super::NoiseScheduler::add_noise`] | `x_t` `[b, horizon, a]` f32 |
+//! | FiLM input | [`ConditionalUnet1d::cond_feature`] (step encoder, concat) | `[b, cond_dim]` f32 |
+//! | UNet down level `i` | [`ConditionalUnet1d::input`], then `down_block(i, 0)`, `down_block(i, 1)` → skip `i`, `downsample(i)` | `[b, d_i, t_i]` |
+//! | UNet middle | `mid_block(0)`, `mid_block(1)` | `[b, d_last, t_last]` |
+//! | UNet up level `i` | `up_concat(x, skip L−1−i)`, `up_block(i, 0)`, `up_block(i, 1)`, `upsample(i)` | `[b, d, 2t]` |
+//! | prediction | [`ConditionalUnet1d::output`] (final_conv) | `[b, horizon, a]` f32 |
+//! | loss | [`Diffusion::loss_from_prediction`] | `[1]` f32 |
+//!
+//! The FiLM input (`cond`) and the skip tensors travel along in the trainer's stage state (the
+//! first depends on parameters, so it needs its gradient). The skip of the first level is
+//! never used (lerobot pops `L − 1` of the `L` skips).
+
+use burn::module::Module;
+use burn::nn::PaddingConfig1d;
+use burn::nn::conv::{Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::relu;
+
+use super::config::DiffusionConfig;
+use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, conv_transpose1d_p, conv1d_p, mish, sinusoidal_step_embedding};
+use super::scheduler::{NoiseScheduler, PredictionType};
+use crate::act::layers::Linear;
+use crate::nn::{Precision, cast, to_f32};
+use crate::resnet::{OUT_CHANNELS, ResNet, count_params_and_buffers, set_trainable};
+
+/// Struct name of [`SpatialSoftmax`] as Burn's visitors report it.
+pub const SPATIAL_SOFTMAX_CONTAINER: &str = "Struct:SpatialSoftmax";
+
+/// The buffer rule of [`Diffusion`]: `SpatialSoftmax.pos_grid` (`register_buffer`).
+pub fn is_diffusion_buffer(container: &str, field: &str) -> bool {
+    container == SPATIAL_SOFTMAX_CONTAINER && field == "pos_grid"
+}
+
+/// `DiffusionRgbEncoder`: (crop, done by [`Diffusion::encoder_input`]) → ResNet trunk →
+/// SpatialSoftmax → `out` Linear → ReLU.
+#[derive(Module, Debug)]
+pub struct RgbEncoder<B: Backend> {
+    pub backbone: ResNet<B>,
+    pub pool: SpatialSoftmax<B>,
+    pub out: Linear<B>,
+}
+
+impl<B: Backend> RgbEncoder<B> {
+    /// SpatialSoftmax, `out`, ReLU on the backbone's feature map.
+    ///
+    /// # Shapes
+    /// - features: `[n, 512, h', w']` → `[n, 2K]` f32
+    pub fn head(&self, features: Tensor<B, 4>, p: Precision) -> Tensor<B, 2> {
+        let keypoints = self.pool.forward(features, p);
+        to_f32(relu(self.out.forward(keypoints, p)))
+    }
+
+    /// Backbone then head on already cropped images.
+    ///
+    /// # Shapes
+    /// - images: `[n, 3, h, w]` → `[n, 2K]` f32
+    pub fn forward(&self, images: Tensor<B, 4>, p: Precision) -> Tensor<B, 2> {
+        self.head(self.backbone.forward(images, p), p)
+    }
+}
+
+/// `rgb_encoder`: one shared encoder, or an `nn.ModuleList` of one per camera
+/// (`use_separate_rgb_encoder_per_camera`; names `rgb_encoder.<i>.…`).
+#[derive(Module, Debug)]
+pub enum RgbEncoders<B: Backend> {
+    Shared(RgbEncoder<B>),
+    PerCamera(Vec<RgbEncoder<B>>),
+}
+
+/// An entry of a UNet level's `nn.ModuleList([resnet, resnet2, down/upsample])`; the
+/// `nn.Identity` of the last down level is left off.
+#[derive(Module, Debug)]
+pub enum UnetLayer<B: Backend> {
+    Res(ConditionalResidualBlock1d<B>),
+    /// `Conv1d(d, d, 3, stride 2, padding 1)`.
+    Down(Conv1d<B>),
+    /// `ConvTranspose1d(d, d, 4, stride 2, padding 1)`.
+    Up(ConvTranspose1d<B>),
+}
+
+/// An entry of `final_conv = nn.Sequential(DiffusionConv1dBlock, Conv1d 1×1)`.
+#[derive(Module, Debug)]
+pub enum FinalConvLayer<B: Backend> {
+    Block(Conv1dBlock<B>),
+    Conv(Conv1d<B>),
+}
+
+/// `DiffusionConditionalUnet1d`.
+#[derive(Module, Debug)]
+pub struct ConditionalUnet1d<B: Backend> {
+    /// `Sequential(SinusoidalPosEmb, Linear(E, 4E), Mish, Linear(4E, E))`: `[None, Some, None, Some]`.
+    pub diffusion_step_encoder: Vec<Option<Linear<B>>>,
+    pub down_modules: Vec<Vec<UnetLayer<B>>>,
+    pub mid_modules: Vec<ConditionalResidualBlock1d<B>>,
+    pub up_modules: Vec<Vec<UnetLayer<B>>>,
+    pub final_conv: Vec<FinalConvLayer<B>>,
+    pub diffusion_step_embed_dim: usize,
+}
+
+fn res_of<B: Backend>(layers: &[UnetLayer<B>], j: usize) -> &ConditionalResidualBlock1d<B> {
+    match layers.get(j) {
+        Some(UnetLayer::Res(r)) => r,
+        _ => panic!("UNet level: entry {j} is not a residual block"),
+    }
+}
+
+impl<B: Backend> ConditionalUnet1d<B> {
+    pub fn new(cfg: &DiffusionConfig, device: &B::Device) -> Self {
+        let (a, e, k, g, film) =
+            (cfg.action_dim(), cfg.diffusion_step_embed_dim, cfg.kernel_size, cfg.n_groups, cfg.use_film_scale_modulation);
+        let cond = cfg.cond_dim();
+        let res = |i, o| UnetLayer::Res(ConditionalResidualBlock1d::new(i, o, cond, k, g, film, device));
+        let dims = &cfg.down_dims;
+        let in_out: Vec<(usize, usize)> = std::iter::once((a, dims[0])).chain(dims.windows(2).map(|w| (w[0], w[1]))).collect();
+        let down_modules = in_out
+            .iter()
+            .enumerate()
+            .map(|(ind, &(i, o))| {
+                let mut level = vec![res(i, o), res(o, o)];
+                if ind + 1 < in_out.len() {
+                    let conv = Conv1dConfig::new(o, o, 3).with_stride(2).with_padding(PaddingConfig1d::Explicit(1, 1)).init(device);
+                    level.push(UnetLayer::Down(conv));
+                }
+                level
+            })
+            .collect();
+        let last = *dims.last().expect("down_dims is not empty");
+        let mid_modules = (0..2).map(|_| ConditionalResidualBlock1d::new(last, last, cond, k, g, film, device)).collect();
+        // lerobot's `is_last` test never holds for the decoder: every up level upsamples.
+        let up_modules = in_out[1..]
+            .iter()
+            .rev()
+            .map(|&(o, i)| {
+                let up = ConvTranspose1dConfig::new([o, o], 4).with_stride(2).with_padding(1).init(device);
+                vec![res(2 * i, o), res(o, o), UnetLayer::Up(up)]
+            })
+            .collect();
+        // lerobot builds final_conv's block with DiffusionConv1dBlock's default n_groups = 8.
+        let final_conv = vec![
+            FinalConvLayer::Block(Conv1dBlock::new(dims[0], dims[0], k, 8, device)),
+            FinalConvLayer::Conv(Conv1dConfig::new(dims[0], a, 1).init(device)),
+        ];
+        Self {
+            diffusion_step_encoder: vec![None, Some(Linear::new(e, 4 * e, device)), None, Some(Linear::new(4 * e, e, device))],
+            down_modules,
+            mid_modules,
+            up_modules,
+            final_conv,
+            diffusion_step_embed_dim: e,
+        }
+    }
+
+    pub fn num_levels(&self) -> usize {
+        self.down_modules.len()
+    }
+
+    /// `diffusion_step_encoder(timesteps)`: sinusoidal embedding, Linear, Mish, Linear.
+    ///
+    /// # Shapes
+    /// - timesteps: `b` entries → `[b, E]` f32
+    pub fn step_embedding(&self, timesteps: &[usize], p: Precision, device: &B::Device) -> Tensor<B, 2> {
+        let e = self.diffusion_step_embed_dim;
+        let emb = Tensor::<B, 2>::from_data(TensorData::new(sinusoidal_step_embedding(timesteps, e), [timesteps.len(), e]), device);
+        let mut linears = self.diffusion_step_encoder.iter().flatten();
+        let (l1, l2) = (linears.next().expect("step encoder Linear 1"), linears.next().expect("step encoder Linear 3"));
+        to_f32(l2.forward(mish(l1.forward(emb, p)), p))
+    }
+
+    /// The FiLM input `cat([step embedding, global_cond], -1)`.
+    ///
+    /// # Shapes
+    /// - global_cond: `[b, global_cond_dim]` → `[b, E + global_cond_dim]` f32
+    pub fn cond_feature(&self, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 2> {
+        let t = self.step_embedding(timesteps, p, &global_cond.device());
+        Tensor::cat(vec![t, to_f32(global_cond)], 1)
+    }
+
+    /// `b t d -> b d t`.
+    pub fn input(x: Tensor<B, 3>) -> Tensor<B, 3> {
+        x.swap_dims(1, 2)
+    }
+
+    /// Residual block `j` (0 or 1) of down level `i`.
+    pub fn down_block(&self, i: usize, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
+        res_of(&self.down_modules[i], j).forward(x, cond.clone(), p)
+    }
+
+    /// Down level `i`'s downsampling conv (identity on the last level).
+    pub fn downsample(&self, i: usize, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        match self.down_modules[i].get(2) {
+            Some(UnetLayer::Down(conv)) => conv1d_p(conv, x, p),
+            _ => x,
+        }
+    }
+
+    /// Middle residual block `j` (0 or 1).
+    pub fn mid_block(&self, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
+        self.mid_modules[j].forward(x, cond.clone(), p)
+    }
+
+    /// `cat((x, skip), dim=1)` in the compute dtype.
+    pub fn up_concat(x: Tensor<B, 3>, skip: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        Tensor::cat(vec![cast(x, p.dtype()), cast(skip, p.dtype())], 1)
+    }
+
+    /// Residual block `j` (0 or 1) of up level `i` (block 0 takes the concatenation).
+    pub fn up_block(&self, i: usize, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
+        res_of(&self.up_modules[i], j).forward(x, cond.clone(), p)
+    }
+
+    /// Up level `i`'s transposed conv (length × 2).
+    pub fn upsample(&self, i: usize, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        match self.up_modules[i].get(2) {
+            Some(UnetLayer::Up(conv)) => conv_transpose1d_p(conv, x, p),
+            _ => x,
+        }
+    }
+
+    /// `final_conv` then `b d t -> b t d`.
+    ///
+    /// # Shapes
+    /// - x: `[b, d0, horizon]` → `[b, horizon, action_dim]` f32
+    pub fn output(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+        let y = self.final_conv.iter().fold(x, |h, layer| match layer {
+            FinalConvLayer::Block(b) => b.forward(h, p),
+            FinalConvLayer::Conv(c) => conv1d_p(c, h, p),
+        });
+        to_f32(y).swap_dims(1, 2)
+    }
+
+    /// `DiffusionConditionalUnet1d.forward(x, timestep, global_cond)`.
+    ///
+    /// # Shapes
+    /// - x: `[b, horizon, action_dim]`; timesteps: `b` entries; global_cond: `[b, global_cond_dim]`
+    /// - returns `[b, horizon, action_dim]` f32
+    pub fn forward(&self, x: Tensor<B, 3>, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
+        assert_eq!(timesteps.len(), x.dims()[0], "one timestep per batch element");
+        let cond = self.cond_feature(timesteps, global_cond, p);
+        let mut x = Self::input(x);
+        let mut skips = Vec::with_capacity(self.num_levels());
+        for i in 0..self.num_levels() {
+            x = self.down_block(i, 0, x, &cond, p);
+            x = self.down_block(i, 1, x, &cond, p);
+            skips.push(x.clone());
+            x = self.downsample(i, x, p);
+        }
+        for j in 0..self.mid_modules.len() {
+            x = self.mid_block(j, x, &cond, p);
+        }
+        for i in 0..self.up_modules.len() {
+            x = Self::up_concat(x, skips.pop().expect("one skip per level"), p);
+            x = self.up_block(i, 0, x, &cond, p);
+            x = self.up_block(i, 1, x, &cond, p);
+            x = self.upsample(i, x, p);
+        }
+        self.output(x, p)
+    }
+}
+
+/// How the forward runs: precision, training mode (random crop) and the crop offsets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiffusionCtx {
+    pub precision: Precision,
+    /// lerobot's `self.training`: random crop (with `crop_is_random`) at [`Self::crop_offsets`].
+    pub training: bool,
+    /// `[top, left]` per RGB encoder (one for the shared encoder), each drawn uniformly in
+    /// `0..=DiffusionConfig::random_crop_max_offset()`. Used in training with
+    /// `crop_is_random`; `None` → center crop.
+    pub crop_offsets: Option<Vec<[usize; 2]>>,
+}
+
+impl DiffusionCtx {
+    pub fn eval(precision: Precision) -> Self {
+        Self { precision, training: false, crop_offsets: None }
+    }
+
+    pub fn train(precision: Precision) -> Self {
+        Self { precision, training: true, crop_offsets: None }
+    }
+
+    pub fn with_crop_offsets(mut self, offsets: Vec<[usize; 2]>) -> Self {
+        self.crop_offsets = Some(offsets);
+        self
+    }
+}
+
+/// Model-level inputs (already normalised), `s = n_obs_steps`.
+#[derive(Clone, Debug)]
+pub struct DiffusionBatch<B: Backend> {
+    /// `observation.state` `[b, s, state_dim]`.
+    pub state: Tensor<B, 3>,
+    /// One `[b, s, 3, h, w]` per camera, in [`DiffusionConfig::image_features`] order.
+    pub images: Vec<Tensor<B, 5>>,
+    /// The ENV input `[b, s, env_dim]` (required when the config has one).
+    pub env_state: Option<Tensor<B, 3>>,
+    /// Target actions `[b, horizon, action_dim]` (training).
+    pub action: Option<Tensor<B, 3>>,
+    /// `[b, horizon]`, `true` = padding (used with `do_mask_loss_for_padding`).
+    pub action_is_pad: Option<Tensor<B, 2, Bool>>,
+}
+
+/// lerobot's `DiffusionModel`.
+#[derive(Module, Debug)]
+pub struct Diffusion<B: Backend> {
+    pub rgb_encoder: Option<RgbEncoders<B>>,
+    pub unet: ConditionalUnet1d<B>,
+    /// The config the model was built from (not a parameter).
+    pub config: DiffusionConfig,
+    /// The noise scheduler with its inference timesteps set (not a parameter).
+    pub noise_scheduler: NoiseScheduler,
+}
+
+impl DiffusionConfig {
+    /// One `DiffusionRgbEncoder` (PyTorch / torchvision initialisation; frozen backbone with
+    /// `freeze_backbone`).
+    fn init_rgb_encoder<B: Backend>(&self, device: &B::Device) -> RgbEncoder<B> {
+        let bb = self.backbone_config().expect("a camera");
+        let [h, w] = self.feature_map_size().expect("a camera");
+        let k = self.spatial_softmax_num_keypoints;
+        let backbone = bb.init(device);
+        RgbEncoder {
+            backbone: if self.freeze_backbone { backbone.frozen() } else { backbone },
+            pool: SpatialSoftmax::new(OUT_CHANNELS, h, w, k, device),
+            out: Linear::new(2 * k, 2 * k, device),
+        }
+    }
+
+    /// Build the model with PyTorch's default initialisation (torchvision's for the trunk; no
+    /// ImageNet weights). Panics on an invalid config; call [`DiffusionConfig::validate`] for an
+    /// error instead.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Diffusion<B> {
+        if let Err(e) = self.validate() {
+            panic!("invalid DiffusionConfig: {e}");
+        }
+        let rgb_encoder = match self.num_rgb_encoders() {
+            0 => None,
+            n if self.use_separate_rgb_encoder_per_camera => {
+                Some(RgbEncoders::PerCamera((0..n).map(|_| self.init_rgb_encoder(device)).collect()))
+            }
+            _ => Some(RgbEncoders::Shared(self.init_rgb_encoder(device))),
+        };
+        Diffusion { rgb_encoder, unet: ConditionalUnet1d::new(self, device), config: self.clone(), noise_scheduler: NoiseScheduler::from_config(self) }
+    }
+}
+
+/// `[n, c, H, W]` → `[n, c, h, w]` at `[top, left]`.
+pub fn crop<B: Backend>(images: Tensor<B, 4>, [h, w]: [usize; 2], [top, left]: [usize; 2]) -> Tensor<B, 4> {
+    let [n, c, hh, ww] = images.dims();
+    assert!(top + h <= hh && left + w <= ww, "crop {h}×{w} at ({top}, {left}) does not fit {hh}×{ww}");
+    images.slice([0..n, 0..c, top..top + h, left..left + w])
+}
+
+impl<B: Backend> Diffusion<B> {
+    /// The RGB encoders (`0` without cameras).
+    pub fn num_rgb_encoders(&self) -> usize {
+        match &self.rgb_encoder {
+            None => 0,
+            Some(RgbEncoders::Shared(_)) => 1,
+            Some(RgbEncoders::PerCamera(v)) => v.len(),
+        }
+    }
+
+    /// RGB encoder `e`.
+    pub fn rgb_encoder(&self, e: usize) -> &RgbEncoder<B> {
+        match &self.rgb_encoder {
+            Some(RgbEncoders::Shared(enc)) if e == 0 => enc,
+            Some(RgbEncoders::PerCamera(v)) => &v[e],
+            _ => panic!("no RGB encoder {e}"),
+        }
+    }
+
+    /// Module paths of the backbones (`rgb_encoder.backbone` or `rgb_encoder.<i>.backbone`).
+    pub fn backbone_paths(&self) -> Vec<String> {
+        match &self.rgb_encoder {
+            None => vec![],
+            Some(RgbEncoders::Shared(_)) => vec!["rgb_encoder.backbone".into()],
+            Some(RgbEncoders::PerCamera(v)) => (0..v.len()).map(|i| format!("rgb_encoder.{i}.backbone")).collect(),
+        }
+    }
+
+    /// The crop `[top, left]` of encoder `e` under `ctx` (`None`: no crop configured).
+    pub fn crop_offset(&self, e: usize, ctx: &DiffusionCtx) -> Option<[usize; 2]> {
+        let center = self.config.center_crop_offset()?;
+        match &ctx.crop_offsets {
+            Some(offsets) if ctx.training && self.config.crop_is_random => {
+                assert_eq!(offsets.len(), self.num_rgb_encoders(), "DiffusionCtx.crop_offsets: one [top, left] per RGB encoder");
+                Some(offsets[e])
+            }
+            _ => Some(center),
+        }
+    }
+
+    /// Encoder `e`'s input batch: shared encoder — all cameras stacked as lerobot's
+    /// `(b s n) c h w`; per-camera encoders — camera `e` as `(b s) c h w`; then cropped.
+    pub fn encoder_input(&self, e: usize, images: &[Tensor<B, 5>], ctx: &DiffusionCtx) -> Tensor<B, 4> {
+        assert_eq!(images.len(), self.config.num_cameras(), "DiffusionBatch.images: one tensor per camera");
+        let [b, s, c, h, w] = images[0].dims();
+        let x = match &self.rgb_encoder {
+            Some(RgbEncoders::Shared(_)) => {
+                let n = images.len();
+                Tensor::stack::<6>(images.to_vec(), 2).reshape([b * s * n, c, h, w])
+            }
+            _ => images[e].clone().reshape([b * s, c, h, w]),
+        };
+        match (self.config.crop_shape, self.crop_offset(e, ctx)) {
+            (Some(shape), Some(offset)) => crop(x, shape, offset),
+            _ => x,
+        }
+    }
+
+    /// Image features per observation step `[b, s, n·2K]` (camera-major within a step).
+    pub fn image_features(&self, images: &[Tensor<B, 5>], ctx: &DiffusionCtx) -> Tensor<B, 3> {
+        let [b, s, ..] = images[0].dims();
+        let p = ctx.precision;
+        let feats: Vec<Tensor<B, 2>> =
+            (0..self.num_rgb_encoders()).map(|e| self.rgb_encoder(e).forward(self.encoder_input(e, images, ctx), p)).collect();
+        Self::image_features_from_heads(feats, b, s)
+    }
+
+    /// Arrange the encoder heads' outputs (`[n_e, 2K]` each, in encoder order) as `[b, s, n·2K]`.
+    pub fn image_features_from_heads(heads: Vec<Tensor<B, 2>>, b: usize, s: usize) -> Tensor<B, 3> {
+        let per_step: Vec<Tensor<B, 3>> = heads
+            .into_iter()
+            .map(|f| {
+                let d = f.dims()[0] / (b * s) * f.dims()[1];
+                f.reshape([b, s, d])
+            })
+            .collect();
+        Tensor::cat(per_step, 2)
+    }
+
+    /// `_prepare_global_conditioning` from its parts: `cat([state, image features, env], -1)`
+    /// per step, flattened.
+    ///
+    /// # Shapes
+    /// - state `[b, s, state]`, image_features `[b, s, n·2K]`, env_state `[b, s, env]`
+    /// - returns `[b, s·(state + n·2K + env)]` f32
+    pub fn global_conditioning(&self, state: Tensor<B, 3>, image_features: Option<Tensor<B, 3>>, env_state: Option<Tensor<B, 3>>) -> Tensor<B, 2> {
+        let [b, s, _] = state.dims();
+        assert_eq!(s, self.config.n_obs_steps, "state must have n_obs_steps = {} steps", self.config.n_obs_steps);
+        let mut parts = vec![to_f32(state)];
+        parts.extend(image_features.map(to_f32));
+        if self.config.env_state_dim().is_some() {
+            parts.push(to_f32(env_state.expect("DiffusionBatch.env_state is required: the config has an ENV input")));
+        }
+        let cond = Tensor::cat(parts, 2);
+        let d = cond.dims()[2];
+        cond.reshape([b, s * d])
+    }
+
+    /// `_prepare_global_conditioning(batch)`.
+    pub fn prepare_global_conditioning(&self, batch: &DiffusionBatch<B>, ctx: &DiffusionCtx) -> Tensor<B, 2> {
+        let feats = (self.num_rgb_encoders() > 0).then(|| self.image_features(&batch.images, ctx));
+        self.global_conditioning(batch.state.clone(), feats, batch.env_state.clone())
+    }
+
+    /// `conditional_sample`: the reverse process from `initial_noise` over the scheduler's
+    /// timesteps. `step_noise(k)` gives DDPM's variance noise for the `k`-th step (`None` for
+    /// DDIM, which draws none).
+    ///
+    /// # Shapes
+    /// - global_cond: `[b, global_cond_dim]`; initial_noise: `[b, horizon, action_dim]` → same, f32
+    pub fn conditional_sample(
+        &self,
+        global_cond: Tensor<B, 2>,
+        initial_noise: Tensor<B, 3>,
+        mut step_noise: impl FnMut(usize) -> Option<Tensor<B, 3>>,
+        p: Precision,
+    ) -> Tensor<B, 3> {
+        let b = initial_noise.dims()[0];
+        let mut sample = to_f32(initial_noise);
+        for (k, &t) in self.noise_scheduler.timesteps.iter().enumerate() {
+            let out = self.unet.forward(sample.clone(), &vec![t; b], global_cond.clone(), p);
+            sample = self.noise_scheduler.step(out, t, sample, step_noise(k));
+        }
+        sample
+    }
+
+    /// `generate_actions`: conditioning, sampling, and the `n_action_steps` actions from the
+    /// current step (`[n_obs_steps − 1, n_obs_steps − 1 + n_action_steps)`).
+    ///
+    /// # Shapes
+    /// - returns `[b, n_action_steps, action_dim]` f32
+    pub fn generate_actions(
+        &self,
+        batch: &DiffusionBatch<B>,
+        initial_noise: Tensor<B, 3>,
+        step_noise: impl FnMut(usize) -> Option<Tensor<B, 3>>,
+        ctx: &DiffusionCtx,
+    ) -> Tensor<B, 3> {
+        let cond = self.prepare_global_conditioning(batch, ctx);
+        let actions = self.conditional_sample(cond, initial_noise, step_noise, ctx.precision);
+        actions.narrow(1, self.config.n_obs_steps - 1, self.config.n_action_steps)
+    }
+
+    /// The loss from the UNet's prediction: `mse_loss(pred, target, reduction="none")`, masked
+    /// by `~action_is_pad` with `do_mask_loss_for_padding`, then the mean over all elements.
+    /// The target is the noise (`epsilon`) or the clean actions (`sample`).
+    pub fn loss_from_prediction(
+        &self,
+        pred: Tensor<B, 3>,
+        action: Tensor<B, 3>,
+        noise: Tensor<B, 3>,
+        action_is_pad: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 1> {
+        let [b, h, _] = action.dims();
+        let target = match self.noise_scheduler.prediction_type {
+            PredictionType::Epsilon => noise,
+            PredictionType::Sample => action,
+        };
+        let err = (to_f32(pred) - to_f32(target)).square();
+        let err = if self.config.do_mask_loss_for_padding {
+            let pad = action_is_pad.expect("action_is_pad is required with do_mask_loss_for_padding");
+            err * pad.bool_not().float().reshape([b, h, 1])
+        } else {
+            err
+        };
+        // Axis by axis keeps partial sums short (as the ACT loss).
+        err.mean_dim(2).mean_dim(1).mean_dim(0).reshape([1])
+    }
+
+    /// lerobot's `compute_loss` with the caller's randomness: `noise` `[b, horizon, a]` and one
+    /// timestep in `0..num_train_timesteps` per sample.
+    pub fn compute_loss(&self, batch: &DiffusionBatch<B>, noise: Tensor<B, 3>, timesteps: &[usize], ctx: &DiffusionCtx) -> Tensor<B, 1> {
+        let action = batch.action.clone().expect("DiffusionBatch.action is required for the loss");
+        assert_eq!(action.dims()[1], self.config.horizon, "action must have horizon = {} steps", self.config.horizon);
+        let cond = self.prepare_global_conditioning(batch, ctx);
+        let noisy = self.noise_scheduler.add_noise(action.clone(), noise.clone(), timesteps);
+        let pred = self.unet.forward(noisy, timesteps, cond, ctx.precision);
+        self.loss_from_prediction(pred, action, noise, batch.action_is_pad.clone())
+    }
+
+    /// PyTorch's `sum(p.numel() for p in parameters())` (buffers excluded).
+    pub fn num_parameters(&self) -> usize {
+        count_params_and_buffers::<B, _>(self, is_diffusion_buffer).0
+    }
+
+    /// Elements of buffers (`pool.pos_grid`). Burn's `Module::num_params` counts both.
+    pub fn num_buffer_elements(&self) -> usize {
+        count_params_and_buffers::<B, _>(self, is_diffusion_buffer).1
+    }
+
+    /// The same model with the backbone(s) frozen (`require_grad = false`).
+    pub fn with_frozen_backbone(mut self) -> Self {
+        self.rgb_encoder = self.rgb_encoder.map(|r| match r {
+            RgbEncoders::Shared(mut e) => {
+                e.backbone = e.backbone.frozen();
+                RgbEncoders::Shared(e)
+            }
+            RgbEncoders::PerCamera(v) => RgbEncoders::PerCamera(
+                v.into_iter()
+                    .map(|mut e| {
+                        e.backbone = e.backbone.frozen();
+                        e
+                    })
+                    .collect(),
+            ),
+        });
+        self.config.freeze_backbone = true;
+        self
+    }
+
+    /// Set every tensor's `require_grad` from the model's rules: `pos_grid` never, the
+    /// backbones not when `config.freeze_backbone`, everything else yes. Call after
+    /// `AutodiffModule::from_inner`.
+    pub fn set_trainable(self) -> Self {
+        let paths = if self.config.freeze_backbone { self.backbone_paths() } else { vec![] };
+        let frozen: Vec<&str> = paths.iter().map(String::as_str).collect();
+        set_trainable(self, is_diffusion_buffer, &frozen)
+    }
+}
