@@ -12,7 +12,7 @@ use crate::Cli;
 use crate::backend::{BackendInfo, Job, dispatch};
 use crate::config::{self, RunConfig};
 use crate::workloads::PolicyType;
-use crate::workloads::{act, vae3d};
+use crate::workloads::{act, diffusion, vae3d};
 
 /// `1234567` → `1,234,567`.
 pub fn thousands(n: u64) -> String {
@@ -99,6 +99,33 @@ impl Job for InfoJob {
                 );
                 report(&title, &act::info_rows(&model));
                 println!("buffers (FrozenBatchNorm2d, positional tables; not parameters): {}", thousands(model.num_buffer_elements() as u64));
+            }
+            PolicyType::Diffusion => {
+                let dc = diffusion::resolve_config(&self.cfg.policy)?;
+                let (enc, unet) = (dc.rgb_encoder_num_params() as u64, dc.unet_num_params() as u64);
+                // A frozen backbone: the ResNet trunk's parameters stop being trainable.
+                let frozen: u64 = if dc.freeze_backbone {
+                    let model = dc.init::<B::InnerBackend>(&device);
+                    vramlab_store::param_shapes::<B::InnerBackend, _>(&model)
+                        .iter()
+                        .filter(|(name, _)| name.contains(".backbone."))
+                        .map(|(_, s)| s.iter().product::<usize>() as u64)
+                        .sum()
+                } else {
+                    0
+                };
+                let title = format!(
+                    "diffusion: n_obs_steps {}, horizon {}, down_dims {:?}, diffusion_step_embed_dim {}, crop {:?}, cameras {:?}",
+                    dc.n_obs_steps,
+                    dc.horizon,
+                    dc.down_dims,
+                    dc.diffusion_step_embed_dim,
+                    dc.crop_shape,
+                    dc.image_features()
+                );
+                let rows = vec![("rgb_encoder".to_string(), enc, enc - frozen), ("unet".to_string(), unet, unet)];
+                debug_assert_eq!(enc + unet, dc.num_params() as u64);
+                report(&title, &rows);
             }
         }
         Ok(())

@@ -88,7 +88,8 @@ impl Job for PredictJob {
                 outputs.push(("kl_loss".into(), loss.kl_loss.into_data()));
             }
             "act" => outputs = crate::workloads::act::predict::<B::InnerBackend>(&self.checkpoint, &self.inputs, self.precision, &device)?,
-            other => bail!("{}: policy type `{other}` is not supported by this build (supported: vae3d, act)", self.checkpoint.display()),
+            "diffusion" => outputs = crate::workloads::diffusion::predict::<B::InnerBackend>(&self.checkpoint, &self.inputs, self.precision, &device)?,
+            other => bail!("{}: policy type `{other}` is not supported by this build (supported: vae3d, act, diffusion)", self.checkpoint.display()),
         }
         let outputs: Vec<(String, TensorData)> = outputs.into_iter().map(|(k, d)| (k, d.convert::<f32>())).collect();
         vramlab_store::write_safetensors(&outputs, &self.out)?;

@@ -27,6 +27,7 @@ pub fn run(cli: &Cli) -> Result<()> {
     match PolicyType::from_config(&cfg)? {
         PolicyType::Vae3d => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, Vae3dJob { cfg, sw }),
         PolicyType::Act => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, ActJob { cfg, sw }),
+        PolicyType::Diffusion => bail!("policy.type=diffusion: training Diffusion Policy through the trainer is the next step (issue 5); `vramlab info` and `vramlab predict` support it"),
     }
 }
 

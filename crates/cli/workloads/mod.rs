@@ -2,6 +2,7 @@
 //! of models): one adapter per model family implements `TrainModel`.
 
 pub mod act;
+pub mod diffusion;
 pub mod vae3d;
 
 use anyhow::{Result, bail};
@@ -14,10 +15,11 @@ use crate::config::RunConfig;
 pub enum PolicyType {
     Vae3d,
     Act,
+    Diffusion,
 }
 
 impl PolicyType {
-    pub const NAMES: &'static str = "vae3d, act (diffusion: see the open issues)";
+    pub const NAMES: &'static str = "vae3d, act, diffusion";
 
     pub fn from_config(cfg: &RunConfig) -> Result<Self> {
         match cfg.policy.get("type") {
@@ -31,7 +33,7 @@ impl PolicyType {
         match s {
             "vae3d" => Ok(Self::Vae3d),
             "act" => Ok(Self::Act),
-            "diffusion" => bail!("policy.type={s}: not implemented yet in this build; valid: {}", Self::NAMES),
+            "diffusion" => Ok(Self::Diffusion),
             other => bail!("policy.type={other}: unknown; valid: {}", Self::NAMES),
         }
     }
