@@ -53,21 +53,6 @@ struct PredictJob {
     precision: Precision,
 }
 
-fn input<B: Backend, const D: usize>(
-    map: &std::collections::BTreeMap<String, TensorData>,
-    file: &Path,
-    name: &str,
-    device: &B::Device,
-) -> Result<Tensor<B, D>> {
-    let data = map.get(name).ok_or_else(|| {
-        anyhow!("{}: tensor `{name}` is missing (present: {})", file.display(), map.keys().cloned().collect::<Vec<_>>().join(", "))
-    })?;
-    if data.shape.len() != D {
-        bail!("{}: tensor `{name}` has shape {:?}; expected rank {D}", file.display(), data.shape);
-    }
-    Ok(Tensor::from_data(data.clone().convert::<f32>(), device))
-}
-
 impl Job for PredictJob {
     type Output = ();
     fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<()> {
@@ -77,7 +62,7 @@ impl Job for PredictJob {
             "vae3d" => {
                 let (_cfg, model) = vramlab_models::vae3d::load_pretrained::<B::InnerBackend>(&self.checkpoint, &device)
                     .map_err(|e| anyhow!(e))?;
-                let x: Tensor<B::InnerBackend, 5> = input(&inputs, &self.inputs, "x", &device)?;
+                let x: Tensor<B::InnerBackend, 5> = crate::workloads::input_tensor(&inputs, &self.inputs, "x", &device)?;
                 let out = model.forward(x.clone(), None, self.precision);
                 let loss = model.compute_loss(x, &out);
                 outputs.push(("mean".into(), out.mean.into_data()));

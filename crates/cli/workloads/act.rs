@@ -61,22 +61,11 @@ pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<ActConf
         }
     }
     let mut cfg: ActConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (act): {e}"))?;
-    let uint = |k: &str, d: usize| -> Result<usize> {
-        match feat.get(k) {
-            None => Ok(d),
-            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("policy.{k}: expected a non-negative integer, found {v}")),
-        }
-    };
-    let state = uint("state_dim", 14)?;
-    let action = uint("action_dim", 14)?;
-    let cams = uint("num_cameras", 1)?;
-    let shape: [usize; 3] = match feat.get("camera_shape") {
-        None => [3, 480, 640],
-        Some(v) => serde_json::from_value::<Vec<usize>>(v.clone())
-            .ok()
-            .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| anyhow!("policy.camera_shape: expected C,H,W, found {v}"))?,
-    };
+    use crate::workloads::{camera_shape, feature_uint};
+    let state = feature_uint(&feat, "state_dim", 14)?;
+    let action = feature_uint(&feat, "action_dim", 14)?;
+    let cams = feature_uint(&feat, "num_cameras", 1)?;
+    let shape = camera_shape(&feat, "camera_shape", [3, 480, 640])?;
     if state > 0 {
         cfg = cfg.with_robot_state(state);
     }
@@ -107,16 +96,6 @@ pub fn info_rows<B: Backend>(model: &Act<B>) -> Vec<(String, u64, u64)> {
     ]
 }
 
-fn input<B: Backend, const D: usize>(map: &BTreeMap<String, TensorData>, file: &Path, name: &str, device: &B::Device) -> Result<Tensor<B, D>> {
-    let data = map.get(name).ok_or_else(|| {
-        anyhow!("{}: tensor `{name}` is missing (present: {})", file.display(), map.keys().cloned().collect::<Vec<_>>().join(", "))
-    })?;
-    if data.shape.len() != D {
-        bail!("{}: tensor `{name}` has shape {:?}; expected rank {D}", file.display(), data.shape);
-    }
-    Ok(Tensor::from_data(data.clone().convert::<f32>(), device))
-}
-
 /// `vramlab predict` for a lerobot (or vramlab) ACT `pretrained_model/` directory, with the
 /// fixture's tensor names: `eval_actions` (z = 0), and with actions given, the training pass
 /// with the VAE noise set to 0 (`train_actions_z_mu`, `vae_mu`, `vae_log_sigma_x2`, `loss`,
@@ -125,16 +104,16 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, devi
     let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device).map_err(|e| anyhow!(e))?;
     let map = vramlab_store::read_safetensors(inputs)?;
     let state = match cfg.robot_state_dim() {
-        Some(_) => Some(input::<B, 2>(&map, inputs, "observation.state", device)?),
+        Some(_) => Some(crate::workloads::input_tensor::<B, 2>(&map, inputs, "observation.state", device)?),
         None => None,
     };
     let env_state = match cfg.env_state() {
-        Some((key, _)) => Some(input::<B, 2>(&map, inputs, key, device)?),
+        Some((key, _)) => Some(crate::workloads::input_tensor::<B, 2>(&map, inputs, key, device)?),
         None => None,
     };
-    let images = cfg.image_features().iter().map(|(k, _)| input::<B, 4>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
+    let images = cfg.image_features().iter().map(|(k, _)| crate::workloads::input_tensor::<B, 4>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
     let action = match map.contains_key("action") {
-        true => Some(input::<B, 3>(&map, inputs, "action", device)?),
+        true => Some(crate::workloads::input_tensor::<B, 3>(&map, inputs, "action", device)?),
         false => None,
     };
     let action_is_pad = match map.get("action_is_pad") {

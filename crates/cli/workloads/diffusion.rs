@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, anyhow};
 use burn::prelude::*;
 use serde_json::Value;
 use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
@@ -29,29 +29,14 @@ pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<Diffusi
     // PushT's crop unless the flags say otherwise (lerobot's own default is no crop).
     fields.entry("crop_shape").or_insert(serde_json::json!([84, 84]));
     let mut cfg: DiffusionConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (diffusion): {e}"))?;
-    let uint = |k: &str, d: usize| -> Result<usize> {
-        feat.get(k).map_or(Ok(d), |v| v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("policy.{k}: expected an integer, found {v}")))
-    };
-    let shape: [usize; 3] = match feat.get("camera_shape") {
-        None => [3, 96, 96],
-        Some(v) => serde_json::from_value::<Vec<usize>>(v.clone())
-            .ok()
-            .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| anyhow!("policy.camera_shape: expected C,H,W, found {v}"))?,
-    };
-    cfg = cfg.with_robot_state(uint("state_dim", 2)?).with_camera("observation.image", shape).with_action(uint("action_dim", 2)?);
+    use crate::workloads::{camera_shape, feature_uint};
+    let shape = camera_shape(&feat, "camera_shape", [3, 96, 96])?;
+    cfg = cfg
+        .with_robot_state(feature_uint(&feat, "state_dim", 2)?)
+        .with_camera("observation.image", shape)
+        .with_action(feature_uint(&feat, "action_dim", 2)?);
     cfg.validate().map_err(|e| anyhow!("policy (diffusion): {e}"))?;
     Ok(cfg)
-}
-
-fn input<B: Backend, const D: usize>(map: &BTreeMap<String, TensorData>, file: &Path, name: &str, device: &B::Device) -> Result<Tensor<B, D>> {
-    let data = map.get(name).ok_or_else(|| {
-        anyhow!("{}: tensor `{name}` is missing (present: {})", file.display(), map.keys().cloned().collect::<Vec<_>>().join(", "))
-    })?;
-    if data.shape.len() != D {
-        bail!("{}: tensor `{name}` has shape {:?}; expected rank {D}", file.display(), data.shape);
-    }
-    Ok(Tensor::from_data(data.clone().convert::<f32>(), device))
 }
 
 /// `vramlab predict` for a lerobot Diffusion `pretrained_model/` dir with the fixture's names:
@@ -60,8 +45,8 @@ fn input<B: Backend, const D: usize>(map: &BTreeMap<String, TensorData>, file: &
 pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
     let (cfg, model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device).map_err(|e| anyhow!(e))?;
     let map = vramlab_store::read_safetensors(inputs)?;
-    let state = input::<B, 3>(&map, inputs, "observation.state", device)?;
-    let images = cfg.image_features().iter().map(|(k, _)| input::<B, 5>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
+    let state = crate::workloads::input_tensor::<B, 3>(&map, inputs, "observation.state", device)?;
+    let images = cfg.image_features().iter().map(|(k, _)| crate::workloads::input_tensor::<B, 5>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
     let batch = DiffusionBatch { state, images, env_state: None, action: None, action_is_pad: None };
     let ctx = DiffusionCtx::eval(precision);
     let cond = model.prepare_global_conditioning(&batch, &ctx);
@@ -72,7 +57,7 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, devi
         out.push(("unet_eps".into(), model.unet.forward(x, &t, cond.clone(), precision).into_data()));
     }
     if map.contains_key("initial_noise") {
-        let noise = input::<B, 3>(&map, inputs, "initial_noise", device)?;
+        let noise = crate::workloads::input_tensor::<B, 3>(&map, inputs, "initial_noise", device)?;
         // DDPM draws fresh noise per step: predict is deterministic only for DDIM.
         let actions = model.generate_actions(&batch, noise, |_| None, &ctx);
         out.push(("ddim_actions".into(), actions.into_data()));

@@ -5,7 +5,11 @@ pub mod act;
 pub mod diffusion;
 pub mod vae3d;
 
-use anyhow::{Result, bail};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Result, anyhow, bail};
+use burn::prelude::*;
 use serde_json::Value;
 
 use crate::config::RunConfig;
@@ -53,4 +57,36 @@ pub fn normal_vec(rng: &mut impl rand::Rng, n: usize) -> Vec<f32> {
     }
     out.truncate(n);
     out
+}
+
+/// Input tensor `name` of rank `D` from a safetensors file read by `vramlab predict`.
+pub fn input_tensor<B: Backend, const D: usize>(
+    map: &BTreeMap<String, TensorData>,
+    file: &Path,
+    name: &str,
+    device: &B::Device,
+) -> Result<Tensor<B, D>> {
+    let data = map.get(name).ok_or_else(|| {
+        anyhow!("{}: tensor `{name}` is missing (present: {})", file.display(), map.keys().cloned().collect::<Vec<_>>().join(", "))
+    })?;
+    if data.shape.len() != D {
+        bail!("{}: tensor `{name}` has shape {:?}; expected rank {D}", file.display(), data.shape);
+    }
+    Ok(Tensor::from_data(data.clone().convert::<f32>(), device))
+}
+
+/// `policy.<key>` as `C,H,W` (or `default` when absent).
+pub fn camera_shape(feat: &BTreeMap<String, Value>, key: &str, default: [usize; 3]) -> Result<[usize; 3]> {
+    match feat.get(key) {
+        None => Ok(default),
+        Some(v) => serde_json::from_value::<Vec<usize>>(v.clone())
+            .ok()
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| anyhow!("policy.{key}: expected C,H,W, found {v}")),
+    }
+}
+
+/// `policy.<key>` as a non-negative integer (or `default` when absent).
+pub fn feature_uint(feat: &BTreeMap<String, Value>, key: &str, default: usize) -> Result<usize> {
+    feat.get(key).map_or(Ok(default), |v| v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("policy.{key}: expected a non-negative integer, found {v}")))
 }
