@@ -206,7 +206,7 @@ fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
     let mut first_loss = Vec::new();
     for (mode, precision) in [("off", "f32"), ("blocks", "f32"), ("balanced", "f32"), ("off", "bf16"), ("blocks", "bf16"), ("off", "f16")] {
         let dir = tmp(&format!("mem-{mode}-{precision}"));
-        let mut args = vec!["train".to_string(), "--steps=2".into()];
+        let mut args = vec!["train".to_string(), "--steps=3".into()];
         args.extend(TINY.iter().map(|s| s.to_string()));
         args.push(format!("--gradient_checkpointing={mode}"));
         args.push(format!("--precision={precision}"));
@@ -214,10 +214,11 @@ fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
         let o = Command::new(BIN).args(&args).output().unwrap();
         assert!(o.status.success(), "{mode}/{precision}: {}", text(&o));
         let r = records(&dir);
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.len(), 3);
         assert!(r.iter().all(|r| r.loss.is_finite() && r.peak_step_bytes > 0));
         assert_eq!(r[0].loss_scale.is_some(), precision == "f16", "loss scaling only for f16");
-        act.push(((mode, precision), r.iter().map(|r| r.activation_bytes).max().unwrap()));
+        // Steady state: step 1 also pays one-time allocations (thread pools, first-use buffers).
+        act.push(((mode, precision), r[1..].iter().map(|r| r.activation_bytes).max().unwrap()));
         first_loss.push(r[0].loss);
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -210,11 +210,10 @@ pub fn parse_value(s: &str) -> Value {
     if let Ok(i) = t.parse::<i64>() {
         return Value::from(i);
     }
-    if let Ok(f) = t.parse::<f64>() {
-        if f.is_finite() {
+    if let Ok(f) = t.parse::<f64>()
+        && f.is_finite() {
             return Value::from(f);
         }
-    }
     Value::String(t.to_string())
 }
 

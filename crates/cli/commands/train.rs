@@ -134,11 +134,11 @@ impl Progress {
             Some(bar) => {
                 bar.set_position(r.step);
                 bar.set_message(msg.clone());
-                if self.every > 0 && r.step % self.every == 0 {
+                if self.every > 0 && r.step.is_multiple_of(self.every) {
                     bar.println(format!("step {} {msg}", r.step));
                 }
             }
-            None if r.step % self.every == 0 || r.step == 1 => eprintln!("step {} {msg}", r.step),
+            None if r.step.is_multiple_of(self.every) || r.step == 1 => eprintln!("step {} {msg}", r.step),
             None => {}
         }
     }

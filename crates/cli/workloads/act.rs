@@ -116,10 +116,7 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, devi
         true => Some(crate::workloads::input_tensor::<B, 3>(&map, inputs, "action", device)?),
         false => None,
     };
-    let action_is_pad = match map.get("action_is_pad") {
-        Some(d) => Some(Tensor::<B, 2, Bool>::from_data(d.clone(), device)),
-        None => None,
-    };
+    let action_is_pad = map.get("action_is_pad").map(|d| Tensor::<B, 2, Bool>::from_data(d.clone(), device));
     let mut batch = ActBatch { state, env_state, images, action: None, action_is_pad: None };
     let mut out = vec![("eval_actions".to_string(), model.forward(&batch, &ActCtx::eval(precision)).actions.into_data())];
     if let Some(action) = action {

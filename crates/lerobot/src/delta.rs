@@ -57,21 +57,18 @@ pub fn resolve_delta_indices(
 ) -> DeltaIndices {
     let mut out = DeltaIndices::new();
     for key in info.features.keys() {
-        if key == "next.reward" {
-            if let Some(r) = reward {
+        if key == "next.reward"
+            && let Some(r) = reward {
                 out.insert(key.clone(), r.to_vec());
             }
-        }
-        if key == "action" {
-            if let Some(a) = action {
+        if key == "action"
+            && let Some(a) = action {
                 out.insert(key.clone(), a.to_vec());
             }
-        }
-        if key.starts_with("observation.") {
-            if let Some(o) = observation {
+        if key.starts_with("observation.")
+            && let Some(o) = observation {
                 out.insert(key.clone(), o.to_vec());
             }
-        }
     }
     out
 }

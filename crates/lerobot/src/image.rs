@@ -9,7 +9,7 @@ const MAX_PIXELS: u64 = 1 << 26;
 
 /// Decode PNG or JPEG bytes to RGB8 (grey and alpha are converted).
 pub fn decode_image(bytes: &[u8], path: &Path) -> Result<RgbImage, DatasetError> {
-    crate::error::guard(path, "image decoding", |p, m| DatasetError::image(p, m), || {
+    crate::error::guard(path, "image decoding", DatasetError::image, || {
         if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
             decode_png(bytes, path)
         } else if bytes.starts_with(&[0xFF, 0xD8]) {

@@ -147,7 +147,7 @@ impl Normalizer {
                 "normalize `{key}`: per-channel camera stats, use `normalize_image`"
             )));
         }
-        if data.len() % c != 0 {
+        if !data.len().is_multiple_of(c) {
             return Err(DatasetError::arg(format!("normalize `{key}`: {} values not a multiple of {c}", data.len())));
         }
         for chunk in data.chunks_exact_mut(c) {
@@ -172,7 +172,7 @@ impl Normalizer {
     fn apply_image(&self, key: &str, data: &mut [f32], plane: usize, inverse: bool) -> Result<(), DatasetError> {
         let Some(k) = self.keys.get(key) else { return Ok(()) };
         let c = k.p.len();
-        if c == 0 || plane == 0 || data.len() % (c * plane) != 0 {
+        if c == 0 || plane == 0 || !data.len().is_multiple_of(c * plane) {
             return Err(DatasetError::arg(format!(
                 "normalize `{key}`: {} values is not a whole number of [{c}, {plane}] images",
                 data.len()

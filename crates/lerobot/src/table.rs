@@ -110,7 +110,7 @@ impl Table {
     }
 
     pub fn from_bytes(path: &Path, bytes: Vec<u8>, want: &dyn Fn(&str) -> bool) -> Result<Table, DatasetError> {
-        guard(path, "parquet decoding", |p, m| DatasetError::parquet(p, m), || Self::read_inner(path, bytes, want))
+        guard(path, "parquet decoding", DatasetError::parquet, || Self::read_inner(path, bytes, want))
     }
 
     fn read_inner(path: &Path, bytes: Vec<u8>, want: &dyn Fn(&str) -> bool) -> Result<Table, DatasetError> {
@@ -373,8 +373,8 @@ impl Table {
             }
             Ok(())
         })?;
-        if let Some(pl) = self.sub_leaf(name, "path") {
-            if let (Values::Bytes(pv), 0) = (&pl.values, pl.max_rep) {
+        if let Some(pl) = self.sub_leaf(name, "path")
+            && let (Values::Bytes(pv), 0) = (&pl.values, pl.max_rep) {
                 self.walk(pl, |row, v| {
                     if let Some(vi) = v {
                         out[row].1 = Some(String::from_utf8_lossy(pv[vi].data()).into_owned());
@@ -382,7 +382,6 @@ impl Table {
                     Ok(())
                 })?;
             }
-        }
         Ok(out)
     }
 }

@@ -86,12 +86,11 @@ fn g1_av1_matches_ffmpeg() {
     }
     let path = root.join("videos/chunk-000/observation.images.cam_high/episode_000001.mp4");
     // A 640x480 frame costs ~15-25 s when rav1d is built with debug assertions, ~10 ms otherwise.
-    if let Some(pusht) = common::shared_dataset("pusht_v30") {
-        if common::av1_probe_secs(&pusht) > 0.05 {
+    if let Some(pusht) = common::shared_dataset("pusht_v30")
+        && common::av1_probe_secs(&pusht) > 0.05 {
             eprintln!("SKIP: g1 640x480 PSNR check: {}", common::SLOW_AV1_NOTE);
             return;
         }
-    }
     let idx: &[usize] = &[0, 1, 2, 3, 7, 6, 40, 41, 342];
     let t = Instant::now();
     let p = compare(&path, idx);

@@ -94,7 +94,7 @@ pub struct GroupNorm<B: Backend> {
 impl<B: Backend> GroupNorm<B> {
     pub fn new(num_groups: usize, channels: usize, eps: f64, device: &B::Device) -> Self {
         assert!(
-            num_groups > 0 && channels % num_groups == 0,
+            num_groups > 0 && channels.is_multiple_of(num_groups),
             "GroupNorm: {channels} channels not divisible into {num_groups} groups"
         );
         Self {
@@ -137,5 +137,5 @@ impl<B: Backend> GroupNorm<B> {
 /// that is <= min(32, channels) (48 -> 24). Parameter counts are unaffected (2·C either way).
 pub fn group_count(channels: usize, max_groups: usize) -> usize {
     let g = max_groups.min(channels).max(1);
-    (1..=g).rev().find(|d| channels % d == 0).unwrap_or(1)
+    (1..=g).rev().find(|d| channels.is_multiple_of(*d)).unwrap_or(1)
 }

@@ -275,7 +275,8 @@ impl ResNetConfig {
             .map(|i| {
                 let cout = Self::stage_channels(i);
                 let (stride, first_dilation, dilation) = self.stage_geometry(i);
-                let blocks = (0..self.blocks[i])
+                
+                (0..self.blocks[i])
                     .map(|j| {
                         let block = if j == 0 {
                             BasicBlock::new(cin, cout, stride, first_dilation, self.norm, device)
@@ -285,8 +286,7 @@ impl ResNetConfig {
                         cin = cout;
                         block
                     })
-                    .collect();
-                blocks
+                    .collect()
             })
             .collect();
         let layer4 = stages.pop().unwrap_or_default();

@@ -127,6 +127,9 @@ fn lightweight_48_channels_builds_with_24_groups() {
 
 fn small_model() -> (Vae3d<B>, Tensor<B, 5>) {
     let dev = Default::default();
+    // Fewer surprises from run to run (tests in this binary share the backend RNG, so this
+    // is not a full guarantee; the assertions below leave a wide margin for that).
+    <B as burn::tensor::backend::Backend>::seed(&dev, 20261121);
     let model = Vae3dConfig::preset("ultra_lightweight").unwrap().init::<B>(&dev);
     // Sparse occupancy in channel 0 (as in the radar data) so every loss term is active.
     let occ = Tensor::<B, 5>::random([2, 1, 4, 16, 16], Distribution::Uniform(0.0, 1.0), &dev).greater_elem(0.9).float();
@@ -184,10 +187,16 @@ fn bf16_forward_is_close_to_f32() {
     let bf16_out = model.forward(x.clone(), None, Precision::Bf16);
     for (name, a, b) in [("recon", bf16_out.recon.clone(), f32_out.recon.clone()), ("mean", bf16_out.mean.clone(), f32_out.mean.clone())] {
         assert_eq!(a.dtype(), DType::F32, "{name} is returned in f32");
+        // bf16 keeps ~3 significant digits per op (measured here: RMS error ≈ 3–4% of the RMS
+        // of recon through ~10 convs and GroupNorms): bound the typical (RMS) error and
+        // the worst element loosely (the weights are random, so outliers vary run to run).
         let scale = b.clone().abs().max().into_scalar();
+        let rms_ref = b.clone().square().mean().sqrt().into_scalar();
+        let rms_err = (a.clone() - b.clone()).square().mean().sqrt().into_scalar();
         let err = (a - b).abs().max().into_scalar();
-        println!("bf16 vs f32 {name}: max abs err {err:.3e} (scale {scale:.3e})");
-        assert!(err <= 0.05 * scale + 1e-3, "{name}: bf16 max abs error {err} vs scale {scale}");
+        println!("bf16 vs f32 {name}: rms err {rms_err:.3e} (rms {rms_ref:.3e}), max abs err {err:.3e} (scale {scale:.3e})");
+        assert!(rms_err <= 0.08 * rms_ref + 1e-4, "{name}: bf16 rms error {rms_err} vs rms {rms_ref}");
+        assert!(err <= 0.25 * scale + 1e-3, "{name}: bf16 max abs error {err} vs scale {scale}");
     }
     let l32 = model.compute_loss(x.clone(), &f32_out).loss.into_scalar();
     let l16 = model.compute_loss(x, &bf16_out).loss.into_scalar();

@@ -302,7 +302,7 @@ impl<'a> Trainer<'a> {
             records.push(record);
 
             let stop = self.stop.load(Ordering::Relaxed);
-            let periodic = cfg.save_freq > 0 && step % cfg.save_freq == 0;
+            let periodic = cfg.save_freq > 0 && step.is_multiple_of(cfg.save_freq);
             if periodic || step == cfg.steps || stop {
                 last_checkpoint = Some(self.save_checkpoint::<B, M>(&model, &optim, &state)?);
             }
@@ -356,11 +356,10 @@ pub fn latest_checkpoint(dir: &Path) -> Result<Option<(u64, PathBuf)>, TrainErro
     for entry in fs::read_dir(dir).map_err(io(dir))? {
         let entry = entry.map_err(io(dir))?;
         let name = entry.file_name().to_string_lossy().to_string();
-        if let Ok(step) = name.parse::<u64>() {
-            if entry.path().join("trainer_state.json").exists() && best.as_ref().is_none_or(|(s, _)| step > *s) {
+        if let Ok(step) = name.parse::<u64>()
+            && entry.path().join("trainer_state.json").exists() && best.as_ref().is_none_or(|(s, _)| step > *s) {
                 best = Some((step, entry.path()));
             }
-        }
     }
     Ok(best)
 }

@@ -46,7 +46,7 @@ impl VideoReader {
     /// Open an mp4 file and index its AV1 track (no decoding yet).
     pub fn open(path: &Path) -> Result<Self, DatasetError> {
         let mut file = File::open(path).map_err(|e| DatasetError::io(path, e))?;
-        let track = crate::error::guard(path, "mp4 parsing", |p, m| DatasetError::video(p, m), || {
+        let track = crate::error::guard(path, "mp4 parsing", DatasetError::video, || {
             mp4::parse_av1_track(&mut file).map_err(|m| DatasetError::video(path, m))
         })?;
         let len = file.metadata().map_err(|e| DatasetError::io(path, e))?.len();
@@ -155,7 +155,7 @@ impl VideoReader {
             return Ok(f.clone());
         }
         let path = self.path.clone();
-        let r = crate::error::guard(&path, "AV1 decoding", |p, m| DatasetError::video(p, m), || self.decode_to(i));
+        let r = crate::error::guard(&path, "AV1 decoding", DatasetError::video, || self.decode_to(i));
         if r.is_err() {
             // The decoder may be in any state after an error: start afresh next time.
             #[cfg(feature = "video")]

@@ -321,8 +321,8 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     // Edit list: leading empty edit delays, first media edit's media_time is the start.
     let mut shift_ticks: i64 = 0;
     let mut delay_s = 0.0f64;
-    if let Some(edts) = child(trak, b"edts")? {
-        if let Some(elst) = child(edts, b"elst")? {
+    if let Some(edts) = child(trak, b"edts")?
+        && let Some(elst) = child(edts, b"elst")? {
             let mut c = Cur::new(elst);
             let v = full_box(&mut c)?;
             let ne = c.count(if v == 1 { 20 } else { 12 })?;
@@ -339,7 +339,6 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
                 }
             }
         }
-    }
     let samples = (0..nsamp)
         .map(|i| Mp4Sample {
             offset: offsets[i],
@@ -363,14 +362,13 @@ pub fn parse_av1_track(f: &mut File) -> R<Av1Track> {
         movie_timescale = c.u32()?;
     }
     for (t, trak) in boxes(&moov)? {
-        if &t == b"trak" {
-            if let Some(track) = parse_trak(trak, movie_timescale, file_len)? {
+        if &t == b"trak"
+            && let Some(track) = parse_trak(trak, movie_timescale, file_len)? {
                 if track.samples.is_empty() {
                     return Err("video track has no samples".into());
                 }
                 return Ok(track);
             }
-        }
     }
     Err("no video track found".into())
 }

@@ -459,7 +459,7 @@ impl ActConfig {
                     .into(),
             );
         }
-        if self.dim_model % self.n_heads != 0 {
+        if !self.dim_model.is_multiple_of(self.n_heads) {
             return bad("n_heads", format!("{} heads do not divide dim_model {}", self.n_heads, self.dim_model));
         }
         if !matches!(self.feedforward_activation.as_str(), "relu" | "gelu") {
@@ -486,23 +486,21 @@ impl ActConfig {
         // Features.
         for (k, f) in self.input_features.iter() {
             match f.kind {
-                FeatureType::Visual => {
-                    if f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0 {
+                FeatureType::Visual
+                    if (f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0) => {
                         return bad("input_features", format!("camera `{k}` must have shape [3, h, w], got {:?}", f.shape));
                     }
-                }
-                FeatureType::State | FeatureType::Env => {
-                    if f.shape.len() != 1 || f.shape[0] == 0 {
+                FeatureType::State | FeatureType::Env
+                    if (f.shape.len() != 1 || f.shape[0] == 0) => {
                         return bad("input_features", format!("`{k}` must have shape [n] with n > 0, got {:?}", f.shape));
                     }
-                }
                 _ => {}
             }
         }
         if self.image_features().is_empty() && self.env_state_dim().is_none() {
             return bad("input_features", "needs at least one camera (VISUAL) or an environment state (ENV)".into());
         }
-        if !self.image_features().is_empty() && self.dim_model % 4 != 0 {
+        if !self.image_features().is_empty() && !self.dim_model.is_multiple_of(4) {
             return bad("dim_model", format!("must be a multiple of 4 with cameras (2-D sine position embedding), got {}", self.dim_model));
         }
         match self.output_features.get(ACTION) {

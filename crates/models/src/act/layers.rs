@@ -206,7 +206,7 @@ impl<B: Backend> MultiheadAttention<B> {
     /// PyTorch's initialisation: `in_proj_weight` Xavier-uniform, biases 0, `out_proj.weight`
     /// Linear default (lerobot then re-initialises it Xavier-uniform).
     pub fn new(d: usize, num_heads: usize, device: &B::Device) -> Self {
-        assert!(num_heads > 0 && d % num_heads == 0, "MultiheadAttention: {num_heads} heads do not divide {d}");
+        assert!(num_heads > 0 && d.is_multiple_of(num_heads), "MultiheadAttention: {num_heads} heads do not divide {d}");
         let mut out_proj = Linear::new(d, d, device);
         out_proj.bias = Some(Param::from_tensor(Tensor::zeros([d], device)));
         Self {

@@ -285,7 +285,7 @@ pub fn sinusoidal_pos_embedding_2d(h: usize, w: usize, dim_model: usize) -> Vec<
     let x_norm = |j: usize| (j + 1) as f32 / (w as f32 + eps) * two_pi;
     let embed = |v: f32, c: usize| {
         let a = v / inv_freq[c];
-        if c % 2 == 0 { a.sin() } else { a.cos() }
+        if c.is_multiple_of(2) { a.sin() } else { a.cos() }
     };
     let mut out = Vec::with_capacity(h * w * 2 * half);
     for i in 0..h {

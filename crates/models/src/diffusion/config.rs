@@ -456,13 +456,13 @@ impl DiffusionConfig {
             return bad("n_groups", format!("{} groups do not divide the UNet width {d}", self.n_groups));
         }
         let factor = 1usize.checked_shl(self.down_dims.len() as u32).unwrap_or(0);
-        if factor == 0 || self.horizon % factor != 0 {
+        if factor == 0 || !self.horizon.is_multiple_of(factor) {
             return bad("horizon", format!("must be a multiple of 2^len(down_dims) = {factor}, got {}", self.horizon));
         }
-        if self.kernel_size % 2 == 0 {
+        if self.kernel_size.is_multiple_of(2) {
             return bad("kernel_size", format!("must be odd (padding kernel_size // 2 keeps the length), got {}", self.kernel_size));
         }
-        if self.diffusion_step_embed_dim < 4 || self.diffusion_step_embed_dim % 2 != 0 {
+        if self.diffusion_step_embed_dim < 4 || !self.diffusion_step_embed_dim.is_multiple_of(2) {
             return bad("diffusion_step_embed_dim", format!("must be even and >= 4 (sinusoidal embedding), got {}", self.diffusion_step_embed_dim));
         }
         if !matches!(self.noise_scheduler_type.as_str(), "DDPM" | "DDIM") {
@@ -502,16 +502,14 @@ impl DiffusionConfig {
         // Features (validate_features and the model's needs).
         for (k, f) in self.input_features.iter() {
             match f.kind {
-                FeatureType::Visual => {
-                    if f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0 {
+                FeatureType::Visual
+                    if (f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0) => {
                         return bad("input_features", format!("camera `{k}` must have shape [3, h, w], got {:?}", f.shape));
                     }
-                }
-                FeatureType::State | FeatureType::Env => {
-                    if f.shape.len() != 1 || f.shape[0] == 0 {
+                FeatureType::State | FeatureType::Env
+                    if (f.shape.len() != 1 || f.shape[0] == 0) => {
                         return bad("input_features", format!("`{k}` must have shape [n] with n > 0, got {:?}", f.shape));
                     }
-                }
                 _ => {}
             }
         }
@@ -527,11 +525,10 @@ impl DiffusionConfig {
         {
             return bad("input_features", format!("`{k}` has shape {s:?} but `{first}` has {shape:?}: all cameras must match"));
         }
-        if let (Some(crop), Some((k, [_, h, w]))) = (self.crop_shape, cams.first()) {
-            if crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w {
+        if let (Some(crop), Some((k, [_, h, w]))) = (self.crop_shape, cams.first())
+            && (crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w) {
                 return bad("crop_shape", format!("{crop:?} must be positive and fit within `{k}` ({h}×{w})"));
             }
-        }
         match self.output_features.get(ACTION) {
             Some(f) if f.kind == FeatureType::Action && f.shape.len() == 1 && f.shape[0] > 0 => {}
             Some(f) => return bad("output_features", format!("`action` must be ACTION with shape [n], got {:?} {:?}", f.kind, f.shape)),
