@@ -5,6 +5,7 @@
 //! name. Models know nothing about training: they expose `forward`, a loss, and a view of
 //! their forward pass as a chain of stages (used by the trainer for block checkpointing).
 
+pub mod config_file;
 pub mod nn;
 /// Weight I/O by name (re-exported so models can say `crate::weights`).
 pub use vramlab_store as weights;

@@ -21,7 +21,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+pub use crate::config_file::InvalidField;
 
 use serde::de::{self, Error as _, MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -78,6 +80,7 @@ pub struct PolicyFeature {
 /// An ordered `{name: PolicyFeature}` map (JSON object order is kept both ways).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Features(pub Vec<(String, PolicyFeature)>);
+
 
 impl Features {
     pub fn get(&self, name: &str) -> Option<&PolicyFeature> {
@@ -310,25 +313,8 @@ impl Serialize for ActConfig {
     }
 }
 
-/// A config value that cannot build a model: the field and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("field `{field}`: {msg}")]
-pub struct InvalidField {
-    pub field: &'static str,
-    pub msg: String,
-}
-
-/// Reading a `config.json` failed: the file and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum ActConfigError {
-    #[error("{path}: cannot read: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    /// Malformed JSON, a wrong type, or an unknown key (the message names the field).
-    #[error("{path}: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
-    #[error("{path}: {source}")]
-    Invalid { path: PathBuf, source: InvalidField },
-}
+/// Reading this config from a `config.json` (shared by every model config).
+pub type ActConfigError = crate::config_file::ConfigFileError;
 
 impl ActConfig {
     /// Add (or replace) `observation.state` with `dim` entries.
@@ -520,10 +506,7 @@ impl ActConfig {
 
     /// Read and validate a lerobot `config.json`.
     pub fn from_json_file(path: &Path) -> Result<Self, ActConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ActConfigError::Io { path: path.to_path_buf(), source })?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|source| ActConfigError::Json { path: path.to_path_buf(), source })?;
-        cfg.validate().map_err(|source| ActConfigError::Invalid { path: path.to_path_buf(), source })?;
-        Ok(cfg)
+        crate::config_file::read_config(path, Self::validate)
     }
 
     /// lerobot-format JSON text (pretty, feature order kept).

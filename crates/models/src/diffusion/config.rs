@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::{Error as _, MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -255,17 +255,8 @@ impl Serialize for DiffusionConfig {
     }
 }
 
-/// Reading a `config.json` failed: the file and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum DiffusionConfigError {
-    #[error("{path}: cannot read: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    /// Malformed JSON, a wrong type, or an unknown key (the message names the field).
-    #[error("{path}: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
-    #[error("{path}: {source}")]
-    Invalid { path: PathBuf, source: InvalidField },
-}
+/// Reading this config from a `config.json` (shared by every model config).
+pub type DiffusionConfigError = crate::config_file::ConfigFileError;
 
 /// Python's `round` (half to even) of `n / 2`: torchvision `CenterCrop`'s offset.
 fn half_round_even(n: usize) -> usize {
@@ -546,10 +537,7 @@ impl DiffusionConfig {
 
     /// Read and validate a lerobot `config.json`.
     pub fn from_json_file(path: &Path) -> Result<Self, DiffusionConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DiffusionConfigError::Io { path: path.to_path_buf(), source })?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|source| DiffusionConfigError::Json { path: path.to_path_buf(), source })?;
-        cfg.validate().map_err(|source| DiffusionConfigError::Invalid { path: path.to_path_buf(), source })?;
-        Ok(cfg)
+        crate::config_file::read_config(path, Self::validate)
     }
 
     /// lerobot-format JSON text (pretty, feature order kept).

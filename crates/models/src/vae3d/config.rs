@@ -15,7 +15,9 @@
 //! `C` that is `<= min(32, C)` instead (48 → 24 groups), see [`crate::nn::group_count`]. For
 //! every channel count the reference can build, the two rules agree.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+pub use crate::config_file::InvalidField;
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -31,6 +33,7 @@ pub enum Vae3dLossKind {
     /// Plain mean squared error over all elements, plus `kl_weight · KL`.
     Mse,
 }
+
 
 impl Vae3dLossKind {
     fn is_default(&self) -> bool {
@@ -145,25 +148,8 @@ impl<'de> Deserialize<'de> for Vae3dConfig {
     }
 }
 
-/// A config value that cannot build a model: the field and why.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("field `{field}`: {msg}")]
-pub struct InvalidField {
-    pub field: &'static str,
-    pub msg: String,
-}
-
-/// Reading a `config.json` failed: the file and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum Vae3dConfigError {
-    #[error("{path}: cannot read: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    /// Malformed JSON, a wrong type, or an unknown key (serde's message names the field).
-    #[error("{path}: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
-    #[error("{path}: {source}")]
-    Invalid { path: PathBuf, source: InvalidField },
-}
+/// Reading this config from a `config.json` (shared by every model config).
+pub type Vae3dConfigError = crate::config_file::ConfigFileError;
 
 /// One named preset: the architecture columns; loss weights are the reference's for all.
 struct Preset {
@@ -307,10 +293,7 @@ impl Vae3dConfig {
 
     /// Read and validate a reference-format `config.json`.
     pub fn from_json_file(path: &Path) -> Result<Self, Vae3dConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| Vae3dConfigError::Io { path: path.to_path_buf(), source })?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|source| Vae3dConfigError::Json { path: path.to_path_buf(), source })?;
-        cfg.validate().map_err(|source| Vae3dConfigError::Invalid { path: path.to_path_buf(), source })?;
-        Ok(cfg)
+        crate::config_file::read_config(path, Self::validate)
     }
 
     /// The reference-format JSON: `"type": "vae3d"`, the constructor arguments, and
