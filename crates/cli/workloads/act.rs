@@ -1,6 +1,5 @@
 //! ACT (lerobot) as a vramlab workload: config resolution from flags, info, predict.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Result, anyhow, bail};
@@ -47,19 +46,7 @@ pub fn resolve_config_for(policy: &serde_json::Map<String, Value>, f: &DataFeatu
 }
 
 pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<ActConfig> {
-    let mut fields = serde_json::Map::new();
-    let mut feat = BTreeMap::new();
-    for (k, v) in policy {
-        match k.as_str() {
-            "type" => {}
-            k if FEATURE_KEYS.contains(&k) => {
-                feat.insert(k.to_string(), v.clone());
-            }
-            _ => {
-                fields.insert(k.clone(), v.clone());
-            }
-        }
-    }
+    let (fields, feat) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
     let mut cfg: ActConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (act): {e}"))?;
     use crate::workloads::{camera_shape, feature_uint};
     let state = feature_uint(&feat, "state_dim", 14)?;

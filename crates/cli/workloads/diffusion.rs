@@ -1,6 +1,5 @@
 //! Diffusion Policy (lerobot) in the CLI: config from flags, info, predict.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
@@ -13,19 +12,7 @@ use vramlab_models::nn::Precision;
 const FEATURE_KEYS: [&str; 3] = ["state_dim", "action_dim", "camera_shape"];
 
 pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<DiffusionConfig> {
-    let mut fields = serde_json::Map::new();
-    let mut feat = BTreeMap::new();
-    for (k, v) in policy {
-        match k.as_str() {
-            "type" => {}
-            k if FEATURE_KEYS.contains(&k) => {
-                feat.insert(k.to_string(), v.clone());
-            }
-            _ => {
-                fields.insert(k.clone(), v.clone());
-            }
-        }
-    }
+    let (mut fields, feat) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
     // PushT's crop unless the flags say otherwise (lerobot's own default is no crop).
     fields.entry("crop_shape").or_insert(serde_json::json!([84, 84]));
     let mut cfg: DiffusionConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (diffusion): {e}"))?;

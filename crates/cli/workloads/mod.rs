@@ -90,3 +90,24 @@ pub fn camera_shape(feat: &BTreeMap<String, Value>, key: &str, default: [usize; 
 pub fn feature_uint(feat: &BTreeMap<String, Value>, key: &str, default: usize) -> Result<usize> {
     feat.get(key).map_or(Ok(default), |v| v.as_u64().map(|x| x as usize).ok_or_else(|| anyhow!("policy.{key}: expected a non-negative integer, found {v}")))
 }
+
+/// Split `policy.*` into the model config's own fields and vramlab's feature shorthands
+/// (`feature_keys`, used when no dataset defines the features); `type` goes to neither.
+pub fn split_policy(
+    policy: &serde_json::Map<String, Value>,
+    feature_keys: &[&str],
+) -> (serde_json::Map<String, Value>, BTreeMap<String, Value>) {
+    let mut fields = serde_json::Map::new();
+    let mut feat = BTreeMap::new();
+    for (k, v) in policy {
+        if k == "type" {
+            continue;
+        }
+        if feature_keys.contains(&k.as_str()) {
+            feat.insert(k.clone(), v.clone());
+        } else {
+            fields.insert(k.clone(), v.clone());
+        }
+    }
+    (fields, feat)
+}
