@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release
 bin=target/release/vramlab
-common=(--policy.type=act --policy.camera_shape=3,120,160 --steps=3 --save_freq=0 --dataset.num_scenes=16)
+common=(--policy.type=act --dataset.type=random --policy.camera_shape=3,120,160 --steps=3 --save_freq=0 --dataset.num_scenes=16)
 out=benches/results/act_flex
 $bin sweep "${common[@]}" --sweep.policy.chunk_size=10,30,50,100 --sweep.batch_size=1,4,8 \
   --policy.n_action_steps=10 --output_dir="$out/grid"
@@ -21,6 +21,6 @@ for toggle in "policy.use_vae=true,false" "gradient_checkpointing=off,blocks" "p
 done
 find "$out" -name checkpoints -type d -prune -exec rm -rf {} +
 # 3. Full resolution (one 480×640 camera: 300 image tokens), batch 2: which sequence drives memory?
-$bin sweep --policy.type=act --steps=3 --save_freq=0 --dataset.num_scenes=4 --batch_size=2 \
+$bin sweep --policy.type=act --dataset.type=random --steps=3 --save_freq=0 --dataset.num_scenes=4 --batch_size=2 \
   --policy.n_action_steps=10 --sweep.policy.chunk_size=10,100 --output_dir="$out/fullres"
 find "$out" -name checkpoints -type d -prune -exec rm -rf {} +

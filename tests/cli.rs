@@ -254,7 +254,7 @@ fn act_trains_and_block_checkpointing_matches() {
         "--policy.type=act", "--policy.chunk_size=8", "--policy.n_action_steps=8", "--policy.dim_model=32",
         "--policy.n_heads=4", "--policy.dim_feedforward=64", "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1",
         "--policy.latent_dim=8", "--policy.camera_shape=3,32,32", "--policy.state_dim=4", "--policy.action_dim=4",
-        "--dataset.num_scenes=4", "--batch_size=2", "--steps=10", "--optimizer.lr=1e-3",
+        "--dataset.type=random", "--dataset.num_scenes=4", "--batch_size=2", "--steps=10", "--optimizer.lr=1e-3",
     ];
     let mut losses = Vec::new();
     for mode in ["off", "blocks"] {
@@ -340,4 +340,59 @@ fn info_prints_the_exact_diffusion_count() {
     assert!(t.contains("total parameters: 262,709,026"), "{t}");
     assert!(t.lines().any(|l| l.starts_with("rgb_encoder") && l.contains("11,197,088")), "{t}");
     assert!(t.lines().any(|l| l.starts_with("unet") && l.contains("251,511,938")), "{t}");
+}
+
+/// Diffusion Policy on the built-in demonstrations (generated on first use): it trains, the loss
+/// falls, block recomputation (per ResNet stage and UNet residual block) follows the same
+/// trajectory, and the checkpoint runs through `predict`.
+#[test]
+fn diffusion_trains_on_built_in_demonstrations() {
+    let root = tmp("diffusion-sim");
+    let data = root.join("push");
+    let tiny = [
+        "--policy.type=diffusion", "--dataset.type=sim", "--dataset.num_episodes=6", "--dataset.image_size=48,48",
+        "--policy.crop_shape=40,40", "--policy.down_dims=16,32", "--policy.diffusion_step_embed_dim=32", "--batch_size=8",
+        "--steps=16", "--optimizer.lr=1e-3", "--scheduler.warmup_steps=0", "--num_workers=1",
+    ];
+    let mut losses = Vec::new();
+    for mode in ["off", "blocks"] {
+        let dir = root.join(mode);
+        let mut args: Vec<String> = vec!["train".into()];
+        args.extend(tiny.iter().map(|s| s.to_string()));
+        args.push(format!("--dataset.root={}", data.display()));
+        args.push(format!("--gradient_checkpointing={mode}"));
+        args.push(format!("--output_dir={}", dir.display()));
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        assert!(o.status.success(), "{mode}: {}", text(&o));
+        let r = records(&dir);
+        assert_eq!(r.len(), 16);
+        losses.push(r.iter().map(|r| r.loss).collect::<Vec<_>>());
+        if mode == "off" {
+            assert!(text(&o).contains("generating"), "first run generates the demonstrations: {}", text(&o));
+            let ckpt = dir.join("checkpoints/000016");
+            let inputs = root.join("inputs.safetensors");
+            let d = |v: Vec<f32>, s: Vec<usize>| burn::tensor::TensorData::new(v, s);
+            vramlab_store::write_safetensors(
+                &[
+                    ("observation.state".into(), d(vec![0.1; 2 * 2 * 2], vec![2, 2, 2])),
+                    ("observation.image".into(), d(vec![0.2; 2 * 2 * 3 * 48 * 48], vec![2, 2, 3, 48, 48])),
+                ],
+                &inputs,
+            )
+            .unwrap();
+            let out = root.join("out.safetensors");
+            let o = vramlab(&["predict", &format!("--checkpoint={}", ckpt.display()), &format!("--inputs={}", inputs.display()), &format!("--out={}", out.display())]);
+            assert!(o.status.success(), "{}", text(&o));
+            // 2 steps × (2 state + 32 × 2 keypoint coordinates).
+            assert_eq!(vramlab_store::read_safetensors(&out).unwrap()["global_cond"].shape, burn::tensor::Shape::new([2, 2 * (2 + 64)]));
+        }
+    }
+    let (off, blocks) = (&losses[0], &losses[1]);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    // The diffusion loss is noisy (random timesteps per sample): compare window means.
+    assert!(mean(&off[8..]) < 0.95 * mean(&off[..4]), "loss did not fall: {off:?}");
+    for (a, b) in off.iter().zip(blocks) {
+        assert!((a - b).abs() <= 1e-4 * a.abs(), "off {off:?} vs blocks {blocks:?}");
+    }
+    let _ = std::fs::remove_dir_all(root);
 }

@@ -53,6 +53,16 @@ pub struct RunConfig {
     /// Print a log line every N steps besides the progress bar (0 = bar only).
     #[serde(default)]
     pub log_freq: u64,
+    /// Loader worker threads building batches ahead of the trainer (LeRobot datasets; 0 =
+    /// build each batch on the training thread when it is needed).
+    #[serde(default = "d_workers")]
+    pub num_workers: usize,
+    /// Batches in flight per worker.
+    #[serde(default = "d_prefetch")]
+    pub prefetch_factor: usize,
+    /// Keep workers across epochs (otherwise they restart at each epoch, as PyTorch's).
+    #[serde(default)]
+    pub persistent_workers: bool,
     /// Sweep axes (`--sweep.<field>=a,b,c`); used by `vramlab sweep` only.
     #[serde(default)]
     pub sweep: serde_json::Map<String, Value>,
@@ -79,16 +89,38 @@ fn d_off() -> String {
 fn d_seed() -> u64 {
     1000
 }
+fn d_workers() -> usize {
+    2
+}
+fn d_prefetch() -> usize {
+    2
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetConfig {
-    /// `synthetic` (built-in procedural voxel scenes) or `npz` (4D-Radar preprocessed files).
+    /// vae3d: `synthetic` (built-in procedural voxel scenes) or `npz` (4D-Radar preprocessed
+    /// files). ACT / Diffusion: `sim` (the built-in push-T demonstrations, generated on first
+    /// use), `lerobot` (a LeRobot dataset at `root`) or `random` (random inputs, for memory
+    /// measurement).
     #[serde(rename = "type", default = "d_synth")]
     pub kind: String,
-    /// Directory of `.npz` files (type = npz).
+    /// Directory of `.npz` files (type = npz) or of a LeRobot dataset (type = lerobot; for
+    /// type = sim, where the generated dataset is kept).
     #[serde(default)]
     pub root: Option<PathBuf>,
+    /// Resize camera frames to `[H, W]` (LeRobot datasets).
+    #[serde(default)]
+    pub image_size: Option<[usize; 2]>,
+    /// lerobot's `image_transforms` (`--dataset.image_transforms.enable=true`).
+    #[serde(default)]
+    pub image_transforms: vramlab_lerobot::transforms::ImageTransformsConfig,
+    /// Shuffle frames each epoch (seeded).
+    #[serde(default = "d_true")]
+    pub shuffle: bool,
+    /// Episodes of the built-in demonstrations (type = sim).
+    #[serde(default = "d_sim_episodes")]
+    pub num_episodes: usize,
     /// Grid size (D, H, W): generated size for synthetic data, center crop for npz.
     #[serde(default = "d_grid")]
     pub grid: Vec<usize>,
@@ -102,6 +134,12 @@ pub struct DatasetConfig {
     pub num_movers: usize,
 }
 
+fn d_true() -> bool {
+    true
+}
+fn d_sim_episodes() -> usize {
+    20
+}
 fn d_synth() -> String {
     "synthetic".into()
 }
@@ -127,17 +165,18 @@ impl Default for DatasetConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptimizerConfig {
-    /// `adam` or `adamw`.
-    #[serde(rename = "type", default = "d_adamw")]
-    pub kind: String,
+    /// `adam` or `adamw` (absent: the policy's preset).
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
     /// Base learning rate (absent: the policy's preset, e.g. lerobot's `optimizer_lr`).
     #[serde(default)]
     pub lr: Option<f64>,
-    #[serde(default = "d_betas")]
-    pub betas: Vec<f64>,
-    /// PyTorch's default (Burn's AdamW default is 1e-5).
-    #[serde(default = "d_eps")]
-    pub eps: f64,
+    /// Absent: the policy's preset (PyTorch's (0.9, 0.999) unless the policy says otherwise).
+    #[serde(default)]
+    pub betas: Option<Vec<f64>>,
+    /// Absent: the policy's preset, PyTorch's 1e-8 (Burn's AdamW default is 1e-5).
+    #[serde(default)]
+    pub eps: Option<f64>,
     /// Absent: the policy's preset.
     #[serde(default)]
     pub weight_decay: Option<f64>,
@@ -150,16 +189,6 @@ pub struct OptimizerConfig {
     pub lr_backbone: Option<f64>,
 }
 
-fn d_adamw() -> String {
-    "adamw".into()
-}
-fn d_betas() -> Vec<f64> {
-    vec![0.9, 0.999]
-}
-fn d_eps() -> f64 {
-    1e-8
-}
-
 impl Default for OptimizerConfig {
     fn default() -> Self {
         serde_json::from_value(Value::Object(Default::default())).expect("optimizer defaults")
@@ -169,15 +198,12 @@ impl Default for OptimizerConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
-    /// `constant` or `cosine` (with linear warmup).
-    #[serde(rename = "type", default = "d_constant")]
-    pub kind: String,
+    /// `constant` or `cosine` (with linear warmup); absent: the policy's preset.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    /// Absent: the policy's preset.
     #[serde(default)]
-    pub warmup_steps: u64,
-}
-
-fn d_constant() -> String {
-    "constant".into()
+    pub warmup_steps: Option<u64>,
 }
 
 impl Default for SchedulerConfig {

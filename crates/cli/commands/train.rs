@@ -18,7 +18,9 @@ use crate::Cli;
 use crate::backend::{BackendInfo, Job, dispatch};
 use crate::config::{self, RunConfig};
 use crate::workloads::PolicyType;
-use crate::workloads::act;
+use crate::workloads::policy_data::{DataOptions, LeRobotPolicyData, PolicyLoader, PolicySource, RandomPolicyData, Window};
+use crate::workloads::{act, diffusion};
+use vramlab_lerobot::LoaderConfig;
 use crate::workloads::vae3d::{self, Vae3dTrain, VoxelSource};
 
 pub fn run(cli: &Cli) -> Result<()> {
@@ -27,18 +29,39 @@ pub fn run(cli: &Cli) -> Result<()> {
     match PolicyType::from_config(&cfg)? {
         PolicyType::Vae3d => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, Vae3dJob { cfg, sw }),
         PolicyType::Act => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, ActJob { cfg, sw }),
-        PolicyType::Diffusion => bail!("policy.type=diffusion: training Diffusion Policy through the trainer is the next step (issue 5); `vramlab info` and `vramlab predict` support it"),
+        PolicyType::Diffusion => dispatch(sw.backend, cfg.device, sw.checkpointing, sw.precision, DiffusionJob { cfg, sw }),
     }
 }
 
 /// A policy's optimizer defaults (lerobot's `get_optimizer_preset`), used where the run
 /// config leaves a field out.
 pub struct OptimPreset {
+    pub kind: OptimKind,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    /// LR schedule and warmup steps.
+    pub schedule: (ScheduleKind, u64),
     pub lr: f64,
     pub weight_decay: f64,
     pub grad_clip_norm: f64,
     /// (parameter-name prefix, lr) of the vision backbone, if the policy has one.
     pub backbone: Option<(String, f64)>,
+}
+
+impl OptimPreset {
+    /// PyTorch's AdamW defaults, constant schedule (fill in lr / weight decay / clip).
+    pub fn pytorch_adamw() -> Self {
+        Self {
+            kind: OptimKind::AdamW,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            schedule: (ScheduleKind::Constant, 0),
+            lr: 1e-3,
+            weight_decay: 1e-2,
+            grad_clip_norm: 0.0,
+            backbone: None,
+        }
+    }
 }
 
 /// The trainer's settings from the run config.
@@ -50,20 +73,27 @@ pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf, preset:
         None if o.lr_backbone.is_some() => bail!("optimizer.lr_backbone: this policy has no vision backbone"),
         None => Vec::new(),
     };
-    let kind = match o.kind.as_str() {
-        "adam" => OptimKind::Adam,
-        "adamw" => OptimKind::AdamW,
-        other => bail!("optimizer.type={other}: unknown; valid: adam, adamw"),
+    let kind = match o.kind.as_deref() {
+        None => preset.kind,
+        Some("adam") => OptimKind::Adam,
+        Some("adamw") => OptimKind::AdamW,
+        Some(other) => bail!("optimizer.type={other}: unknown; valid: adam, adamw"),
     };
-    let [b1, b2] = o.betas.as_slice() else { bail!("optimizer.betas: expected two values, found {:?}", o.betas) };
+    let (b1, b2) = match o.betas.as_deref() {
+        None => preset.betas,
+        Some([b1, b2]) => (*b1, *b2),
+        Some(other) => bail!("optimizer.betas: expected two values, found {other:?}"),
+    };
     if cfg.steps == 0 || cfg.batch_size == 0 || cfg.grad_accum_steps == 0 {
         bail!("steps, batch_size and grad_accum_steps must be at least 1");
     }
-    let schedule_kind = match cfg.scheduler.kind.as_str() {
-        "constant" => ScheduleKind::Constant,
-        "cosine" => ScheduleKind::Cosine,
-        other => bail!("scheduler.type={other}: unknown; valid: constant, cosine"),
+    let schedule_kind = match cfg.scheduler.kind.as_deref() {
+        None => preset.schedule.0,
+        Some("constant") => ScheduleKind::Constant,
+        Some("cosine") => ScheduleKind::Cosine,
+        Some(other) => bail!("scheduler.type={other}: unknown; valid: constant, cosine"),
     };
+    let warmup_steps = cfg.scheduler.warmup_steps.unwrap_or(preset.schedule.1);
     Ok(TrainConfig {
         steps: cfg.steps,
         batch_size: cfg.batch_size,
@@ -71,13 +101,13 @@ pub fn train_config(cfg: &RunConfig, sw: &Switches, output_dir: PathBuf, preset:
         optim: OptimConfig {
             kind,
             lr: o.lr.unwrap_or(preset.lr),
-            betas: (*b1, *b2),
-            eps: o.eps,
+            betas: (b1, b2),
+            eps: o.eps.unwrap_or(preset.eps),
             weight_decay: o.weight_decay.unwrap_or(preset.weight_decay),
             grad_clip_norm: (clip > 0.0).then_some(clip),
             groups,
         },
-        schedule: LrSchedule { kind: schedule_kind, warmup_steps: cfg.scheduler.warmup_steps, total_steps: cfg.steps },
+        schedule: LrSchedule { kind: schedule_kind, warmup_steps, total_steps: cfg.steps },
         gradient_checkpointing: sw.checkpointing,
         loss_scale: (sw.precision == vramlab_models::nn::Precision::F16).then_some(65536.0),
         seed: cfg.seed,
@@ -262,12 +292,58 @@ impl Job for Vae3dJob {
             model,
             config_json,
             num_params: vae_cfg.num_params(),
-            optim: OptimPreset { lr: 1e-4, weight_decay: 0.0, grad_clip_norm: 0.0, backbone: None },
+            optim: OptimPreset { lr: 1e-4, weight_decay: 0.0, grad_clip_norm: 0.0, backbone: None, ..OptimPreset::pytorch_adamw() },
             data_desc: format!("{} grid {:?}", cfg.dataset.kind, cfg.dataset.grid),
             data: Box::new(move |step, micro| vae3d::make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
         };
         run_training::<B, _>(&cfg, &sw, info, probe, &device, w)
     }
+}
+
+/// The loader settings of a run.
+fn data_options(cfg: &RunConfig, drop_n_last_frames: usize) -> DataOptions {
+    DataOptions {
+        seed: cfg.seed,
+        batch_size: cfg.batch_size as usize,
+        image_size: cfg.dataset.image_size,
+        image_transforms: cfg.dataset.image_transforms.clone(),
+        shuffle: cfg.dataset.shuffle,
+        drop_n_last_frames,
+        loader: LoaderConfig {
+            num_workers: cfg.num_workers,
+            prefetch_factor: cfg.prefetch_factor,
+            persistent_workers: cfg.persistent_workers,
+            batches_per_epoch: 0,
+        },
+    }
+}
+
+/// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`, or the built-in
+/// demonstrations `sim`/`synthetic`), whose features then define the policy's inputs, or random
+/// inputs (`random`, features from the policy flags).
+fn open_policy_data(
+    cfg: &RunConfig,
+    window: Window,
+    delta: impl FnOnce(&vramlab_lerobot::Info) -> vramlab_lerobot::DeltaIndices,
+    norm_map: &vramlab_lerobot::normalize::NormMap,
+    drop_n_last_frames: usize,
+) -> Result<Option<(LeRobotPolicyData, PathBuf)>> {
+    let root = match cfg.dataset.kind.as_str() {
+        "random" => return Ok(None),
+        "lerobot" => cfg.dataset.root.clone().ok_or_else(|| anyhow!("dataset.root is required for dataset.type=lerobot"))?,
+        "sim" | "synthetic" => crate::commands::dataset::ensure_sim_dataset(cfg.dataset.root.as_deref(), cfg.dataset.num_episodes)?,
+        other => bail!("dataset.type={other}: unknown for robot policies; valid: sim (built-in demonstrations), lerobot (with dataset.root), random"),
+    };
+    let data = LeRobotPolicyData::open(&root, window, delta, norm_map, data_options(cfg, drop_n_last_frames))?;
+    Ok(Some((data, root)))
+}
+
+/// The loader of a policy source.
+fn policy_loader(cfg: &RunConfig, source: PolicySource) -> PolicyLoader {
+    let opts = data_options(cfg, 0);
+    // Random inputs are cheap: no worker threads.
+    let workers = if matches!(source, PolicySource::Random(_)) { 0 } else { opts.loader.num_workers };
+    PolicyLoader::new(Arc::new(source), LoaderConfig { num_workers: workers, ..opts.loader }, cfg.grad_accum_steps)
 }
 
 struct ActJob {
@@ -280,22 +356,20 @@ impl Job for ActJob {
 
     fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
         let Self { cfg, sw } = self;
-        enum Source {
-            Random(act::RandomActData),
-            LeRobot(Box<act::LeRobotActData>),
-        }
-        let (ac, source) = match cfg.dataset.kind.as_str() {
-            "synthetic" | "random" => (
-                act::resolve_config(&cfg.policy)?,
-                Source::Random(act::RandomActData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed }),
-            ),
-            "lerobot" => {
-                let root = cfg.dataset.root.as_deref().ok_or_else(|| anyhow!("dataset.root is required for dataset.type=lerobot"))?;
-                let chunk = cfg.policy.get("chunk_size").and_then(|v| v.as_u64()).unwrap_or(100) as usize;
-                let (data, features) = act::LeRobotActData::open(root, chunk)?;
-                (act::resolve_config_for(&cfg.policy, &features)?, Source::LeRobot(Box::new(data)))
+        let chunk = cfg.policy.get("chunk_size").and_then(|v| v.as_u64()).unwrap_or(100) as usize;
+        let window = act::window(chunk);
+        let norm = vramlab_lerobot::normalize::act_norm_map();
+        let (ac, source) = match open_policy_data(&cfg, window, |i| vramlab_lerobot::act_delta_indices(i, chunk), &norm, 0)? {
+            Some((data, root)) => {
+                let ac = act::resolve_config_for(&cfg.policy, data.features())?;
+                let desc = PolicySource::LeRobot(Box::new(data));
+                (ac, (desc, Some(root)))
             }
-            other => bail!("dataset.type={other}: unknown for ACT; valid: lerobot (with dataset.root), random"),
+            None => {
+                let ac = act::resolve_config(&cfg.policy)?;
+                let r = RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features: act::features_of(&ac) };
+                (ac, (PolicySource::Random(r), None))
+            }
         };
         B::seed(&device, cfg.seed);
         let mut model = ac.init::<B>(&device);
@@ -308,10 +382,10 @@ impl Job for ActJob {
             // As on hub checkpoints: lets `vramlab predict` (and lerobot) tell the policy type.
             obj.insert("type".into(), "act".into());
         }
-        let bs = cfg.batch_size as usize;
+        let data_desc = source.0.describe(source.1.as_deref());
+        let mut loader = policy_loader(&cfg, source.0);
         let (seed, dev) = (cfg.seed, device.clone());
         let acc = ac.clone();
-        let cams: Vec<String> = ac.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
         let w = Workload {
             policy: "act",
             model,
@@ -322,22 +396,72 @@ impl Job for ActJob {
                 weight_decay: ac.optimizer_weight_decay,
                 grad_clip_norm: 10.0,
                 backbone: (!ac.image_features().is_empty()).then(|| ("act.backbone".to_string(), ac.optimizer_lr_backbone)),
+                ..OptimPreset::pytorch_adamw()
             },
-            data_desc: match &source {
-                Source::Random(r) => format!("random normalised inputs ({} fixed samples; shapes only matter for memory): cameras [{}]", r.num_samples, cams.join(", ")),
-                Source::LeRobot(d) => format!(
-                    "LeRobot {:?} dataset {} ({} episodes, {} frames, {} fps): cameras [{}]",
-                    d.ds.version(),
-                    cfg.dataset.root.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                    d.ds.num_episodes(),
-                    d.ds.num_frames(),
-                    d.ds.fps(),
-                    cams.join(", ")
-                ),
+            data_desc,
+            data: Box::new(move |step, micro| {
+                let h = loader.get(step, micro).map_err(BoxError::from)?;
+                Ok(act::to_batch::<B>(h, &acc, seed, step, micro, &dev))
+            }),
+        };
+        run_training::<B, _>(&cfg, &sw, info, probe, &device, w)
+    }
+}
+
+struct DiffusionJob {
+    cfg: RunConfig,
+    sw: Switches,
+}
+
+impl Job for DiffusionJob {
+    type Output = ();
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
+        let Self { cfg, sw } = self;
+        let base = diffusion::window_params(&cfg.policy)?;
+        let window = Window { obs_steps: Some(base.n_obs_steps), actions: base.horizon };
+        let norm = vramlab_lerobot::normalize::diffusion_norm_map();
+        let delta = |i: &vramlab_lerobot::Info| vramlab_lerobot::diffusion_delta_indices(i, base.n_obs_steps, base.horizon);
+        let (dc, source) = match open_policy_data(&cfg, window, delta, &norm, base.drop_n_last_frames)? {
+            Some((data, root)) => {
+                let dc = diffusion::resolve_config_for(&cfg.policy, data.features())?;
+                (dc, (PolicySource::LeRobot(Box::new(data)), Some(root)))
+            }
+            None => {
+                let dc = diffusion::resolve_config(&cfg.policy)?;
+                let r = RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features: diffusion::features_of(&dc) };
+                (dc, (PolicySource::Random(r), None))
+            }
+        };
+        B::seed(&device, cfg.seed);
+        let model = diffusion::DiffusionTrain::<B> { model: dc.init(&device), precision: sw.precision };
+        let mut config_json: serde_json::Value = serde_json::from_str(&dc.to_json_string())?;
+        if let Some(obj) = config_json.as_object_mut() {
+            obj.insert("type".into(), "diffusion".into());
+        }
+        let data_desc = source.0.describe(source.1.as_deref());
+        let mut loader = policy_loader(&cfg, source.0);
+        let (seed, dev) = (cfg.seed, device.clone());
+        let dcc = dc.clone();
+        let w = Workload {
+            policy: "diffusion",
+            model,
+            config_json,
+            num_params: dc.num_params(),
+            optim: OptimPreset {
+                kind: OptimKind::Adam,
+                betas: (dc.optimizer_betas[0], dc.optimizer_betas[1]),
+                eps: dc.optimizer_eps,
+                schedule: (ScheduleKind::Cosine, dc.scheduler_warmup_steps as u64),
+                lr: dc.optimizer_lr,
+                weight_decay: dc.optimizer_weight_decay,
+                grad_clip_norm: 10.0,
+                backbone: None,
             },
-            data: Box::new(move |step, micro| match &source {
-                Source::Random(r) => Ok(r.batch::<B>(&acc, bs, seed, step, micro, &dev)),
-                Source::LeRobot(d) => d.batch::<B>(&acc, bs, seed, step, micro, &dev).map_err(|e| e.into()),
+            data_desc,
+            data: Box::new(move |step, micro| {
+                let h = loader.get(step, micro).map_err(BoxError::from)?;
+                Ok(diffusion::to_batch::<B>(h, &dcc, seed, step, micro, &dev))
             }),
         };
         run_training::<B, _>(&cfg, &sw, info, probe, &device, w)

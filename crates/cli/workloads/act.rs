@@ -14,13 +14,8 @@ use vramlab_models::resnet::count_params_and_buffers;
 /// state and action, one 480×640 camera.
 const FEATURE_KEYS: [&str; 4] = ["state_dim", "action_dim", "camera_shape", "num_cameras"];
 
-/// Features of a dataset, as ACT needs them.
-pub struct DataFeatures {
-    pub state_dim: Option<usize>,
-    pub action_dim: usize,
-    /// (key, [C, H, W]) per camera, in the dataset's order.
-    pub cameras: Vec<(String, [usize; 3])>,
-}
+pub use crate::workloads::policy_data::DataFeatures;
+use crate::workloads::policy_data::{HostBatch, Window};
 
 /// Policy fields + the features of a dataset (lerobot takes the features from the dataset).
 pub fn resolve_config_for(policy: &serde_json::Map<String, Value>, f: &DataFeatures) -> Result<ActConfig> {
@@ -345,141 +340,42 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
     }
 }
 
-/// Random normalised inputs of the configured shapes, a fixed set of `num_samples` samples
-/// (deterministic per index, so the model can fit them and the loss falls). For memory and
-/// speed measurement, where only shapes matter; real data comes from LeRobot datasets.
-pub struct RandomActData {
-    pub num_samples: u64,
-    pub seed: u64,
-}
-
-impl RandomActData {
-    fn sample(&self, cfg: &ActConfig, index: u64) -> (Vec<f32>, Vec<Vec<f32>>, Vec<f32>) {
-        let mut rng = step_rng(self.seed ^ 0xAC7, index, 0);
-        let state = crate::workloads::normal_vec(&mut rng, cfg.robot_state_dim().unwrap_or(0));
-        let images = cfg.image_features().iter().map(|(_, s)| crate::workloads::normal_vec(&mut rng, s.iter().product())).collect();
-        // Smooth action trajectories: a random walk, so the chunk has structure to learn.
-        let (c, a) = (cfg.chunk_size, cfg.action_dim());
-        let steps = crate::workloads::normal_vec(&mut rng, c * a);
-        let mut action = vec![0f32; c * a];
-        for t in 0..c {
-            for j in 0..a {
-                let prev = if t == 0 { 0.0 } else { action[(t - 1) * a + j] };
-                action[t * a + j] = prev + 0.1 * steps[t * a + j];
-            }
-        }
-        (state, images, action)
-    }
-
-    pub fn batch<B: Backend>(&self, cfg: &ActConfig, batch_size: usize, seed: u64, step: u64, micro: u64, device: &B::Device) -> ActTrainBatch<B> {
-        let mut rng = step_rng(seed, step, micro);
-        let idx: Vec<u64> = (0..batch_size).map(|_| rng.random_range(0..self.num_samples.max(1))).collect();
-        let samples: Vec<_> = idx.iter().map(|&i| self.sample(cfg, i)).collect();
-        let cams = cfg.image_features();
-        let sd = cfg.robot_state_dim();
-        let state = sd.map(|d| {
-            let v: Vec<f32> = samples.iter().flat_map(|s| s.0.clone()).collect();
-            Tensor::from_data(TensorData::new(v, [batch_size, d]), device)
-        });
-        let images = cams
-            .iter()
-            .enumerate()
-            .map(|(ci, (_, shape))| {
-                let v: Vec<f32> = samples.iter().flat_map(|s| s.1[ci].clone()).collect();
-                Tensor::from_data(TensorData::new(v, [batch_size, shape[0], shape[1], shape[2]]), device)
-            })
-            .collect();
-        let (c, a) = (cfg.chunk_size, cfg.action_dim());
-        let act: Vec<f32> = samples.iter().flat_map(|s| s.2.clone()).collect();
-        let action = Tensor::from_data(TensorData::new(act, [batch_size, c, a]), device);
-        let eps = cfg.use_vae.then(|| {
-            let e = crate::workloads::normal_vec(&mut rng, batch_size * cfg.latent_dim);
-            Tensor::from_data(TensorData::new(e, [batch_size, cfg.latent_dim]), device)
-        });
-        let dropout_seed = rng.random::<u64>();
-        ActTrainBatch {
-            batch: ActBatch { state, env_state: None, images, action: Some(action), action_is_pad: None },
-            eps,
-            dropout_seed,
-        }
+/// The device batch of host batch `h` (micro-batch `micro` of `step`): the VAE noise and the
+/// dropout seed are drawn here from `step_rng(seed, step, micro)`.
+pub fn to_batch<B: Backend>(h: HostBatch, cfg: &ActConfig, seed: u64, step: u64, micro: u64, device: &B::Device) -> ActTrainBatch<B> {
+    let mut rng = step_rng(seed, step, micro);
+    let b = h.batch_size;
+    let (c, a) = (cfg.chunk_size, cfg.action_dim());
+    let state = cfg.robot_state_dim().map(|d| Tensor::from_data(TensorData::new(h.state, [b, d]), device));
+    let images = cfg
+        .image_features()
+        .iter()
+        .zip(h.images)
+        .map(|((_, s), v)| Tensor::from_data(TensorData::new(v, [b, s[0], s[1], s[2]]), device))
+        .collect();
+    let action = Tensor::from_data(TensorData::new(h.action, [b, c, a]), device);
+    let action_is_pad = Tensor::<B, 2, Bool>::from_data(TensorData::new(h.action_is_pad, [b, c]), device);
+    let eps = cfg.use_vae.then(|| {
+        let e = crate::workloads::normal_vec(&mut rng, b * cfg.latent_dim);
+        Tensor::from_data(TensorData::new(e, [b, cfg.latent_dim]), device)
+    });
+    ActTrainBatch {
+        batch: ActBatch { state, env_state: None, images, action: Some(action), action_is_pad: Some(action_is_pad) },
+        eps,
+        dropout_seed: rng.random::<u64>(),
     }
 }
 
-/// Training samples from a LeRobot dataset (v2.1 / v3.0): actions `0..chunk_size` with
-/// `action_is_pad`, MEAN_STD normalisation from the dataset stats, ImageNet stats for cameras
-/// (lerobot's defaults for ACT).
-pub struct LeRobotActData {
-    pub ds: vramlab_lerobot::LeRobotDataset,
-    opts: vramlab_lerobot::SampleOptions,
-    norm: vramlab_lerobot::Normalizer,
+/// ACT's sample window: the current observation, `chunk_size` actions.
+pub fn window(cfg_chunk_size: usize) -> Window {
+    Window { obs_steps: None, actions: cfg_chunk_size }
 }
 
-impl LeRobotActData {
-    pub fn open(root: &Path, chunk_size: usize) -> Result<(Self, DataFeatures)> {
-        use vramlab_lerobot::FeatureKind;
-        let ds = vramlab_lerobot::LeRobotDataset::open(root)?;
-        let feats = ds.features();
-        let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
-        let action_dim = vec_dim("action").ok_or_else(|| anyhow!("{}: no `action` feature in meta/info.json", root.display()))?;
-        let mut cameras = Vec::new();
-        for (k, f) in feats {
-            if matches!(f.kind(), FeatureKind::Video | FeatureKind::Image) {
-                // info.json stores cameras as [H, W, C].
-                let [h, w, c]: [usize; 3] = f
-                    .shape
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| anyhow!("{}: camera `{k}` has shape {:?}, expected [H, W, C]", root.display(), f.shape))?;
-                cameras.push((k.clone(), [c, h, w]));
-            }
-        }
-        let stats = ds.stats().ok_or_else(|| anyhow!("{}: no stats (meta/stats.json or episodes_stats.jsonl)", root.display()))?;
-        let norm = vramlab_lerobot::Normalizer::new(ds.info(), stats, &vramlab_lerobot::normalize::act_norm_map(), true)?;
-        let opts = vramlab_lerobot::SampleOptions::new(vramlab_lerobot::act_delta_indices(ds.info(), chunk_size));
-        let f = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
-        Ok((Self { ds, opts, norm }, f))
-    }
-
-    pub fn batch<B: Backend>(&self, cfg: &ActConfig, batch_size: usize, seed: u64, step: u64, micro: u64, device: &B::Device) -> Result<ActTrainBatch<B>> {
-        let mut rng = step_rng(seed, step, micro);
-        let n = self.ds.num_frames();
-        let (c, a) = (cfg.chunk_size, cfg.action_dim());
-        let cams = cfg.image_features();
-        let (mut state, mut action, mut pad) = (Vec::new(), Vec::new(), Vec::new());
-        let mut images: Vec<Vec<f32>> = vec![Vec::new(); cams.len()];
-        for _ in 0..batch_size {
-            let s = self.ds.sample(rng.random_range(0..n), &self.opts)?;
-            if cfg.robot_state_dim().is_some() {
-                let mut v = s.values.get("observation.state").map(|x| x.data.clone()).unwrap_or_default();
-                self.norm.normalize("observation.state", &mut v)?;
-                state.extend(v);
-            }
-            let mut act = s.values.get("action").map(|x| x.data.clone()).ok_or_else(|| anyhow!("sample {} has no action", s.index))?;
-            self.norm.normalize("action", &mut act)?;
-            action.extend(act);
-            pad.extend(s.pads.get("action").cloned().unwrap_or_else(|| vec![false; c]));
-            for (ci, (key, shape)) in cams.iter().enumerate() {
-                let mut img = s.values.get(*key).map(|x| x.data.clone()).ok_or_else(|| anyhow!("sample {} has no `{key}`", s.index))?;
-                self.norm.normalize_image(key, &mut img, shape[1] * shape[2])?;
-                images[ci].extend(img);
-            }
-        }
-        let state = cfg.robot_state_dim().map(|d| Tensor::from_data(TensorData::new(state, [batch_size, d]), device));
-        let images = cams
-            .iter()
-            .zip(images)
-            .map(|((_, s), v)| Tensor::from_data(TensorData::new(v, [batch_size, s[0], s[1], s[2]]), device))
-            .collect();
-        let action = Tensor::from_data(TensorData::new(action, [batch_size, c, a]), device);
-        let action_is_pad = Tensor::<B, 2, Bool>::from_data(TensorData::new(pad, [batch_size, c]), device);
-        let eps = cfg.use_vae.then(|| {
-            let e = crate::workloads::normal_vec(&mut rng, batch_size * cfg.latent_dim);
-            Tensor::from_data(TensorData::new(e, [batch_size, cfg.latent_dim]), device)
-        });
-        Ok(ActTrainBatch {
-            batch: ActBatch { state, env_state: None, images, action: Some(action), action_is_pad: Some(action_is_pad) },
-            eps,
-            dropout_seed: rng.random::<u64>(),
-        })
+/// The features of a config (for random data).
+pub fn features_of(cfg: &ActConfig) -> DataFeatures {
+    DataFeatures {
+        state_dim: cfg.robot_state_dim(),
+        action_dim: cfg.action_dim(),
+        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
     }
 }

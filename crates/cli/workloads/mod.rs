@@ -3,6 +3,7 @@
 
 pub mod act;
 pub mod diffusion;
+pub mod policy_data;
 pub mod vae3d;
 
 use std::collections::BTreeMap;

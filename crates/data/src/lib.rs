@@ -51,6 +51,7 @@
 pub mod error;
 pub mod npy;
 pub mod npz;
+pub mod push;
 pub mod synth;
 
 pub use error::DataError;

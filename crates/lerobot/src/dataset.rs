@@ -17,7 +17,7 @@ use crate::video::{RgbImage, VideoReader};
 pub const DEFAULT_TOLERANCE_S: f64 = 1e-4;
 
 const BOOKKEEPING: [&str; 5] = ["timestamp", "frame_index", "episode_index", "index", "task_index"];
-const MAX_OPEN_VIDEOS: usize = 8;
+const MAX_OPEN_VIDEOS: usize = 16;
 const MAX_CACHED_IMAGE_COLUMNS: usize = 4;
 
 /// One row of the tabular data.
@@ -435,13 +435,19 @@ impl LeRobotDataset {
 
     /// Decode the frames of `path` at the given (absolute, in-file) timestamps.
     pub fn decode_video(&self, path: &Path, ts: &[f64]) -> Result<Vec<Arc<RgbImage>>, DatasetError> {
-        let mut caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
-        let pos = caches.videos.iter().position(|(p, _)| p == path);
-        let mut entry = match pos {
-            Some(i) => caches.videos.remove(i).expect("present"),
+        // Take a reader out of the cache and decode without holding the lock, so loader
+        // workers decode in parallel (each on its own reader when they share a file).
+        let cached = {
+            let mut caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
+            let pos = caches.videos.iter().position(|(p, _)| p == path);
+            pos.and_then(|i| caches.videos.remove(i))
+        };
+        let mut entry = match cached {
+            Some(e) => e,
             None => (path.to_path_buf(), VideoReader::open(path)?),
         };
         let r = entry.1.frames_at(ts, self.tolerance_s);
+        let mut caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
         if caches.videos.len() >= MAX_OPEN_VIDEOS {
             caches.videos.pop_front();
         }

@@ -13,14 +13,18 @@ pub mod delta;
 pub mod error;
 pub mod image;
 pub mod info;
+pub mod loader;
 pub mod meta;
 pub mod normalize;
 mod table;
+pub mod transforms;
+pub mod writer;
 pub mod video;
 
 pub use dataset::{Array, Frame, LeRobotDataset, Sample, SampleOptions, DEFAULT_TOLERANCE_S};
 pub use delta::{act_delta_indices, diffusion_delta_indices, DeltaIndices};
 pub use error::DatasetError;
+pub use loader::{EpochSampler, LoaderConfig, Prefetcher};
 pub use info::{Feature, FeatureKind, Info, Version};
 pub use meta::{Episode, EpisodeVideo, FeatureStats, Stats};
 pub use normalize::{NormMode, Normalizer};

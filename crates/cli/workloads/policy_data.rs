@@ -1,0 +1,257 @@
+//! Host-side training data for the robot policies (ACT, Diffusion Policy): samples from a
+//! LeRobot dataset (or random inputs of the right shapes) assembled into plain `Vec<f32>`
+//! batches, built by loader workers ahead of the trainer.
+//!
+//! Batch `k` (the run's `k`-th micro-batch, `k = (step − 1) · grad_accum_steps + micro`) is
+//! a pure function of `(seed, k)`: frames come from a seeded per-epoch shuffle, augmentations
+//! from `step_rng(seed, k, …)`. Workers can therefore build batches in any order, and a resumed
+//! run sees exactly the batches of an uninterrupted one.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Result, anyhow, bail};
+use rand::Rng;
+use vramlab_lerobot::transforms::{self, ImageTransformsConfig};
+use vramlab_lerobot::{DeltaIndices, EpochSampler, FeatureKind, LeRobotDataset, LoaderConfig, Normalizer, Prefetcher, SampleOptions};
+use vramlab_train::step_rng;
+
+/// Features of a dataset, as the policies need them.
+#[derive(Clone, Debug)]
+pub struct DataFeatures {
+    pub state_dim: Option<usize>,
+    pub action_dim: usize,
+    /// (key, [C, H, W]) per camera, in the dataset's order (after `image_size`).
+    pub cameras: Vec<(String, [usize; 3])>,
+}
+
+/// What one sample holds, per policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Observation steps (`None`: the current frame only, without a step axis, as ACT).
+    pub obs_steps: Option<usize>,
+    /// Actions per sample (ACT: `chunk_size`; Diffusion: `horizon`).
+    pub actions: usize,
+}
+
+/// A batch on the host: `b` samples, row-major.
+#[derive(Clone, Debug)]
+pub struct HostBatch {
+    pub batch_size: usize,
+    /// `b × [obs] × state_dim` (empty without state).
+    pub state: Vec<f32>,
+    /// Per camera `b × [obs] × C × H × W`, normalised.
+    pub images: Vec<Vec<f32>>,
+    /// `b × actions × action_dim`, normalised.
+    pub action: Vec<f32>,
+    pub action_is_pad: Vec<bool>,
+}
+
+/// Loader and preprocessing settings from the run config.
+#[derive(Clone, Debug)]
+pub struct DataOptions {
+    pub seed: u64,
+    pub batch_size: usize,
+    /// Resize camera frames to `[H, W]` before augmentation.
+    pub image_size: Option<[usize; 2]>,
+    pub image_transforms: ImageTransformsConfig,
+    pub shuffle: bool,
+    pub drop_n_last_frames: usize,
+    pub loader: LoaderConfig,
+}
+
+/// Training samples from a LeRobot dataset (v2.1 / v3.0).
+pub struct LeRobotPolicyData {
+    pub ds: LeRobotDataset,
+    opts: SampleOptions,
+    norm: Normalizer,
+    sampler: EpochSampler,
+    window: Window,
+    features: DataFeatures,
+    /// Stored frame size per camera (before resize).
+    raw_hw: Vec<[usize; 2]>,
+    data: DataOptions,
+}
+
+impl LeRobotPolicyData {
+    /// Open `root` for a policy with `window`, `delta_indices` (from the policy config) and the
+    /// policy's normalisation map.
+    pub fn open(
+        root: &Path,
+        window: Window,
+        delta: impl FnOnce(&vramlab_lerobot::Info) -> DeltaIndices,
+        norm_map: &vramlab_lerobot::normalize::NormMap,
+        data: DataOptions,
+    ) -> Result<Self> {
+        let ds = LeRobotDataset::open(root)?;
+        let feats = ds.features();
+        let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
+        let action_dim = vec_dim("action").ok_or_else(|| anyhow!("{}: no `action` feature in meta/info.json", root.display()))?;
+        let mut cameras = Vec::new();
+        let mut raw_hw = Vec::new();
+        for (k, f) in feats {
+            if matches!(f.kind(), FeatureKind::Video | FeatureKind::Image) {
+                // info.json stores cameras as [H, W, C].
+                let [h, w, c]: [usize; 3] = f
+                    .shape
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| anyhow!("{}: meta/info.json: camera `{k}` has shape {:?}, expected [H, W, C]", root.display(), f.shape))?;
+                let [oh, ow] = data.image_size.unwrap_or([h, w]);
+                cameras.push((k.clone(), [c, oh, ow]));
+                raw_hw.push([h, w]);
+            }
+        }
+        let stats = ds.stats().ok_or_else(|| anyhow!("{}: no stats (meta/stats.json or episodes_stats.jsonl)", root.display()))?;
+        let norm = Normalizer::new(ds.info(), stats, norm_map, true)?;
+        let opts = SampleOptions::new(delta(ds.info()));
+        let episodes: Vec<(usize, usize)> = ds.episodes().iter().map(|e| (e.dataset_from_index, e.dataset_to_index)).collect();
+        let sampler = EpochSampler::new(episodes, data.drop_n_last_frames, data.seed, data.shuffle);
+        if sampler.is_empty() {
+            bail!("{}: no frame to sample (episodes shorter than drop_n_last_frames = {})", root.display(), data.drop_n_last_frames);
+        }
+        let features = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
+        Ok(Self { ds, opts, norm, sampler, window, features, raw_hw, data })
+    }
+
+    pub fn features(&self) -> &DataFeatures {
+        &self.features
+    }
+
+    /// Micro-batches per epoch (sampleable frames / batch size, rounded up).
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.sampler.len().div_ceil(self.data.batch_size.max(1)) as u64
+    }
+
+    /// Batch `k` of the run.
+    pub fn host_batch(&self, k: u64) -> Result<HostBatch> {
+        let b = self.data.batch_size;
+        let f = &self.features;
+        let h = self.window.actions;
+        let mut out = HostBatch { batch_size: b, state: Vec::new(), images: vec![Vec::new(); f.cameras.len()], action: Vec::new(), action_is_pad: Vec::new() };
+        let mut rng = step_rng(self.data.seed ^ 0xDA7A, k, 0);
+        for i in 0..b {
+            let index = self.sampler.index(k * b as u64 + i as u64);
+            let s = self.ds.sample(index, &self.opts)?;
+            if f.state_dim.is_some() {
+                let mut v = s.values.get("observation.state").map(|x| x.data.clone()).ok_or_else(|| anyhow!("frame {index}: no observation.state"))?;
+                self.norm.normalize("observation.state", &mut v)?;
+                out.state.extend(v);
+            }
+            let mut act = s.values.get("action").map(|x| x.data.clone()).ok_or_else(|| anyhow!("frame {index}: no action"))?;
+            self.norm.normalize("action", &mut act)?;
+            out.action.extend(act);
+            out.action_is_pad.extend(s.pads.get("action").cloned().unwrap_or_else(|| vec![false; h]));
+            for (ci, (key, [c, oh, ow])) in f.cameras.iter().enumerate() {
+                let [rh, rw] = self.raw_hw[ci];
+                let raw = s.values.get(key).map(|x| &x.data).ok_or_else(|| anyhow!("frame {index}: no `{key}`"))?;
+                let mut img = transforms::resize_bilinear(raw, *c, rh, rw, *oh, *ow);
+                let tfs = self.data.image_transforms.draw(&mut rng, *oh, *ow);
+                transforms::apply(&tfs, &mut img, *oh, *ow);
+                self.norm.normalize_image(key, &mut img, oh * ow)?;
+                out.images[ci].extend(img);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Random normalised inputs of the configured shapes, a fixed set of `num_samples` samples
+/// (deterministic per index, so the model can fit them and the loss falls). For memory and
+/// speed measurement, where only shapes matter.
+pub struct RandomPolicyData {
+    pub num_samples: u64,
+    pub seed: u64,
+    pub batch_size: usize,
+    pub window: Window,
+    pub features: DataFeatures,
+}
+
+impl RandomPolicyData {
+    pub fn host_batch(&self, k: u64) -> HostBatch {
+        let mut rng = step_rng(self.seed, k, 0xB47C);
+        let f = &self.features;
+        let obs = self.window.obs_steps.unwrap_or(1);
+        let (h, a) = (self.window.actions, f.action_dim);
+        let b = self.batch_size;
+        let mut out = HostBatch { batch_size: b, state: Vec::new(), images: vec![Vec::new(); f.cameras.len()], action: Vec::new(), action_is_pad: vec![false; b * h] };
+        for _ in 0..b {
+            let index = rng.random_range(0..self.num_samples.max(1));
+            let mut s = step_rng(self.seed ^ 0xAC7, index, 0);
+            out.state.extend(crate::workloads::normal_vec(&mut s, obs * f.state_dim.unwrap_or(0)));
+            for (ci, (_, shape)) in f.cameras.iter().enumerate() {
+                out.images[ci].extend(crate::workloads::normal_vec(&mut s, obs * shape.iter().product::<usize>()));
+            }
+            // Smooth action trajectories: a random walk, so the chunk has structure to learn.
+            let steps = crate::workloads::normal_vec(&mut s, h * a);
+            let mut prev = vec![0f32; a];
+            for t in 0..h {
+                for j in 0..a {
+                    prev[j] += 0.1 * steps[t * a + j];
+                    out.action.push(prev[j]);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Where a policy's batches come from.
+pub enum PolicySource {
+    Random(RandomPolicyData),
+    LeRobot(Box<LeRobotPolicyData>),
+}
+
+impl PolicySource {
+    pub fn host_batch(&self, k: u64) -> Result<HostBatch> {
+        match self {
+            PolicySource::Random(r) => Ok(r.host_batch(k)),
+            PolicySource::LeRobot(d) => d.host_batch(k),
+        }
+    }
+
+    pub fn describe(&self, root: Option<&Path>) -> String {
+        let cams = |f: &DataFeatures| f.cameras.iter().map(|(k, s)| format!("{k} {s:?}")).collect::<Vec<_>>().join(", ");
+        match self {
+            PolicySource::Random(r) => format!(
+                "random normalised inputs ({} fixed samples; shapes only matter for memory): cameras [{}]",
+                r.num_samples,
+                cams(&r.features)
+            ),
+            PolicySource::LeRobot(d) => format!(
+                "LeRobot {:?} dataset {} ({} episodes, {} frames, {} fps): cameras [{}]; workers {}, prefetch {}, persistent {}, augment {}",
+                d.ds.version(),
+                root.map(|p| p.display().to_string()).unwrap_or_default(),
+                d.ds.num_episodes(),
+                d.ds.num_frames(),
+                d.ds.fps(),
+                cams(&d.features),
+                d.data.loader.num_workers,
+                d.data.loader.prefetch_factor,
+                d.data.loader.persistent_workers,
+                d.data.image_transforms.enable
+            ),
+        }
+    }
+}
+
+/// The source behind the prefetching loader: `get(step, micro)` for the trainer.
+pub struct PolicyLoader {
+    prefetch: Prefetcher<HostBatch, anyhow::Error>,
+    grad_accum_steps: u64,
+}
+
+impl PolicyLoader {
+    pub fn new(source: Arc<PolicySource>, mut cfg: LoaderConfig, grad_accum_steps: u64) -> Self {
+        if let PolicySource::LeRobot(d) = &*source {
+            cfg.batches_per_epoch = d.batches_per_epoch();
+        }
+        let make = Arc::new(move |k| source.host_batch(k));
+        Self { prefetch: Prefetcher::new(cfg, make), grad_accum_steps: grad_accum_steps.max(1) }
+    }
+
+    /// The micro-batch `micro` of optimizer step `step` (1-based).
+    pub fn get(&mut self, step: u64, micro: u64) -> Result<HostBatch> {
+        self.prefetch.get(step.saturating_sub(1) * self.grad_accum_steps + micro)
+    }
+}

@@ -1,0 +1,416 @@
+//! Writing LeRobot v3.0 datasets: parquet tables (the `parquet` crate's low-level column
+//! writer, Arrow-compatible schemas as HF `datasets` writes them), PNG-in-parquet camera
+//! frames, `meta/info.json`, `meta/stats.json`, episodes and tasks.
+//!
+//! Cameras are stored as `image` features (PNG bytes in a `{bytes, path}` struct column), not
+//! AV1 video: there is no pure-Rust AV1 encoder fast enough to be worth its build time here.
+//! Every file is written to a temporary name and renamed, and the dataset directory itself is
+//! assembled next to its final place and renamed last, so a killed run leaves no half dataset.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parquet::basic::{LogicalType, Repetition, Type as Physical};
+use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, FloatType, Int64Type};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::Type;
+use serde_json::{Value, json};
+
+use crate::error::DatasetError;
+
+/// One parquet column: every row present (no nulls except the image `path`).
+pub enum Column {
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    Str(Vec<String>),
+    /// `rows × width` values as `list<float>` per row.
+    F32List { width: usize, values: Vec<f32> },
+    /// `list<double>` per row.
+    F64List { width: usize, values: Vec<f64> },
+    StrList(Vec<Vec<String>>),
+    /// PNG/JPEG bytes as HF's `Image` struct `{bytes: binary, path: string}` (path null).
+    Image(Vec<Vec<u8>>),
+}
+
+impl Column {
+    fn rows(&self) -> usize {
+        match self {
+            Column::I64(v) => v.len(),
+            Column::F32(v) => v.len(),
+            Column::F64(v) => v.len(),
+            Column::Bool(v) => v.len(),
+            Column::Str(v) => v.len(),
+            Column::F32List { width, values } => values.len() / (*width).max(1),
+            Column::F64List { width, values } => values.len() / (*width).max(1),
+            Column::StrList(v) => v.len(),
+            Column::Image(v) => v.len(),
+        }
+    }
+
+    fn schema(&self, name: &str) -> parquet::errors::Result<Type> {
+        let prim = |n: &str, t: Physical, logical: Option<LogicalType>, rep: Repetition| {
+            Type::primitive_type_builder(n, t).with_repetition(rep).with_logical_type(logical).build()
+        };
+        let list = |t: Physical, logical: Option<LogicalType>| -> parquet::errors::Result<Type> {
+            let element = prim("element", t, logical, Repetition::OPTIONAL)?;
+            let inner = Type::group_type_builder("list").with_repetition(Repetition::REPEATED).with_fields(vec![Arc::new(element)]).build()?;
+            Type::group_type_builder(name)
+                .with_repetition(Repetition::OPTIONAL)
+                .with_logical_type(Some(LogicalType::List))
+                .with_fields(vec![Arc::new(inner)])
+                .build()
+        };
+        let opt = Repetition::OPTIONAL;
+        match self {
+            Column::I64(_) => prim(name, Physical::INT64, None, opt),
+            Column::F32(_) => prim(name, Physical::FLOAT, None, opt),
+            Column::F64(_) => prim(name, Physical::DOUBLE, None, opt),
+            Column::Bool(_) => prim(name, Physical::BOOLEAN, None, opt),
+            Column::Str(_) => prim(name, Physical::BYTE_ARRAY, Some(LogicalType::String), opt),
+            Column::F32List { .. } => list(Physical::FLOAT, None),
+            Column::F64List { .. } => list(Physical::DOUBLE, None),
+            Column::StrList(_) => list(Physical::BYTE_ARRAY, Some(LogicalType::String)),
+            Column::Image(_) => Type::group_type_builder(name)
+                .with_repetition(opt)
+                .with_fields(vec![
+                    Arc::new(prim("bytes", Physical::BYTE_ARRAY, None, opt)?),
+                    Arc::new(prim("path", Physical::BYTE_ARRAY, Some(LogicalType::String), opt)?),
+                ])
+                .build(),
+        }
+    }
+}
+
+/// Levels of a `list` column: each row's first element at repetition 0, the others at 1;
+/// every element defined (3), empty lists at definition 1.
+fn list_levels(lens: impl Iterator<Item = usize>) -> (Vec<i16>, Vec<i16>) {
+    let (mut def, mut rep) = (Vec::new(), Vec::new());
+    for n in lens {
+        if n == 0 {
+            def.push(1);
+            rep.push(0);
+        }
+        for i in 0..n {
+            def.push(3);
+            rep.push(if i == 0 { 0 } else { 1 });
+        }
+    }
+    (def, rep)
+}
+
+/// Write `columns` (all with the same number of rows) as one parquet file, atomically.
+pub fn write_parquet(path: &Path, columns: &[(&str, Column)]) -> Result<(), DatasetError> {
+    let rows = columns.first().map_or(0, |c| c.1.rows());
+    if let Some((name, _)) = columns.iter().find(|c| c.1.rows() != rows) {
+        return Err(DatasetError::arg(format!("{}: column `{name}` has a different number of rows", path.display())));
+    }
+    let e = |m: parquet::errors::ParquetError| DatasetError::parquet(path, format!("writing: {m}"));
+    let fields = columns.iter().map(|(n, c)| c.schema(n).map(Arc::new)).collect::<Result<Vec<_>, _>>().map_err(e)?;
+    let schema = Arc::new(Type::group_type_builder("schema").with_fields(fields).build().map_err(e)?);
+    let tmp = tmp_path(path);
+    let file = File::create(&tmp).map_err(|x| DatasetError::io(&tmp, x))?;
+    let props = Arc::new(WriterProperties::builder().set_created_by("vramlab".into()).build());
+    let mut w = SerializedFileWriter::new(file, schema, props).map_err(e)?;
+    let mut rg = w.next_row_group().map_err(e)?;
+    for (_, col) in columns {
+        let flat = |n: usize| vec![1i16; n];
+        match col {
+            Column::I64(v) => {
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<Int64Type>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::F32(v) => {
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<FloatType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::F64(v) => {
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<DoubleType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::Bool(v) => {
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<BoolType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::Str(v) => {
+                let vals: Vec<ByteArray> = v.iter().map(|s| ByteArray::from(s.as_str())).collect();
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<ByteArrayType>().write_batch(&vals, Some(&flat(v.len())), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::F32List { width, values } => {
+                let (def, rep) = list_levels((0..rows).map(|_| *width));
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<FloatType>().write_batch(values, Some(&def), Some(&rep)).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::F64List { width, values } => {
+                let (def, rep) = list_levels((0..rows).map(|_| *width));
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<DoubleType>().write_batch(values, Some(&def), Some(&rep)).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::StrList(v) => {
+                let (def, rep) = list_levels(v.iter().map(Vec::len));
+                let vals: Vec<ByteArray> = v.iter().flatten().map(|s| ByteArray::from(s.as_str())).collect();
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<ByteArrayType>().write_batch(&vals, Some(&def), Some(&rep)).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+            Column::Image(v) => {
+                let vals: Vec<ByteArray> = v.iter().map(|b| ByteArray::from(b.clone())).collect();
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<ByteArrayType>().write_batch(&vals, Some(&vec![2i16; v.len()]), None).map_err(e)?;
+                c.close().map_err(e)?;
+                // `path`: null in every row (struct defined, field not).
+                let mut c = rg.next_column().map_err(e)?.expect("schema column");
+                c.typed::<ByteArrayType>().write_batch(&[], Some(&vec![1i16; v.len()]), None).map_err(e)?;
+                c.close().map_err(e)?;
+            }
+        }
+    }
+    rg.close().map_err(e)?;
+    w.close().map_err(e)?;
+    std::fs::rename(&tmp, path).map_err(|x| DatasetError::io(path, x))
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Write `bytes` to `path` atomically.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), DatasetError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|x| DatasetError::io(dir, x))?;
+    }
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, bytes).map_err(|x| DatasetError::io(&tmp, x))?;
+    std::fs::rename(&tmp, path).map_err(|x| DatasetError::io(path, x))
+}
+
+/// PNG-encode an RGB8 image.
+pub fn encode_png(width: usize, height: usize, rgb: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut out, width as u32, height as u32);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.set_compression(png::Compression::Fast);
+        let mut w = enc.write_header().expect("PNG header to memory");
+        w.write_image_data(rgb).expect("PNG data to memory");
+    }
+    out
+}
+
+/// One recorded episode: per-frame vectors and RGB frames.
+pub struct EpisodeData {
+    pub task: String,
+    /// `frames × state_dim`.
+    pub state: Vec<f32>,
+    /// `frames × action_dim`.
+    pub action: Vec<f32>,
+    pub reward: Vec<f32>,
+    pub done: Vec<bool>,
+    pub success: Vec<bool>,
+    /// One RGB8 `height × width × 3` frame per step.
+    pub frames: Vec<Vec<u8>>,
+}
+
+/// The layout of the dataset a [`write_dataset`] call produces.
+pub struct DatasetSpec {
+    pub fps: f64,
+    pub robot_type: String,
+    pub state_dim: usize,
+    pub action_dim: usize,
+    pub state_names: Vec<String>,
+    pub action_names: Vec<String>,
+    pub camera_key: String,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// (min, max, mean, std) per element over `rows` of `width`.
+fn stats(values: &[f32], width: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let rows = values.len() / width.max(1);
+    let mut out = (vec![f64::INFINITY; width], vec![f64::NEG_INFINITY; width], vec![0.0; width], vec![0.0; width]);
+    for r in values.chunks_exact(width) {
+        for (j, &v) in r.iter().enumerate() {
+            let v = v as f64;
+            out.0[j] = out.0[j].min(v);
+            out.1[j] = out.1[j].max(v);
+            out.2[j] += v;
+        }
+    }
+    out.2.iter_mut().for_each(|m| *m /= rows.max(1) as f64);
+    for r in values.chunks_exact(width) {
+        for (j, &v) in r.iter().enumerate() {
+            out.3[j] += (v as f64 - out.2[j]).powi(2);
+        }
+    }
+    out.3.iter_mut().for_each(|s| *s = (*s / rows.max(1) as f64).sqrt());
+    out
+}
+
+fn stats_json(values: &[f32], width: usize) -> Value {
+    let (min, max, mean, std) = stats(values, width);
+    json!({"min": min, "max": max, "mean": mean, "std": std, "count": [values.len() / width.max(1)]})
+}
+
+/// Write `episodes` as a LeRobot v3.0 dataset at `root` (which must not exist): one data file,
+/// one episodes file, tasks, info and stats (image stats per channel in `[0, 1]`, shaped
+/// `[3, 1, 1]` as lerobot's).
+pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<(), DatasetError> {
+    if root.exists() {
+        return Err(DatasetError::arg(format!("{}: already exists; refusing to overwrite", root.display())));
+    }
+    let mut staging = root.as_os_str().to_os_string();
+    staging.push(".partial");
+    let staging = PathBuf::from(staging);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|x| DatasetError::io(&staging, x))?;
+    }
+    let (sd, ad) = (spec.state_dim, spec.action_dim);
+    let mut tasks: Vec<String> = Vec::new();
+    let (mut state, mut action, mut reward, mut done, mut success) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ts, mut frame_index, mut episode_index, mut index, mut task_index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut images = Vec::new();
+    let mut pixel_sum = [0f64; 3];
+    let mut pixel_sq = [0f64; 3];
+    let (mut pmin, mut pmax) = ([1f64; 3], [0f64; 3]);
+    let mut ep_rows = Vec::new();
+    for (e, ep) in episodes.iter().enumerate() {
+        let n = ep.frames.len();
+        if ep.state.len() != n * sd || ep.action.len() != n * ad || ep.reward.len() != n || ep.done.len() != n || ep.success.len() != n {
+            return Err(DatasetError::arg(format!("episode {e}: per-frame arrays disagree with {n} frames")));
+        }
+        let ti = match tasks.iter().position(|t| *t == ep.task) {
+            Some(i) => i,
+            None => {
+                tasks.push(ep.task.clone());
+                tasks.len() - 1
+            }
+        };
+        let from = index.len();
+        for (f, img) in ep.frames.iter().enumerate() {
+            if img.len() != spec.height * spec.width * 3 {
+                return Err(DatasetError::arg(format!("episode {e} frame {f}: {} bytes, expected {}×{}×3", img.len(), spec.height, spec.width)));
+            }
+            for px in img.chunks_exact(3) {
+                for c in 0..3 {
+                    let v = px[c] as f64 / 255.0;
+                    pixel_sum[c] += v;
+                    pixel_sq[c] += v * v;
+                    pmin[c] = pmin[c].min(v);
+                    pmax[c] = pmax[c].max(v);
+                }
+            }
+            images.push(encode_png(spec.width, spec.height, img));
+            ts.push(f as f32 / spec.fps as f32);
+            frame_index.push(f as i64);
+            episode_index.push(e as i64);
+            index.push(index.len() as i64);
+            task_index.push(ti as i64);
+        }
+        state.extend_from_slice(&ep.state);
+        action.extend_from_slice(&ep.action);
+        reward.extend_from_slice(&ep.reward);
+        done.extend_from_slice(&ep.done);
+        success.extend_from_slice(&ep.success);
+        ep_rows.push((e as i64, ep.task.clone(), n as i64, from as i64, index.len() as i64));
+    }
+    let total = index.len();
+    let data_file = staging.join("data/chunk-000/file-000.parquet");
+    std::fs::create_dir_all(data_file.parent().expect("has parent")).map_err(|x| DatasetError::io(&staging, x))?;
+    let state_stats = stats_json(&state, sd);
+    let action_stats = stats_json(&action, ad);
+    let reward_stats = stats_json(&reward, 1);
+    let ts_stats = stats_json(&ts, 1);
+    write_parquet(
+        &data_file,
+        &[
+            (spec.camera_key.as_str(), Column::Image(images)),
+            ("observation.state", Column::F32List { width: sd, values: state }),
+            ("action", Column::F32List { width: ad, values: action }),
+            ("next.reward", Column::F32(reward)),
+            ("next.done", Column::Bool(done)),
+            ("next.success", Column::Bool(success)),
+            ("timestamp", Column::F32(ts)),
+            ("frame_index", Column::I64(frame_index)),
+            ("episode_index", Column::I64(episode_index)),
+            ("index", Column::I64(index)),
+            ("task_index", Column::I64(task_index)),
+        ],
+    )?;
+    let ep_file = staging.join("meta/episodes/chunk-000/file-000.parquet");
+    std::fs::create_dir_all(ep_file.parent().expect("has parent")).map_err(|x| DatasetError::io(&staging, x))?;
+    let n_ep = ep_rows.len();
+    write_parquet(
+        &ep_file,
+        &[
+            ("episode_index", Column::I64(ep_rows.iter().map(|r| r.0).collect())),
+            ("tasks", Column::StrList(ep_rows.iter().map(|r| vec![r.1.clone()]).collect())),
+            ("length", Column::I64(ep_rows.iter().map(|r| r.2).collect())),
+            ("data/chunk_index", Column::I64(vec![0; n_ep])),
+            ("data/file_index", Column::I64(vec![0; n_ep])),
+            ("dataset_from_index", Column::I64(ep_rows.iter().map(|r| r.3).collect())),
+            ("dataset_to_index", Column::I64(ep_rows.iter().map(|r| r.4).collect())),
+            ("meta/episodes/chunk_index", Column::I64(vec![0; n_ep])),
+            ("meta/episodes/file_index", Column::I64(vec![0; n_ep])),
+        ],
+    )?;
+    write_parquet(
+        &staging.join("meta/tasks.parquet"),
+        &[("task_index", Column::I64((0..tasks.len() as i64).collect())), ("__index_level_0__", Column::Str(tasks.clone()))],
+    )?;
+    let px_count = (total * spec.height * spec.width).max(1) as f64;
+    let chan = |v: [f64; 3]| json!([[[v[0]]], [[v[1]]], [[v[2]]]]);
+    let mean = pixel_sum.map(|s| s / px_count);
+    let std = [0, 1, 2].map(|c| (pixel_sq[c] / px_count - mean[c] * mean[c]).max(0.0).sqrt());
+    let stats = json!({
+        "observation.state": state_stats,
+        "action": action_stats,
+        "next.reward": reward_stats,
+        "timestamp": ts_stats,
+        spec.camera_key.clone(): {"min": chan(pmin), "max": chan(pmax), "mean": chan(mean), "std": chan(std), "count": [total]},
+    });
+    write_file(&staging.join("meta/stats.json"), serde_json::to_string_pretty(&stats).expect("json").as_bytes())?;
+    let scalar = |dtype: &str| json!({"dtype": dtype, "shape": [1], "names": null});
+    let info = json!({
+        "codebase_version": "v3.0",
+        "robot_type": spec.robot_type,
+        "total_episodes": n_ep,
+        "total_frames": total,
+        "total_tasks": tasks.len(),
+        "chunks_size": 1000,
+        "data_files_size_in_mb": 100,
+        "video_files_size_in_mb": 500,
+        "fps": spec.fps,
+        "splits": {"train": format!("0:{n_ep}")},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": null,
+        "features": {
+            spec.camera_key.clone(): {"dtype": "image", "shape": [spec.height, spec.width, 3], "names": ["height", "width", "channel"]},
+            "observation.state": {"dtype": "float32", "shape": [sd], "names": spec.state_names},
+            "action": {"dtype": "float32", "shape": [ad], "names": spec.action_names},
+            "next.reward": scalar("float32"),
+            "next.done": scalar("bool"),
+            "next.success": scalar("bool"),
+            "timestamp": scalar("float32"),
+            "frame_index": scalar("int64"),
+            "episode_index": scalar("int64"),
+            "index": scalar("int64"),
+            "task_index": scalar("int64"),
+        }
+    });
+    write_file(&staging.join("meta/info.json"), serde_json::to_string_pretty(&info).expect("json").as_bytes())?;
+    std::fs::rename(&staging, root).map_err(|x| DatasetError::io(root, x))
+}
