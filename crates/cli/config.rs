@@ -309,4 +309,19 @@ mod tests {
         let err = load(None, &[("dataset.nope".into(), "1".into())]).unwrap_err().to_string();
         assert!(err.contains("nope") && err.contains("num_scenes"), "{err}");
     }
+
+    #[test]
+    fn every_shipped_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let c = load(Some(&p), &[]).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                crate::workloads::PolicyType::from_config(&c).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 8, "{n} configs");
+    }
 }

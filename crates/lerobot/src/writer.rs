@@ -104,6 +104,11 @@ fn list_levels(lens: impl Iterator<Item = usize>) -> (Vec<i16>, Vec<i16>) {
 
 /// Write `columns` (all with the same number of rows) as one parquet file, atomically.
 pub fn write_parquet(path: &Path, columns: &[(&str, Column)]) -> Result<(), DatasetError> {
+    write_parquet_with_metadata(path, columns, Vec::new())
+}
+
+/// [`write_parquet`] with file key/value metadata (e.g. pandas' index description).
+pub fn write_parquet_with_metadata(path: &Path, columns: &[(&str, Column)], metadata: Vec<(String, String)>) -> Result<(), DatasetError> {
     let rows = columns.first().map_or(0, |c| c.1.rows());
     if let Some((name, _)) = columns.iter().find(|c| c.1.rows() != rows) {
         return Err(DatasetError::arg(format!("{}: column `{name}` has a different number of rows", path.display())));
@@ -113,7 +118,8 @@ pub fn write_parquet(path: &Path, columns: &[(&str, Column)]) -> Result<(), Data
     let schema = Arc::new(Type::group_type_builder("schema").with_fields(fields).build().map_err(e)?);
     let tmp = tmp_path(path);
     let file = File::create(&tmp).map_err(|x| DatasetError::io(&tmp, x))?;
-    let props = Arc::new(WriterProperties::builder().set_created_by("vramlab".into()).build());
+    let kv = metadata.into_iter().map(|(k, v)| parquet::file::metadata::KeyValue::new(k, v)).collect::<Vec<_>>();
+    let props = Arc::new(WriterProperties::builder().set_created_by("vramlab".into()).set_key_value_metadata((!kv.is_empty()).then_some(kv)).build());
     let mut w = SerializedFileWriter::new(file, schema, props).map_err(e)?;
     let mut rg = w.next_row_group().map_err(e)?;
     for (_, col) in columns {
@@ -367,9 +373,21 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
             ("meta/episodes/file_index", Column::I64(vec![0; n_ep])),
         ],
     )?;
-    write_parquet(
+    // lerobot reads tasks with pandas, the task string being the frame's index.
+    let pandas = json!({
+        "index_columns": ["__index_level_0__"],
+        "column_indexes": [{"name": null, "field_name": null, "pandas_type": "unicode", "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64", "metadata": null},
+            {"name": null, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object", "metadata": null}
+        ],
+        "creator": {"library": "vramlab", "version": env!("CARGO_PKG_VERSION")},
+        "pandas_version": "2.2.0"
+    });
+    write_parquet_with_metadata(
         &staging.join("meta/tasks.parquet"),
         &[("task_index", Column::I64((0..tasks.len() as i64).collect())), ("__index_level_0__", Column::Str(tasks.clone()))],
+        vec![("pandas".into(), pandas.to_string())],
     )?;
     let px_count = (total * spec.height * spec.width).max(1) as f64;
     let chan = |v: [f64; 3]| json!([[[v[0]]], [[v[1]]], [[v[2]]]]);
