@@ -13,7 +13,7 @@ cargo build --release
 bin=target/release/vramlab
 out=benches/results/act_vs_diffusion
 mkdir -p "$out/points"
-sizes=("${@:-96x96 240x320}")
+sizes=("$@")
 [ $# -eq 0 ] && sizes=(96x96 240x320)
 common=(--dataset.type=random --dataset.num_scenes=8 --steps=3 --save_freq=0 --precision=f32 --policy.state_dim=2 --policy.action_dim=2)
 for s in "${sizes[@]}"; do
@@ -23,6 +23,10 @@ for s in "${sizes[@]}"; do
   d="$out/points/act_b48_c100_${s}"
   [ -f "$d/summary.md" ] || $bin train --policy.type=act "${common[@]}" --policy.camera_shape=3,$h,$w \
       --batch_size=48 --policy.chunk_size=100 --policy.n_action_steps=100 --output_dir="$d"
+  # Where ACT's activations come from: the same run without the VAE encoder over the chunk.
+  d="$out/points/act_b48_c100_novae_${s}"
+  [ -f "$d/summary.md" ] || $bin train --policy.type=act "${common[@]}" --policy.camera_shape=3,$h,$w \
+      --batch_size=48 --policy.chunk_size=100 --policy.n_action_steps=100 --policy.use_vae=false --output_dir="$d"
   d="$out/points/diffusion_b64_h16_${s}"
   [ -f "$d/summary.md" ] || $bin train --policy.type=diffusion "${common[@]}" --policy.camera_shape=3,$h,$w \
       --policy.crop_shape=$ch,$cw --batch_size=64 --policy.horizon=16 --output_dir="$d"
@@ -51,7 +55,7 @@ by = {r[0]: r for r in rows}
 for name, r in by.items():
     if name.startswith("act_"):
         size = name.rsplit("_", 1)[1]
-        dn = [k for k in by if k.startswith("diffusion_") and k.endswith(size)]
+        dn = [k for k in by if k.startswith("diffusion_") and k.endswith("_" + size)]
         if dn:
             d = by[dn[0]]
             lines.append(f"- {size}: peak {r[5] / d[5]:.2f}×, activations {r[4] / max(d[4], 1):.2f}×, static (params+grads+optimizer) {(r[1] + r[2] + r[3]) / (d[1] + d[2] + d[3]):.2f}×")

@@ -22,14 +22,17 @@ const USAGE: &str = "\
 vramlab — memory-instrumented training on Burn
 
 USAGE:
-  vramlab train   [--config FILE] [--policy.type=vae3d] [--policy.<field>=V] [--dataset.<field>=V]
+  vramlab train   [--config FILE] [--policy.type=vae3d|act|diffusion] [--policy.<field>=V] [--dataset.<field>=V]
                   [--batch_size=N] [--steps=N] [--grad_accum_steps=N] [--output_dir=DIR]
+                  [--num_workers=N] [--prefetch_factor=N] [--persistent_workers]
                   [--backend=flex|wgpu|cuda] [--precision=f32|bf16|f16]
                   [--gradient_checkpointing=off|blocks|balanced] [--seed=N] [--resume]
   vramlab info    [--config FILE] [--policy.type=…] [overrides]   parameter counts, static bytes
   vramlab sweep   --config FILE --sweep.<field>=v1,v2,… [overrides] grid of measured runs → CSV + markdown
   vramlab predict --checkpoint DIR --inputs FILE.safetensors --out FILE.safetensors [--backend=…]
-  vramlab dataset info PATH | vramlab dataset bench PATH [--samples=N] [--workers=1,2]   LeRobot v2.1/v3.0
+  vramlab dataset info PATH                                        a LeRobot v2.1/v3.0 dataset
+  vramlab dataset bench PATH [--samples=N] [--workers=0,1,2]       loader throughput per worker count
+  vramlab dataset generate PATH [--episodes=N] [--image_size=96]   record the built-in push demonstrations
 
 Any config field can be set as --a.b.c=value (lists: 1,2,4). Unknown names are errors.
 ";

@@ -338,6 +338,21 @@ fn open_policy_data(
     Ok(Some((data, root)))
 }
 
+/// Random inputs with the policy's features (`dataset.type=random`).
+fn random_source(cfg: &RunConfig, window: Window, features: crate::workloads::policy_data::DataFeatures) -> PolicySource {
+    PolicySource::Random(RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features })
+}
+
+/// A lerobot `config.json` with its `type`, as on hub checkpoints: lets `vramlab predict` (and
+/// lerobot) tell the policy type.
+fn typed_config_json(json: &str, policy_type: &str) -> Result<serde_json::Value> {
+    let mut v: serde_json::Value = serde_json::from_str(json)?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("type".into(), policy_type.into());
+    }
+    Ok(v)
+}
+
 /// The loader of a policy source.
 fn policy_loader(cfg: &RunConfig, source: PolicySource) -> PolicyLoader {
     let opts = data_options(cfg, 0);
@@ -367,8 +382,8 @@ impl Job for ActJob {
             }
             None => {
                 let ac = act::resolve_config(&cfg.policy)?;
-                let r = RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features: act::features_of(&ac) };
-                (ac, (PolicySource::Random(r), None))
+                let r = random_source(&cfg, window, act::features_of(&ac));
+                (ac, (r, None))
             }
         };
         B::seed(&device, cfg.seed);
@@ -377,11 +392,7 @@ impl Job for ActJob {
             model = model.with_frozen_backbone();
         }
         let model = act::ActTrain::<B> { act: model, precision: sw.precision };
-        let mut config_json: serde_json::Value = serde_json::from_str(&ac.to_json_string())?;
-        if let Some(obj) = config_json.as_object_mut() {
-            // As on hub checkpoints: lets `vramlab predict` (and lerobot) tell the policy type.
-            obj.insert("type".into(), "act".into());
-        }
+        let config_json = typed_config_json(&ac.to_json_string(), "act")?;
         let data_desc = source.0.describe(source.1.as_deref());
         let mut loader = policy_loader(&cfg, source.0);
         let (seed, dev) = (cfg.seed, device.clone());
@@ -429,16 +440,13 @@ impl Job for DiffusionJob {
             }
             None => {
                 let dc = diffusion::resolve_config(&cfg.policy)?;
-                let r = RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features: diffusion::features_of(&dc) };
-                (dc, (PolicySource::Random(r), None))
+                let r = random_source(&cfg, window, diffusion::features_of(&dc));
+                (dc, (r, None))
             }
         };
         B::seed(&device, cfg.seed);
         let model = diffusion::DiffusionTrain::<B> { model: dc.init(&device), precision: sw.precision };
-        let mut config_json: serde_json::Value = serde_json::from_str(&dc.to_json_string())?;
-        if let Some(obj) = config_json.as_object_mut() {
-            obj.insert("type".into(), "diffusion".into());
-        }
+        let config_json = typed_config_json(&dc.to_json_string(), "diffusion")?;
         let data_desc = source.0.describe(source.1.as_deref());
         let mut loader = policy_loader(&cfg, source.0);
         let (seed, dev) = (cfg.seed, device.clone());

@@ -225,24 +225,6 @@ impl<B: AutodiffBackend> TrainModel<B> for ActTrain<B> {
     }
 }
 
-fn r3<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 3> {
-    match t {
-        StageTensor::R3(t) => t.clone(),
-        _ => unreachable!("ACT stage layout: rank-3 tensor expected"),
-    }
-}
-fn r2<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 2> {
-    match t {
-        StageTensor::R2(t) => t.clone(),
-        _ => unreachable!("ACT stage layout: rank-2 tensor expected"),
-    }
-}
-fn r4<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 4> {
-    match t {
-        StageTensor::R4(t) => t.clone(),
-        _ => unreachable!("ACT stage layout: rank-4 tensor expected"),
-    }
-}
 
 /// State layout between stages:
 /// - backbone: `[cam features…]`
@@ -266,8 +248,8 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
         let cams = a.config.image_features().len();
         let backbone = || a.backbone.as_ref().expect("cameras need the backbone");
         match plan[i] {
-            ActStage::Stem => s.iter().map(|t| StageTensor::R4(backbone().stem(r4(t), p))).collect(),
-            ActStage::Layer(l) => s.iter().map(|t| StageTensor::R4(backbone().layer(l, r4(t), p))).collect(),
+            ActStage::Stem => s.iter().map(|t| StageTensor::R4(backbone().stem(t.r4(), p))).collect(),
+            ActStage::Layer(l) => s.iter().map(|t| StageTensor::R4(backbone().layer(l, t.r4(), p))).collect(),
             ActStage::VaeIn => {
                 let action = b.batch.action.clone().expect("training batches carry actions");
                 let mut out = s;
@@ -276,17 +258,17 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
             }
             ActStage::VaeLayer(l) => {
                 let mut out = s;
-                let x = out.pop().map(|t| r3(&t)).expect("vae tokens");
+                let x = out.pop().map(|t| t.r3()).expect("vae tokens");
                 let bsz = x.dims()[0];
                 let mask = a.vae_key_padding_mask(bsz, b.batch.action_is_pad.clone(), &x.device());
                 out.push(StageTensor::R3(a.vae_encoder_layer(l, x, &mask, &ctx)));
                 out
             }
             ActStage::EncIn => {
-                let feats: Vec<Tensor<B, 4>> = s.iter().take(cams).map(r4).collect();
+                let feats: Vec<Tensor<B, 4>> = s.iter().take(cams).map(StageTensor::r4).collect();
                 let bsz = b.batch.action.as_ref().map(|x| x.dims()[0]).unwrap_or_else(|| b.batch.batch_size());
                 let (z, vae) = if self.has_vae() {
-                    let (mu, ls) = a.vae_latent_params(r3(&s[cams]), p);
+                    let (mu, ls) = a.vae_latent_params(s[cams].r3(), p);
                     (Act::<B>::latent_sample(mu.clone(), ls.clone(), ctx.eps.clone()), Some((mu, ls)))
                 } else {
                     let device = b.batch.action.as_ref().map(|x| x.device()).expect("actions");
@@ -302,13 +284,13 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
             }
             ActStage::EncLayer(l) => {
                 let mut out = s;
-                out[0] = StageTensor::R3(a.encoder_layer(l, r3(&out[0]), &r3(&out[1]), &ctx));
+                out[0] = StageTensor::R3(a.encoder_layer(l, out[0].r3(), &out[1].r3(), &ctx));
                 out
             }
             ActStage::DecLayer(l) => {
                 // Enter the decoder: [tokens, pos, vae…] → [queries, encoder out, pos, vae…].
                 let s = if l == 0 {
-                    let enc = a.encoder_final_norm(r3(&s[0]));
+                    let enc = a.encoder_final_norm(s[0].r3());
                     let q = a.decoder_input(enc.dims()[0], &enc.device());
                     let mut v = vec![StageTensor::R3(q), StageTensor::R3(enc)];
                     v.extend(s.into_iter().skip(1));
@@ -316,7 +298,7 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
                 } else {
                     s
                 };
-                let y = a.decoder_layer(l, r3(&s[0]), r3(&s[1]), &r3(&s[2]), &ctx);
+                let y = a.decoder_layer(l, s[0].r3(), s[1].r3(), &s[2].r3(), &ctx);
                 if l + 1 == a.config.n_decoder_layers {
                     let mut v = vec![StageTensor::R3(a.action_head_out(y, p))];
                     v.extend(s.into_iter().skip(3));
@@ -332,9 +314,9 @@ impl<B: AutodiffBackend> Staged<B, ActTrainBatch<B>> for ActTrain<B> {
 
     fn loss(&self, s: Vec<StageTensor<B>>, b: &ActTrainBatch<B>) -> LossParts<B> {
         let out = ActOutput {
-            actions: r3(&s[0]),
-            mu: s.get(1).map(r2),
-            log_sigma_x2: s.get(2).map(r2),
+            actions: s[0].r3(),
+            mu: s.get(1).map(StageTensor::r2),
+            log_sigma_x2: s.get(2).map(StageTensor::r2),
         };
         self.loss_parts(&out, b)
     }

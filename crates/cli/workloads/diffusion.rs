@@ -219,24 +219,6 @@ impl<B: AutodiffBackend> TrainModel<B> for DiffusionTrain<B> {
     }
 }
 
-fn r2<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 2> {
-    match t {
-        StageTensor::R2(t) => t.clone(),
-        _ => unreachable!("Diffusion stage layout: rank-2 tensor expected"),
-    }
-}
-fn r3<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 3> {
-    match t {
-        StageTensor::R3(t) => t.clone(),
-        _ => unreachable!("Diffusion stage layout: rank-3 tensor expected"),
-    }
-}
-fn r4<B: Backend>(t: &StageTensor<B>) -> Tensor<B, 4> {
-    match t {
-        StageTensor::R4(t) => t.clone(),
-        _ => unreachable!("Diffusion stage layout: rank-4 tensor expected"),
-    }
-}
 
 /// State layout between stages:
 /// - backbone: `[encoder inputs / features…, noisy actions]`
@@ -260,7 +242,7 @@ impl<B: AutodiffBackend> Staged<B, DiffusionTrainBatch<B>> for DiffusionTrain<B>
         let p = self.precision;
         let n_enc = m.num_rgb_encoders();
         let map_enc = |s: Vec<StageTensor<B>>, f: &dyn Fn(usize, Tensor<B, 4>) -> Tensor<B, 4>| -> Vec<StageTensor<B>> {
-            s.into_iter().enumerate().map(|(e, t)| if e < n_enc { StageTensor::R4(f(e, r4(&t))) } else { t }).collect()
+            s.into_iter().enumerate().map(|(e, t)| if e < n_enc { StageTensor::R4(f(e, t.r4())) } else { t }).collect()
         };
         let push = |mut s: Vec<StageTensor<B>>, x: Tensor<B, 3>| {
             s[0] = StageTensor::R3(x);
@@ -272,15 +254,15 @@ impl<B: AutodiffBackend> Staged<B, DiffusionTrainBatch<B>> for DiffusionTrain<B>
             DiffStage::Cond => {
                 let [bsz, steps, _] = b.batch.state.dims();
                 let feats = (n_enc > 0).then(|| {
-                    let heads = (0..n_enc).map(|e| m.rgb_encoder(e).head(r4(&s[e]), p)).collect();
+                    let heads = (0..n_enc).map(|e| m.rgb_encoder(e).head(s[e].r4(), p)).collect();
                     Diffusion::<B>::image_features_from_heads(heads, bsz, steps)
                 });
                 let gc = m.global_conditioning(b.batch.state.clone(), feats, b.batch.env_state.clone());
                 let cond = m.unet.cond_feature(&b.timesteps, gc, p);
-                vec![StageTensor::R3(ConditionalUnet1d::<B>::input(r3(&s[n_enc]))), StageTensor::R2(cond)]
+                vec![StageTensor::R3(ConditionalUnet1d::<B>::input(s[n_enc].r3())), StageTensor::R2(cond)]
             }
             DiffStage::Down(l, j) => {
-                let x = m.unet.down_block(l, j, r3(&s[0]), &r2(&s[1]), p);
+                let x = m.unet.down_block(l, j, s[0].r3(), &s[1].r2(), p);
                 if j == 1 {
                     let mut s = s;
                     s.push(StageTensor::R3(x.clone()));
@@ -290,25 +272,25 @@ impl<B: AutodiffBackend> Staged<B, DiffusionTrainBatch<B>> for DiffusionTrain<B>
                 }
             }
             DiffStage::Mid(j) => {
-                let x = m.unet.mid_block(j, r3(&s[0]), &r2(&s[1]), p);
+                let x = m.unet.mid_block(j, s[0].r3(), &s[1].r2(), p);
                 push(s, x)
             }
             DiffStage::Up(l, 0) => {
                 let mut s = s;
-                let skip = s.pop().map(|t| r3(&t)).expect("one skip per level");
-                let x = ConditionalUnet1d::<B>::up_concat(r3(&s[0]), skip, p);
-                let x = m.unet.up_block(l, 0, x, &r2(&s[1]), p);
+                let skip = s.pop().map(|t| t.r3()).expect("one skip per level");
+                let x = ConditionalUnet1d::<B>::up_concat(s[0].r3(), skip, p);
+                let x = m.unet.up_block(l, 0, x, &s[1].r2(), p);
                 push(s, x)
             }
             DiffStage::Up(l, _) => {
-                let x = m.unet.up_block(l, 1, r3(&s[0]), &r2(&s[1]), p);
+                let x = m.unet.up_block(l, 1, s[0].r3(), &s[1].r2(), p);
                 push(s, m.unet.upsample(l, x, p))
             }
-            DiffStage::Out => vec![StageTensor::R3(m.unet.output(r3(&s[0]), p))],
+            DiffStage::Out => vec![StageTensor::R3(m.unet.output(s[0].r3(), p))],
         }
     }
 
     fn loss(&self, s: Vec<StageTensor<B>>, b: &DiffusionTrainBatch<B>) -> LossParts<B> {
-        self.loss_parts(r3(&s[0]), b)
+        self.loss_parts(s[0].r3(), b)
     }
 }

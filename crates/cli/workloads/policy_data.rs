@@ -142,10 +142,10 @@ impl LeRobotPolicyData {
             self.norm.normalize("action", &mut act)?;
             out.action.extend(act);
             out.action_is_pad.extend(s.pads.get("action").cloned().unwrap_or_else(|| vec![false; h]));
-            for (ci, (key, [c, oh, ow])) in f.cameras.iter().enumerate() {
+            for (ci, (key, [_, oh, ow])) in f.cameras.iter().enumerate() {
                 let [rh, rw] = self.raw_hw[ci];
                 let raw = s.values.get(key).map(|x| &x.data).ok_or_else(|| anyhow!("frame {index}: no `{key}`"))?;
-                let mut img = transforms::resize_bilinear(raw, *c, rh, rw, *oh, *ow);
+                let mut img = transforms::resize_bilinear(raw, rh, rw, *oh, *ow);
                 let tfs = self.data.image_transforms.draw(&mut rng, *oh, *ow);
                 transforms::apply(&tfs, &mut img, *oh, *ow);
                 self.norm.normalize_image(key, &mut img, oh * ow)?;

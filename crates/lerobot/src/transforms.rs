@@ -97,13 +97,14 @@ fn blend(a: f32, b: f32, ratio: f32) -> f32 {
 
 /// Apply `tfs` in order to each `[3, h, w]` frame of `data` (`frames × 3 × h × w`).
 pub fn apply(tfs: &[Transform], data: &mut [f32], h: usize, w: usize) {
-    let plane = h * w;
-    for frame in data.chunks_exact_mut(3 * plane) {
+    if tfs.is_empty() {
+        return;
+    }
+    for frame in data.chunks_exact_mut(3 * h * w) {
         for t in tfs {
             apply_one(*t, frame, h, w);
         }
     }
-    let _ = plane;
 }
 
 fn apply_one(t: Transform, f: &mut [f32], h: usize, w: usize) {
@@ -202,14 +203,14 @@ fn hsv_to_rgb(h: f32, s: f32, v: f32) -> (f32, f32, f32) {
     }
 }
 
-/// Bilinear resize of `frames × c × h × w` to `oh × ow` (half-pixel centres, as
-/// `F.interpolate(mode="bilinear", align_corners=False)`, no antialiasing).
-pub fn resize_bilinear(data: &[f32], c: usize, h: usize, w: usize, oh: usize, ow: usize) -> Vec<f32> {
+/// Bilinear resize of `planes × h × w` (any number of frames × channels) to `oh × ow`
+/// (half-pixel centres, as `F.interpolate(mode="bilinear", align_corners=False)`, no
+/// antialiasing).
+pub fn resize_bilinear(data: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> Vec<f32> {
     if (h, w) == (oh, ow) {
         return data.to_vec();
     }
     let planes = data.len() / (h * w);
-    let _ = c;
     let coord = |o: usize, n_out: usize, n_in: usize| {
         let s = ((o as f32 + 0.5) * n_in as f32 / n_out as f32 - 0.5).max(0.0);
         let i0 = (s.floor() as usize).min(n_in - 1);
@@ -267,9 +268,9 @@ mod tests {
         apply(&[Transform::Affine(0.0, 1, 0)], &mut c, h, w);
         assert_eq!(c[1], img[0]);
         assert_eq!(c[0], 0.0);
-        let r = resize_bilinear(&img, 3, h, w, 8, 10);
+        let r = resize_bilinear(&img, h, w, 8, 10);
         assert_eq!(r.len(), 3 * 80);
-        let same = resize_bilinear(&[1.0; 12], 3, 2, 2, 3, 3);
+        let same = resize_bilinear(&[1.0; 12], 2, 2, 3, 3);
         assert!(same.iter().all(|v| (v - 1.0).abs() < 1e-6));
     }
 }

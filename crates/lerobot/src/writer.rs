@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parquet::basic::{LogicalType, Repetition, Type as Physical};
-use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DoubleType, FloatType, Int64Type};
+use parquet::data_type::{BoolType, ByteArray, ByteArrayType, DataType, DoubleType, FloatType, Int64Type};
 use parquet::file::properties::WriterProperties;
-use parquet::file::writer::SerializedFileWriter;
+use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use parquet::schema::types::Type;
 use serde_json::{Value, json};
 
@@ -123,68 +123,53 @@ pub fn write_parquet_with_metadata(path: &Path, columns: &[(&str, Column)], meta
     let mut w = SerializedFileWriter::new(file, schema, props).map_err(e)?;
     let mut rg = w.next_row_group().map_err(e)?;
     for (_, col) in columns {
-        let flat = |n: usize| vec![1i16; n];
+        let ones = |n: usize| vec![1i16; n];
         match col {
-            Column::I64(v) => {
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<Int64Type>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
-                c.close().map_err(e)?;
-            }
-            Column::F32(v) => {
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<FloatType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
-                c.close().map_err(e)?;
-            }
-            Column::F64(v) => {
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<DoubleType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
-                c.close().map_err(e)?;
-            }
-            Column::Bool(v) => {
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<BoolType>().write_batch(v, Some(&flat(v.len())), None).map_err(e)?;
-                c.close().map_err(e)?;
-            }
+            Column::I64(v) => put::<Int64Type>(&mut rg, v, &ones(v.len()), None),
+            Column::F32(v) => put::<FloatType>(&mut rg, v, &ones(v.len()), None),
+            Column::F64(v) => put::<DoubleType>(&mut rg, v, &ones(v.len()), None),
+            Column::Bool(v) => put::<BoolType>(&mut rg, v, &ones(v.len()), None),
             Column::Str(v) => {
                 let vals: Vec<ByteArray> = v.iter().map(|s| ByteArray::from(s.as_str())).collect();
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<ByteArrayType>().write_batch(&vals, Some(&flat(v.len())), None).map_err(e)?;
-                c.close().map_err(e)?;
+                put::<ByteArrayType>(&mut rg, &vals, &ones(v.len()), None)
             }
             Column::F32List { width, values } => {
                 let (def, rep) = list_levels((0..rows).map(|_| *width));
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<FloatType>().write_batch(values, Some(&def), Some(&rep)).map_err(e)?;
-                c.close().map_err(e)?;
+                put::<FloatType>(&mut rg, values, &def, Some(&rep))
             }
             Column::F64List { width, values } => {
                 let (def, rep) = list_levels((0..rows).map(|_| *width));
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<DoubleType>().write_batch(values, Some(&def), Some(&rep)).map_err(e)?;
-                c.close().map_err(e)?;
+                put::<DoubleType>(&mut rg, values, &def, Some(&rep))
             }
             Column::StrList(v) => {
                 let (def, rep) = list_levels(v.iter().map(Vec::len));
                 let vals: Vec<ByteArray> = v.iter().flatten().map(|s| ByteArray::from(s.as_str())).collect();
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<ByteArrayType>().write_batch(&vals, Some(&def), Some(&rep)).map_err(e)?;
-                c.close().map_err(e)?;
+                put::<ByteArrayType>(&mut rg, &vals, &def, Some(&rep))
             }
             Column::Image(v) => {
                 let vals: Vec<ByteArray> = v.iter().map(|b| ByteArray::from(b.clone())).collect();
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<ByteArrayType>().write_batch(&vals, Some(&vec![2i16; v.len()]), None).map_err(e)?;
-                c.close().map_err(e)?;
-                // `path`: null in every row (struct defined, field not).
-                let mut c = rg.next_column().map_err(e)?.expect("schema column");
-                c.typed::<ByteArrayType>().write_batch(&[], Some(&vec![1i16; v.len()]), None).map_err(e)?;
-                c.close().map_err(e)?;
+                put::<ByteArrayType>(&mut rg, &vals, &vec![2i16; v.len()], None)
+                    // `path`: null in every row (struct defined, field not).
+                    .and_then(|_| put::<ByteArrayType>(&mut rg, &[], &ones(v.len()), None))
             }
         }
+        .map_err(e)?;
     }
     rg.close().map_err(e)?;
     w.close().map_err(e)?;
     std::fs::rename(&tmp, path).map_err(|x| DatasetError::io(path, x))
+}
+
+/// Write the next leaf column of `rg`.
+fn put<T: DataType>(
+    rg: &mut SerializedRowGroupWriter<'_, File>,
+    values: &[T::T],
+    def: &[i16],
+    rep: Option<&[i16]>,
+) -> parquet::errors::Result<()> {
+    let mut c = rg.next_column()?.ok_or_else(|| parquet::errors::ParquetError::General("more columns than the schema".into()))?;
+    c.typed::<T>().write_batch(values, Some(def), rep)?;
+    c.close()
 }
 
 fn tmp_path(path: &Path) -> PathBuf {

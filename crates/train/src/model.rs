@@ -65,6 +65,38 @@ macro_rules! each_rank {
     };
 }
 
+impl<B: Backend> StageTensor<B> {
+    /// The rank-2 tensor (panics on another rank: a bug in the model's stage layout).
+    pub fn r2(&self) -> Tensor<B, 2> {
+        match self {
+            StageTensor::R2(t) => t.clone(),
+            other => panic!("stage layout: rank-2 tensor expected, found {}", other.rank()),
+        }
+    }
+    /// The rank-3 tensor (panics on another rank).
+    pub fn r3(&self) -> Tensor<B, 3> {
+        match self {
+            StageTensor::R3(t) => t.clone(),
+            other => panic!("stage layout: rank-3 tensor expected, found {}", other.rank()),
+        }
+    }
+    /// The rank-4 tensor (panics on another rank).
+    pub fn r4(&self) -> Tensor<B, 4> {
+        match self {
+            StageTensor::R4(t) => t.clone(),
+            other => panic!("stage layout: rank-4 tensor expected, found {}", other.rank()),
+        }
+    }
+    pub fn rank(&self) -> usize {
+        match self {
+            StageTensor::R2(_) => 2,
+            StageTensor::R3(_) => 3,
+            StageTensor::R4(_) => 4,
+            StageTensor::R5(_) => 5,
+        }
+    }
+}
+
 impl<B: AutodiffBackend> StageTensor<B> {
     /// Cut from any graph and track as a new leaf.
     pub fn leaf(self) -> Self {
