@@ -122,3 +122,26 @@ fn timestamps_and_tolerance() {
     let e = r.frame_index_at(99.0, 1e-4).unwrap_err();
     assert!(e.to_string().contains("file-000.mp4"), "{e}");
 }
+
+/// PSNR against ffmpeg's decode committed as PNG (`tests/fixtures/ffmpeg/`): runs without ffmpeg.
+#[test]
+fn decodes_match_committed_ffmpeg_frames() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ffmpeg");
+    let cases: Vec<(&str, &str, usize, String)> = vec![
+        ("pusht_v30", "videos/observation.image/chunk-000/file-000.mp4", 0, "pusht_frame0.png".into()),
+        ("pusht_v30", "videos/observation.image/chunk-000/file-000.mp4", 17, "pusht_frame17.png".into()),
+        ("pusht_v30", "videos/observation.image/chunk-000/file-000.mp4", 160, "pusht_frame160.png".into()),
+        ("g1_v21_subset", "videos/chunk-000/observation.images.cam_high/episode_000001.mp4", 100, "g1_ep1_frame100.png".into()),
+    ];
+    for (ds, file, frame, png) in cases {
+        let Some(root) = common::shared_dataset(ds) else { return };
+        let path = root.join(file);
+        let reference = vramlab_lerobot::image::decode_image(&std::fs::read(fixtures.join(&png)).unwrap(), &fixtures.join(&png)).unwrap();
+        let mut r = VideoReader::open(&path).unwrap();
+        let img = r.frame(frame).unwrap();
+        assert_eq!((img.width, img.height), (reference.width, reference.height), "{png}");
+        let p = psnr(&img.data, &reference.data);
+        println!("{ds} frame {frame}: PSNR vs ffmpeg {p:.2} dB");
+        assert!(p >= 40.0, "{png}: PSNR {p:.2} dB < 40 dB");
+    }
+}
