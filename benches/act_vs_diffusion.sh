@@ -7,6 +7,7 @@
 # Inputs are random tensors of the right shapes (memory depends on shapes only).
 # Writes benches/results/act_vs_diffusion/{points/*,table.md}.
 #   bash benches/act_vs_diffusion.sh [SIZES...]   (default: 96x96 240x320)
+#   ACT_ONLY=1 bash benches/act_vs_diffusion.sh 480x640   (ACT at ALOHA's full camera size)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release
@@ -27,6 +28,7 @@ for s in "${sizes[@]}"; do
   d="$out/points/act_b48_c100_novae_${s}"
   [ -f "$d/summary.md" ] || $bin train --policy.type=act "${common[@]}" --policy.camera_shape=3,$h,$w \
       --batch_size=48 --policy.chunk_size=100 --policy.n_action_steps=100 --policy.use_vae=false --output_dir="$d"
+  [ "${ACT_ONLY:-0}" = 1 ] && continue
   d="$out/points/diffusion_b64_h16_${s}"
   [ -f "$d/summary.md" ] || $bin train --policy.type=diffusion "${common[@]}" --policy.camera_shape=3,$h,$w \
       --policy.crop_shape=$ch,$cw --batch_size=64 --policy.horizon=16 --output_dir="$d"
@@ -50,15 +52,15 @@ lines = ["# ACT (batch 48, chunk_size 100) vs Diffusion Policy (batch 64, horizo
          "|---|---:|---:|---:|---:|---:|---:|"]
 for r in rows:
     lines.append(f"| {r[0]} | {mib(r[1])} | {mib(r[2])} | {mib(r[3])} | {mib(r[4])} | **{mib(r[5])}** | {r[6]:.1f} |")
-lines += ["", "Ratios ACT / Diffusion per image size:", ""]
+lines += ["", "Ratios ACT / Diffusion (same camera size):", ""]
 by = {r[0]: r for r in rows}
 for name, r in by.items():
     if name.startswith("act_"):
         size = name.rsplit("_", 1)[1]
-        dn = [k for k in by if k.startswith("diffusion_") and k.endswith("_" + size)]
-        if dn:
-            d = by[dn[0]]
-            lines.append(f"- {size}: peak {r[5] / d[5]:.2f}×, activations {r[4] / max(d[4], 1):.2f}×, static (params+grads+optimizer) {(r[1] + r[2] + r[3]) / (d[1] + d[2] + d[3]):.2f}×")
+        for dn in [k for k in by if k.startswith("diffusion_") and k.endswith("_" + size)]:
+            d = by[dn]
+            lines.append(f"- {name} / {dn}: peak {r[5] / d[5]:.2f}×, activations {r[4] / max(d[4], 1):.2f}×, "
+                         f"static (params + grads + optimizer) {(r[1] + r[2] + r[3]) / (d[1] + d[2] + d[3]):.2f}×")
 (out / "table.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
