@@ -29,6 +29,8 @@ use serde::de::{self, Error as _, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::config_file::{LerobotPolicyConfig, deserialize_lerobot, serialize_lerobot};
+
 use super::layers::Activation;
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
@@ -55,6 +57,10 @@ pub const LEROBOT_GENERIC_KEYS: [&str; 11] = [
     "normalization_mapping",
     "pretrained_backbone_weights",
 ];
+
+/// Generic keys written as `null` when absent: with `pretrained_backbone_weights` null, lerobot
+/// does not fetch ImageNet weights the checkpoint overwrites anyway.
+const NULL_WRITTEN_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
 
 /// lerobot's `FeatureType`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,81 +241,44 @@ impl Default for ActConfig {
     }
 }
 
+impl LerobotPolicyConfig for ActConfig {
+    const TYPE: &'static str = "act";
+    const EXPECTING: &'static str = "a lerobot ACT config object";
+    const GENERIC_KEYS: &'static [&'static str] = &LEROBOT_GENERIC_KEYS;
+    const NULL_WRITTEN_KEYS: &'static [&'static str] = &NULL_WRITTEN_KEYS;
+
+    fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error> {
+        ActConfig::deserialize(fields)
+    }
+    fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error> {
+        ActConfig::serialize(self, serde_json::value::Serializer)
+    }
+    fn n_obs_steps(&self) -> usize {
+        self.n_obs_steps
+    }
+    fn features(&self) -> (&Features, &Features) {
+        (&self.input_features, &self.output_features)
+    }
+    fn lerobot_extra(&self) -> &BTreeMap<String, serde_json::Value> {
+        &self.lerobot_extra
+    }
+    fn set_envelope(&mut self, inputs: Features, outputs: Features, extra: BTreeMap<String, serde_json::Value>) {
+        self.input_features = inputs;
+        self.output_features = outputs;
+        self.lerobot_extra = extra;
+    }
+}
+
+/// lerobot's layout (see [`LerobotPolicyConfig`]).
 impl<'de> Deserialize<'de> for ActConfig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ActConfig;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a lerobot ACT config object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<ActConfig, A::Error> {
-                let mut rest = serde_json::Map::new();
-                let mut extra = BTreeMap::new();
-                let (mut inputs, mut outputs) = (None, None);
-                while let Some(k) = m.next_key::<String>()? {
-                    match k.as_str() {
-                        "input_features" => {
-                            inputs = Some(m.next_value::<Features>().map_err(|e| A::Error::custom(format!("field `input_features`: {e}")))?)
-                        }
-                        "output_features" => {
-                            outputs = Some(m.next_value::<Features>().map_err(|e| A::Error::custom(format!("field `output_features`: {e}")))?)
-                        }
-                        "type" => {
-                            let t: serde_json::Value = m.next_value()?;
-                            if t.as_str() != Some("act") {
-                                return Err(A::Error::custom(format!("field `type`: expected \"act\", found {t}")));
-                            }
-                        }
-                        key if LEROBOT_GENERIC_KEYS.contains(&key) => {
-                            let v = m.next_value::<serde_json::Value>()?;
-                            // `null` weights are what vramlab writes when there is no entry.
-                            if !(key == "pretrained_backbone_weights" && v.is_null()) {
-                                extra.insert(k, v);
-                            }
-                        }
-                        _ => {
-                            let v = m.next_value::<serde_json::Value>()?;
-                            rest.insert(k, v);
-                        }
-                    }
-                }
-                let mut cfg = ActConfig::deserialize(serde_json::Value::Object(rest)).map_err(A::Error::custom)?;
-                cfg.input_features = inputs.unwrap_or_default();
-                cfg.output_features = outputs.unwrap_or_default();
-                cfg.lerobot_extra = extra;
-                Ok(cfg)
-            }
-        }
-        d.deserialize_map(V)
+        deserialize_lerobot(d)
     }
 }
 
 impl Serialize for ActConfig {
-    /// lerobot's layout: `type`, `n_obs_steps`, the features (in order), the generic keys, the
-    /// ACT fields. `pretrained_backbone_weights` is written as `null` unless the config came
-    /// with one (so lerobot does not fetch ImageNet weights the checkpoint overwrites anyway).
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::Error as _;
-        let fields = match ActConfig::serialize(self, serde_json::value::Serializer).map_err(S::Error::custom)? {
-            serde_json::Value::Object(m) => m,
-            _ => return Err(S::Error::custom("ActConfig did not serialize to an object")),
-        };
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("type", "act")?;
-        map.serialize_entry("n_obs_steps", &self.n_obs_steps)?;
-        map.serialize_entry("input_features", &self.input_features)?;
-        map.serialize_entry("output_features", &self.output_features)?;
-        for (k, v) in &self.lerobot_extra {
-            map.serialize_entry(k, v)?;
-        }
-        if !self.lerobot_extra.contains_key("pretrained_backbone_weights") {
-            map.serialize_entry("pretrained_backbone_weights", &serde_json::Value::Null)?;
-        }
-        for (k, v) in fields.iter().filter(|(k, _)| k.as_str() != "n_obs_steps") {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
+        serialize_lerobot(self, s)
     }
 }
 
