@@ -2,40 +2,24 @@
 //! `../shared/oracle/diffusion_small` fixture written by PyTorch, plus model-level checks that
 //! need no fixture (parameter counts, names, stage chain, mixed precision, gradients, I/O).
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::diffusion::{
     ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, file_key, load_pretrained, save_pretrained,
 };
 use vramlab_models::nn::Precision;
-use vramlab_models::weights::{PathStack, param_shapes, read_safetensors};
+use vramlab_models::weights::{param_shapes, read_safetensors};
+
+use common::*;
 
 type B = Flex;
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: ../shared not found (looked for {})", dir.display());
-        None
-    }
-}
-
-/// `(max |a − b| / max|b|, max |a − b|)`.
-fn errors(name: &str, got: TensorData, want: &TensorData) -> (f32, f32) {
-    let a = got.convert::<f32>().to_vec::<f32>().unwrap();
-    let b = want.clone().convert::<f32>().to_vec::<f32>().unwrap();
-    assert_eq!(a.len(), b.len(), "{name}: size");
-    let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-    let abs = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    (abs / max_b, abs)
-}
 
 type Inputs = std::collections::BTreeMap<String, TensorData>;
 
@@ -302,39 +286,6 @@ fn bf16_forward_is_close_to_f32() {
         println!("bf16 vs f32 {name}: max abs err {err:.3e} (scale {scale:.3e})");
         assert!(err <= 0.1 * scale + 1e-2, "{name}: bf16 max abs error {err} vs scale {scale}");
     }
-}
-
-/// Names of float tensors that have / lack a gradient.
-fn grad_presence<A: burn::tensor::backend::AutodiffBackend>(model: &Diffusion<A>, grads: &A::Gradients) -> (Vec<String>, Vec<String>) {
-    struct V<'a, A: burn::tensor::backend::AutodiffBackend> {
-        grads: &'a A::Gradients,
-        path: PathStack,
-        with: Vec<String>,
-        without: Vec<String>,
-    }
-    impl<A: burn::tensor::backend::AutodiffBackend> ModuleVisitor<A> for V<'_, A> {
-        fn enter_module(&mut self, name: &str, container: &str) {
-            self.path.enter(name, container);
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.exit();
-        }
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<A, D>>) {
-            let name = self.path.current();
-            match p.val().grad(self.grads) {
-                Some(g) => {
-                    assert_eq!(g.dtype(), DType::F32, "{name}: gradient dtype");
-                    let n = g.abs().sum().into_scalar().elem::<f32>();
-                    assert!(n.is_finite(), "{name}: gradient not finite");
-                    self.with.push(name)
-                }
-                None => self.without.push(name),
-            }
-        }
-    }
-    let mut v = V::<A> { grads, path: PathStack::default(), with: Vec::new(), without: Vec::new() };
-    model.visit(&mut v);
-    (v.with, v.without)
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! `../shared/oracle/vae3d_ultra` fixture written by PyTorch, plus model-level checks that need
 //! no fixture (parameter counts, stage chain, mixed precision, gradients, checkpoint I/O).
 
-use std::path::{Path, PathBuf};
+mod common;
+
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
@@ -12,17 +13,10 @@ use vramlab_models::nn::Precision;
 use vramlab_models::vae3d::{StageCtx, Vae3d, Vae3dConfig, load_pretrained, save_pretrained};
 use vramlab_models::weights::{param_shapes, read_safetensors};
 
+use common::*;
+
 type B = Flex;
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("skipping: ../shared not found (looked for {})", dir.display());
-        None
-    }
-}
 
 /// Errors of `got` against the reference `want`:
 /// - `scale`: max |a − b| / max|b| — the asserted metric (relative to the tensor's scale);
