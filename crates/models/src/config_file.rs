@@ -1,5 +1,6 @@
-//! What every model config shares: a validation error that names the field, and reading a
-//! `config.json` with errors that name the file.
+//! What every model config and checkpoint shares: a validation error that names the field,
+//! reading a `config.json` with errors that name the file, lerobot's policy-config layout, and
+//! the checkpoint directory (file names, error, writing the config).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -136,4 +137,29 @@ pub fn serialize_lerobot<T: LerobotPolicyConfig, S: Serializer>(cfg: &T, s: S) -
         map.serialize_entry(k, v)?;
     }
     map.end()
+}
+
+/// File names inside a checkpoint (`pretrained_model/`) directory, for every model.
+pub const CONFIG_FILE: &str = "config.json";
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// Policy-level keys of pre-0.4 lerobot checkpoints that are skipped on load.
+pub const NORMALIZATION_PREFIXES: [&str; 3] = ["normalize_inputs.", "normalize_targets.", "unnormalize_outputs."];
+
+/// A checkpoint directory could not be read or written; each variant names the file (and the
+/// field or weight key where there is one).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(transparent)]
+    Config(#[from] ConfigFileError),
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightError),
+    #[error("{path}: cannot write: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+/// Create `dir` and write `dir/config.json` (`text` plus a final newline).
+pub fn write_config_file(dir: &Path, text: &str) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Write { path: dir.to_path_buf(), source })?;
+    let path = dir.join(CONFIG_FILE);
+    std::fs::write(&path, format!("{text}\n")).map_err(|source| CheckpointError::Write { path, source })
 }

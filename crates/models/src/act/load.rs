@@ -11,33 +11,20 @@
 //! (`normalize_inputs.*`, `normalize_targets.*`, `unnormalize_outputs.*`): data statistics,
 //! not model weights; they are skipped (see [`NORMALIZATION_PREFIXES`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::prelude::*;
 
-use super::config::{ActConfig, ActConfigError};
+use super::config::ActConfig;
 use super::model::Act;
+use crate::config_file::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, named_tensors, write_safetensors};
 
-/// File names inside a `pretrained_model/` directory.
-pub const CONFIG_FILE: &str = "config.json";
-pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The policy's attribute holding the `ACT` module: the prefix of every model key.
 pub const KEY_PREFIX: &str = "model.";
-/// Policy-level keys of pre-0.4 lerobot checkpoints that are skipped on load.
-pub const NORMALIZATION_PREFIXES: [&str; 3] = ["normalize_inputs.", "normalize_targets.", "unnormalize_outputs."];
 
-/// A checkpoint could not be read or written; each variant names the file (and the field or
-/// weight key where there is one).
-#[derive(Debug, thiserror::Error)]
-pub enum ActLoadError {
-    #[error(transparent)]
-    Config(#[from] ActConfigError),
-    #[error(transparent)]
-    Weights(#[from] WeightError),
-    #[error("{path}: cannot write: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
-}
+/// A checkpoint could not be read or written (the same error for every model).
+pub type ActLoadError = CheckpointError;
 
 /// A lerobot file key → the model's name: `model.` stripped; normalisation buffers skipped
 /// (`None`); any other key is kept as is (so it is reported as unused).
@@ -72,11 +59,7 @@ pub fn save_weights<B: Backend>(model: &Act<B>, path: &Path) -> Result<(), Weigh
 /// Write `dir/config.json` (lerobot format, `"type": "act"`) and `dir/model.safetensors`
 /// (lerobot key names). Creates `dir` if needed.
 pub fn save_pretrained<B: Backend>(config: &ActConfig, model: &Act<B>, dir: &Path) -> Result<(), ActLoadError> {
-    std::fs::create_dir_all(dir).map_err(|source| ActLoadError::Write { path: dir.to_path_buf(), source })?;
-    let path = dir.join(CONFIG_FILE);
-    let mut text = config.to_json_string();
-    text.push('\n');
-    std::fs::write(&path, text).map_err(|source| ActLoadError::Write { path, source })?;
+    write_config_file(dir, &config.to_json_string())?;
     save_weights(model, &dir.join(WEIGHTS_FILE))?;
     Ok(())
 }

@@ -12,34 +12,21 @@
 //!
 //! Pre-0.4 lerobot checkpoints' normalisation buffers (`normalize_inputs.*`, …) are skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::prelude::*;
 
-use super::config::{DiffusionConfig, DiffusionConfigError};
+use super::config::DiffusionConfig;
 use super::model::Diffusion;
 use crate::resnet::torchvision_key_from_sequential;
+use crate::config_file::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, named_tensors, write_safetensors};
 
-/// File names inside a `pretrained_model/` directory.
-pub const CONFIG_FILE: &str = "config.json";
-pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The policy's attribute holding the `DiffusionModel`: the prefix of every model key.
 pub const KEY_PREFIX: &str = "diffusion.";
-/// Policy-level keys of pre-0.4 lerobot checkpoints that are skipped on load.
-pub const NORMALIZATION_PREFIXES: [&str; 3] = ["normalize_inputs.", "normalize_targets.", "unnormalize_outputs."];
 
-/// A checkpoint could not be read or written; each variant names the file (and the field or
-/// weight key where there is one).
-#[derive(Debug, thiserror::Error)]
-pub enum DiffusionLoadError {
-    #[error(transparent)]
-    Config(#[from] DiffusionConfigError),
-    #[error(transparent)]
-    Weights(#[from] WeightError),
-    #[error("{path}: cannot write: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
-}
+/// A checkpoint could not be read or written (the same error for every model).
+pub type DiffusionLoadError = CheckpointError;
 
 /// Split `rgb_encoder.backbone.<rest>` / `rgb_encoder.<i>.backbone.<rest>` into
 /// (`"rgb_encoder.backbone."` or `"rgb_encoder.<i>.backbone."`, `<rest>`).
@@ -119,11 +106,7 @@ pub fn save_weights<B: Backend>(model: &Diffusion<B>, path: &Path) -> Result<(),
 /// Write `dir/config.json` (lerobot format, `"type": "diffusion"`) and `dir/model.safetensors`
 /// (lerobot key names). Creates `dir` if needed.
 pub fn save_pretrained<B: Backend>(config: &DiffusionConfig, model: &Diffusion<B>, dir: &Path) -> Result<(), DiffusionLoadError> {
-    std::fs::create_dir_all(dir).map_err(|source| DiffusionLoadError::Write { path: dir.to_path_buf(), source })?;
-    let path = dir.join(CONFIG_FILE);
-    let mut text = config.to_json_string();
-    text.push('\n');
-    std::fs::write(&path, text).map_err(|source| DiffusionLoadError::Write { path, source })?;
+    write_config_file(dir, &config.to_json_string())?;
     save_weights(model, &dir.join(WEIGHTS_FILE))?;
     Ok(())
 }

@@ -6,29 +6,18 @@
 //! equal the reference's keys, so loading needs no remap table, and vramlab writes its own
 //! checkpoints in the same layout: either side can read the other's.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::prelude::*;
 
-use super::config::{Vae3dConfig, Vae3dConfigError};
+use super::config::Vae3dConfig;
 use super::model::Vae3d;
+use crate::config_file::{CONFIG_FILE, CheckpointError, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, save_safetensors};
 
-/// File names inside a checkpoint directory.
-pub const CONFIG_FILE: &str = "config.json";
-pub const WEIGHTS_FILE: &str = "model.safetensors";
 
-/// A checkpoint could not be read or written; each variant names the file (and the field or
-/// weight key where there is one).
-#[derive(Debug, thiserror::Error)]
-pub enum Vae3dLoadError {
-    #[error(transparent)]
-    Config(#[from] Vae3dConfigError),
-    #[error(transparent)]
-    Weights(#[from] WeightError),
-    #[error("{path}: cannot write: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
-}
+/// A checkpoint could not be read or written (the same error for every model).
+pub type Vae3dLoadError = CheckpointError;
 
 /// Read `dir/config.json` and `dir/model.safetensors` (a reference checkpoint or one written
 /// by [`save_pretrained`]). Every parameter must be present with the right shape, and every
@@ -47,11 +36,7 @@ pub fn load_weights<B: Backend>(model: Vae3d<B>, path: &Path) -> Result<Vae3d<B>
 /// Write `dir/config.json` (reference format, see [`Vae3dConfig::to_reference_json`]) and
 /// `dir/model.safetensors` (f32, reference key names). Creates `dir` if needed.
 pub fn save_pretrained<B: Backend>(config: &Vae3dConfig, model: &Vae3d<B>, dir: &Path) -> Result<(), Vae3dLoadError> {
-    std::fs::create_dir_all(dir).map_err(|source| Vae3dLoadError::Write { path: dir.to_path_buf(), source })?;
-    let path = dir.join(CONFIG_FILE);
-    let mut text = serde_json::to_string_pretty(&config.to_reference_json()).expect("a JSON value always serializes");
-    text.push('\n');
-    std::fs::write(&path, text).map_err(|source| Vae3dLoadError::Write { path, source })?;
+    write_config_file(dir, &serde_json::to_string_pretty(&config.to_reference_json()).expect("a JSON value always serializes"))?;
     save_safetensors(model, &dir.join(WEIGHTS_FILE))?;
     Ok(())
 }
