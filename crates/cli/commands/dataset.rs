@@ -146,18 +146,17 @@ fn bench(root: &Path, samples: usize, batch: usize, workers: &[usize]) -> Result
         let secs = t0.elapsed().as_secs_f64();
         println!("| {w} | {total} | {secs:.2} | {:.1} | {:.1} |", total as f64 / secs, (total * cams) as f64 / secs);
     }
-    if let Some((key, ep)) = ds.video_keys().first().zip(ds.episodes().first()) {
-        if let Some(v) = ep.videos.get(key) {
-            let path = ds.root().join(&v.file);
-            let mut r = VideoReader::open(&path)?;
-            let t0 = Instant::now();
-            let n = r.num_frames();
-            for i in 0..n {
-                r.frame(i)?;
-            }
-            let secs = t0.elapsed().as_secs_f64();
-            println!("\nSequential decode of {} ({n} frames, to RGB): {secs:.2} s, {:.1} frames/s", path.display(), n as f64 / secs);
+    let first_video = ds.video_keys().first().zip(ds.episodes().first()).and_then(|(key, ep)| ep.videos.get(key));
+    if let Some(v) = first_video {
+        let path = ds.root().join(&v.file);
+        let mut r = VideoReader::open(&path)?;
+        let t0 = Instant::now();
+        let n = r.num_frames();
+        for i in 0..n {
+            r.frame(i)?;
         }
+        let secs = t0.elapsed().as_secs_f64();
+        println!("\nSequential decode of {} ({n} frames, to RGB): {secs:.2} s, {:.1} frames/s", path.display(), n as f64 / secs);
     }
     Ok(())
 }

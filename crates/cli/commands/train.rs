@@ -197,8 +197,9 @@ fn stop_flag() -> Arc<AtomicBool> {
 pub struct Workload<'a, M, Batch> {
     pub policy: &'static str,
     pub model: M,
-    /// The model's `config.json` (reference / lerobot format), written into every checkpoint.
-    pub config_json: serde_json::Value,
+    /// The model's `config.json` text (reference / lerobot format, with its `type`), written
+    /// verbatim into every checkpoint (a JSON value would lose the features' order).
+    pub config_json: String,
     pub num_params: usize,
     pub optim: OptimPreset,
     pub data_desc: String,
@@ -219,13 +220,13 @@ where
     std::fs::write(out.join("run_config.json"), &run_json).with_context(|| format!("{}: cannot write", out.display()))?;
     let mut trainer = Trainer::new(tcfg, probe);
     trainer.checkpoint_files = vec![
-        ("config.json".into(), serde_json::to_vec_pretty(&config_json)?),
+        ("config.json".into(), config_json.clone().into_bytes()),
         ("run_config.json".into(), run_json.into_bytes()),
     ];
     trainer.stop = stop_flag();
     let o = &trainer.config.optim;
     trainer.summary_header = vec![
-        ("policy".into(), format!("{policy} ({num_params} parameters) {}", serde_json::to_string(&config_json)?)),
+        ("policy".into(), format!("{policy} ({num_params} parameters) {}", serde_json::to_string(&serde_json::from_str::<serde_json::Value>(&config_json)?)?)),
         ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
         ("precision".into(), sw.precision.name().into()),
         ("gradient_checkpointing".into(), sw.checkpointing.to_string()),
@@ -280,10 +281,8 @@ impl Job for Vae3dJob {
         // Seed the backend before the weights are drawn: same seed, same initial model.
         B::seed(&device, cfg.seed);
         let model = Vae3dTrain::<B> { vae: vae_cfg.init(&device), precision: sw.precision };
-        let mut config_json = vae_cfg.to_reference_json();
-        if let Some(obj) = config_json.as_object_mut() {
-            obj.insert("type".into(), "vae3d".into());
-        }
+        // The reference JSON carries `"type": "vae3d"` (how `vramlab predict` tells the model).
+        let config_json = serde_json::to_string_pretty(&vae_cfg.to_reference_json())?;
         let bs = cfg.batch_size as usize;
         let (seed, dev) = (cfg.seed, device.clone());
         let vc = vae_cfg.clone();
@@ -327,30 +326,19 @@ fn open_policy_data(
     delta: impl FnOnce(&vramlab_lerobot::Info) -> vramlab_lerobot::DeltaIndices,
     norm_map: &vramlab_lerobot::normalize::NormMap,
     drop_n_last_frames: usize,
-) -> Result<Option<(LeRobotPolicyData, PathBuf)>> {
+) -> Result<Option<LeRobotPolicyData>> {
     let root = match cfg.dataset.kind.as_str() {
         "random" => return Ok(None),
         "lerobot" => cfg.dataset.root.clone().ok_or_else(|| anyhow!("dataset.root is required for dataset.type=lerobot"))?,
         "sim" | "synthetic" => crate::commands::dataset::ensure_sim_dataset(cfg.dataset.root.as_deref(), cfg.dataset.num_episodes)?,
         other => bail!("dataset.type={other}: unknown for robot policies; valid: sim (built-in demonstrations), lerobot (with dataset.root), random"),
     };
-    let data = LeRobotPolicyData::open(&root, window, delta, norm_map, data_options(cfg, drop_n_last_frames))?;
-    Ok(Some((data, root)))
+    Ok(Some(LeRobotPolicyData::open(&root, window, delta, norm_map, data_options(cfg, drop_n_last_frames))?))
 }
 
 /// Random inputs with the policy's features (`dataset.type=random`).
 fn random_source(cfg: &RunConfig, window: Window, features: crate::workloads::policy_data::DataFeatures) -> PolicySource {
     PolicySource::Random(RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features })
-}
-
-/// A lerobot `config.json` with its `type`, as on hub checkpoints: lets `vramlab predict` (and
-/// lerobot) tell the policy type.
-fn typed_config_json(json: &str, policy_type: &str) -> Result<serde_json::Value> {
-    let mut v: serde_json::Value = serde_json::from_str(json)?;
-    if let Some(obj) = v.as_object_mut() {
-        obj.insert("type".into(), policy_type.into());
-    }
-    Ok(v)
 }
 
 /// The loader of a policy source.
@@ -375,15 +363,11 @@ impl Job for ActJob {
         let window = act::window(chunk);
         let norm = vramlab_lerobot::normalize::act_norm_map();
         let (ac, source) = match open_policy_data(&cfg, window, |i| vramlab_lerobot::act_delta_indices(i, chunk), &norm, 0)? {
-            Some((data, root)) => {
-                let ac = act::resolve_config_for(&cfg.policy, data.features())?;
-                let desc = PolicySource::LeRobot(Box::new(data));
-                (ac, (desc, Some(root)))
-            }
+            Some(data) => (act::resolve_config_for(&cfg.policy, data.features())?, PolicySource::LeRobot(Box::new(data))),
             None => {
                 let ac = act::resolve_config(&cfg.policy)?;
                 let r = random_source(&cfg, window, act::features_of(&ac));
-                (ac, (r, None))
+                (ac, r)
             }
         };
         B::seed(&device, cfg.seed);
@@ -392,9 +376,10 @@ impl Job for ActJob {
             model = model.with_frozen_backbone();
         }
         let model = act::ActTrain::<B> { act: model, precision: sw.precision };
-        let config_json = typed_config_json(&ac.to_json_string(), "act")?;
-        let data_desc = source.0.describe(source.1.as_deref());
-        let mut loader = policy_loader(&cfg, source.0);
+        // lerobot's layout, `"type": "act"` first, as on hub checkpoints.
+        let config_json = ac.to_json_string();
+        let data_desc = source.describe();
+        let mut loader = policy_loader(&cfg, source);
         let (seed, dev) = (cfg.seed, device.clone());
         let acc = ac.clone();
         let w = Workload {
@@ -434,21 +419,18 @@ impl Job for DiffusionJob {
         let norm = vramlab_lerobot::normalize::diffusion_norm_map();
         let delta = |i: &vramlab_lerobot::Info| vramlab_lerobot::diffusion_delta_indices(i, base.n_obs_steps, base.horizon);
         let (dc, source) = match open_policy_data(&cfg, window, delta, &norm, base.drop_n_last_frames)? {
-            Some((data, root)) => {
-                let dc = diffusion::resolve_config_for(&cfg.policy, data.features())?;
-                (dc, (PolicySource::LeRobot(Box::new(data)), Some(root)))
-            }
+            Some(data) => (diffusion::resolve_config_for(&cfg.policy, data.features())?, PolicySource::LeRobot(Box::new(data))),
             None => {
                 let dc = diffusion::resolve_config(&cfg.policy)?;
                 let r = random_source(&cfg, window, diffusion::features_of(&dc));
-                (dc, (r, None))
+                (dc, r)
             }
         };
         B::seed(&device, cfg.seed);
         let model = diffusion::DiffusionTrain::<B> { model: dc.init(&device), precision: sw.precision };
-        let config_json = typed_config_json(&dc.to_json_string(), "diffusion")?;
-        let data_desc = source.0.describe(source.1.as_deref());
-        let mut loader = policy_loader(&cfg, source.0);
+        let config_json = dc.to_json_string();
+        let data_desc = source.describe();
+        let mut loader = policy_loader(&cfg, source);
         let (seed, dev) = (cfg.seed, device.clone());
         let dcc = dc.clone();
         let w = Workload {

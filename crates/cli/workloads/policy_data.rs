@@ -210,7 +210,7 @@ impl PolicySource {
         }
     }
 
-    pub fn describe(&self, root: Option<&Path>) -> String {
+    pub fn describe(&self) -> String {
         let cams = |f: &DataFeatures| f.cameras.iter().map(|(k, s)| format!("{k} {s:?}")).collect::<Vec<_>>().join(", ");
         match self {
             PolicySource::Random(r) => format!(
@@ -221,7 +221,7 @@ impl PolicySource {
             PolicySource::LeRobot(d) => format!(
                 "LeRobot {:?} dataset {} ({} episodes, {} frames, {} fps): cameras [{}]; workers {}, prefetch {}, persistent {}, augment {}",
                 d.ds.version(),
-                root.map(|p| p.display().to_string()).unwrap_or_default(),
+                d.ds.root().display(),
                 d.ds.num_episodes(),
                 d.ds.num_frames(),
                 d.ds.fps(),
