@@ -132,20 +132,22 @@ impl LeRobotPolicyData {
         let mut rng = step_rng(self.data.seed ^ 0xDA7A, k, 0);
         for i in 0..b {
             let index = self.sampler.index(k * b as u64 + i as u64);
-            let s = self.ds.sample(index, &self.opts)?;
+            let mut s = self.ds.sample(index, &self.opts)?;
+            // Take each array out of the sample (no copies on the loader's hot path).
+            let mut take = |key: &str| s.values.remove(key).map(|x| x.data).ok_or_else(|| anyhow!("frame {index}: no `{key}`"));
             if f.state_dim.is_some() {
-                let mut v = s.values.get("observation.state").map(|x| x.data.clone()).ok_or_else(|| anyhow!("frame {index}: no observation.state"))?;
+                let mut v = take("observation.state")?;
                 self.norm.normalize("observation.state", &mut v)?;
                 out.state.extend(v);
             }
-            let mut act = s.values.get("action").map(|x| x.data.clone()).ok_or_else(|| anyhow!("frame {index}: no action"))?;
+            let mut act = take("action")?;
             self.norm.normalize("action", &mut act)?;
             out.action.extend(act);
-            out.action_is_pad.extend(s.pads.get("action").cloned().unwrap_or_else(|| vec![false; h]));
+            out.action_is_pad.extend(s.pads.remove("action").unwrap_or_else(|| vec![false; h]));
             for (ci, (key, [_, oh, ow])) in f.cameras.iter().enumerate() {
                 let [rh, rw] = self.raw_hw[ci];
-                let raw = s.values.get(key).map(|x| &x.data).ok_or_else(|| anyhow!("frame {index}: no `{key}`"))?;
-                let mut img = transforms::resize_bilinear(raw, rh, rw, *oh, *ow);
+                let raw = take(key)?;
+                let mut img = if [rh, rw] == [*oh, *ow] { raw } else { transforms::resize_bilinear(&raw, rh, rw, *oh, *ow) };
                 let tfs = self.data.image_transforms.draw(&mut rng, *oh, *ow);
                 transforms::apply(&tfs, &mut img, *oh, *ow);
                 self.norm.normalize_image(key, &mut img, oh * ow)?;
