@@ -121,13 +121,9 @@ impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(r) = s.ready.remove(&k) {
+                // In-order access (anything else restarted the workers at `k`): no batch below
+                // `k` is ever ready, so nothing else holds the window.
                 s.in_flight -= 1;
-                // Older batches nobody asked for would hold the window: drop them.
-                let stale: Vec<u64> = s.ready.range(..k).map(|(i, _)| *i).collect();
-                for i in stale {
-                    s.ready.remove(&i);
-                    s.in_flight -= 1;
-                }
                 cv.notify_all();
                 return r;
             }
