@@ -308,13 +308,13 @@ fn data_options(cfg: &RunConfig, drop_n_last_frames: usize) -> DataOptions {
         image_transforms: cfg.dataset.image_transforms.clone(),
         shuffle: cfg.dataset.shuffle,
         drop_n_last_frames,
-        loader: LoaderConfig {
-            num_workers: cfg.num_workers,
-            prefetch_factor: cfg.prefetch_factor,
-            persistent_workers: cfg.persistent_workers,
-            batches_per_epoch: 0,
-        },
+        loader: loader_config(cfg),
     }
+}
+
+/// `--num_workers`, `--prefetch_factor`, `--persistent_workers`.
+fn loader_config(cfg: &RunConfig) -> LoaderConfig {
+    LoaderConfig { num_workers: cfg.num_workers, prefetch_factor: cfg.prefetch_factor, persistent_workers: cfg.persistent_workers, batches_per_epoch: 0 }
 }
 
 /// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`, or the built-in
@@ -343,10 +343,7 @@ fn random_source(cfg: &RunConfig, window: Window, features: crate::workloads::po
 
 /// The loader of a policy source.
 fn policy_loader(cfg: &RunConfig, source: PolicySource) -> PolicyLoader {
-    let opts = data_options(cfg, 0);
-    // Random inputs are cheap: no worker threads.
-    let workers = if matches!(source, PolicySource::Random(_)) { 0 } else { opts.loader.num_workers };
-    PolicyLoader::new(Arc::new(source), LoaderConfig { num_workers: workers, ..opts.loader }, cfg.grad_accum_steps)
+    PolicyLoader::new(Arc::new(source), loader_config(cfg), cfg.grad_accum_steps)
 }
 
 struct ActJob {

@@ -245,8 +245,10 @@ pub struct PolicyLoader {
 
 impl PolicyLoader {
     pub fn new(source: Arc<PolicySource>, mut cfg: LoaderConfig, grad_accum_steps: u64) -> Self {
-        if let PolicySource::LeRobot(d) = &*source {
-            cfg.batches_per_epoch = d.batches_per_epoch();
+        match &*source {
+            PolicySource::LeRobot(d) => cfg.batches_per_epoch = d.batches_per_epoch(),
+            // Random inputs are cheap: no worker threads.
+            PolicySource::Random(_) => cfg.num_workers = 0,
         }
         let make = Arc::new(move |k| source.host_batch(k));
         Self { prefetch: Prefetcher::new(cfg, make), grad_accum_steps: grad_accum_steps.max(1) }
