@@ -1,97 +1,41 @@
 //! `vramlab dataset info|bench|generate PATH`: what a LeRobot dataset holds, how fast vramlab
 //! reads it, and the built-in demonstrations.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramlab_lerobot::{EpochSampler, FeatureKind, LeRobotDataset, LoaderConfig, Prefetcher, SampleOptions, VideoReader};
 
-use crate::Cli;
+use crate::args::DatasetCommand;
 
-const USAGE: &str = "usage: vramlab dataset info PATH | bench PATH [--samples=N] [--workers=0,1,2] [--batch_size=8] | generate PATH [--episodes=N] [--image_size=96]";
-
-pub fn run(cli: &Cli, args: &[String]) -> Result<()> {
-    let (Some(sub), Some(path)) = (args.first(), args.get(1)) else {
-        bail!("{USAGE}");
-    };
-    let root = PathBuf::from(path);
-    let num = |k: &str, v: &str| v.trim().parse::<usize>().map_err(|_| anyhow!("--{k}={v}: expected a number"));
-    match sub.as_str() {
-        "info" => info(&root),
-        "bench" => {
-            let (mut samples, mut batch) = (96usize, 8usize);
-            let mut workers = vec![0usize, 1, 2];
-            for (k, v) in &cli.overrides {
-                match k.as_str() {
-                    "samples" => samples = num(k, v)?,
-                    "batch_size" => batch = num(k, v)?.max(1),
-                    "workers" => workers = v.split(',').map(|w| num(k, w)).collect::<Result<_>>()?,
-                    other => bail!("dataset bench: unknown flag --{other}; valid: --samples, --workers, --batch_size"),
-                }
-            }
-            bench(&root, samples, batch, &workers)
-        }
-        "generate" => {
-            let (mut episodes, mut size) = (20usize, 96usize);
-            for (k, v) in &cli.overrides {
-                match k.as_str() {
-                    "episodes" => episodes = num(k, v)?,
-                    "image_size" => size = num(k, v)?,
-                    other => bail!("dataset generate: unknown flag --{other}; valid: --episodes, --image_size"),
-                }
-            }
-            generate(&root, episodes, size)
-        }
-        other => bail!("dataset {other}: unknown. {USAGE}"),
+pub fn run(cmd: &DatasetCommand) -> Result<()> {
+    match cmd {
+        DatasetCommand::Info { path } => info(path),
+        DatasetCommand::Bench { path, samples, workers, batch_size } => bench(path, *samples, *batch_size as usize, workers),
+        DatasetCommand::Generate { path, episodes, image_size } => generate(path, *episodes, *image_size),
     }
 }
 
-/// Seed of episode `e` of the built-in demonstrations.
-const SIM_SEED: u64 = 0x5EED_0000;
-
-/// Record `episodes` scripted-expert episodes of the push simulator into a LeRobot v3.0 dataset.
-pub fn generate(root: &Path, episodes: usize, image_size: usize) -> Result<()> {
-    if episodes == 0 || !(16..=1024).contains(&image_size) {
-        bail!("dataset generate: need --episodes ≥ 1 and 16 ≤ --image_size ≤ 1024");
-    }
+/// Record the built-in demonstrations with a progress bar.
+fn generate(root: &Path, episodes: usize, image_size: usize) -> Result<()> {
     let bar = ProgressBar::new(episodes as u64).with_message("recording expert episodes");
     bar.set_style(ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_bar()));
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let eps: Vec<_> = (0..episodes)
-        .map(|e| {
-            let ep = vramlab_data::push::record_episode(SIM_SEED + e as u64, 300, image_size);
-            bar.inc(1);
-            ep
-        })
-        .collect();
+    let g = vramlab_workloads::sim::generate(root, episodes, image_size, &mut || bar.inc(1))?;
     bar.finish_and_clear();
-    let solved = eps.iter().filter(|e| e.success.iter().any(|&s| s)).count();
-    let frames: usize = eps.iter().map(|e| e.frames.len()).sum();
-    if let Some(dir) = root.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: cannot create: {e}", dir.display()))?;
-    }
-    vramlab_lerobot::writer::write_dataset(root, &vramlab_data::push::dataset_spec(image_size), &eps)?;
     eprintln!(
-        "wrote {}: LeRobot v3.0, {episodes} episodes ({solved} solved by the expert), {frames} frames, 10 fps, {image_size}×{image_size} PNG frames in parquet",
-        root.display()
+        "wrote {}: LeRobot v3.0, {} episodes ({} solved by the expert), {} frames, 10 fps, {image_size}×{image_size} PNG frames in parquet",
+        super::shown(root),
+        g.episodes,
+        g.solved,
+        g.frames
     );
     Ok(())
-}
-
-/// The built-in demonstrations for training: `root`, or `datasets/generated/push_v30_<N>ep`,
-/// generated on first use.
-pub fn ensure_sim_dataset(root: Option<&Path>, episodes: usize) -> Result<PathBuf> {
-    let root = root.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(format!("datasets/generated/push_v30_{episodes}ep")));
-    if !root.join("meta/info.json").exists() {
-        eprintln!("built-in demonstrations: generating {} ({episodes} episodes)", root.display());
-        generate(&root, episodes, 96)?;
-    }
-    Ok(root)
 }
 
 fn info(root: &Path) -> Result<()> {

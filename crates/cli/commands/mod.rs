@@ -1,50 +1,60 @@
-//! One module per subcommand.
+//! One module per subcommand; each turns parsed args into a validated config and calls the
+//! workloads library.
 
-pub mod dataset;
-pub mod info;
-pub mod predict;
-pub mod sweep;
-pub mod train;
+mod dataset;
+mod info;
+mod train;
 
-use anyhow::{Result, anyhow};
-use vramlab_models::nn::Precision;
-use vramlab_train::CheckpointMode;
+use std::path::Path;
 
-use crate::backend::BackendKind;
-use crate::config::RunConfig;
+use anyhow::{Context, Result};
+use vramlab_workloads::{PredictRequest, RunConfig, config};
 
-/// The run-level switches every command validates the same way.
-pub struct Switches {
-    pub backend: BackendKind,
-    pub precision: Precision,
-    pub checkpointing: CheckpointMode,
+use crate::args::{Cli, Command, RunArgs};
+
+/// The run config of a command: file, then top-level flags, then dotted overrides.
+fn run_config(run: &RunArgs, overrides: &[(String, String)]) -> Result<RunConfig> {
+    let all = all_overrides(run, overrides);
+    Ok(config::load(run.config.as_deref(), &all)?)
 }
 
-impl Switches {
-    pub fn from(cfg: &RunConfig) -> Result<Self> {
-        let backend = BackendKind::parse(&cfg.backend)?;
-        let precision = Precision::parse(&cfg.precision)
-            .ok_or_else(|| anyhow!("--precision={}: unknown; valid: f32, bf16, f16", cfg.precision))?;
-        let checkpointing = CheckpointMode::parse(&cfg.gradient_checkpointing).ok_or_else(|| {
-            anyhow!("--gradient_checkpointing={}: unknown; valid: {}", cfg.gradient_checkpointing, CheckpointMode::NAMES)
-        })?;
-        Ok(Self { backend, precision, checkpointing })
+fn all_overrides(run: &RunArgs, overrides: &[(String, String)]) -> Vec<(String, String)> {
+    let mut all = run.flags.overrides();
+    all.extend(overrides.iter().cloned());
+    all
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    let overrides = &cli.overrides;
+    match &cli.command {
+        Command::Train(run) => train::run(run_config(run, overrides)?),
+        Command::Info(run) => info::run(&run_config(run, overrides)?),
+        Command::Sweep(run) => {
+            let exe = std::env::current_exe().context("cannot find the vramlab executable")?;
+            let all = all_overrides(run, overrides);
+            let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+            let spec = vramlab_workloads::sweep::SweepSpec { exe: &exe, config_file: run.config.as_deref(), overrides: &all, command_line };
+            vramlab_workloads::sweep::run(&spec)?;
+            Ok(())
+        }
+        Command::Predict(p) => {
+            let cfg = run_config(&p.run, overrides)?;
+            let req = PredictRequest { checkpoint: p.checkpoint.clone(), inputs: p.inputs.clone(), out: p.out.clone() };
+            for (name, shape) in vramlab_workloads::predict(&req, &cfg)? {
+                eprintln!("{name}: {shape:?}");
+            }
+            eprintln!("wrote {}", p.out.display());
+            Ok(())
+        }
+        Command::Dataset(d) => dataset::run(d),
+        Command::Completions { shell } => {
+            crate::args::completions(*shell);
+            Ok(())
+        }
     }
 }
 
-/// UTC timestamp `YYYYmmdd-HHMMSS` for default run names.
-pub fn timestamp() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+/// `path` shown as the user would type it.
+fn shown(path: &Path) -> String {
+    path.display().to_string()
 }

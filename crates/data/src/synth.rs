@@ -809,6 +809,33 @@ mod tests {
         assert!(serde_json::from_str::<SynthConfig>(r#"{"dpeth": 3}"#).is_err());
     }
 
+    /// FNV-1a over the f32 bits of every value: pins the generated voxels bit for bit.
+    fn fnv(data: &[f32]) -> u64 {
+        data.iter().flat_map(|v| v.to_bits().to_le_bytes()).fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+
+    /// Scenes are a pure function of (config, seed, index): these hashes were computed before
+    /// `Scene::draw` was split into its parts and must never change silently (runs, resumes
+    /// and committed benchmarks depend on the exact scenes).
+    #[test]
+    fn scenes_are_bit_identical_to_the_pinned_hashes() {
+        let cases: [(SynthConfig, u64, u64); 4] = [
+            (SynthConfig::default(), 42, 0),
+            (SynthConfig { depth: 16, height: 64, width: 64, ..Default::default() }, 7, 3),
+            (SynthConfig { depth: 5, height: 130, width: 4, num_static_boxes: 20, num_movers: 20, noise_points: 0.3, ..Default::default() }, 5, 1),
+            (SynthConfig { depth: 32, height: 128, width: 128, num_movers: 8, ..Default::default() }, 1, 9),
+        ];
+        let got: Vec<u64> = cases
+            .iter()
+            .map(|(cfg, seed, index)| fnv(&VoxelSceneGenerator::new(cfg.clone(), *seed).unwrap().sample(*index)))
+            .collect();
+        assert_eq!(got, PINNED, "got {got:#x?}");
+    }
+
+    const PINNED: [u64; 4] = [0xffde_aa7f_16fc_0a3a, 0x39cf_df0a_f51b_f854, 0x2adf_b990_0493_98c9, 0x1bb3_6c9d_8dc0_7cbe];
+
     #[test]
     fn dataset_batch_layout() {
         let ds = VoxelDataset::new(SynthConfig::default(), 3, 5).unwrap();

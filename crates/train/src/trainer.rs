@@ -16,7 +16,7 @@ use vramlab_probe::MemoryProbe;
 
 use crate::checkpointing::{CheckpointMode, PhaseHooks, staged_forward_backward};
 use crate::metrics::{StepRecord, summary_markdown};
-use crate::model::TrainModel;
+use crate::model::{LossParts, TrainModel};
 use crate::optim::{OptimConfig, Optimizer, grad_bytes, param_bytes};
 use crate::schedule::LrSchedule;
 
@@ -83,16 +83,57 @@ pub struct TrainOutcome<M> {
     pub interrupted: bool,
 }
 
-/// Trains any [`TrainModel`], measuring memory with any [`MemoryProbe`].
+/// Trains any [`TrainModel`], measuring memory with any [`MemoryProbe`]. Built with
+/// [`Trainer::builder`].
 pub struct Trainer<'a> {
-    pub config: TrainConfig,
-    pub probe: &'a dyn MemoryProbe,
+    config: TrainConfig,
+    probe: &'a dyn MemoryProbe,
     /// Extra files written into every checkpoint (e.g. the model's `config.json`).
-    pub checkpoint_files: Vec<(String, Vec<u8>)>,
+    checkpoint_files: Vec<(String, Vec<u8>)>,
     /// Set from outside (Ctrl-C) to stop after the current step with a checkpoint.
-    pub stop: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
     /// Header lines for the summary.
-    pub summary_header: Vec<(String, String)>,
+    summary_header: Vec<(String, String)>,
+}
+
+/// Builds a [`Trainer`]: `Trainer::builder(config, probe).checkpoint_file(..).build()`.
+pub struct TrainerBuilder<'a> {
+    trainer: Trainer<'a>,
+}
+
+impl<'a> TrainerBuilder<'a> {
+    /// Write `bytes` as `name` into every checkpoint directory.
+    pub fn checkpoint_file(mut self, name: impl Into<String>, bytes: Vec<u8>) -> Self {
+        self.trainer.checkpoint_files.push((name.into(), bytes));
+        self
+    }
+
+    /// Stop after the current step (with a checkpoint) once `flag` is set.
+    pub fn stop(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.trainer.stop = flag;
+        self
+    }
+
+    /// `(name, value)` lines at the top of `summary.md`.
+    pub fn summary_header(mut self, lines: Vec<(String, String)>) -> Self {
+        self.trainer.summary_header = lines;
+        self
+    }
+
+    pub fn build(self) -> Trainer<'a> {
+        self.trainer
+    }
+}
+
+/// Memory and time of one micro-batch's forward and backward.
+#[derive(Default)]
+struct MicroMeasure {
+    live_before: u64,
+    fwd_peak: u64,
+    bwd_peak: u64,
+    reserved: u64,
+    fwd_time: f64,
+    bwd_time: f64,
 }
 
 struct Hooks<'a> {
@@ -111,8 +152,18 @@ impl PhaseHooks for Hooks<'_> {
 }
 
 impl<'a> Trainer<'a> {
+    pub fn builder(config: TrainConfig, probe: &'a dyn MemoryProbe) -> TrainerBuilder<'a> {
+        let trainer = Self { config, probe, checkpoint_files: Vec::new(), stop: Arc::new(AtomicBool::new(false)), summary_header: Vec::new() };
+        TrainerBuilder { trainer }
+    }
+
+    /// A trainer with no extra checkpoint files, stop flag or summary header.
     pub fn new(config: TrainConfig, probe: &'a dyn MemoryProbe) -> Self {
-        Self { config, probe, checkpoint_files: Vec::new(), stop: Arc::new(AtomicBool::new(false)), summary_header: Vec::new() }
+        Self::builder(config, probe).build()
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
     }
 
     pub fn checkpoints_dir(&self) -> PathBuf {
@@ -123,7 +174,7 @@ impl<'a> Trainer<'a> {
     /// for micro-batch `micro` of step `step` (deterministic in its arguments, so resume works).
     pub fn run<B, M>(
         &self,
-        mut model: M,
+        model: M,
         device: &B::Device,
         data: &mut dyn FnMut(u64, u64) -> Result<M::Batch, BoxError>,
         on_step: &mut dyn FnMut(&StepRecord),
@@ -133,14 +184,53 @@ impl<'a> Trainer<'a> {
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let cfg = &self.config;
-        let ckpt_dir = self.checkpoints_dir();
-        let metrics_path = cfg.output_dir.join("metrics.jsonl");
-        fs::create_dir_all(&ckpt_dir).map_err(io(&ckpt_dir))?;
         if cfg.gradient_checkpointing == CheckpointMode::Blocks && model.staged().is_none() {
             return Err(TrainError::NoStages);
         }
-
         let mut optim = Optimizer::<B>::new(cfg.optim.clone());
+        let (mut model, mut state) = self.start_or_resume(model, &mut optim, device)?;
+        let metrics_path = cfg.output_dir.join("metrics.jsonl");
+        let mut metrics = OpenOptions::new().create(true).append(true).open(&metrics_path).map_err(io(&metrics_path))?;
+        let mut records = Vec::new();
+        let mut last_checkpoint = None;
+        let mut interrupted = false;
+        while state.step < cfg.steps {
+            let (new_model, record) = self.step(model, &mut optim, &mut state, data)?;
+            model = new_model;
+            let line = serde_json::to_string(&record).unwrap_or_default();
+            writeln!(metrics, "{line}").and_then(|_| metrics.flush()).map_err(io(&metrics_path))?;
+            on_step(&record);
+            records.push(record);
+
+            let step = state.step;
+            let stop = self.stop.load(Ordering::Relaxed);
+            let periodic = cfg.save_freq > 0 && step.is_multiple_of(cfg.save_freq);
+            if periodic || step == cfg.steps || stop {
+                last_checkpoint = Some(self.save_checkpoint::<B, M>(&model, &optim, &state)?);
+            }
+            if stop {
+                interrupted = true;
+                break;
+            }
+        }
+        let summary = summary_markdown(&format!("vramlab run: {}", cfg.output_dir.display()), &self.summary_header, &records);
+        let summary_path = cfg.output_dir.join("summary.md");
+        fs::write(&summary_path, summary).map_err(io(&summary_path))?;
+        Ok(TrainOutcome { model, records, last_checkpoint, interrupted })
+    }
+
+    /// A fresh state (refusing a directory that already holds checkpoints), or the state,
+    /// weights and optimizer of the latest checkpoint with `--resume`; the metrics file is cut
+    /// back to the resumed step.
+    fn start_or_resume<B, M>(&self, mut model: M, optim: &mut Optimizer<B>, device: &B::Device) -> Result<(M, TrainerState), TrainError>
+    where
+        B: AutodiffBackend,
+        M: TrainModel<B> + AutodiffModule<B>,
+    {
+        let cfg = &self.config;
+        let ckpt_dir = self.checkpoints_dir();
+        let metrics_path = cfg.output_dir.join("metrics.jsonl");
+        fs::create_dir_all(&ckpt_dir).map_err(io(&ckpt_dir))?;
         let mut state = TrainerState {
             step: 0,
             optimizer_step: 0,
@@ -164,157 +254,156 @@ impl<'a> Trainer<'a> {
         } else if metrics_path.exists() {
             fs::remove_file(&metrics_path).map_err(io(&metrics_path))?;
         }
+        Ok((model, state))
+    }
 
-        let mut metrics = OpenOptions::new().create(true).append(true).open(&metrics_path).map_err(io(&metrics_path))?;
-        let (p_bytes, _, _) = param_bytes::<B, M>(&model);
+    /// One optimizer step: every micro-batch's forward and backward, the accumulated update,
+    /// loss scaling, and the step's record.
+    fn step<B, M>(
+        &self,
+        model: M,
+        optim: &mut Optimizer<B>,
+        state: &mut TrainerState,
+        data: &mut dyn FnMut(u64, u64) -> Result<M::Batch, BoxError>,
+    ) -> Result<(M, StepRecord), TrainError>
+    where
+        B: AutodiffBackend,
+        M: TrainModel<B> + AutodiffModule<B>,
+    {
+        let cfg = &self.config;
+        let step = state.step + 1;
+        let t_step = Instant::now();
+        let lr_factor = cfg.schedule.factor(state.optimizer_step);
+        let loss_scale = state.loss_scale.unwrap_or(1.0);
         let accum = cfg.grad_accum_steps.max(1);
-        let mut records = Vec::new();
-        let mut last_checkpoint = None;
-        let mut interrupted = false;
-
-        while state.step < cfg.steps {
-            let step = state.step + 1;
-            let t_step = Instant::now();
-            let lr_factor = cfg.schedule.factor(state.optimizer_step);
-            let loss_scale = state.loss_scale.unwrap_or(1.0);
-            let mut acc = GradientsAccumulator::<M>::new();
-            let (mut data_wait, mut fwd_time, mut bwd_time) = (0.0, 0.0, 0.0);
-            let (mut peak_fwd, mut peak_bwd, mut activation, mut live_before_fwd, mut reserved) = (0u64, 0u64, 0u64, 0u64, 0u64);
-            let mut loss_sum = 0.0;
-            let mut parts_sum: Vec<(String, f64)> = Vec::new();
-            for micro in 0..accum {
-                let t_data = Instant::now();
-                let batch = data(step, micro).map_err(|source| TrainError::Data { step, source })?;
-                data_wait += t_data.elapsed().as_secs_f64();
-
-                let live = self.probe.sample().allocated;
-                live_before_fwd = live_before_fwd.max(live);
-                self.probe.reset_peak();
-                let t0 = Instant::now();
-                let (parts, grads, fwd_peak_micro, fwd_t) = if cfg.gradient_checkpointing == CheckpointMode::Blocks {
-                    let mut hooks = Hooks { probe: self.probe, t0, fwd_peak: 0, fwd_time: 0.0 };
-                    let (parts, grads) = staged_forward_backward(&model, &batch, loss_scale as f32, &mut hooks).ok_or(TrainError::NoStages)?;
-                    (parts, grads, hooks.fwd_peak, hooks.fwd_time)
-                } else {
-                    let parts = model.forward_loss(&batch);
-                    let fwd_peak = self.probe.peak().allocated;
-                    let fwd_t = t0.elapsed().as_secs_f64();
-                    self.probe.reset_peak();
-                    let scaled = if loss_scale == 1.0 { parts.loss.clone() } else { parts.loss.clone() * loss_scale };
-                    let mut g = scaled.backward();
-                    let grads = GradientsParams::from_module(&mut g, &model);
-                    drop(g);
-                    (parts, grads, fwd_peak, fwd_t)
-                };
-                drop(batch);
-                let bwd_peak_micro = self.probe.peak();
-                fwd_time += fwd_t;
-                bwd_time += t0.elapsed().as_secs_f64() - fwd_t;
-                peak_fwd = peak_fwd.max(fwd_peak_micro);
-                peak_bwd = peak_bwd.max(bwd_peak_micro.allocated);
-                reserved = reserved.max(bwd_peak_micro.reserved);
-                activation = activation.max(fwd_peak_micro.saturating_sub(live));
-                acc.accumulate(&model, grads);
-
-                let loss = parts.loss.into_scalar().elem::<f64>();
-                loss_sum += loss;
-                for (i, (k, v)) in parts.parts.into_iter().enumerate() {
-                    let v = v.into_scalar().elem::<f64>();
-                    match parts_sum.get_mut(i) {
-                        Some(p) => p.1 += v,
-                        None => parts_sum.push((k.to_string(), v)),
-                    }
+        let mut acc = GradientsAccumulator::<M>::new();
+        let (mut data_wait, mut m) = (0.0, MicroMeasure::default());
+        let (mut activation, mut loss_sum) = (0u64, 0.0);
+        let mut parts_sum: Vec<(String, f64)> = Vec::new();
+        for micro in 0..accum {
+            let t_data = Instant::now();
+            let batch = data(step, micro).map_err(|source| TrainError::Data { step, source })?;
+            data_wait += t_data.elapsed().as_secs_f64();
+            let (parts, grads, mm) = self.forward_backward(&model, &batch, loss_scale)?;
+            drop(batch);
+            m.live_before = m.live_before.max(mm.live_before);
+            m.fwd_peak = m.fwd_peak.max(mm.fwd_peak);
+            m.bwd_peak = m.bwd_peak.max(mm.bwd_peak);
+            m.reserved = m.reserved.max(mm.reserved);
+            (m.fwd_time, m.bwd_time) = (m.fwd_time + mm.fwd_time, m.bwd_time + mm.bwd_time);
+            activation = activation.max(mm.fwd_peak.saturating_sub(mm.live_before));
+            acc.accumulate(&model, grads);
+            loss_sum += parts.loss.into_scalar().elem::<f64>();
+            for (i, (k, v)) in parts.parts.into_iter().enumerate() {
+                let v = v.into_scalar().elem::<f64>();
+                match parts_sum.get_mut(i) {
+                    Some(p) => p.1 += v,
+                    None => parts_sum.push((k.to_string(), v)),
                 }
             }
-            let loss = loss_sum / accum as f64;
-            if !loss.is_finite() {
-                let checkpoint = if state.step > 0 {
-                    let dir = self.save_checkpoint::<B, M>(&model, &optim, &state)?;
-                    dir.display().to_string()
-                } else {
-                    "none (failed at the first step)".into()
-                };
-                return Err(TrainError::NonFinite { step, value: loss, checkpoint });
-            }
-            let grads = acc.grads();
-            let g_bytes = grad_bytes::<B, M>(&model, &grads);
+        }
+        let loss = loss_sum / accum as f64;
+        if !loss.is_finite() {
+            let checkpoint = if state.step > 0 { self.save_checkpoint::<B, M>(&model, optim, state)?.display().to_string() } else { "none (failed at the first step)".into() };
+            return Err(TrainError::NonFinite { step, value: loss, checkpoint });
+        }
+        let grads = acc.grads();
+        let g_bytes = grad_bytes::<B, M>(&model, &grads);
+        let (p_bytes, _, _) = param_bytes::<B, M>(&model);
 
+        self.probe.reset_peak();
+        let t_opt = Instant::now();
+        let (model, info) = optim.step(model, grads, loss_scale * accum as f64, lr_factor);
+        let opt_peak = self.probe.peak();
+        let opt_time = t_opt.elapsed().as_secs_f64();
+        let skipped = match self.update_loss_scale(state, info.applied) {
+            Ok(skipped) => skipped,
+            Err(()) => {
+                let dir = if state.step > 0 { self.save_checkpoint::<B, M>(&model, optim, state)?.display().to_string() } else { "none".into() };
+                return Err(TrainError::NonFinite { step, value: info.grad_norm, checkpoint: dir });
+            }
+        };
+        state.step = step;
+        state.optimizer_step = optim.step;
+
+        let record = StepRecord {
+            step,
+            loss,
+            loss_parts: parts_sum.into_iter().map(|(k, v)| (k, v / accum as f64)).collect(),
+            lr: cfg.optim.lr * lr_factor,
+            grad_norm: info.grad_norm,
+            step_time_s: t_step.elapsed().as_secs_f64(),
+            data_wait_s: data_wait,
+            forward_time_s: m.fwd_time,
+            backward_time_s: m.bwd_time,
+            optimizer_time_s: opt_time,
+            live_before_forward_bytes: m.live_before,
+            peak_forward_bytes: m.fwd_peak,
+            peak_backward_bytes: m.bwd_peak,
+            peak_optimizer_bytes: opt_peak.allocated,
+            peak_step_bytes: m.fwd_peak.max(m.bwd_peak).max(opt_peak.allocated),
+            peak_reserved_bytes: m.reserved.max(opt_peak.reserved),
+            param_bytes: p_bytes,
+            grad_bytes: g_bytes,
+            optimizer_state_bytes: optim.state_bytes(),
+            activation_bytes: activation,
+            samples: cfg.batch_size * accum,
+            loss_scale: state.loss_scale,
+            skipped,
+        };
+        Ok((model, record))
+    }
+
+    /// Forward and backward of one micro-batch (plain, or block-recomputed), measured.
+    fn forward_backward<B, M>(&self, model: &M, batch: &M::Batch, loss_scale: f64) -> Result<(LossParts<B>, GradientsParams, MicroMeasure), TrainError>
+    where
+        B: AutodiffBackend,
+        M: TrainModel<B> + AutodiffModule<B>,
+    {
+        let live_before = self.probe.sample().allocated;
+        self.probe.reset_peak();
+        let t0 = Instant::now();
+        let (parts, grads, fwd_peak, fwd_time) = if self.config.gradient_checkpointing == CheckpointMode::Blocks {
+            let mut hooks = Hooks { probe: self.probe, t0, fwd_peak: 0, fwd_time: 0.0 };
+            let (parts, grads) = staged_forward_backward(model, batch, loss_scale as f32, &mut hooks).ok_or(TrainError::NoStages)?;
+            (parts, grads, hooks.fwd_peak, hooks.fwd_time)
+        } else {
+            let parts = model.forward_loss(batch);
+            let fwd_peak = self.probe.peak().allocated;
+            let fwd_time = t0.elapsed().as_secs_f64();
             self.probe.reset_peak();
-            let t_opt = Instant::now();
-            let (new_model, info) = optim.step(model, grads, loss_scale * accum as f64, lr_factor);
-            model = new_model;
-            let opt_peak = self.probe.peak();
-            let opt_time = t_opt.elapsed().as_secs_f64();
-            reserved = reserved.max(opt_peak.reserved);
+            let scaled = if loss_scale == 1.0 { parts.loss.clone() } else { parts.loss.clone() * loss_scale };
+            let mut g = scaled.backward();
+            let grads = GradientsParams::from_module(&mut g, model);
+            drop(g);
+            (parts, grads, fwd_peak, fwd_time)
+        };
+        let bwd = self.probe.peak();
+        let bwd_time = t0.elapsed().as_secs_f64() - fwd_time;
+        Ok((parts, grads, MicroMeasure { live_before, fwd_peak, bwd_peak: bwd.allocated, reserved: bwd.reserved, fwd_time, bwd_time }))
+    }
 
-            let mut skipped = false;
-            if !info.applied {
-                match state.loss_scale {
-                    Some(s) => {
-                        // f16 overflow: skip the step, halve the scale (torch GradScaler).
-                        state.loss_scale = Some(s / 2.0);
-                        state.good_steps_since_scale = 0;
-                        skipped = true;
-                    }
-                    None => {
-                        let dir = if state.step > 0 { self.save_checkpoint::<B, M>(&model, &optim, &state)?.display().to_string() } else { "none".into() };
-                        return Err(TrainError::NonFinite { step, value: info.grad_norm, checkpoint: dir });
-                    }
-                }
-            } else if let Some(s) = state.loss_scale {
+    /// Dynamic loss scaling after an optimizer step (torch's GradScaler): an f16 overflow skips
+    /// the step and halves the scale (`Ok(true)`); 2000 good steps double it. A non-finite step
+    /// without loss scaling is `Err`.
+    fn update_loss_scale(&self, state: &mut TrainerState, applied: bool) -> Result<bool, ()> {
+        match (applied, state.loss_scale) {
+            (false, Some(s)) => {
+                state.loss_scale = Some(s / 2.0);
+                state.good_steps_since_scale = 0;
+                Ok(true)
+            }
+            (false, None) => Err(()),
+            (true, Some(s)) => {
                 state.good_steps_since_scale += 1;
                 if state.good_steps_since_scale >= 2000 {
                     state.loss_scale = Some(s * 2.0);
                     state.good_steps_since_scale = 0;
                 }
+                Ok(false)
             }
-            state.step = step;
-            state.optimizer_step = optim.step;
-
-            let record = StepRecord {
-                step,
-                loss,
-                loss_parts: parts_sum.into_iter().map(|(k, v)| (k, v / accum as f64)).collect(),
-                lr: cfg.optim.lr * lr_factor,
-                grad_norm: info.grad_norm,
-                step_time_s: t_step.elapsed().as_secs_f64(),
-                data_wait_s: data_wait,
-                forward_time_s: fwd_time,
-                backward_time_s: bwd_time,
-                optimizer_time_s: opt_time,
-                live_before_forward_bytes: live_before_fwd,
-                peak_forward_bytes: peak_fwd,
-                peak_backward_bytes: peak_bwd,
-                peak_optimizer_bytes: opt_peak.allocated,
-                peak_step_bytes: peak_fwd.max(peak_bwd).max(opt_peak.allocated),
-                peak_reserved_bytes: reserved,
-                param_bytes: p_bytes,
-                grad_bytes: g_bytes,
-                optimizer_state_bytes: optim.state_bytes(),
-                activation_bytes: activation,
-                samples: cfg.batch_size * accum,
-                loss_scale: state.loss_scale,
-                skipped,
-            };
-            let line = serde_json::to_string(&record).unwrap_or_default();
-            writeln!(metrics, "{line}").and_then(|_| metrics.flush()).map_err(io(&metrics_path))?;
-            on_step(&record);
-            records.push(record);
-
-            let stop = self.stop.load(Ordering::Relaxed);
-            let periodic = cfg.save_freq > 0 && step.is_multiple_of(cfg.save_freq);
-            if periodic || step == cfg.steps || stop {
-                last_checkpoint = Some(self.save_checkpoint::<B, M>(&model, &optim, &state)?);
-            }
-            if stop {
-                interrupted = true;
-                break;
-            }
+            (true, None) => Ok(false),
         }
-        let summary = summary_markdown(&format!("vramlab run: {}", cfg.output_dir.display()), &self.summary_header, &records);
-        let summary_path = cfg.output_dir.join("summary.md");
-        fs::write(&summary_path, summary).map_err(io(&summary_path))?;
-        Ok(TrainOutcome { model, records, last_checkpoint, interrupted })
     }
 
     /// Write `checkpoints/<step>/` atomically: build it under a temporary name, then rename.

@@ -1,41 +1,18 @@
-//! The 3D-VAE as a trainable workload: config resolution, data, and the `TrainModel` adapter.
+//! The 3D-VAE's training adapter: the trainable wrapper, its batches, and the stage chain.
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow, bail};
 use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
-use serde_json::Value;
-use vramlab_data::{NpzVoxelDataset, SynthConfig, VoxelBatch, VoxelDataset};
 use vramlab_models::nn::Precision;
 use vramlab_models::vae3d::{StageCtx, Vae3d, Vae3dConfig, split_moments};
 use vramlab_store::WeightError;
 use vramlab_train::{LossParts, StageTensor, Staged, TrainModel, step_rng};
 
-use crate::config::DatasetConfig;
-
-/// `policy.*` → model config: start from `policy.preset` (or the reference defaults), then
-/// apply the other fields by their reference names.
-pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<Vae3dConfig> {
-    let base = match policy.get("preset") {
-        Some(Value::String(name)) => Vae3dConfig::preset(name).ok_or_else(|| {
-            anyhow!("policy.preset={name}: unknown preset; valid: {}", Vae3dConfig::preset_names().join(", "))
-        })?,
-        Some(other) => bail!("policy.preset: expected a string, found {other}"),
-        None => Vae3dConfig::default(),
-    };
-    let Value::Object(mut merged) = serde_json::to_value(&base)? else { bail!("vae3d config is not an object") };
-    for (k, v) in policy {
-        if k != "type" && k != "preset" {
-            merged.insert(k.clone(), v.clone());
-        }
-    }
-    let cfg: Vae3dConfig = serde_json::from_value(Value::Object(merged)).map_err(|e| anyhow!("policy (vae3d): {e}"))?;
-    cfg.validate().map_err(|e| anyhow!("policy (vae3d): {e}"))?;
-    Ok(cfg)
-}
+use super::data::VoxelSource;
+use crate::{Result, WorkloadError};
 
 /// The trainable wrapper: the VAE plus the compute precision of its forward pass.
 #[derive(Module, Debug)]
@@ -114,57 +91,6 @@ impl<B: AutodiffBackend> Staged<B, Vae3dBatch<B>> for Vae3dTrain<B> {
     }
 }
 
-/// Where voxel grids come from.
-pub enum VoxelSource {
-    Synthetic(VoxelDataset),
-    Npz(NpzVoxelDataset),
-}
-
-impl VoxelSource {
-    pub fn open(cfg: &DatasetConfig, seed: u64) -> Result<Self> {
-        let grid: [usize; 3] = cfg
-            .grid
-            .as_slice()
-            .try_into()
-            .map_err(|_| anyhow!("dataset.grid: expected three sizes D,H,W, found {:?}", cfg.grid))?;
-        match cfg.kind.as_str() {
-            "synthetic" => {
-                let synth = SynthConfig {
-                    depth: grid[0],
-                    height: grid[1],
-                    width: grid[2],
-                    num_static_boxes: cfg.num_static_boxes,
-                    num_movers: cfg.num_movers,
-                    ..SynthConfig::default()
-                };
-                Ok(Self::Synthetic(VoxelDataset::new(synth, seed, cfg.num_scenes)?))
-            }
-            "npz" => {
-                let root = cfg.root.as_deref().ok_or_else(|| anyhow!("dataset.root is required for dataset.type=npz"))?;
-                let ds = NpzVoxelDataset::open(root, Some(grid))?;
-                if ds.is_empty() {
-                    bail!("{}: no .npz files", root.display());
-                }
-                Ok(Self::Npz(ds))
-            }
-            other => bail!("dataset.type={other}: unknown; valid: synthetic, npz"),
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        match self {
-            Self::Synthetic(d) => d.len(),
-            Self::Npz(d) => d.len() as u64,
-        }
-    }
-
-    pub fn batch(&self, indices: &[u64]) -> Result<VoxelBatch> {
-        match self {
-            Self::Synthetic(d) => Ok(d.batch(indices)),
-            Self::Npz(d) => Ok(d.batch(indices)?),
-        }
-    }
-}
 
 /// Batch `micro` of step `step`: sample indices and posterior noise drawn from
 /// `step_rng(seed, step, micro)`, so any step can be rebuilt exactly (resume).
@@ -182,21 +108,22 @@ pub fn make_batch<B: Backend>(
     let indices: Vec<u64> = (0..batch_size).map(|_| rng.random_range(0..n)).collect();
     let vb = source.batch(&indices)?;
     if vb.shape[1] != vae.in_channels {
-        bail!("data has {} channels, policy.in_channels is {}", vb.shape[1], vae.in_channels);
+        return Err(WorkloadError::invalid("policy.in_channels", format!("{} but the data has {} channels", vae.in_channels, vb.shape[1])));
     }
     let f = vae.downsample_factor();
     let [b, _, d, h, w] = vb.shape;
     for (axis, (size, factor)) in ["D", "H", "W"].iter().zip([d, h, w].into_iter().zip(f)) {
         if size % factor != 0 {
-            bail!("dataset.grid: {axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}");
+            return Err(WorkloadError::invalid("dataset.grid", format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}")));
         }
     }
     let latent = [b, vae.latent_dim, d / f[0], h / f[1], w / f[2]];
-    let eps = crate::workloads::normal_vec(&mut rng, latent.iter().product());
+    let eps = crate::normal_vec(&mut rng, latent.iter().product());
     let x = Tensor::from_data(TensorData::new(vb.data, vb.shape), device);
     let eps = Tensor::from_data(TensorData::new(eps, latent), device);
     Ok(Vae3dBatch { x, eps })
 }
+
 
 #[cfg(test)]
 mod tests {
@@ -208,6 +135,7 @@ mod tests {
     use vramlab_train::checkpointing::{PhaseHooks, staged_forward_backward};
 
     use super::*;
+    use crate::config::{DatasetConfig, DatasetType};
 
     struct NoHooks;
     impl PhaseHooks for NoHooks {
@@ -241,7 +169,7 @@ mod tests {
         // `from_inner` keeps the inner parameters' require_grad = false: mark them trainable.
         let vae = Vae3d::<B>::from_inner(inner.clone()).map(&mut RequireGrad);
         let model = Vae3dTrain::<B> { vae, precision: Precision::F32 };
-        let source = VoxelSource::open(&DatasetConfig { grid: vec![4, 16, 16], ..DatasetConfig::default() }, 3).unwrap();
+        let source = VoxelSource::open(&DatasetConfig { grid: [4, 16, 16], ..DatasetConfig::default() }, DatasetType::Voxels, 3).unwrap();
         let batch = make_batch::<B>(&source, cfg, 2, 3, 1, 0, &device).unwrap();
         if staged {
             let (parts, grads) = staged_forward_backward(&model, &batch, 1.0, &mut NoHooks).unwrap();
@@ -265,7 +193,7 @@ mod tests {
     /// plain run (≤ 1e-5 relative to the largest gradient).
     #[test]
     fn checkpointing_modes_give_equal_gradients() {
-        let cfg = resolve_config(&serde_json::from_str(r#"{"preset": "ultra_lightweight"}"#).unwrap()).unwrap();
+        let cfg = Vae3dConfig::preset("ultra_lightweight").unwrap();
         let inner = cfg.init::<Flex>(&Default::default());
         // Parameters initialise lazily and each clone of an uninitialised one draws its own
         // values: read them once so every copy below shares the same weights.
@@ -277,15 +205,5 @@ mod tests {
         assert!((l0 - l1).abs() <= 1e-6 * l0.abs() && (l0 - l2).abs() <= 1e-6 * l0.abs(), "{l0} {l1} {l2}");
         assert_close(&plain, &blocks, "blocks");
         assert_close(&plain, &balanced, "balanced");
-    }
-
-    #[test]
-    fn unknown_policy_field_is_named() {
-        let err = resolve_config(&serde_json::from_str(r#"{"preset": "ultra_lightweight", "base_chanels": 8}"#).unwrap())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("base_chanels") && err.contains("base_channels"), "{err}");
-        let err = resolve_config(&serde_json::from_str(r#"{"preset": "tiny"}"#).unwrap()).unwrap_err().to_string();
-        assert!(err.contains("ultra_lightweight"), "{err}");
     }
 }

@@ -1,94 +1,11 @@
-//! Diffusion Policy (lerobot) in the CLI: config from flags, info, predict.
+//! Diffusion Policy's training adapter: the trainable wrapper, its batches, and the stage chain.
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow};
 use burn::prelude::*;
-use serde_json::Value;
 use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
 use vramlab_models::nn::Precision;
 
-/// Features when no dataset defines them: PushT (state 2, action 2, one 96×96 camera).
-const FEATURE_KEYS: [&str; 3] = ["state_dim", "action_dim", "camera_shape"];
-
-pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<DiffusionConfig> {
-    let (mut fields, feat) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
-    // PushT's crop unless the flags say otherwise (lerobot's own default is no crop).
-    fields.entry("crop_shape").or_insert(serde_json::json!([84, 84]));
-    let mut cfg: DiffusionConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (diffusion): {e}"))?;
-    use crate::workloads::{camera_shape, feature_uint};
-    let shape = camera_shape(&feat, "camera_shape", [3, 96, 96])?;
-    cfg = cfg
-        .with_robot_state(feature_uint(&feat, "state_dim", 2)?)
-        .with_camera("observation.image", shape)
-        .with_action(feature_uint(&feat, "action_dim", 2)?);
-    cfg.validate().map_err(|e| anyhow!("policy (diffusion): {e}"))?;
-    Ok(cfg)
-}
-
-/// `vramlab predict` for a lerobot Diffusion `pretrained_model/` dir with the fixture's names:
-/// `global_cond`; with `x_t` + `timesteps`, `unet_eps`; with `initial_noise`, `ddim_actions`
-/// (the configured scheduler's sampling, DDIM in the fixture).
-pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
-    let (cfg, model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device).map_err(|e| anyhow!(e))?;
-    let map = vramlab_store::read_safetensors(inputs)?;
-    let state = crate::workloads::input_tensor::<B, 3>(&map, inputs, "observation.state", device)?;
-    let images = cfg.image_features().iter().map(|(k, _)| crate::workloads::input_tensor::<B, 5>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
-    let batch = DiffusionBatch { state, images, env_state: None, action: None, action_is_pad: None };
-    let ctx = DiffusionCtx::eval(precision);
-    let cond = model.prepare_global_conditioning(&batch, &ctx);
-    let mut out = vec![("global_cond".to_string(), cond.clone().into_data())];
-    if let (Some(x), Some(t)) = (map.get("x_t"), map.get("timesteps")) {
-        let x = Tensor::<B, 3>::from_data(x.clone().convert::<f32>(), device);
-        let t: Vec<usize> = t.clone().convert::<i64>().to_vec::<i64>().map_err(|e| anyhow!("{}: timesteps: {e:?}", inputs.display()))?.into_iter().map(|v| v.max(0) as usize).collect();
-        out.push(("unet_eps".into(), model.unet.forward(x, &t, cond.clone(), precision).into_data()));
-    }
-    if map.contains_key("initial_noise") {
-        let noise = crate::workloads::input_tensor::<B, 3>(&map, inputs, "initial_noise", device)?;
-        // DDPM draws fresh noise per step: predict is deterministic only for DDIM.
-        let actions = model.generate_actions(&batch, noise, |_| None, &ctx);
-        out.push(("ddim_actions".into(), actions.into_data()));
-    }
-    Ok(out)
-}
-
-/// Policy fields + the features of a dataset (lerobot takes the features from the dataset).
-pub fn resolve_config_for(policy: &serde_json::Map<String, Value>, f: &DataFeatures) -> Result<DiffusionConfig> {
-    let (mut fields, feat) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
-    if let Some(k) = feat.keys().next() {
-        bail!("policy.{k}: the dataset defines the features; drop this flag");
-    }
-    fields.entry("crop_shape").or_insert(serde_json::json!([84, 84]));
-    let mut cfg: DiffusionConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (diffusion): {e}"))?;
-    let state = f.state_dim.ok_or_else(|| anyhow!("Diffusion Policy needs `observation.state`; the dataset has none"))?;
-    cfg = cfg.with_robot_state(state);
-    for (k, s) in &f.cameras {
-        cfg = cfg.with_camera(k, *s);
-    }
-    cfg = cfg.with_action(f.action_dim);
-    cfg.validate().map_err(|e| anyhow!("policy (diffusion): {e}"))?;
-    Ok(cfg)
-}
-
-/// The config fields that shape the data window (before the features are known).
-pub fn window_params(policy: &serde_json::Map<String, Value>) -> Result<DiffusionConfig> {
-    let (fields, _) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
-    serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (diffusion): {e}"))
-}
-
-/// The features of a config (for random data).
-pub fn features_of(cfg: &DiffusionConfig) -> DataFeatures {
-    DataFeatures {
-        state_dim: Some(cfg.state_dim()),
-        action_dim: cfg.action_dim(),
-        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Training adapter
-
-use anyhow::bail;
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
@@ -96,7 +13,7 @@ use vramlab_models::diffusion::{ConditionalUnet1d, Diffusion};
 use vramlab_store::WeightError;
 use vramlab_train::{LossParts, StageTensor, Staged, TrainModel, step_rng};
 
-use crate::workloads::policy_data::{DataFeatures, HostBatch};
+use crate::policy_data::HostBatch;
 
 /// The trainable wrapper: Diffusion Policy plus the compute precision of its forward pass.
 #[derive(Module, Debug)]
@@ -131,7 +48,7 @@ pub fn to_batch<B: Backend>(h: HostBatch, cfg: &DiffusionConfig, seed: u64, step
         .collect();
     let action = Tensor::from_data(TensorData::new(h.action, [b, hz, a]), device);
     let action_is_pad = Tensor::<B, 2, Bool>::from_data(TensorData::new(h.action_is_pad, [b, hz]), device);
-    let noise = Tensor::from_data(TensorData::new(crate::workloads::normal_vec(&mut rng, b * hz * a), [b, hz, a]), device);
+    let noise = Tensor::from_data(TensorData::new(crate::normal_vec(&mut rng, b * hz * a), [b, hz, a]), device);
     let timesteps = (0..b).map(|_| rng.random_range(0..cfg.num_train_timesteps)).collect();
     let crop_offsets = match cfg.random_crop_max_offset() {
         Some([mt, ml]) => (0..cfg.num_rgb_encoders()).map(|_| [rng.random_range(0..=mt), rng.random_range(0..=ml)]).collect(),

@@ -6,7 +6,6 @@
 
 use std::fmt;
 
-use anyhow::{Result, bail};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::prelude::Backend;
@@ -16,8 +15,14 @@ use vramlab_models::nn::Precision;
 use vramlab_probe::MemoryProbe;
 use vramlab_train::CheckpointMode;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+use crate::{Result, WorkloadError};
+
+/// `--backend`: which Burn backend runs the job (`cpu` is `flex`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BackendKind {
+    #[default]
+    #[serde(alias = "cpu")]
     Flex,
     Wgpu,
     Cuda,
@@ -49,20 +54,15 @@ pub fn compiled() -> Vec<&'static str> {
 }
 
 impl BackendKind {
-    pub fn parse(s: &str) -> Result<Self> {
-        let kind = match s.to_ascii_lowercase().as_str() {
-            "flex" | "cpu" => Self::Flex,
-            "wgpu" => Self::Wgpu,
-            "cuda" => Self::Cuda,
-            other => bail!("--backend={other}: unknown backend; valid: flex, wgpu, cuda"),
-        };
-        if !compiled().contains(&kind.to_string().as_str()) {
-            bail!(
-                "--backend={kind}: not compiled into this binary (compiled: {}); rebuild with `--features {kind}`",
+    /// This backend, or an error when it is not compiled into this binary.
+    pub fn compiled(self) -> Result<Self> {
+        if !compiled().contains(&self.to_string().as_str()) {
+            return Err(WorkloadError::Backend(format!(
+                "--backend={self}: not compiled into this binary (compiled: {}); rebuild with `--features {self}`",
                 compiled().join(", ")
-            );
+            )));
         }
-        Ok(kind)
+        Ok(self)
     }
 }
 
@@ -91,12 +91,12 @@ pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, pre
         .filter(|p| B::supports_dtype(device, p.dtype().into()))
         .map(|p| p.name())
         .collect();
-    bail!(
+    Err(WorkloadError::Backend(format!(
         "--precision={}: the {backend} device does not support {} (this adapter supports: {})",
         precision.name(),
         precision.name(),
         supported.join(", ")
-    )
+    )))
 }
 
 fn run_with<I, J>(job: J, device: I::Device, mode: CheckpointMode, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<J::Output>
@@ -113,14 +113,14 @@ where
 
 /// Run `job` on backend `kind` (device index `index` for GPUs).
 pub fn dispatch<J: Job>(kind: BackendKind, index: usize, mode: CheckpointMode, precision: Precision, job: J) -> Result<J::Output> {
-    match kind {
+    match kind.compiled()? {
         #[cfg(feature = "flex")]
         BackendKind::Flex => {
             use burn::backend::Flex;
             let _ = index;
             let device = burn::backend::flex::FlexDevice;
             check_precision::<Flex>(&device, kind, precision)?;
-            let probe = vramlab_probe::CpuProbe::new().map_err(anyhow::Error::msg)?;
+            let probe = vramlab_probe::CpuProbe::new().map_err(|e| WorkloadError::Backend(e.to_string()))?;
             let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
             run_with::<Flex, J>(job, device, mode, &probe, &info)
         }
@@ -146,7 +146,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, mode: CheckpointMode, p
             run_with::<Cuda, J>(job, device, mode, &probe, &info)
         }
         #[allow(unreachable_patterns)]
-        other => bail!("--backend={other}: not compiled into this binary (compiled: {})", compiled().join(", ")),
+        other => other.compiled().map(|_| unreachable!("every compiled backend has its arm")),
     }
 }
 

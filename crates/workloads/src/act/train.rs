@@ -1,127 +1,12 @@
-//! ACT (lerobot) as a vramlab workload: config resolution from flags, info, predict.
+//! ACT's training adapter: the trainable wrapper, its batches, and the stage chain.
 
 use std::path::Path;
 
-use anyhow::{Result, anyhow, bail};
 use burn::prelude::*;
-use serde_json::Value;
-use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, is_act_buffer};
+use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx};
 use vramlab_models::nn::Precision;
-use vramlab_models::resnet::count_params_and_buffers;
 
-/// vramlab's shorthand for the features when no dataset defines them (lerobot takes them from
-/// the dataset): robot state / action sizes and the cameras. Defaults: ALOHA-like, 14-dim
-/// state and action, one 480×640 camera.
-const FEATURE_KEYS: [&str; 4] = ["state_dim", "action_dim", "camera_shape", "num_cameras"];
-
-pub use crate::workloads::policy_data::DataFeatures;
-use crate::workloads::policy_data::{HostBatch, Window};
-
-/// Policy fields + the features of a dataset (lerobot takes the features from the dataset).
-pub fn resolve_config_for(policy: &serde_json::Map<String, Value>, f: &DataFeatures) -> Result<ActConfig> {
-    let mut fields = serde_json::Map::new();
-    for (k, v) in policy {
-        if FEATURE_KEYS.contains(&k.as_str()) {
-            bail!("policy.{k}: the dataset defines the features; drop this flag");
-        }
-        if k != "type" {
-            fields.insert(k.clone(), v.clone());
-        }
-    }
-    let mut cfg: ActConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (act): {e}"))?;
-    if let Some(d) = f.state_dim {
-        cfg = cfg.with_robot_state(d);
-    }
-    for (k, s) in &f.cameras {
-        cfg = cfg.with_camera(k, *s);
-    }
-    cfg = cfg.with_action(f.action_dim);
-    cfg.validate().map_err(|e| anyhow!("policy (act): {e}"))?;
-    Ok(cfg)
-}
-
-pub fn resolve_config(policy: &serde_json::Map<String, Value>) -> Result<ActConfig> {
-    let (fields, feat) = crate::workloads::split_policy(policy, &FEATURE_KEYS);
-    let mut cfg: ActConfig = serde_json::from_value(Value::Object(fields)).map_err(|e| anyhow!("policy (act): {e}"))?;
-    use crate::workloads::{camera_shape, feature_uint};
-    let state = feature_uint(&feat, "state_dim", 14)?;
-    let action = feature_uint(&feat, "action_dim", 14)?;
-    let cams = feature_uint(&feat, "num_cameras", 1)?;
-    let shape = camera_shape(&feat, "camera_shape", [3, 480, 640])?;
-    if state > 0 {
-        cfg = cfg.with_robot_state(state);
-    }
-    for i in 0..cams {
-        let key = if cams == 1 { "observation.images.top".to_string() } else { format!("observation.images.cam{i}") };
-        cfg = cfg.with_camera(&key, shape);
-    }
-    cfg = cfg.with_action(action);
-    cfg.validate().map_err(|e| anyhow!("policy (act): {e}"))?;
-    Ok(cfg)
-}
-
-/// Parameter rows for `vramlab info`: (module, parameters, trainable).
-pub fn info_rows<B: Backend>(model: &Act<B>) -> Vec<(String, u64, u64)> {
-    let count = |m: &dyn Fn() -> (usize, usize)| m().0 as u64;
-    let backbone = model.backbone.as_ref().map_or(0, |b| count(&|| count_params_and_buffers::<B, _>(b, is_act_buffer)));
-    let vae = model.vae_encoder.as_ref().map_or(0, |e| count(&|| count_params_and_buffers::<B, _>(e, is_act_buffer)));
-    let enc = count(&|| count_params_and_buffers::<B, _>(&model.encoder, is_act_buffer));
-    let dec = count(&|| count_params_and_buffers::<B, _>(&model.decoder, is_act_buffer));
-    let total = model.num_parameters() as u64;
-    let frozen = model.config.freeze_backbone;
-    vec![
-        ("backbone".into(), backbone, if frozen { 0 } else { backbone }),
-        ("vae_encoder".into(), vae, vae),
-        ("encoder".into(), enc, enc),
-        ("decoder".into(), dec, dec),
-        ("projections + embeddings".into(), total - backbone - vae - enc - dec, total - backbone - vae - enc - dec),
-    ]
-}
-
-/// `vramlab predict` for a lerobot (or vramlab) ACT `pretrained_model/` directory, with the
-/// fixture's tensor names: `eval_actions` (z = 0), and with actions given, the training pass
-/// with the VAE noise set to 0 (`train_actions_z_mu`, `vae_mu`, `vae_log_sigma_x2`, `loss`,
-/// `l1_loss`, `kld_loss`).
-pub fn predict<B: Backend>(dir: &Path, inputs: &Path, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
-    let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device).map_err(|e| anyhow!(e))?;
-    let map = vramlab_store::read_safetensors(inputs)?;
-    let state = match cfg.robot_state_dim() {
-        Some(_) => Some(crate::workloads::input_tensor::<B, 2>(&map, inputs, "observation.state", device)?),
-        None => None,
-    };
-    let env_state = match cfg.env_state() {
-        Some((key, _)) => Some(crate::workloads::input_tensor::<B, 2>(&map, inputs, key, device)?),
-        None => None,
-    };
-    let images = cfg.image_features().iter().map(|(k, _)| crate::workloads::input_tensor::<B, 4>(&map, inputs, k, device)).collect::<Result<Vec<_>>>()?;
-    let action = match map.contains_key("action") {
-        true => Some(crate::workloads::input_tensor::<B, 3>(&map, inputs, "action", device)?),
-        false => None,
-    };
-    let action_is_pad = map.get("action_is_pad").map(|d| Tensor::<B, 2, Bool>::from_data(d.clone(), device));
-    let mut batch = ActBatch { state, env_state, images, action: None, action_is_pad: None };
-    let mut out = vec![("eval_actions".to_string(), model.forward(&batch, &ActCtx::eval(precision)).actions.into_data())];
-    if let Some(action) = action {
-        batch.action = Some(action.clone());
-        batch.action_is_pad = action_is_pad.clone();
-        let o = model.forward(&batch, &ActCtx::train(precision));
-        let loss = model.loss(&o, action, action_is_pad);
-        out.push(("train_actions_z_mu".into(), o.actions.into_data()));
-        if let (Some(mu), Some(ls)) = (o.mu, o.log_sigma_x2) {
-            out.push(("vae_mu".into(), mu.into_data()));
-            out.push(("vae_log_sigma_x2".into(), ls.into_data()));
-        }
-        out.push(("loss".into(), loss.loss.into_data()));
-        out.push(("l1_loss".into(), loss.l1_loss.into_data()));
-        if let Some(k) = loss.kld_loss {
-            out.push(("kld_loss".into(), k.into_data()));
-        }
-    }
-    Ok(out)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Training adapter
+use crate::policy_data::{DataFeatures, HostBatch, Window};
 
 use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
@@ -338,7 +223,7 @@ pub fn to_batch<B: Backend>(h: HostBatch, cfg: &ActConfig, seed: u64, step: u64,
     let action = Tensor::from_data(TensorData::new(h.action, [b, c, a]), device);
     let action_is_pad = Tensor::<B, 2, Bool>::from_data(TensorData::new(h.action_is_pad, [b, c]), device);
     let eps = cfg.use_vae.then(|| {
-        let e = crate::workloads::normal_vec(&mut rng, b * cfg.latent_dim);
+        let e = crate::normal_vec(&mut rng, b * cfg.latent_dim);
         Tensor::from_data(TensorData::new(e, [b, cfg.latent_dim]), device)
     });
     ActTrainBatch {

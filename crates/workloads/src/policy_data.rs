@@ -10,7 +10,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Result, anyhow, bail};
+use crate::config::{DatasetType, RunConfig};
+use crate::{Result, WorkloadError};
 use rand::Rng;
 use vramlab_lerobot::transforms::{self, ImageTransformsConfig};
 use vramlab_lerobot::{DeltaIndices, EpochSampler, FeatureKind, LeRobotDataset, LoaderConfig, Normalizer, Prefetcher, SampleOptions};
@@ -86,7 +87,7 @@ impl LeRobotPolicyData {
         let ds = LeRobotDataset::open(root)?;
         let feats = ds.features();
         let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
-        let action_dim = vec_dim("action").ok_or_else(|| anyhow!("{}: no `action` feature in meta/info.json", root.display()))?;
+        let action_dim = vec_dim("action").ok_or_else(|| WorkloadError::file(root.join("meta/info.json"), "no `action` feature".into()))?;
         let mut cameras = Vec::new();
         let mut raw_hw = Vec::new();
         for (k, f) in feats {
@@ -96,19 +97,19 @@ impl LeRobotPolicyData {
                     .shape
                     .as_slice()
                     .try_into()
-                    .map_err(|_| anyhow!("{}: meta/info.json: camera `{k}` has shape {:?}, expected [H, W, C]", root.display(), f.shape))?;
+                    .map_err(|_| WorkloadError::file(root.join("meta/info.json"), format!("camera `{k}` has shape {:?}, expected [H, W, C]", f.shape)))?;
                 let [oh, ow] = data.image_size.unwrap_or([h, w]);
                 cameras.push((k.clone(), [c, oh, ow]));
                 raw_hw.push([h, w]);
             }
         }
-        let stats = ds.stats().ok_or_else(|| anyhow!("{}: no stats (meta/stats.json or episodes_stats.jsonl)", root.display()))?;
+        let stats = ds.stats().ok_or_else(|| WorkloadError::file(root, "no stats (meta/stats.json or episodes_stats.jsonl)".into()))?;
         let norm = Normalizer::new(ds.info(), stats, norm_map, true)?;
         let opts = SampleOptions::new(delta(ds.info()));
         let episodes: Vec<(usize, usize)> = ds.episodes().iter().map(|e| (e.dataset_from_index, e.dataset_to_index)).collect();
         let sampler = EpochSampler::new(episodes, data.drop_n_last_frames, data.seed, data.shuffle);
         if sampler.is_empty() {
-            bail!("{}: no frame to sample (episodes shorter than drop_n_last_frames = {})", root.display(), data.drop_n_last_frames);
+            return Err(WorkloadError::file(root, format!("no frame to sample (episodes shorter than drop_n_last_frames = {})", data.drop_n_last_frames)));
         }
         let features = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
         Ok(Self { ds, opts, norm, sampler, window, features, raw_hw, data })
@@ -134,7 +135,7 @@ impl LeRobotPolicyData {
             let index = self.sampler.index(k * b as u64 + i as u64);
             let mut s = self.ds.sample(index, &self.opts)?;
             // Take each array out of the sample (no copies on the loader's hot path).
-            let mut take = |key: &str| s.values.remove(key).map(|x| x.data).ok_or_else(|| anyhow!("frame {index}: no `{key}`"));
+            let mut take = |key: &str| s.values.remove(key).map(|x| x.data).ok_or_else(|| WorkloadError::file(self.ds.root(), format!("frame {index}: no `{key}`")));
             if f.state_dim.is_some() {
                 let mut v = take("observation.state")?;
                 self.norm.normalize("observation.state", &mut v)?;
@@ -180,12 +181,12 @@ impl RandomPolicyData {
         for _ in 0..b {
             let index = rng.random_range(0..self.num_samples.max(1));
             let mut s = step_rng(self.seed ^ 0xAC7, index, 0);
-            out.state.extend(crate::workloads::normal_vec(&mut s, obs * f.state_dim.unwrap_or(0)));
+            out.state.extend(crate::normal_vec(&mut s, obs * f.state_dim.unwrap_or(0)));
             for (ci, (_, shape)) in f.cameras.iter().enumerate() {
-                out.images[ci].extend(crate::workloads::normal_vec(&mut s, obs * shape.iter().product::<usize>()));
+                out.images[ci].extend(crate::normal_vec(&mut s, obs * shape.iter().product::<usize>()));
             }
             // Smooth action trajectories: a random walk, so the chunk has structure to learn.
-            let steps = crate::workloads::normal_vec(&mut s, h * a);
+            let steps = crate::normal_vec(&mut s, h * a);
             let mut prev = vec![0f32; a];
             for t in 0..h {
                 for j in 0..a {
@@ -239,7 +240,7 @@ impl PolicySource {
 
 /// The source behind the prefetching loader: `get(step, micro)` for the trainer.
 pub struct PolicyLoader {
-    prefetch: Prefetcher<HostBatch, anyhow::Error>,
+    prefetch: Prefetcher<HostBatch, WorkloadError>,
     grad_accum_steps: u64,
 }
 
@@ -258,4 +259,55 @@ impl PolicyLoader {
     pub fn get(&mut self, step: u64, micro: u64) -> Result<HostBatch> {
         self.prefetch.get(step.saturating_sub(1) * self.grad_accum_steps + micro)
     }
+}
+
+/// The loader settings of a run (`--num_workers`, `--prefetch_factor`, `--persistent_workers`).
+pub fn loader_config(cfg: &RunConfig) -> LoaderConfig {
+    LoaderConfig { num_workers: cfg.num_workers, prefetch_factor: cfg.prefetch_factor, persistent_workers: cfg.persistent_workers, batches_per_epoch: 0 }
+}
+
+/// The data options of a run for a policy that drops `drop_n_last_frames` per episode.
+fn data_options(cfg: &RunConfig, drop_n_last_frames: usize) -> DataOptions {
+    DataOptions {
+        seed: cfg.seed,
+        batch_size: cfg.batch_size as usize,
+        image_size: cfg.dataset.image_size,
+        image_transforms: cfg.dataset.image_transforms.clone(),
+        shuffle: cfg.dataset.shuffle,
+        drop_n_last_frames,
+        loader: loader_config(cfg),
+    }
+}
+
+/// What a policy asks of its data: the sample window, delta indices, normalisation, and the
+/// frames to drop at each episode's end.
+pub struct PolicyDataSpec<'a> {
+    pub window: Window,
+    pub delta: &'a dyn Fn(&vramlab_lerobot::Info) -> DeltaIndices,
+    pub norm_map: vramlab_lerobot::normalize::NormMap,
+    pub drop_n_last_frames: usize,
+}
+
+/// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`, or the built-in
+/// demonstrations `sim`, generated on first use), whose features then define the policy's
+/// inputs; `None` for `random` (features from the policy flags).
+pub fn open_policy_data(cfg: &RunConfig, spec: &PolicyDataSpec<'_>) -> Result<Option<LeRobotPolicyData>> {
+    let root = match cfg.dataset_type()? {
+        DatasetType::Random => return Ok(None),
+        DatasetType::Lerobot => cfg.dataset.root.clone().ok_or_else(|| WorkloadError::invalid("dataset.root", "required for dataset.type=lerobot".into()))?,
+        DatasetType::Sim => crate::sim::ensure_dataset(cfg.dataset.root.as_deref(), cfg.dataset.num_episodes)?,
+        other => return Err(WorkloadError::invalid("dataset.type", format!("`{}` is not robot-policy data", other.name()))),
+    };
+    let data = LeRobotPolicyData::open(&root, spec.window, spec.delta, &spec.norm_map, data_options(cfg, spec.drop_n_last_frames))?;
+    Ok(Some(data))
+}
+
+/// Random inputs with the policy's features (`dataset.type=random`).
+pub fn random_source(cfg: &RunConfig, window: Window, features: DataFeatures) -> PolicySource {
+    PolicySource::Random(RandomPolicyData { num_samples: cfg.dataset.num_scenes, seed: cfg.seed, batch_size: cfg.batch_size as usize, window, features })
+}
+
+/// The prefetching loader of a policy source.
+pub fn policy_loader(cfg: &RunConfig, source: PolicySource) -> PolicyLoader {
+    PolicyLoader::new(Arc::new(source), loader_config(cfg), cfg.grad_accum_steps)
 }

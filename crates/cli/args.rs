@@ -1,0 +1,239 @@
+//! The command line, by clap: subcommands, `--help` per subcommand, shell completions. Config
+//! fields with a dot (`--policy.chunk_size=50`, `--dataset.root DIR`) are lerobot-style
+//! overrides of the config tree: they are taken out before clap sees the rest, and the config
+//! loader names the valid fields on a typo. Top-level run flags are clap arguments (so clap
+//! suggests `--batch_size` for `--batchsize`) and become overrides too.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use serde::Serialize;
+
+/// Memory-instrumented training on Burn: ACT, Diffusion Policy and the 4D-Radar 3D-VAE.
+#[derive(Parser, Debug)]
+#[command(name = "vramlab", version, after_help = OVERRIDES_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Dotted config overrides (`--policy.chunk_size=50`), in command-line order.
+    #[arg(skip)]
+    pub overrides: Vec<(String, String)>,
+}
+
+const OVERRIDES_HELP: &str = "\
+Any config field can be set as --a.b.c=value (lists: 1,2,4), e.g. --policy.type=act \
+--policy.chunk_size=50 --dataset.root=DIR --optimizer.lr=1e-4. Unknown names are errors that \
+list the valid ones.";
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a workload, measuring memory every step (metrics.jsonl, summary.md, checkpoints).
+    #[command(after_help = OVERRIDES_HELP)]
+    Train(RunArgs),
+    /// Parameter counts per module and static bytes of a config, without training.
+    #[command(after_help = OVERRIDES_HELP)]
+    Info(RunArgs),
+    /// A grid of measured runs (--sweep.<field>=v1,v2,…), one process each → CSV + markdown.
+    #[command(after_help = OVERRIDES_HELP)]
+    Sweep(RunArgs),
+    /// Run a checkpoint on model-level inputs and write the outputs (port parity checks).
+    Predict(PredictArgs),
+    /// LeRobot datasets: inspect, benchmark the loader, record the built-in demonstrations.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The run config: a TOML file, the top-level flags below, and dotted overrides.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// TOML config file (lerobot's name `--config_path` works too).
+    #[arg(long, visible_alias = "config_path", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: RunFlags,
+}
+
+/// Top-level config fields as flags (each is the config field of the same name).
+#[derive(Args, Debug, Default, Serialize)]
+pub struct RunFlags {
+    /// Samples per micro-batch [default: 8].
+    #[arg(long = "batch_size", value_name = "N")]
+    batch_size: Option<String>,
+    /// Optimizer steps [default: 100].
+    #[arg(long, value_name = "N")]
+    steps: Option<String>,
+    /// Micro-batches per optimizer step [default: 1].
+    #[arg(long = "grad_accum_steps", value_name = "N")]
+    grad_accum_steps: Option<String>,
+    /// Run directory [default: runs/<job_name or policy>-<UTC time>].
+    #[arg(long = "output_dir", value_name = "DIR")]
+    output_dir: Option<String>,
+    #[arg(long = "job_name", value_name = "NAME")]
+    job_name: Option<String>,
+    /// flex (CPU, default), wgpu or cuda — those compiled into this binary.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<String>,
+    /// GPU index for wgpu / cuda [default: 0].
+    #[arg(long, value_name = "N")]
+    device: Option<String>,
+    /// f32 (default), bf16 or f16: compute precision (weights stay f32).
+    #[arg(long, value_name = "P")]
+    precision: Option<String>,
+    /// off (default), blocks (= true) or balanced.
+    #[arg(long = "gradient_checkpointing", value_name = "MODE")]
+    gradient_checkpointing: Option<String>,
+    #[arg(long, value_name = "N")]
+    seed: Option<String>,
+    /// Continue the run in --output_dir from its latest checkpoint.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    resume: Option<String>,
+    /// Checkpoint every N steps (0 = only at the end).
+    #[arg(long = "save_freq", value_name = "N")]
+    save_freq: Option<String>,
+    /// A log line every N steps besides the progress bar.
+    #[arg(long = "log_freq", value_name = "N")]
+    log_freq: Option<String>,
+    /// Loader worker threads [default: 2].
+    #[arg(long = "num_workers", value_name = "N")]
+    num_workers: Option<String>,
+    /// Batches in flight per worker [default: 2].
+    #[arg(long = "prefetch_factor", value_name = "N")]
+    prefetch_factor: Option<String>,
+    /// Keep loader workers across epochs.
+    #[arg(long = "persistent_workers", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    persistent_workers: Option<String>,
+}
+
+impl RunFlags {
+    /// The flags given, as `(field, value)` overrides.
+    pub fn overrides(&self) -> Vec<(String, String)> {
+        let serde_json::Value::Object(map) = serde_json::to_value(self).unwrap_or_default() else { return Vec::new() };
+        map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_string()))).collect()
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    /// A checkpoint directory (vramlab's `checkpoints/<step>/` or lerobot's `pretrained_model/`).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Model-level inputs (safetensors, the fixture's tensor names).
+    #[arg(long, value_name = "FILE")]
+    pub inputs: PathBuf,
+    /// Where to write the outputs (safetensors).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DatasetCommand {
+    /// What a LeRobot v2.1 / v3.0 dataset holds.
+    Info { path: PathBuf },
+    /// Loader throughput per worker count, and sequential video decode.
+    Bench {
+        path: PathBuf,
+        /// Samples per worker setting.
+        #[arg(long, default_value_t = 96)]
+        samples: usize,
+        /// Worker counts to measure.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+        workers: Vec<usize>,
+        #[arg(long = "batch_size", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        batch_size: u64,
+    },
+    /// Record the built-in push demonstrations as a LeRobot v3.0 dataset.
+    Generate {
+        path: PathBuf,
+        #[arg(long, default_value_t = 20)]
+        episodes: usize,
+        /// Camera size in pixels (square).
+        #[arg(long = "image_size", default_value_t = 96)]
+        image_size: usize,
+    },
+}
+
+/// `--a.b=v` / `--a.b v`: a dotted override, split into key and value.
+fn dotted(arg: &str) -> Option<(String, Option<String>)> {
+    let flag = arg.strip_prefix("--")?;
+    let (key, value) = match flag.split_once('=') {
+        Some((k, v)) => (k, Some(v.to_string())),
+        None => (flag, None),
+    };
+    key.contains('.').then(|| (key.to_string(), value))
+}
+
+/// Parse the command line: dotted overrides out first, the rest by clap.
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
+    let mut rest = Vec::new();
+    let mut overrides = Vec::new();
+    let mut it = args.into_iter().peekable();
+    while let Some(arg) = it.next() {
+        match arg.to_str().and_then(dotted) {
+            Some((key, Some(value))) => overrides.push((key, value)),
+            Some((key, None)) => {
+                // A bare dotted flag is a boolean switch, unless a value follows.
+                let value = match it.peek().and_then(|n| n.to_str()) {
+                    Some(next) if !next.starts_with("--") => it.next().and_then(|v| v.into_string().ok()).unwrap_or_default(),
+                    _ => "true".to_string(),
+                };
+                overrides.push((key, value));
+            }
+            None => rest.push(arg),
+        }
+    }
+    let mut cli = Cli::try_parse_from(rest)?;
+    if !overrides.is_empty() && !matches!(cli.command, Command::Train(_) | Command::Info(_) | Command::Sweep(_) | Command::Predict(_)) {
+        let (key, _) = &overrides[0];
+        return Err(Cli::command().error(clap::error::ErrorKind::UnknownArgument, format!("--{key}: this command takes no config fields")));
+    }
+    cli.overrides = overrides;
+    Ok(cli)
+}
+
+/// Write the completion script for `shell` to stdout.
+pub fn completions(shell: clap_complete::Shell) {
+    clap_complete::generate(shell, &mut Cli::command(), "vramlab", &mut std::io::stdout());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(args: &[&str]) -> Result<Cli, clap::Error> {
+        parse(std::iter::once("vramlab").chain(args.iter().copied()).map(OsString::from))
+    }
+
+    #[test]
+    fn dotted_overrides_and_run_flags_both_become_overrides() {
+        let cli = parse_str(&["train", "--policy.type=act", "--steps=3", "--dataset.root", "/d", "--resume", "--policy.use_vae"]).unwrap();
+        let Command::Train(run) = &cli.command else { panic!("{cli:?}") };
+        assert_eq!(cli.overrides, vec![("policy.type".into(), "act".into()), ("dataset.root".into(), "/d".into()), ("policy.use_vae".into(), "true".into())]);
+        let flags = run.flags.overrides();
+        assert!(flags.contains(&("steps".into(), "3".into())) && flags.contains(&("resume".into(), "true".into())), "{flags:?}");
+    }
+
+    #[test]
+    fn a_typo_in_a_run_flag_suggests_the_name() {
+        let err = parse_str(&["train", "--batchsize=2"]).unwrap_err().to_string();
+        assert!(err.contains("--batchsize") && err.contains("--batch_size"), "{err}");
+    }
+
+    #[test]
+    fn help_and_completions_cover_every_subcommand() {
+        Cli::command().debug_assert();
+        let mut buf = Vec::new();
+        clap_complete::generate(clap_complete::Shell::Bash, &mut Cli::command(), "vramlab", &mut buf);
+        let script = String::from_utf8(buf).unwrap();
+        for word in ["train", "info", "sweep", "predict", "dataset", "--batch_size", "--gradient_checkpointing"] {
+            assert!(script.contains(word), "{word}");
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! Run configuration, parsed once and up front: a TOML file plus lerobot-style dotted
+//! overrides, typed into [`RunConfig`] and checked by [`RunConfig::validate`] before any data
+//! is generated or any model is built.
+//!
+//! `--policy.chunk_size=50 --batch_size=24` are applied to the TOML tree before it is typed,
+//! so a flag and a file line are the same thing. Every switch is a serde enum (backend,
+//! precision, checkpointing, dataset type, optimizer, scheduler) and `policy` is the typed
+//! per-policy config ([`crate::PolicyConfig`]). Unknown names are errors that list the valid
+//! ones.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use vramlab_models::nn::Precision;
+use vramlab_train::{CheckpointMode, OptimKind, ScheduleKind};
+
+use crate::WorkloadError;
+use crate::backend::BackendKind;
+use crate::policy::PolicyConfig;
+
+/// Everything a run needs. Field names are the CLI flag names.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Model type and fields (`policy.type`, then the model config's own field names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyConfig>,
+    #[serde(default)]
+    pub dataset: DatasetConfig,
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    #[serde(default = "d_batch")]
+    pub batch_size: u64,
+    #[serde(default = "d_steps")]
+    pub steps: u64,
+    #[serde(default = "d_one")]
+    pub grad_accum_steps: u64,
+    #[serde(default)]
+    pub output_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub job_name: Option<String>,
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Device index for wgpu/cuda (0 = first).
+    #[serde(default)]
+    pub device: usize,
+    #[serde(default, deserialize_with = "parsed_precision", serialize_with = "precision_name")]
+    pub precision: Precision,
+    #[serde(default, deserialize_with = "parsed_checkpointing", serialize_with = "checkpointing_name")]
+    pub gradient_checkpointing: CheckpointMode,
+    #[serde(default = "d_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub resume: bool,
+    /// Checkpoint every N steps (0 = only at the end).
+    #[serde(default)]
+    pub save_freq: u64,
+    /// Print a log line every N steps besides the progress bar (0 = bar only).
+    #[serde(default)]
+    pub log_freq: u64,
+    /// Loader worker threads building batches ahead of the trainer (LeRobot datasets; 0 =
+    /// build each batch on the training thread when it is needed).
+    #[serde(default = "d_workers")]
+    pub num_workers: usize,
+    /// Batches in flight per worker.
+    #[serde(default = "d_prefetch")]
+    pub prefetch_factor: usize,
+    /// Keep workers across epochs (otherwise they restart at each epoch, as PyTorch's).
+    #[serde(default)]
+    pub persistent_workers: bool,
+    /// Sweep axes (`--sweep.<field>=a,b,c`); used by `vramlab sweep` only.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub sweep: serde_json::Map<String, Value>,
+}
+
+fn d_batch() -> u64 {
+    8
+}
+fn d_steps() -> u64 {
+    100
+}
+fn d_one() -> u64 {
+    1
+}
+fn d_seed() -> u64 {
+    1000
+}
+fn d_workers() -> usize {
+    2
+}
+fn d_prefetch() -> usize {
+    2
+}
+
+/// A switch given as a word, a boolean or a number (`--gradient_checkpointing=true`), read by
+/// the switch's own parser; an unknown word lists the valid ones.
+fn parsed<'de, D: Deserializer<'de>, T>(d: D, parse: fn(&str) -> Option<T>, valid: &str) -> Result<T, D::Error> {
+    let text = match Value::deserialize(d)? {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    parse(&text).ok_or_else(|| D::Error::custom(format!("unknown value `{text}`; valid: {valid}")))
+}
+
+fn parsed_precision<'de, D: Deserializer<'de>>(d: D) -> Result<Precision, D::Error> {
+    parsed(d, Precision::parse, "f32, bf16, f16")
+}
+
+fn precision_name<S: Serializer>(p: &Precision, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+fn parsed_checkpointing<'de, D: Deserializer<'de>>(d: D) -> Result<CheckpointMode, D::Error> {
+    parsed(d, CheckpointMode::parse, CheckpointMode::NAMES)
+}
+
+fn checkpointing_name<S: Serializer>(m: &CheckpointMode, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(m)
+}
+
+/// Where the training data comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetType {
+    /// The 3D-VAE's built-in procedural radar voxel scenes.
+    Voxels,
+    /// 4D-Radar preprocessed `.npz` voxel files in `dataset.root` (3D-VAE).
+    Npz,
+    /// The built-in push demonstrations (robot policies), generated on first use.
+    Sim,
+    /// A LeRobot v2.1 / v3.0 dataset at `dataset.root` (robot policies).
+    Lerobot,
+    /// Random inputs of the policy's shapes (robot policies; memory measurement).
+    Random,
+}
+
+impl DatasetType {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Voxels => "voxels",
+            Self::Npz => "npz",
+            Self::Sim => "sim",
+            Self::Lerobot => "lerobot",
+            Self::Random => "random",
+        }
+    }
+}
+
+/// `dataset.type`: the words of [`DatasetType`], plus `synthetic`, the old name that meant the
+/// built-in data of whichever policy ran (voxel scenes for the VAE, push demos for policies);
+/// [`RunConfig::dataset_type`] resolves it per policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatasetTypeFlag {
+    Voxels,
+    Npz,
+    Sim,
+    Lerobot,
+    Random,
+    /// The policy's built-in data (kept for existing configs).
+    Synthetic,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    /// vae3d: `voxels` (built-in procedural scenes; the default) or `npz`. ACT / Diffusion:
+    /// `sim` (built-in push demonstrations; the default), `lerobot` or `random`.
+    #[serde(rename = "type", default)]
+    pub kind: Option<DatasetTypeFlag>,
+    /// Directory of `.npz` files (type = npz) or of a LeRobot dataset (type = lerobot; for
+    /// type = sim, where the generated dataset is kept).
+    #[serde(default)]
+    pub root: Option<PathBuf>,
+    /// Resize camera frames to `[H, W]` (LeRobot datasets).
+    #[serde(default)]
+    pub image_size: Option<[usize; 2]>,
+    /// lerobot's `image_transforms` (`--dataset.image_transforms.enable=true`).
+    #[serde(default)]
+    pub image_transforms: vramlab_lerobot::transforms::ImageTransformsConfig,
+    /// Shuffle frames each epoch (seeded).
+    #[serde(default = "d_true")]
+    pub shuffle: bool,
+    /// Episodes of the built-in demonstrations (type = sim).
+    #[serde(default = "d_sim_episodes")]
+    pub num_episodes: usize,
+    /// Grid size (D, H, W): generated size for voxel scenes, center crop for npz.
+    #[serde(default = "d_grid")]
+    pub grid: [usize; 3],
+    /// Number of distinct voxel scenes / random samples (the epoch length).
+    #[serde(default = "d_scenes")]
+    pub num_scenes: u64,
+    /// Static boxes / moving objects per voxel scene.
+    #[serde(default = "d_boxes")]
+    pub num_static_boxes: usize,
+    #[serde(default = "d_movers")]
+    pub num_movers: usize,
+}
+
+fn d_true() -> bool {
+    true
+}
+fn d_sim_episodes() -> usize {
+    20
+}
+fn d_grid() -> [usize; 3] {
+    [8, 32, 32]
+}
+fn d_scenes() -> u64 {
+    512
+}
+fn d_boxes() -> usize {
+    6
+}
+fn d_movers() -> usize {
+    3
+}
+
+/// A struct whose every field has a serde default, built from an empty object.
+fn all_defaults<T: DeserializeOwned>() -> T {
+    serde_json::from_value(Value::Object(Default::default())).expect("every field has a default")
+}
+
+impl Default for DatasetConfig {
+    fn default() -> Self {
+        all_defaults()
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// `adam` or `adamw` (absent: the policy's preset).
+    #[serde(rename = "type", default)]
+    pub kind: Option<OptimKind>,
+    /// Base learning rate (absent: the policy's preset, e.g. lerobot's `optimizer_lr`).
+    #[serde(default)]
+    pub lr: Option<f64>,
+    /// Absent: the policy's preset (PyTorch's (0.9, 0.999) unless the policy says otherwise).
+    #[serde(default)]
+    pub betas: Option<[f64; 2]>,
+    /// Absent: the policy's preset, PyTorch's 1e-8 (Burn's AdamW default is 1e-5).
+    #[serde(default)]
+    pub eps: Option<f64>,
+    /// Absent: the policy's preset.
+    #[serde(default)]
+    pub weight_decay: Option<f64>,
+    /// Clip the global gradient norm (0 = off; absent: the policy's preset).
+    #[serde(default)]
+    pub grad_clip_norm: Option<f64>,
+    /// Learning rate of the vision backbone (absent: the policy's preset, e.g. lerobot's
+    /// `optimizer_lr_backbone`).
+    #[serde(default)]
+    pub lr_backbone: Option<f64>,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        all_defaults()
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    /// `constant` or `cosine` (with linear warmup); absent: the policy's preset.
+    #[serde(rename = "type", default)]
+    pub kind: Option<ScheduleKind>,
+    /// Absent: the policy's preset.
+    #[serde(default)]
+    pub warmup_steps: Option<u64>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        all_defaults()
+    }
+}
+
+/// Parse a flag value the way a user means it: numbers, booleans, lists (`1,2,4`, `[1,2,4]`,
+/// `(1,2,4)`), otherwise a string.
+pub fn parse_value(s: &str) -> Value {
+    let t = s.trim();
+    let inner = t
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .or_else(|| t.strip_prefix('(').and_then(|x| x.strip_suffix(')')));
+    if let Some(inner) = inner {
+        let items: Vec<Value> = inner.split(',').map(str::trim).filter(|x| !x.is_empty()).map(parse_value).collect();
+        return Value::Array(items);
+    }
+    if t.contains(',') {
+        return Value::Array(t.split(',').map(parse_value).collect());
+    }
+    match t {
+        "true" | "True" => return Value::Bool(true),
+        "false" | "False" => return Value::Bool(false),
+        "null" | "None" | "none" => return Value::Null,
+        _ => {}
+    }
+    if let Ok(i) = t.parse::<i64>() {
+        return Value::from(i);
+    }
+    if let Ok(f) = t.parse::<f64>()
+        && f.is_finite()
+    {
+        return Value::from(f);
+    }
+    Value::String(t.to_string())
+}
+
+/// Set `a.b.c = value` in a JSON tree, creating objects on the way.
+pub fn set_dotted(root: &mut serde_json::Map<String, Value>, key: &str, value: Value) -> Result<(), WorkloadError> {
+    let bad = |msg: String| WorkloadError::Flag { flag: key.to_string(), msg };
+    let mut parts = key.split('.').peekable();
+    let mut cur = root;
+    while let Some(p) = parts.next() {
+        if p.is_empty() {
+            return Err(bad("empty name segment".into()));
+        }
+        if parts.peek().is_none() {
+            cur.insert(p.to_string(), value);
+            return Ok(());
+        }
+        let entry = cur.entry(p.to_string()).or_insert_with(|| Value::Object(Default::default()));
+        cur = entry.as_object_mut().ok_or_else(|| bad(format!("`{p}` is a value, not a group of fields")))?;
+    }
+    Ok(())
+}
+
+/// The TOML file (if any) with the overrides applied, as a JSON tree (what `sweep` varies).
+pub fn load_tree(file: Option<&Path>, overrides: &[(String, String)]) -> Result<serde_json::Map<String, Value>, WorkloadError> {
+    let mut tree = serde_json::Map::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })?;
+        let table: toml::Table = toml::from_str(&text).map_err(|e| WorkloadError::ConfigFile { path: path.to_path_buf(), msg: e.to_string() })?;
+        if let Ok(Value::Object(m)) = serde_json::to_value(table) {
+            tree = m;
+        }
+    }
+    for (k, v) in overrides {
+        set_dotted(&mut tree, k, parse_value(v))?;
+    }
+    Ok(tree)
+}
+
+/// Load `file` (if any), apply overrides, and type the result. Shape and name errors are
+/// reported here; [`RunConfig::validate`] then checks ranges, toggles and files.
+pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunConfig, WorkloadError> {
+    let tree = load_tree(file, overrides)?;
+    let origin = file.map_or("command line".to_string(), |p| format!("{} + command line", p.display()));
+    serde_json::from_value(Value::Object(tree)).map_err(|e| WorkloadError::Config { origin, msg: e.to_string() })
+}
+
+impl RunConfig {
+    /// The policy, or an error saying how to name one.
+    pub fn policy(&self) -> Result<&PolicyConfig, WorkloadError> {
+        self.policy.as_ref().ok_or_else(|| WorkloadError::invalid("policy.type", format!("required (--policy.type=…); valid: {}", PolicyConfig::NAMES)))
+    }
+
+    /// The dataset type of this run (the policy's built-in data when not given).
+    pub fn dataset_type(&self) -> Result<DatasetType, WorkloadError> {
+        let vae = self.policy()?.is_vae3d();
+        let t = match (self.dataset.kind, vae) {
+            (None | Some(DatasetTypeFlag::Synthetic), true) => DatasetType::Voxels,
+            (None | Some(DatasetTypeFlag::Synthetic), false) => DatasetType::Sim,
+            (Some(DatasetTypeFlag::Voxels), _) => DatasetType::Voxels,
+            (Some(DatasetTypeFlag::Npz), _) => DatasetType::Npz,
+            (Some(DatasetTypeFlag::Sim), _) => DatasetType::Sim,
+            (Some(DatasetTypeFlag::Lerobot), _) => DatasetType::Lerobot,
+            (Some(DatasetTypeFlag::Random), _) => DatasetType::Random,
+        };
+        let ok = if vae { matches!(t, DatasetType::Voxels | DatasetType::Npz) } else { matches!(t, DatasetType::Sim | DatasetType::Lerobot | DatasetType::Random) };
+        if !ok {
+            let valid = if vae { "voxels (built-in scenes), npz (with dataset.root)" } else { "sim (built-in push demonstrations), lerobot (with dataset.root), random" };
+            return Err(WorkloadError::invalid("dataset.type", format!("`{}` does not fit policy.type={}; valid: {valid}", t.name(), self.policy()?.name())));
+        }
+        Ok(t)
+    }
+
+    /// Everything that can be checked before data is generated or a model is built: ranges,
+    /// toggles that do not fit together, and the files the run will read.
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let policy = self.policy()?;
+        for (name, v) in [("steps", self.steps), ("batch_size", self.batch_size), ("grad_accum_steps", self.grad_accum_steps)] {
+            if v == 0 {
+                return Err(WorkloadError::invalid(name, "must be at least 1".into()));
+            }
+        }
+        if self.prefetch_factor == 0 {
+            return Err(WorkloadError::invalid("prefetch_factor", "must be at least 1".into()));
+        }
+        let o = &self.optimizer;
+        for (name, v) in [("optimizer.lr", o.lr), ("optimizer.lr_backbone", o.lr_backbone), ("optimizer.eps", o.eps)] {
+            if v.is_some_and(|x| !(x > 0.0 && x.is_finite())) {
+                return Err(WorkloadError::invalid(name, format!("must be a positive number, found {}", v.unwrap_or_default())));
+            }
+        }
+        for (name, v) in [("optimizer.weight_decay", o.weight_decay), ("optimizer.grad_clip_norm", o.grad_clip_norm)] {
+            if v.is_some_and(|x| !(x >= 0.0 && x.is_finite())) {
+                return Err(WorkloadError::invalid(name, format!("must be ≥ 0, found {}", v.unwrap_or_default())));
+            }
+        }
+        if let Some(b) = o.betas
+            && !b.iter().all(|x| (0.0..1.0).contains(x))
+        {
+            return Err(WorkloadError::invalid("optimizer.betas", format!("each must be in [0, 1), found {b:?}")));
+        }
+        if o.lr_backbone.is_some() && !policy.has_backbone() {
+            return Err(WorkloadError::invalid("optimizer.lr_backbone", "this policy has no vision backbone".into()));
+        }
+        let dataset = self.dataset_type()?;
+        policy.validate(dataset)?;
+        if let crate::Workload::Vae3d(v) = &policy.kind {
+            let f = v.config.downsample_factor();
+            for (axis, (size, factor)) in ["D", "H", "W"].iter().zip(self.dataset.grid.into_iter().zip(f)) {
+                if size % factor != 0 {
+                    return Err(WorkloadError::invalid("dataset.grid", format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}")));
+                }
+            }
+        }
+        self.validate_dataset_files(dataset)
+    }
+
+    fn validate_dataset_files(&self, dataset: DatasetType) -> Result<(), WorkloadError> {
+        let root = self.dataset.root.as_deref();
+        match dataset {
+            DatasetType::Npz | DatasetType::Lerobot => {
+                let root = root.ok_or_else(|| WorkloadError::invalid("dataset.root", format!("required for dataset.type={}", dataset.name())))?;
+                if !root.is_dir() {
+                    return Err(WorkloadError::invalid("dataset.root", format!("{}: no such directory", root.display())));
+                }
+                let info = root.join("meta/info.json");
+                if dataset == DatasetType::Lerobot && !info.is_file() {
+                    return Err(WorkloadError::invalid("dataset.root", format!("{}: not a LeRobot dataset ({} is missing)", root.display(), info.display())));
+                }
+            }
+            DatasetType::Sim | DatasetType::Voxels | DatasetType::Random => {}
+        }
+        if dataset == DatasetType::Sim && self.dataset.num_episodes == 0 {
+            return Err(WorkloadError::invalid("dataset.num_episodes", "must be at least 1".into()));
+        }
+        if matches!(dataset, DatasetType::Voxels | DatasetType::Random) && self.dataset.num_scenes == 0 {
+            return Err(WorkloadError::invalid("dataset.num_scenes", "must be at least 1".into()));
+        }
+        if self.dataset.grid.contains(&0) {
+            return Err(WorkloadError::invalid("dataset.grid", format!("sizes must be at least 1, found {:?}", self.dataset.grid)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn values_parse_as_meant() {
+        assert_eq!(parse_value("50"), Value::from(50));
+        assert_eq!(parse_value("1e-4"), Value::from(1e-4));
+        assert_eq!(parse_value("true"), Value::Bool(true));
+        assert_eq!(parse_value("1,2,4"), serde_json::json!([1, 2, 4]));
+        assert_eq!(parse_value("(1,2,4)"), serde_json::json!([1, 2, 4]));
+        assert_eq!(parse_value("[4]"), serde_json::json!([4]));
+        assert_eq!(parse_value("runs/x"), Value::String("runs/x".into()));
+    }
+
+    #[test]
+    fn unknown_top_level_flag_lists_valid_names() {
+        let err = load(None, &ov(&[("batchsize", "4")])).unwrap_err().to_string();
+        assert!(err.contains("unknown field `batchsize`") && err.contains("batch_size"), "{err}");
+    }
+
+    #[test]
+    fn overrides_reach_nested_fields() {
+        let c = load(None, &ov(&[("optimizer.lr", "0.5"), ("dataset.grid", "4,16,16")])).unwrap();
+        assert_eq!(c.optimizer.lr, Some(0.5));
+        assert_eq!(c.dataset.grid, [4, 16, 16]);
+        let err = load(None, &ov(&[("dataset.nope", "1")])).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("num_scenes"), "{err}");
+    }
+
+    #[test]
+    fn switches_are_typed_with_their_valid_names() {
+        let c = load(None, &ov(&[("precision", "bf16"), ("gradient_checkpointing", "true"), ("optimizer.type", "adam"), ("scheduler.type", "cosine")])).unwrap();
+        assert_eq!((c.precision, c.gradient_checkpointing), (Precision::Bf16, CheckpointMode::Blocks));
+        assert_eq!((c.optimizer.kind, c.scheduler.kind), (Some(OptimKind::Adam), Some(ScheduleKind::Cosine)));
+        for (flag, valid) in [("precision", "bf16"), ("gradient_checkpointing", "balanced"), ("backend", "wgpu"), ("optimizer.type", "adamw"), ("scheduler.type", "cosine"), ("dataset.type", "lerobot")] {
+            let err = load(None, &ov(&[(flag, "nope")])).unwrap_err().to_string();
+            assert!(err.contains("nope") && err.contains(valid), "{flag}: {err}");
+        }
+    }
+
+    #[test]
+    fn policy_typos_are_found_while_loading() {
+        let err = load(None, &ov(&[("policy.type", "act"), ("policy.chunk_sise", "50")])).unwrap_err().to_string();
+        assert!(err.contains("chunk_sise") && err.contains("chunk_size"), "{err}");
+        let err = load(None, &ov(&[("policy.type", "actt")])).unwrap_err().to_string();
+        assert!(err.contains("actt") && err.contains("diffusion"), "{err}");
+    }
+
+    #[test]
+    fn validation_catches_ranges_toggles_and_missing_files() {
+        let check = |pairs: &[(&str, &str)], want: &[&str]| {
+            let err = load(None, &ov(pairs)).and_then(|c| c.validate()).unwrap_err().to_string();
+            assert!(want.iter().all(|w| err.contains(w)), "{pairs:?}: {err}");
+        };
+        check(&[("policy.type", "act"), ("steps", "0")], &["steps", "at least 1"]);
+        check(&[("policy.type", "vae3d"), ("optimizer.lr_backbone", "1e-5")], &["lr_backbone", "no vision backbone"]);
+        check(&[("policy.type", "vae3d"), ("dataset.type", "sim")], &["dataset.type", "voxels"]);
+        check(&[("policy.type", "act"), ("dataset.type", "voxels")], &["dataset.type", "sim"]);
+        check(&[("policy.type", "act"), ("dataset.type", "lerobot")], &["dataset.root", "required"]);
+        check(&[("policy.type", "act"), ("dataset.type", "lerobot"), ("dataset.root", "/nonexistent/ds")], &["/nonexistent/ds", "no such directory"]);
+        check(&[("policy.type", "act"), ("policy.state_dim", "3")], &["policy.state_dim", "dataset defines"]);
+        check(&[("policy.type", "act"), ("policy.chunk_size", "0")], &["chunk_size"]);
+        check(&[("steps", "3")], &["policy.type", "required"]);
+    }
+
+    #[test]
+    fn synthetic_means_each_policys_built_in_data() {
+        let t = |p: &str| load(None, &ov(&[("policy.type", p), ("dataset.type", "synthetic")])).unwrap().dataset_type().unwrap();
+        assert_eq!(t("vae3d"), DatasetType::Voxels);
+        assert_eq!(t("act"), DatasetType::Sim);
+    }
+
+    #[test]
+    fn every_shipped_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let c = load(Some(&p), &[]).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                c.policy().unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                c.dataset_type().unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 8, "{n} configs");
+    }
+}

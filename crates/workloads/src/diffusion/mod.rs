@@ -1,0 +1,171 @@
+//! Diffusion Policy (lerobot) as a vramlab workload: the config with its features, predict;
+//! the training adapter is in [`train`].
+
+pub mod train;
+
+pub use train::{DiffusionTrain, DiffusionTrainBatch, to_batch};
+
+use std::path::Path;
+
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
+use vramlab_models::nn::Precision;
+
+use vramlab_train::trainer::BoxError;
+
+use crate::config::RunConfig;
+use crate::inputs::{Dim, Inputs};
+use crate::policy::DiffusionPolicy;
+use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, Window, open_policy_data, policy_loader, random_source};
+use crate::training::{OptimPreset, TrainSetup};
+use crate::InfoReport;
+use crate::{Result, WorkloadError};
+
+fn invalid(e: impl std::fmt::Display) -> WorkloadError {
+    WorkloadError::invalid("policy", format!("(diffusion) {e}"))
+}
+
+impl DiffusionPolicy {
+    /// The config with the shorthand features (for random data). Defaults: PushT (state 2,
+    /// action 2, one 96×96 camera).
+    pub fn resolve(&self) -> Result<DiffusionConfig> {
+        let f = &self.features;
+        let cfg = self
+            .config
+            .clone()
+            .with_robot_state(f.state_dim.unwrap_or(2))
+            .with_camera("observation.image", f.camera_shape.unwrap_or([3, 96, 96]))
+            .with_action(f.action_dim.unwrap_or(2));
+        cfg.validate().map_err(invalid)?;
+        Ok(cfg)
+    }
+
+    /// The config with the features of a dataset (lerobot takes the features from the dataset).
+    pub fn resolve_for(&self, f: &DataFeatures) -> Result<DiffusionConfig> {
+        let state = f.state_dim.ok_or_else(|| invalid("Diffusion Policy needs `observation.state`; the dataset has none"))?;
+        let mut cfg = self.config.clone().with_robot_state(state);
+        for (k, s) in &f.cameras {
+            cfg = cfg.with_camera(k, *s);
+        }
+        cfg = cfg.with_action(f.action_dim);
+        cfg.validate().map_err(invalid)?;
+        Ok(cfg)
+    }
+}
+
+/// `vramlab info`: parameters of the RGB encoder(s) and the UNet.
+pub fn info<B: Backend>(dc: &DiffusionConfig, device: &B::Device) -> Result<InfoReport> {
+    let (enc, unet) = (dc.rgb_encoder_num_params() as u64, dc.unet_num_params() as u64);
+    // A frozen backbone: the ResNet trunk's parameters stop being trainable.
+    let frozen: u64 = if dc.freeze_backbone {
+        let model = dc.init::<B>(device);
+        vramlab_store::param_shapes::<B, _>(&model).iter().filter(|(name, _)| name.contains(".backbone.")).map(|(_, s)| s.iter().product::<usize>() as u64).sum()
+    } else {
+        0
+    };
+    let title = format!(
+        "diffusion: n_obs_steps {}, horizon {}, down_dims {:?}, diffusion_step_embed_dim {}, crop {:?}, cameras {:?}",
+        dc.n_obs_steps,
+        dc.horizon,
+        dc.down_dims,
+        dc.diffusion_step_embed_dim,
+        dc.crop_shape,
+        dc.image_features()
+    );
+    debug_assert_eq!(enc + unet, dc.num_params() as u64);
+    Ok(InfoReport { title, rows: vec![("rgb_encoder".to_string(), enc, enc - frozen), ("unet".to_string(), unet, unet)], notes: Vec::new() })
+}
+
+/// `vramlab predict` for a lerobot Diffusion `pretrained_model/` dir with the fixture's names:
+/// `global_cond`; with `x_t` + `timesteps`, `unet_eps`; with `initial_noise`, `ddim_actions`
+/// (the configured scheduler's sampling, DDIM in the fixture). Inputs are checked against the
+/// config first.
+pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
+    let (cfg, model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device)?;
+    let (b, s) = (Dim::Any("B"), Dim::Is(cfg.n_obs_steps));
+    let state = inputs.float::<B, 3>("observation.state", [b, s, Dim::Is(cfg.state_dim())], device)?;
+    let env_state = match cfg.env_state() {
+        Some((key, d)) => Some(inputs.float::<B, 3>(key, [b, s, Dim::Is(d)], device)?),
+        None => None,
+    };
+    let images = cfg
+        .image_features()
+        .iter()
+        .map(|(k, [c, h, w])| inputs.float::<B, 5>(k, [b, s, Dim::Is(*c), Dim::Is(*h), Dim::Is(*w)], device))
+        .collect::<Result<Vec<_>>>()?;
+    let actions = [b, Dim::Is(cfg.horizon), Dim::Is(cfg.action_dim())];
+    let batch = DiffusionBatch { state, images, env_state, action: None, action_is_pad: None };
+    let ctx = DiffusionCtx::eval(precision);
+    let cond = model.prepare_global_conditioning(&batch, &ctx);
+    let mut out = vec![("global_cond".to_string(), cond.clone().into_data())];
+    if inputs.contains("x_t") || inputs.contains("timesteps") {
+        let x = inputs.float::<B, 3>("x_t", actions, device)?;
+        let t = inputs.indices("timesteps", [b], cfg.num_train_timesteps)?;
+        out.push(("unet_eps".into(), model.unet.forward(x, &t, cond.clone(), precision).into_data()));
+    }
+    if let Some(noise) = inputs.float_opt::<B, 3>("initial_noise", actions, device)? {
+        // DDPM draws fresh noise per step: predict is deterministic only for DDIM.
+        let actions = model.generate_actions(&batch, noise, |_| None, &ctx);
+        out.push(("ddim_actions".into(), actions.into_data()));
+    }
+    Ok(out)
+}
+
+/// The features of a config (for random data).
+pub fn features_of(cfg: &DiffusionConfig) -> DataFeatures {
+    DataFeatures {
+        state_dim: Some(cfg.state_dim()),
+        action_dim: cfg.action_dim(),
+        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
+    }
+}
+
+/// lerobot's Diffusion optimizer preset: Adam with the config's betas / eps / weight decay,
+/// cosine schedule with `scheduler_warmup_steps`, clip 10.
+pub fn optim_preset(dc: &DiffusionConfig) -> OptimPreset {
+    OptimPreset {
+        kind: vramlab_train::OptimKind::Adam,
+        betas: (dc.optimizer_betas[0], dc.optimizer_betas[1]),
+        eps: dc.optimizer_eps,
+        schedule: (vramlab_train::ScheduleKind::Cosine, dc.scheduler_warmup_steps as u64),
+        lr: dc.optimizer_lr,
+        weight_decay: dc.optimizer_weight_decay,
+        grad_clip_norm: 10.0,
+        backbone: None,
+    }
+}
+
+/// The model, data and optimizer preset of a Diffusion Policy run.
+pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, DiffusionTrain<B>, DiffusionTrainBatch<B>>> {
+    let base = &p.config;
+    let window = Window { obs_steps: Some(base.n_obs_steps), actions: base.horizon };
+    let (n_obs, horizon) = (base.n_obs_steps, base.horizon);
+    let delta = move |i: &vramlab_lerobot::Info| vramlab_lerobot::diffusion_delta_indices(i, n_obs, horizon);
+    let spec = PolicyDataSpec { window, delta: &delta, norm_map: vramlab_lerobot::normalize::diffusion_norm_map(), drop_n_last_frames: base.drop_n_last_frames };
+    let (dc, source) = match open_policy_data(cfg, &spec)? {
+        Some(data) => (p.resolve_for(data.features())?, PolicySource::LeRobot(Box::new(data))),
+        None => {
+            let dc = p.resolve()?;
+            let source = random_source(cfg, window, features_of(&dc));
+            (dc, source)
+        }
+    };
+    B::seed(device, cfg.seed);
+    let data_desc = source.describe();
+    let mut loader = policy_loader(cfg, source);
+    let (seed, dev) = (cfg.seed, device.clone());
+    let dcc = dc.clone();
+    Ok(TrainSetup {
+        policy: "diffusion",
+        model: DiffusionTrain::<B> { model: dc.init(device), precision: cfg.precision },
+        config_json: dc.to_json_string(),
+        num_params: dc.num_params(),
+        optim: optim_preset(&dc),
+        data_desc,
+        data: Box::new(move |step, micro| {
+            let h = loader.get(step, micro).map_err(BoxError::from)?;
+            Ok(to_batch::<B>(h, &dcc, seed, step, micro, &dev))
+        }),
+    })
+}

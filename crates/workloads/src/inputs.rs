@@ -1,0 +1,179 @@
+//! User tensors for `vramlab predict`, checked against the checkpoint's config before anything
+//! runs: every tensor the model needs is present, is a float tensor, and has the rank and sizes
+//! the config implies (a 3-channel input for a 4-channel VAE is an error naming the file, the
+//! tensor and the expected shape, not a panic inside a convolution).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use burn::tensor::DType;
+
+use crate::{Result, WorkloadError};
+
+/// One expected size: a fixed number, or any size shared under a name (the batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Is(usize),
+    /// Any size ≥ 1, the same wherever the same name appears.
+    Any(&'static str),
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Is(n) => write!(f, "{n}"),
+            Dim::Any(name) => f.write_str(name),
+        }
+    }
+}
+
+fn shape_text(dims: &[Dim]) -> String {
+    format!("[{}]", dims.iter().map(Dim::to_string).collect::<Vec<_>>().join(", "))
+}
+
+/// The tensors of an inputs file, with the sizes bound so far (`B` = batch).
+pub struct Inputs {
+    path: PathBuf,
+    map: BTreeMap<String, TensorData>,
+    bound: BTreeMap<&'static str, usize>,
+}
+
+impl Inputs {
+    pub fn read(path: &Path) -> Result<Self> {
+        let map = vramlab_store::read_safetensors(path)?;
+        Ok(Self { path: path.to_path_buf(), map, bound: BTreeMap::new() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    fn err(&self, msg: String) -> WorkloadError {
+        WorkloadError::file(&self.path, msg)
+    }
+
+    /// Check tensor `name` against `dims` (binding named sizes) and return its data.
+    fn checked(&mut self, name: &str, dims: &[Dim], want_float: bool) -> Result<TensorData> {
+        let data = self.map.get(name).ok_or_else(|| {
+            self.err(format!("tensor `{name}` is missing (present: {}); expected shape {}", self.map.keys().cloned().collect::<Vec<_>>().join(", "), shape_text(dims)))
+        })?;
+        if want_float && !matches!(data.dtype, DType::F64 | DType::F32 | DType::F16 | DType::BF16) {
+            return Err(self.err(format!("tensor `{name}` has dtype {:?}; expected a float tensor", data.dtype)));
+        }
+        let shape = data.shape.clone();
+        let mismatch = || self.err(format!("tensor `{name}` has shape {shape:?}; expected {} ({})", shape_text(dims), self.bound_text()));
+        if shape.len() != dims.len() {
+            return Err(mismatch());
+        }
+        let mut bound = self.bound.clone();
+        for (&size, dim) in shape.iter().zip(dims) {
+            let ok = match dim {
+                Dim::Is(n) => size == *n,
+                Dim::Any(k) => size >= 1 && *bound.entry(k).or_insert(size) == size,
+            };
+            if !ok {
+                return Err(mismatch());
+            }
+        }
+        self.bound = bound;
+        Ok(data.clone())
+    }
+
+    fn bound_text(&self) -> String {
+        if self.bound.is_empty() {
+            return "from the checkpoint's config".into();
+        }
+        let b: Vec<String> = self.bound.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        format!("from the checkpoint's config, with {}", b.join(", "))
+    }
+
+    /// Float tensor `name` of shape `dims`.
+    pub fn float<B: Backend, const D: usize>(&mut self, name: &str, dims: [Dim; D], device: &B::Device) -> Result<Tensor<B, D>> {
+        let data = self.checked(name, &dims, true)?;
+        Ok(Tensor::from_data(data.convert::<f32>(), device))
+    }
+
+    /// Optional float tensor (checked when present).
+    pub fn float_opt<B: Backend, const D: usize>(&mut self, name: &str, dims: [Dim; D], device: &B::Device) -> Result<Option<Tensor<B, D>>> {
+        if self.contains(name) { self.float(name, dims, device).map(Some) } else { Ok(None) }
+    }
+
+    /// Boolean mask `name` (stored as bool or integers) of shape `dims`, when present.
+    pub fn mask_opt<B: Backend, const D: usize>(&mut self, name: &str, dims: [Dim; D], device: &B::Device) -> Result<Option<Tensor<B, D, Bool>>> {
+        if !self.contains(name) {
+            return Ok(None);
+        }
+        let data = self.checked(name, &dims, false)?;
+        let shape = data.shape.clone();
+        let values: Vec<bool> = match data.dtype {
+            DType::Bool(_) => data.to_vec::<bool>().map_err(|e| self.err(format!("tensor `{name}`: {e:?}")))?,
+            _ => data.convert::<f32>().to_vec::<f32>().map_err(|e| self.err(format!("tensor `{name}`: {e:?}")))?.into_iter().map(|v| v != 0.0).collect(),
+        };
+        Ok(Some(Tensor::from_data(TensorData::new(values, shape), device)))
+    }
+
+    /// Integer vector `name` of shape `dims` (e.g. diffusion timesteps), each in `0..limit`.
+    pub fn indices(&mut self, name: &str, dims: [Dim; 1], limit: usize) -> Result<Vec<usize>> {
+        let data = self.checked(name, &dims, false)?;
+        let v = data.convert::<i64>().to_vec::<i64>().map_err(|e| self.err(format!("tensor `{name}`: {e:?}")))?;
+        v.into_iter()
+            .map(|t| usize::try_from(t).ok().filter(|t| *t < limit).ok_or_else(|| self.err(format!("tensor `{name}`: value {t} is outside 0..{limit}"))))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+
+    use super::*;
+
+    fn file(tensors: &[(&str, TensorData)]) -> (tempdir::Dir, PathBuf) {
+        let dir = tempdir::Dir::new();
+        let path = dir.0.join("inputs.safetensors");
+        let list: Vec<(String, TensorData)> = tensors.iter().map(|(k, d)| (k.to_string(), d.clone())).collect();
+        vramlab_store::write_safetensors(&list, &path).unwrap();
+        (dir, path)
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!("vramlab-inputs-{}-{:?}", std::process::id(), std::thread::current().id()));
+                std::fs::create_dir_all(&p).unwrap();
+                Self(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_dtypes_and_names_are_checked_before_use() {
+        let x = TensorData::new(vec![0f32; 2 * 3 * 4], [2, 3, 4]);
+        let (_dir, path) = file(&[("x", x), ("t", TensorData::new(vec![1i64, 7], [2]))]);
+        let dev = Default::default();
+        let mut inputs = Inputs::read(&path).unwrap();
+        let ok = inputs.float::<Flex, 3>("x", [Dim::Any("B"), Dim::Is(3), Dim::Is(4)], &dev);
+        assert!(ok.is_ok());
+        // The batch is bound to 2 by now.
+        let err = inputs.indices("t", [Dim::Any("B")], 5).unwrap_err().to_string();
+        assert!(err.contains("value 7") && err.contains("0..5"), "{err}");
+        let err = inputs.float::<Flex, 3>("x", [Dim::Any("B"), Dim::Is(4), Dim::Is(4)], &dev).unwrap_err().to_string();
+        assert!(err.contains("inputs.safetensors") && err.contains("[2, 3, 4]") && err.contains("[B, 4, 4]") && err.contains("B = 2"), "{err}");
+        let err = inputs.float::<Flex, 2>("y", [Dim::Any("B"), Dim::Is(4)], &dev).unwrap_err().to_string();
+        assert!(err.contains("`y` is missing") && err.contains("present: t, x"), "{err}");
+        let err = inputs.float::<Flex, 1>("t", [Dim::Any("B")], &dev).unwrap_err().to_string();
+        assert!(err.contains("dtype") && err.contains("float"), "{err}");
+    }
+}

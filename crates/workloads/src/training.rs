@@ -1,0 +1,181 @@
+//! One training run of any workload: the trainer's settings from the run config and the
+//! policy's optimizer preset, the output directory, checkpoint files, and the summary header.
+//! What the user sees while it runs is the caller's [`TrainObserver`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use burn::tensor::backend::AutodiffBackend;
+use vramlab_probe::MemoryProbe;
+use vramlab_train::trainer::BoxError;
+use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ParamGroup, ScheduleKind, StepRecord, TrainConfig, TrainModel, Trainer};
+
+use crate::backend::BackendInfo;
+use crate::config::RunConfig;
+use crate::{Result, WorkloadError};
+
+/// A policy's optimizer defaults (lerobot's `get_optimizer_preset`), used where the run
+/// config leaves a field out.
+#[derive(Clone, Debug)]
+pub struct OptimPreset {
+    pub kind: OptimKind,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    /// LR schedule and warmup steps.
+    pub schedule: (ScheduleKind, u64),
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub grad_clip_norm: f64,
+    /// (parameter-name prefix as the trainer sees it, lr) of the vision backbone, if any.
+    pub backbone: Option<(String, f64)>,
+}
+
+/// The trainer's settings: the run config where it says something, the preset elsewhere.
+pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimPreset) -> Result<TrainConfig> {
+    let o = &cfg.optimizer;
+    let clip = o.grad_clip_norm.unwrap_or(preset.grad_clip_norm);
+    let groups = match &preset.backbone {
+        Some((prefix, lr)) => vec![ParamGroup { prefix: prefix.clone(), lr: o.lr_backbone.unwrap_or(*lr) }],
+        None if o.lr_backbone.is_some() => return Err(WorkloadError::invalid("optimizer.lr_backbone", "this policy has no vision backbone".into())),
+        None => Vec::new(),
+    };
+    let [b1, b2] = o.betas.unwrap_or([preset.betas.0, preset.betas.1]);
+    Ok(TrainConfig {
+        steps: cfg.steps,
+        batch_size: cfg.batch_size,
+        grad_accum_steps: cfg.grad_accum_steps,
+        optim: OptimConfig {
+            kind: o.kind.unwrap_or(preset.kind),
+            lr: o.lr.unwrap_or(preset.lr),
+            betas: (b1, b2),
+            eps: o.eps.unwrap_or(preset.eps),
+            weight_decay: o.weight_decay.unwrap_or(preset.weight_decay),
+            grad_clip_norm: (clip > 0.0).then_some(clip),
+            groups,
+        },
+        schedule: LrSchedule {
+            kind: cfg.scheduler.kind.unwrap_or(preset.schedule.0),
+            warmup_steps: cfg.scheduler.warmup_steps.unwrap_or(preset.schedule.1),
+            total_steps: cfg.steps,
+        },
+        gradient_checkpointing: cfg.gradient_checkpointing,
+        loss_scale: (cfg.precision == vramlab_models::nn::Precision::F16).then_some(65536.0),
+        seed: cfg.seed,
+        save_freq: cfg.save_freq,
+        output_dir,
+        resume: cfg.resume,
+    })
+}
+
+/// `output_dir`, or `runs/<job_name or policy>-<UTC timestamp>`.
+pub fn output_dir(cfg: &RunConfig, policy: &str) -> PathBuf {
+    cfg.output_dir.clone().unwrap_or_else(|| {
+        let name = cfg.job_name.clone().unwrap_or_else(|| policy.to_string());
+        PathBuf::from("runs").join(format!("{name}-{}", timestamp()))
+    })
+}
+
+/// UTC timestamp `YYYYmmdd-HHMMSS` for default run names.
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// What a run is about to do (for the caller's start line and progress bar).
+pub struct RunStart<'a> {
+    pub policy: &'static str,
+    pub num_params: usize,
+    pub backend: &'a BackendInfo,
+    pub config: &'a RunConfig,
+    pub output_dir: &'a Path,
+    /// The step a resumed run continues after (0 for a new run).
+    pub start_step: u64,
+}
+
+/// How a run ended.
+pub struct RunEnd<'a> {
+    pub records: &'a [StepRecord],
+    pub output_dir: &'a Path,
+    pub interrupted: bool,
+}
+
+/// What the caller sees of a run: the CLI draws a progress bar, tests stay quiet.
+pub trait TrainObserver {
+    fn started(&mut self, run: &RunStart<'_>);
+    fn step(&mut self, record: &StepRecord);
+    fn finished(&mut self, run: &RunEnd<'_>);
+    /// Set (from a Ctrl-C handler, say) to stop after the current step with a checkpoint.
+    fn stop_flag(&self) -> Arc<AtomicBool>;
+}
+
+/// What a workload hands to the generic training run.
+pub struct TrainSetup<'a, M, Batch> {
+    pub policy: &'static str,
+    pub model: M,
+    /// The model's `config.json` text (reference / lerobot format, with its `type`), written
+    /// verbatim into every checkpoint (a JSON value would lose the features' order).
+    pub config_json: String,
+    pub num_params: usize,
+    pub optim: OptimPreset,
+    pub data_desc: String,
+    pub data: Box<dyn FnMut(u64, u64) -> std::result::Result<Batch, BoxError> + 'a>,
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })
+}
+
+/// Train any workload: output directory, checkpoint files, summary header, observer.
+pub fn run_training<B, M>(
+    cfg: &RunConfig,
+    info: &BackendInfo,
+    probe: &dyn MemoryProbe,
+    device: &B::Device,
+    setup: TrainSetup<'_, M, M::Batch>,
+    observer: &mut dyn TrainObserver,
+) -> Result<()>
+where
+    B: AutodiffBackend,
+    M: TrainModel<B>,
+{
+    let TrainSetup { policy, model, config_json, num_params, optim, data_desc, mut data } = setup;
+    let out = output_dir(cfg, policy);
+    let tcfg = train_config(cfg, out.clone(), &optim)?;
+    std::fs::create_dir_all(&out).map_err(|source| WorkloadError::Io { path: out.clone(), source })?;
+    let run_json = serde_json::to_string_pretty(cfg).expect("a run config serialises");
+    write_file(&out.join("run_config.json"), run_json.as_bytes())?;
+    let o = &tcfg.optim;
+    let compact_config = serde_json::from_str::<serde_json::Value>(&config_json).map(|v| v.to_string()).unwrap_or_default();
+    let summary_header = vec![
+        ("policy".into(), format!("{policy} ({num_params} parameters) {compact_config}")),
+        ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
+        ("precision".into(), cfg.precision.name().into()),
+        ("gradient_checkpointing".into(), cfg.gradient_checkpointing.to_string()),
+        ("batch_size × grad_accum_steps".into(), format!("{} × {}", cfg.batch_size, cfg.grad_accum_steps)),
+        ("optimizer".into(), format!("{:?} lr {} (groups {:?}), weight_decay {}, clip {:?}", o.kind, o.lr, o.groups, o.weight_decay, o.grad_clip_norm)),
+        ("data".into(), data_desc),
+    ];
+    let trainer = Trainer::builder(tcfg, probe)
+        .checkpoint_file("config.json", config_json.into_bytes())
+        .checkpoint_file("run_config.json", run_json.into_bytes())
+        .stop(observer.stop_flag())
+        .summary_header(summary_header)
+        .build();
+    let start_step = if cfg.resume { vramlab_train::trainer::latest_checkpoint(&trainer.checkpoints_dir())?.map_or(0, |c| c.0) } else { 0 };
+    observer.started(&RunStart { policy, num_params, backend: info, config: cfg, output_dir: &out, start_step });
+    let outcome = trainer.run::<B, M>(model, device, &mut *data, &mut |r| observer.step(r))?;
+    observer.finished(&RunEnd { records: &outcome.records, output_dir: &out, interrupted: outcome.interrupted });
+    Ok(())
+}

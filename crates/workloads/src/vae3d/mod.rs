@@ -1,0 +1,79 @@
+//! The 3D-VAE as a vramlab workload: data ([`data`]), predict, and the training adapter
+//! ([`train`]). Its config is [`crate::policy::Vae3dPolicy`].
+
+pub mod data;
+pub mod train;
+
+pub use data::VoxelSource;
+pub use train::{Vae3dBatch, Vae3dTrain, make_batch};
+
+use std::path::Path;
+
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use vramlab_models::nn::Precision;
+
+use crate::config::RunConfig;
+use crate::inputs::{Dim, Inputs};
+use crate::policy::Vae3dPolicy;
+use crate::training::{OptimPreset, TrainSetup};
+use crate::{Result, WorkloadError};
+
+/// `vramlab predict` for a VAE checkpoint: `mean`, `logvar`, `recon` (posterior mean, no
+/// sampling) and the reference loss terms for input `x`, checked against the config first.
+pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
+    let (cfg, model) = vramlab_models::vae3d::load_pretrained::<B>(dir, device)?;
+    let any = |n| Dim::Any(n);
+    let x: Tensor<B, 5> = inputs.float("x", [any("B"), Dim::Is(cfg.in_channels), any("D"), any("H"), any("W")], device)?;
+    let [_, _, d, h, w] = x.dims();
+    for (axis, (size, factor)) in ["D", "H", "W"].iter().zip([d, h, w].into_iter().zip(cfg.downsample_factor())) {
+        if size % factor != 0 {
+            return Err(WorkloadError::file(inputs.path(), format!("tensor `x`: {axis} = {size} is not divisible by the VAE's downsampling factor {factor}")));
+        }
+    }
+    let out = model.forward(x.clone(), None, precision);
+    let loss = model.compute_loss(x, &out);
+    Ok(vec![
+        ("mean".into(), out.mean.into_data()),
+        ("logvar".into(), out.logvar.into_data()),
+        ("recon".into(), out.recon.into_data()),
+        ("loss".into(), loss.loss.into_data()),
+        ("recon_loss".into(), loss.recon_loss.into_data()),
+        ("kl_loss".into(), loss.kl_loss.into_data()),
+    ])
+}
+
+/// The VAE's optimizer preset (the 4D-Radar training script): AdamW lr 1e-4, no weight decay,
+/// no clipping, constant schedule.
+pub fn optim_preset() -> OptimPreset {
+    OptimPreset {
+        kind: vramlab_train::OptimKind::AdamW,
+        betas: (0.9, 0.999),
+        eps: 1e-8,
+        schedule: (vramlab_train::ScheduleKind::Constant, 0),
+        lr: 1e-4,
+        weight_decay: 0.0,
+        grad_clip_norm: 0.0,
+        backbone: None,
+    }
+}
+
+/// The model, data and optimizer preset of a VAE run.
+pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, Vae3dTrain<B>, Vae3dBatch<B>>> {
+    let kind = cfg.dataset_type()?;
+    let source = VoxelSource::open(&cfg.dataset, kind, cfg.seed)?;
+    // Seed the backend before the weights are drawn: same seed, same initial model.
+    B::seed(device, cfg.seed);
+    let vc = p.config.clone();
+    let (bs, seed, dev) = (cfg.batch_size as usize, cfg.seed, device.clone());
+    Ok(TrainSetup {
+        policy: "vae3d",
+        model: Vae3dTrain::<B> { vae: vc.init(device), precision: cfg.precision },
+        // The reference JSON carries `"type": "vae3d"` (how `vramlab predict` tells the model).
+        config_json: serde_json::to_string_pretty(&vc.to_reference_json()).expect("a VAE config serialises"),
+        num_params: vc.num_params(),
+        optim: optim_preset(),
+        data_desc: format!("{} grid {:?}", kind.name(), cfg.dataset.grid),
+        data: Box::new(move |step, micro| make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
+    })
+}
