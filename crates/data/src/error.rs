@@ -117,6 +117,17 @@ pub enum DataError {
         got: u64,
     },
 
+    /// The array's data bytes are not valid for its dtype (e.g. a `bool` byte other than 0 or 1).
+    #[error("{}: array `{entry}`: invalid data: {reason}", .path.display())]
+    BadData {
+        /// Offending file.
+        path: PathBuf,
+        /// Array name.
+        entry: String,
+        /// What is wrong, as the `.npy` reader says it.
+        reason: String,
+    },
+
     /// An array has a shape the loader cannot use (e.g. not 4 channels).
     #[error("{}: wrong shape: {detail}", .path.display())]
     WrongShape {

@@ -30,7 +30,7 @@
 //!   [`VoxelDataset`]) — deterministic per `(seed, index)`.
 //! * [`npz`]: a reader for the `.npz` voxel files written by the 4D-Radar
 //!   (NTU4DRadLM) preprocessing ([`load_radar_voxels`], [`NpzVoxelDataset`]),
-//!   built on a small panic-free `.npy` parser ([`npy`]).
+//!   its arrays parsed by `ndarray-npy` ([`npy`]).
 //!
 //! # Example
 //!

@@ -265,6 +265,34 @@ struct BoxObj {
     z1: usize,
 }
 
+impl BoxObj {
+    /// The box at `(r0, l0, z0)` of size `(sr, sl, sz)`: at least 2 layers high, cut at the top `d`.
+    fn new([r0, l0, z0]: [usize; 3], [sr, sl, sz]: [usize; 3], d: usize) -> Self {
+        Self { r0, r1: r0 + sr, l0, l1: l0 + sl, z0, z1: (z0 + sz.max(2)).min(d) }
+    }
+}
+
+/// Sidewalk widths (lateral voxels) at the low and high `W` edges; the road lies between.
+#[derive(Debug, Clone, Copy)]
+struct Street {
+    walk_lo: usize,
+    walk_hi: usize,
+}
+
+impl Street {
+    /// Whether lateral position `l` of a `w` wide grid is on a sidewalk.
+    fn on_walk(&self, l: usize, w: usize) -> bool {
+        l < self.walk_lo || l >= w.saturating_sub(self.walk_hi)
+    }
+}
+
+/// A placed static object; trees carry the layer where their crown starts.
+struct Static {
+    b: BoxObj,
+    look: Look,
+    crown_z0: Option<usize>,
+}
+
 /// How a box's voxels look.
 struct Look {
     /// Return probability of faces facing the sensor.
@@ -333,180 +361,173 @@ impl<'a> Scene<'a> {
         (dr / n, dl / n)
     }
 
+    /// The whole scene: street layout, then objects placed (statics before movers, so the
+    /// random stream is consumed in a fixed order), then drawn with the ground first.
     fn draw(&mut self, cfg: &SynthConfig, rng: &mut StdRng) {
-        let (d, h, w) = (self.d, self.h, self.w);
-        let s = h.min(w) as f32;
-
-        // Sidewalks: one layer higher strips along the lateral edges.
-        let sidewalk = |rng: &mut StdRng| {
-            if unit(rng) < 0.6 {
-                (w as f32 * uniform(rng, 0.08, 0.2)) as usize
-            } else {
-                0
-            }
-        };
-        let walk_lo = sidewalk(rng);
-        let walk_hi = sidewalk(rng);
-        let base_top = self.ground_layers - 1;
-        let on_walk = |l: usize| l < walk_lo || l >= w.saturating_sub(walk_hi);
-        self.ground_top = (0..h * w)
-            .map(|i| (base_top + usize::from(on_walk(i % w))).min(d - 1) as u8)
-            .collect();
-        let ground_z = |l: usize| (base_top + 1 + usize::from(on_walk(l))).min(d - 1);
-
-        // Static objects: buildings along the sides, parked cars anywhere, trees on the sidewalks.
-        let mut objects: Vec<BoxObj> = Vec::new();
-        let mut statics: Vec<(BoxObj, Look, Option<usize>)> = Vec::new();
-        for _ in 0..cfg.num_static_boxes {
-            let kind = unit(rng);
-            let (building, tree) = (kind < 0.45, kind >= 0.75);
-            let (sr, sl, sz, intensity) = if building {
-                (
-                    pick(rng, (s / 8.0) as usize, (s / 3.0) as usize).max(2),
-                    pick(rng, (s / 12.0) as usize, (s / 5.0) as usize).max(2),
-                    ((d as f32) * uniform(rng, 0.5, 0.95)) as usize,
-                    uniform(rng, 0.65, 1.0),
-                )
-            } else if tree {
-                let crown = pick(rng, (s / 12.0) as usize, (s / 6.0) as usize).max(2);
-                (crown, crown, ((d as f32) * uniform(rng, 0.5, 0.8)) as usize, uniform(rng, 0.5, 0.7))
-            } else {
-                (
-                    pick(rng, (s / 16.0) as usize, (s / 10.0) as usize).max(2),
-                    pick(rng, (s / 32.0) as usize, (s / 20.0) as usize).max(1),
-                    ((d as f32) * uniform(rng, 0.15, 0.25)).ceil() as usize,
-                    uniform(rng, 0.5, 0.9),
-                )
-            };
-            let sl = sl.min(w - 1);
-            let sr = sr.min(h - 2);
-            let r0 = pick(rng, (h / 10).max(1), h - sr);
-            let l0 = if building || tree {
-                // Hug one side of the street.
-                let margin = if building { w / 8 } else { w / 5 };
-                if unit(rng) < 0.5 {
-                    pick(rng, 0, margin.min(w - sl))
-                } else {
-                    let hi = w - sl;
-                    pick(rng, hi.saturating_sub(margin), hi)
-                }
-            } else {
-                pick(rng, 0, w - sl)
-            };
-            let z0 = ground_z(l0);
-            let b = BoxObj {
-                r0,
-                r1: r0 + sr,
-                l0,
-                l1: l0 + sl,
-                z0,
-                z1: (z0 + sz.max(2)).min(d),
-            };
-            let crown_z0 = tree.then(|| b.z0 + ((b.z1 - b.z0) as f32 * uniform(rng, 0.3, 0.5)) as usize);
-            let look = Look {
-                visible: if tree { 0.35 } else { uniform(rng, 0.55, 0.8) },
-                hidden: 0.05,
-                top: 0.15,
-                intensity,
-                intensity_range: (0.5, 1.0),
-                velocity: (0.0, 0.0),
-                doppler_noise: 0.0,
-                variance: 0.0,
-            };
-            objects.push(b);
-            statics.push((b, look, crown_z0));
-        }
-
-        // Movers: cars and cyclists drive along H on the road, pedestrians roam.
-        let mut movers: Vec<(BoxObj, Look)> = Vec::new();
-        for _ in 0..cfg.num_movers {
-            let kind = unit(rng);
-            let sign = if unit(rng) < 0.5 { -1.0 } else { 1.0 };
-            let (sr, sl, sz, vel, noise, var, intensity) = if kind < 0.5 {
-                // Car.
-                let speed = uniform(rng, 0.3, 1.0);
-                let drift = uniform(rng, -0.1, 0.1);
-                (
-                    pick(rng, (s / 14.0) as usize, (s / 9.0) as usize).max(2),
-                    pick(rng, (s / 28.0) as usize, (s / 18.0) as usize).max(1),
-                    ((d as f32) * uniform(rng, 0.15, 0.22)).ceil() as usize,
-                    (sign * speed, drift * speed),
-                    0.02,
-                    uniform(rng, 0.002, 0.01),
-                    uniform(rng, 0.5, 0.9),
-                )
-            } else if kind < 0.65 {
-                // Cyclist.
-                let speed = uniform(rng, 0.2, 0.5);
-                (
-                    ((s / 32.0) as usize).max(1),
-                    ((s / 64.0) as usize).max(1),
-                    ((d as f32) * uniform(rng, 0.2, 0.3)).ceil() as usize,
-                    (sign * speed, uniform(rng, -0.05, 0.05)),
-                    0.04,
-                    uniform(rng, 0.01, 0.03),
-                    uniform(rng, 0.4, 0.7),
-                )
-            } else {
-                // Pedestrian.
-                let speed = uniform(rng, 0.05, 0.25);
-                let heading = uniform(rng, 0.0, std::f32::consts::TAU);
-                (
-                    ((s / 64.0) as usize).max(1),
-                    ((s / 64.0) as usize).max(1),
-                    ((d as f32) * uniform(rng, 0.2, 0.3)).ceil() as usize,
-                    (speed * heading.cos(), speed * heading.sin()),
-                    0.06,
-                    uniform(rng, 0.02, 0.06),
-                    uniform(rng, 0.35, 0.65),
-                )
-            };
-            let sl = sl.min(w - 1);
-            let sr = sr.min(h - 2);
-            let r0 = pick(rng, 2.min(h - sr), h - sr);
-            let road_lo = walk_lo.min(w - sl);
-            let road_hi = w.saturating_sub(walk_hi).saturating_sub(sl).max(road_lo);
-            let l0 = if kind < 0.65 {
-                pick(rng, road_lo, road_hi)
-            } else {
-                pick(rng, 0, w - sl)
-            };
-            let z0 = ground_z(l0);
-            let b = BoxObj {
-                r0,
-                r1: r0 + sr,
-                l0,
-                l1: l0 + sl,
-                z0,
-                z1: (z0 + sz.max(2)).min(d),
-            };
-            let look = Look {
-                visible: 0.8,
-                hidden: 0.25,
-                top: 0.3,
-                intensity,
-                intensity_range: (0.0, 1.0),
-                velocity: vel,
-                doppler_noise: noise,
-                variance: var,
-            };
-            objects.push(b);
-            movers.push((b, look));
-        }
+        let street = self.lay_street(rng);
+        let statics: Vec<Static> = (0..cfg.num_static_boxes).map(|_| self.place_static(rng, street)).collect();
+        let movers: Vec<(BoxObj, Look)> = (0..cfg.num_movers).map(|_| self.place_mover(rng, street)).collect();
 
         if cfg.ground {
+            let objects: Vec<BoxObj> = statics.iter().map(|st| st.b).chain(movers.iter().map(|(b, _)| *b)).collect();
             self.draw_ground(rng, &objects);
         }
-        for (b, look, crown_z0) in &statics {
-            match crown_z0 {
-                Some(cz) => self.draw_tree(rng, b, look, *cz),
-                None => self.draw_box(rng, b, look),
+        for st in &statics {
+            match st.crown_z0 {
+                Some(cz) => self.draw_tree(rng, &st.b, &st.look, cz),
+                None => self.draw_box(rng, &st.b, &st.look),
             }
         }
         for (b, look) in &movers {
             self.draw_box(rng, b, look);
         }
         self.draw_clutter(rng, cfg.noise_points);
+    }
+
+    /// Sidewalks (one layer higher strips along the lateral edges) and the ground's top layer.
+    fn lay_street(&mut self, rng: &mut StdRng) -> Street {
+        let w = self.w;
+        let mut sidewalk = || {
+            if unit(rng) < 0.6 {
+                (w as f32 * uniform(rng, 0.08, 0.2)) as usize
+            } else {
+                0
+            }
+        };
+        let street = Street { walk_lo: sidewalk(), walk_hi: sidewalk() };
+        let base_top = self.ground_layers - 1;
+        self.ground_top = (0..self.h * w)
+            .map(|i| (base_top + usize::from(street.on_walk(i % w, w))).min(self.d - 1) as u8)
+            .collect();
+        street
+    }
+
+    /// First layer above the ground surface at lateral position `l`.
+    fn ground_z(&self, street: Street, l: usize) -> usize {
+        (self.ground_layers + usize::from(street.on_walk(l, self.w))).min(self.d - 1)
+    }
+
+    /// A static object: a building along a side, a tree on a sidewalk, or a parked car anywhere.
+    fn place_static(&self, rng: &mut StdRng, street: Street) -> Static {
+        let (d, h, w) = (self.d, self.h, self.w);
+        let s = h.min(w) as f32;
+        let kind = unit(rng);
+        let (building, tree) = (kind < 0.45, kind >= 0.75);
+        let (sr, sl, sz, intensity) = if building {
+            (
+                pick(rng, (s / 8.0) as usize, (s / 3.0) as usize).max(2),
+                pick(rng, (s / 12.0) as usize, (s / 5.0) as usize).max(2),
+                ((d as f32) * uniform(rng, 0.5, 0.95)) as usize,
+                uniform(rng, 0.65, 1.0),
+            )
+        } else if tree {
+            let crown = pick(rng, (s / 12.0) as usize, (s / 6.0) as usize).max(2);
+            (crown, crown, ((d as f32) * uniform(rng, 0.5, 0.8)) as usize, uniform(rng, 0.5, 0.7))
+        } else {
+            (
+                pick(rng, (s / 16.0) as usize, (s / 10.0) as usize).max(2),
+                pick(rng, (s / 32.0) as usize, (s / 20.0) as usize).max(1),
+                ((d as f32) * uniform(rng, 0.15, 0.25)).ceil() as usize,
+                uniform(rng, 0.5, 0.9),
+            )
+        };
+        let sl = sl.min(w - 1);
+        let sr = sr.min(h - 2);
+        let r0 = pick(rng, (h / 10).max(1), h - sr);
+        let l0 = if building || tree {
+            // Hug one side of the street.
+            let margin = if building { w / 8 } else { w / 5 };
+            if unit(rng) < 0.5 {
+                pick(rng, 0, margin.min(w - sl))
+            } else {
+                let hi = w - sl;
+                pick(rng, hi.saturating_sub(margin), hi)
+            }
+        } else {
+            pick(rng, 0, w - sl)
+        };
+        let b = BoxObj::new([r0, l0, self.ground_z(street, l0)], [sr, sl, sz], d);
+        let crown_z0 = tree.then(|| b.z0 + ((b.z1 - b.z0) as f32 * uniform(rng, 0.3, 0.5)) as usize);
+        let look = Look {
+            visible: if tree { 0.35 } else { uniform(rng, 0.55, 0.8) },
+            hidden: 0.05,
+            top: 0.15,
+            intensity,
+            intensity_range: (0.5, 1.0),
+            velocity: (0.0, 0.0),
+            doppler_noise: 0.0,
+            variance: 0.0,
+        };
+        Static { b, look, crown_z0 }
+    }
+
+    /// A mover: cars and cyclists drive along H on the road, pedestrians roam anywhere.
+    fn place_mover(&self, rng: &mut StdRng, street: Street) -> (BoxObj, Look) {
+        let (d, h, w) = (self.d, self.h, self.w);
+        let s = h.min(w) as f32;
+        let kind = unit(rng);
+        let sign = if unit(rng) < 0.5 { -1.0 } else { 1.0 };
+        let (sr, sl, sz, vel, noise, var, intensity) = if kind < 0.5 {
+            // Car.
+            let speed = uniform(rng, 0.3, 1.0);
+            let drift = uniform(rng, -0.1, 0.1);
+            (
+                pick(rng, (s / 14.0) as usize, (s / 9.0) as usize).max(2),
+                pick(rng, (s / 28.0) as usize, (s / 18.0) as usize).max(1),
+                ((d as f32) * uniform(rng, 0.15, 0.22)).ceil() as usize,
+                (sign * speed, drift * speed),
+                0.02,
+                uniform(rng, 0.002, 0.01),
+                uniform(rng, 0.5, 0.9),
+            )
+        } else if kind < 0.65 {
+            // Cyclist.
+            let speed = uniform(rng, 0.2, 0.5);
+            (
+                ((s / 32.0) as usize).max(1),
+                ((s / 64.0) as usize).max(1),
+                ((d as f32) * uniform(rng, 0.2, 0.3)).ceil() as usize,
+                (sign * speed, uniform(rng, -0.05, 0.05)),
+                0.04,
+                uniform(rng, 0.01, 0.03),
+                uniform(rng, 0.4, 0.7),
+            )
+        } else {
+            // Pedestrian.
+            let speed = uniform(rng, 0.05, 0.25);
+            let heading = uniform(rng, 0.0, std::f32::consts::TAU);
+            (
+                ((s / 64.0) as usize).max(1),
+                ((s / 64.0) as usize).max(1),
+                ((d as f32) * uniform(rng, 0.2, 0.3)).ceil() as usize,
+                (speed * heading.cos(), speed * heading.sin()),
+                0.06,
+                uniform(rng, 0.02, 0.06),
+                uniform(rng, 0.35, 0.65),
+            )
+        };
+        let sl = sl.min(w - 1);
+        let sr = sr.min(h - 2);
+        let r0 = pick(rng, 2.min(h - sr), h - sr);
+        let road_lo = street.walk_lo.min(w - sl);
+        let road_hi = w.saturating_sub(street.walk_hi).saturating_sub(sl).max(road_lo);
+        let l0 = if kind < 0.65 {
+            pick(rng, road_lo, road_hi)
+        } else {
+            pick(rng, 0, w - sl)
+        };
+        let b = BoxObj::new([r0, l0, self.ground_z(street, l0)], [sr, sl, sz], d);
+        let look = Look {
+            visible: 0.8,
+            hidden: 0.25,
+            top: 0.3,
+            intensity,
+            intensity_range: (0.0, 1.0),
+            velocity: vel,
+            doppler_noise: noise,
+            variance: var,
+        };
+        (b, look)
     }
 
     fn draw_ground(&mut self, rng: &mut StdRng, objects: &[BoxObj]) {

@@ -188,7 +188,8 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), DatasetError> {
     std::fs::rename(&tmp, path).map_err(|x| DatasetError::io(path, x))
 }
 
-/// PNG-encode an RGB8 image.
+/// PNG-encode an RGB8 image with the `png` crate (the `image` crate would only wrap it: see
+/// the [`crate::image`] module doc for why it is not used).
 pub fn encode_png(width: usize, height: usize, rgb: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     {
@@ -256,9 +257,108 @@ fn stats_json(values: &[f32], width: usize) -> Value {
     json!({"min": min, "max": max, "mean": mean, "std": std, "count": [values.len() / width.max(1)]})
 }
 
+/// Every frame of every episode as columns, with per-channel pixel statistics.
+#[derive(Default)]
+struct Columns {
+    tasks: Vec<String>,
+    state: Vec<f32>,
+    action: Vec<f32>,
+    reward: Vec<f32>,
+    done: Vec<bool>,
+    success: Vec<bool>,
+    ts: Vec<f32>,
+    frame_index: Vec<i64>,
+    episode_index: Vec<i64>,
+    index: Vec<i64>,
+    task_index: Vec<i64>,
+    /// PNG bytes per frame.
+    images: Vec<Vec<u8>>,
+    pixels: PixelStats,
+    /// (episode, task, length, from, to) per episode.
+    episodes: Vec<(i64, String, i64, i64, i64)>,
+}
+
+/// Running per-channel statistics of pixels in `[0, 1]`.
+struct PixelStats {
+    sum: [f64; 3],
+    sq: [f64; 3],
+    min: [f64; 3],
+    max: [f64; 3],
+}
+
+impl Default for PixelStats {
+    fn default() -> Self {
+        Self { sum: [0.0; 3], sq: [0.0; 3], min: [1.0; 3], max: [0.0; 3] }
+    }
+}
+
+impl PixelStats {
+    fn add(&mut self, rgb: &[u8]) {
+        for px in rgb.chunks_exact(3) {
+            for c in 0..3 {
+                let v = px[c] as f64 / 255.0;
+                self.sum[c] += v;
+                self.sq[c] += v * v;
+                self.min[c] = self.min[c].min(v);
+                self.max[c] = self.max[c].max(v);
+            }
+        }
+    }
+
+    /// lerobot's image stats: `[3, 1, 1]` per statistic.
+    fn json(&self, count: usize) -> serde_json::Value {
+        let chan = |v: [f64; 3]| json!([[[v[0]]], [[v[1]]], [[v[2]]]]);
+        let n = count.max(1) as f64;
+        let mean = self.sum.map(|s| s / n);
+        let std = [0, 1, 2].map(|c| (self.sq[c] / n - mean[c] * mean[c]).max(0.0).sqrt());
+        json!({"min": chan(self.min), "max": chan(self.max), "mean": chan(mean), "std": chan(std)})
+    }
+}
+
+impl Columns {
+    /// Check each episode against `spec` and append its frames.
+    fn gather(spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<Self, DatasetError> {
+        let (sd, ad) = (spec.state_dim, spec.action_dim);
+        let mut c = Self::default();
+        for (e, ep) in episodes.iter().enumerate() {
+            let n = ep.frames.len();
+            if ep.state.len() != n * sd || ep.action.len() != n * ad || ep.reward.len() != n || ep.done.len() != n || ep.success.len() != n {
+                return Err(DatasetError::arg(format!("episode {e}: per-frame arrays disagree with {n} frames")));
+            }
+            let ti = match c.tasks.iter().position(|t| *t == ep.task) {
+                Some(i) => i,
+                None => {
+                    c.tasks.push(ep.task.clone());
+                    c.tasks.len() - 1
+                }
+            };
+            let from = c.index.len();
+            for (f, img) in ep.frames.iter().enumerate() {
+                if img.len() != spec.height * spec.width * 3 {
+                    return Err(DatasetError::arg(format!("episode {e} frame {f}: {} bytes, expected {}×{}×3", img.len(), spec.height, spec.width)));
+                }
+                c.pixels.add(img);
+                c.images.push(encode_png(spec.width, spec.height, img));
+                c.ts.push(f as f32 / spec.fps as f32);
+                c.frame_index.push(f as i64);
+                c.episode_index.push(e as i64);
+                c.index.push(c.index.len() as i64);
+                c.task_index.push(ti as i64);
+            }
+            c.state.extend_from_slice(&ep.state);
+            c.action.extend_from_slice(&ep.action);
+            c.reward.extend_from_slice(&ep.reward);
+            c.done.extend_from_slice(&ep.done);
+            c.success.extend_from_slice(&ep.success);
+            c.episodes.push((e as i64, ep.task.clone(), n as i64, from as i64, c.index.len() as i64));
+        }
+        Ok(c)
+    }
+}
+
 /// Write `episodes` as a LeRobot v3.0 dataset at `root` (which must not exist): one data file,
 /// one episodes file, tasks, info and stats (image stats per channel in `[0, 1]`, shaped
-/// `[3, 1, 1]` as lerobot's).
+/// `[3, 1, 1]` as lerobot's). Everything is written under `<root>.partial`, renamed last.
 pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<(), DatasetError> {
     if root.exists() {
         return Err(DatasetError::arg(format!("{}: already exists; refusing to overwrite", root.display())));
@@ -269,95 +369,74 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(|x| DatasetError::io(&staging, x))?;
     }
-    let (sd, ad) = (spec.state_dim, spec.action_dim);
-    let mut tasks: Vec<String> = Vec::new();
-    let (mut state, mut action, mut reward, mut done, mut success) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut ts, mut frame_index, mut episode_index, mut index, mut task_index) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut images = Vec::new();
-    let mut pixel_sum = [0f64; 3];
-    let mut pixel_sq = [0f64; 3];
-    let (mut pmin, mut pmax) = ([1f64; 3], [0f64; 3]);
-    let mut ep_rows = Vec::new();
-    for (e, ep) in episodes.iter().enumerate() {
-        let n = ep.frames.len();
-        if ep.state.len() != n * sd || ep.action.len() != n * ad || ep.reward.len() != n || ep.done.len() != n || ep.success.len() != n {
-            return Err(DatasetError::arg(format!("episode {e}: per-frame arrays disagree with {n} frames")));
-        }
-        let ti = match tasks.iter().position(|t| *t == ep.task) {
-            Some(i) => i,
-            None => {
-                tasks.push(ep.task.clone());
-                tasks.len() - 1
-            }
-        };
-        let from = index.len();
-        for (f, img) in ep.frames.iter().enumerate() {
-            if img.len() != spec.height * spec.width * 3 {
-                return Err(DatasetError::arg(format!("episode {e} frame {f}: {} bytes, expected {}×{}×3", img.len(), spec.height, spec.width)));
-            }
-            for px in img.chunks_exact(3) {
-                for c in 0..3 {
-                    let v = px[c] as f64 / 255.0;
-                    pixel_sum[c] += v;
-                    pixel_sq[c] += v * v;
-                    pmin[c] = pmin[c].min(v);
-                    pmax[c] = pmax[c].max(v);
-                }
-            }
-            images.push(encode_png(spec.width, spec.height, img));
-            ts.push(f as f32 / spec.fps as f32);
-            frame_index.push(f as i64);
-            episode_index.push(e as i64);
-            index.push(index.len() as i64);
-            task_index.push(ti as i64);
-        }
-        state.extend_from_slice(&ep.state);
-        action.extend_from_slice(&ep.action);
-        reward.extend_from_slice(&ep.reward);
-        done.extend_from_slice(&ep.done);
-        success.extend_from_slice(&ep.success);
-        ep_rows.push((e as i64, ep.task.clone(), n as i64, from as i64, index.len() as i64));
-    }
-    let total = index.len();
+    let c = Columns::gather(spec, episodes)?;
+    let (total, n_ep, n_tasks) = (c.index.len(), c.episodes.len(), c.tasks.len());
+    let stats = json!({
+        "observation.state": stats_json(&c.state, spec.state_dim),
+        "action": stats_json(&c.action, spec.action_dim),
+        "next.reward": stats_json(&c.reward, 1),
+        "timestamp": stats_json(&c.ts, 1),
+        spec.camera_key.clone(): with_count(c.pixels.json(total * spec.height * spec.width), total),
+    });
+    write_episodes(&staging, &c.episodes)?;
+    write_tasks(&staging, &c.tasks)?;
+    write_frames(&staging, spec, c)?;
+    write_file(&staging.join("meta/stats.json"), serde_json::to_string_pretty(&stats).expect("json").as_bytes())?;
+    write_file(&staging.join("meta/info.json"), serde_json::to_string_pretty(&info_json(spec, n_ep, total, n_tasks)).expect("json").as_bytes())?;
+    std::fs::rename(&staging, root).map_err(|x| DatasetError::io(root, x))
+}
+
+/// `stats` with lerobot's `count` added.
+fn with_count(mut stats: serde_json::Value, count: usize) -> serde_json::Value {
+    stats["count"] = json!([count]);
+    stats
+}
+
+/// `data/chunk-000/file-000.parquet`: one row per frame.
+fn write_frames(staging: &Path, spec: &DatasetSpec, c: Columns) -> Result<(), DatasetError> {
     let data_file = staging.join("data/chunk-000/file-000.parquet");
-    std::fs::create_dir_all(data_file.parent().expect("has parent")).map_err(|x| DatasetError::io(&staging, x))?;
-    let state_stats = stats_json(&state, sd);
-    let action_stats = stats_json(&action, ad);
-    let reward_stats = stats_json(&reward, 1);
-    let ts_stats = stats_json(&ts, 1);
+    std::fs::create_dir_all(data_file.parent().expect("has parent")).map_err(|x| DatasetError::io(staging, x))?;
     write_parquet(
         &data_file,
         &[
-            (spec.camera_key.as_str(), Column::Image(images)),
-            ("observation.state", Column::F32List { width: sd, values: state }),
-            ("action", Column::F32List { width: ad, values: action }),
-            ("next.reward", Column::F32(reward)),
-            ("next.done", Column::Bool(done)),
-            ("next.success", Column::Bool(success)),
-            ("timestamp", Column::F32(ts)),
-            ("frame_index", Column::I64(frame_index)),
-            ("episode_index", Column::I64(episode_index)),
-            ("index", Column::I64(index)),
-            ("task_index", Column::I64(task_index)),
+            (spec.camera_key.as_str(), Column::Image(c.images)),
+            ("observation.state", Column::F32List { width: spec.state_dim, values: c.state }),
+            ("action", Column::F32List { width: spec.action_dim, values: c.action }),
+            ("next.reward", Column::F32(c.reward)),
+            ("next.done", Column::Bool(c.done)),
+            ("next.success", Column::Bool(c.success)),
+            ("timestamp", Column::F32(c.ts)),
+            ("frame_index", Column::I64(c.frame_index)),
+            ("episode_index", Column::I64(c.episode_index)),
+            ("index", Column::I64(c.index)),
+            ("task_index", Column::I64(c.task_index)),
         ],
-    )?;
+    )
+}
+
+/// `meta/episodes/chunk-000/file-000.parquet`: one row per episode.
+fn write_episodes(staging: &Path, rows: &[(i64, String, i64, i64, i64)]) -> Result<(), DatasetError> {
     let ep_file = staging.join("meta/episodes/chunk-000/file-000.parquet");
-    std::fs::create_dir_all(ep_file.parent().expect("has parent")).map_err(|x| DatasetError::io(&staging, x))?;
-    let n_ep = ep_rows.len();
+    std::fs::create_dir_all(ep_file.parent().expect("has parent")).map_err(|x| DatasetError::io(staging, x))?;
+    let n_ep = rows.len();
     write_parquet(
         &ep_file,
         &[
-            ("episode_index", Column::I64(ep_rows.iter().map(|r| r.0).collect())),
-            ("tasks", Column::StrList(ep_rows.iter().map(|r| vec![r.1.clone()]).collect())),
-            ("length", Column::I64(ep_rows.iter().map(|r| r.2).collect())),
+            ("episode_index", Column::I64(rows.iter().map(|r| r.0).collect())),
+            ("tasks", Column::StrList(rows.iter().map(|r| vec![r.1.clone()]).collect())),
+            ("length", Column::I64(rows.iter().map(|r| r.2).collect())),
             ("data/chunk_index", Column::I64(vec![0; n_ep])),
             ("data/file_index", Column::I64(vec![0; n_ep])),
-            ("dataset_from_index", Column::I64(ep_rows.iter().map(|r| r.3).collect())),
-            ("dataset_to_index", Column::I64(ep_rows.iter().map(|r| r.4).collect())),
+            ("dataset_from_index", Column::I64(rows.iter().map(|r| r.3).collect())),
+            ("dataset_to_index", Column::I64(rows.iter().map(|r| r.4).collect())),
             ("meta/episodes/chunk_index", Column::I64(vec![0; n_ep])),
             ("meta/episodes/file_index", Column::I64(vec![0; n_ep])),
         ],
-    )?;
+    )
+}
+
+/// `meta/tasks.parquet`, with the pandas index metadata lerobot reads it by.
+fn write_tasks(staging: &Path, tasks: &[String]) -> Result<(), DatasetError> {
     // lerobot reads tasks with pandas, the task string being the frame's index.
     let pandas = json!({
         "index_columns": ["__index_level_0__"],
@@ -371,28 +450,20 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
     });
     write_parquet_with_metadata(
         &staging.join("meta/tasks.parquet"),
-        &[("task_index", Column::I64((0..tasks.len() as i64).collect())), ("__index_level_0__", Column::Str(tasks.clone()))],
+        &[("task_index", Column::I64((0..tasks.len() as i64).collect())), ("__index_level_0__", Column::Str(tasks.to_vec()))],
         vec![("pandas".into(), pandas.to_string())],
-    )?;
-    let px_count = (total * spec.height * spec.width).max(1) as f64;
-    let chan = |v: [f64; 3]| json!([[[v[0]]], [[v[1]]], [[v[2]]]]);
-    let mean = pixel_sum.map(|s| s / px_count);
-    let std = [0, 1, 2].map(|c| (pixel_sq[c] / px_count - mean[c] * mean[c]).max(0.0).sqrt());
-    let stats = json!({
-        "observation.state": state_stats,
-        "action": action_stats,
-        "next.reward": reward_stats,
-        "timestamp": ts_stats,
-        spec.camera_key.clone(): {"min": chan(pmin), "max": chan(pmax), "mean": chan(mean), "std": chan(std), "count": [total]},
-    });
-    write_file(&staging.join("meta/stats.json"), serde_json::to_string_pretty(&stats).expect("json").as_bytes())?;
+    )
+}
+
+/// `meta/info.json` of a v3.0 dataset with one data file and images in parquet.
+fn info_json(spec: &DatasetSpec, n_ep: usize, total: usize, n_tasks: usize) -> serde_json::Value {
     let scalar = |dtype: &str| json!({"dtype": dtype, "shape": [1], "names": null});
-    let info = json!({
+    json!({
         "codebase_version": "v3.0",
         "robot_type": spec.robot_type,
         "total_episodes": n_ep,
         "total_frames": total,
-        "total_tasks": tasks.len(),
+        "total_tasks": n_tasks,
         "chunks_size": 1000,
         "data_files_size_in_mb": 100,
         "video_files_size_in_mb": 500,
@@ -402,8 +473,8 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
         "video_path": null,
         "features": {
             spec.camera_key.clone(): {"dtype": "image", "shape": [spec.height, spec.width, 3], "names": ["height", "width", "channel"]},
-            "observation.state": {"dtype": "float32", "shape": [sd], "names": spec.state_names},
-            "action": {"dtype": "float32", "shape": [ad], "names": spec.action_names},
+            "observation.state": {"dtype": "float32", "shape": [spec.state_dim], "names": spec.state_names},
+            "action": {"dtype": "float32", "shape": [spec.action_dim], "names": spec.action_names},
             "next.reward": scalar("float32"),
             "next.done": scalar("bool"),
             "next.success": scalar("bool"),
@@ -413,7 +484,5 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
             "index": scalar("int64"),
             "task_index": scalar("int64"),
         }
-    });
-    write_file(&staging.join("meta/info.json"), serde_json::to_string_pretty(&info).expect("json").as_bytes())?;
-    std::fs::rename(&staging, root).map_err(|x| DatasetError::io(root, x))
+    })
 }

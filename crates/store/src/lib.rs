@@ -18,6 +18,8 @@ use safetensors::{Dtype, SafeTensors};
 pub enum WeightError {
     #[error("{path}: cannot read: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: cannot write: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {msg}")]
     Format { path: PathBuf, msg: String },
     #[error("{path}: tensor `{key}` has unsupported dtype {dtype} (expected a float type)")]
@@ -113,13 +115,25 @@ pub fn save_safetensors<B: Backend, M: Module<B>>(module: &M, path: &Path) -> Re
     write_safetensors(&tensors, path)
 }
 
-/// Write named f32 tensors to a safetensors file atomically.
+/// Write named float tensors to a safetensors file as f32, atomically.
+///
+/// Other float dtypes (f16, bf16, f64) are converted to f32; an integer or bool tensor is a
+/// [`WeightError::Dtype`] naming it (its bytes would otherwise be stored under an F32 header).
 pub fn write_safetensors(tensors: &[(String, TensorData)], path: &Path) -> Result<(), WeightError> {
-    let io = |source| WeightError::Io { path: path.to_path_buf(), source };
+    let io = |source| WeightError::Write { path: path.to_path_buf(), source };
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
         .iter()
-        .map(|(k, d)| (k.clone(), d.as_bytes().to_vec(), d.shape.to_vec()))
-        .collect();
+        .map(|(k, d)| {
+            let f32_bytes = match d.dtype {
+                burn::tensor::DType::F32 => d.as_bytes().to_vec(),
+                dt if dt.is_float() => d.clone().convert::<f32>().as_bytes().to_vec(),
+                dt => {
+                    return Err(WeightError::Dtype { path: path.to_path_buf(), key: k.clone(), dtype: format!("{dt:?}") });
+                }
+            };
+            Ok((k.clone(), f32_bytes, d.shape.to_vec()))
+        })
+        .collect::<Result<_, WeightError>>()?;
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
         .iter()
         .map(|(k, b, s)| {

@@ -164,6 +164,28 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     }
     let minf = need(mdia, b"minf", "mdia")?;
     let stbl = need(minf, b"stbl", "minf")?;
+    let (width, height, config_obus) = av1_sample_entry(stbl)?;
+    let timescale = media_timescale(mdia)?;
+    let sizes = sample_sizes(stbl, file_len)?;
+    let nsamp = sizes.len();
+    let dts = decode_times(stbl, nsamp)?;
+    let cts = composition_offsets(stbl, nsamp)?;
+    let sync = sync_samples(stbl, nsamp)?;
+    let offsets = sample_offsets(stbl, &sizes)?;
+    let (shift_ticks, delay_s) = edit_list_start(trak, movie_timescale)?;
+    let samples = (0..nsamp)
+        .map(|i| Mp4Sample {
+            offset: offsets[i],
+            size: sizes[i],
+            pts: (dts[i] + cts[i] - shift_ticks) as f64 / timescale as f64 + delay_s,
+            sync: sync[i],
+        })
+        .collect();
+    Ok(Some(Av1Track { width, height, timescale, config_obus, samples }))
+}
+
+/// `stsd`'s `av01` entry: width, height and the `av1C` configuration OBUs.
+fn av1_sample_entry(stbl: &[u8]) -> R<(u32, u32, Vec<u8>)> {
     let stsd = need(stbl, b"stsd", "stbl")?;
     let mut c = Cur::new(stsd);
     full_box(&mut c)?;
@@ -188,7 +210,11 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
         }
         config_obus = av1c[4..].to_vec();
     }
+    Ok((width, height, config_obus))
+}
 
+/// `mdhd`'s timescale (ticks per second of the track's times).
+fn media_timescale(mdia: &[u8]) -> R<u32> {
     let mdhd = need(mdia, b"mdhd", "mdia")?;
     let mut c = Cur::new(mdhd);
     let v = full_box(&mut c)?;
@@ -202,8 +228,11 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     if timescale == 0 {
         return Err("`mdhd` timescale is 0".into());
     }
+    Ok(timescale)
+}
 
-    // Sample sizes.
+/// Sample sizes from `stsz`.
+fn sample_sizes(stbl: &[u8], file_len: u64) -> R<Vec<u32>> {
     let sizes: Vec<u32> = if let Some(stsz) = child(stbl, b"stsz")? {
         let mut c = Cur::new(stsz);
         full_box(&mut c)?;
@@ -221,9 +250,11 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     } else {
         return Err("missing `stsz` box (compact `stz2` is not supported)".into());
     };
-    let nsamp = sizes.len();
+    Ok(sizes)
+}
 
-    // Decode times.
+/// Decode times of `nsamp` samples from `stts`.
+fn decode_times(stbl: &[u8], nsamp: usize) -> R<Vec<i64>> {
     let stts = need(stbl, b"stts", "stbl")?;
     let mut c = Cur::new(stts);
     full_box(&mut c)?;
@@ -241,7 +272,11 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     if dts.len() != nsamp {
         return Err(format!("`stts` covers {} samples but `stsz` has {nsamp}", dts.len()));
     }
-    // Composition offsets.
+    Ok(dts)
+}
+
+/// Composition offsets from `ctts` (absent: all 0).
+fn composition_offsets(stbl: &[u8], nsamp: usize) -> R<Vec<i64>> {
     let mut cts = vec![0i64; nsamp];
     if let Some(ctts) = child(stbl, b"ctts")? {
         let mut c = Cur::new(ctts);
@@ -258,7 +293,11 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
             }
         }
     }
-    // Sync samples (absent = all sync).
+    Ok(cts)
+}
+
+/// Sync (key) samples from `stss` (absent: all sync).
+fn sync_samples(stbl: &[u8], nsamp: usize) -> R<Vec<bool>> {
     let mut sync = vec![true; nsamp];
     if let Some(stss) = child(stbl, b"stss")? {
         sync.iter_mut().for_each(|s| *s = false);
@@ -273,7 +312,12 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
             sync[k - 1] = true;
         }
     }
-    // Chunk offsets.
+    Ok(sync)
+}
+
+/// File offset of each sample, from the chunk offsets (`stco`/`co64`) and `stsc`.
+fn sample_offsets(stbl: &[u8], sizes: &[u32]) -> R<Vec<u64>> {
+    let nsamp = sizes.len();
     let chunk_offsets: Vec<u64> = if let Some(stco) = child(stbl, b"stco")? {
         let mut c = Cur::new(stco);
         full_box(&mut c)?;
@@ -317,8 +361,12 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
     if offsets.len() != nsamp {
         return Err(format!("chunk tables locate {} samples but `stsz` has {nsamp}", offsets.len()));
     }
+    Ok(offsets)
+}
 
-    // Edit list: leading empty edit delays, first media edit's media_time is the start.
+/// The edit list's start: leading empty edits delay the track (seconds), the first media
+/// edit's media_time is subtracted (ticks).
+fn edit_list_start(trak: &[u8], movie_timescale: u32) -> R<(i64, f64)> {
     let mut shift_ticks: i64 = 0;
     let mut delay_s = 0.0f64;
     if let Some(edts) = child(trak, b"edts")?
@@ -339,15 +387,7 @@ fn parse_trak(trak: &[u8], movie_timescale: u32, file_len: u64) -> R<Option<Av1T
                 }
             }
         }
-    let samples = (0..nsamp)
-        .map(|i| Mp4Sample {
-            offset: offsets[i],
-            size: sizes[i],
-            pts: (dts[i] + cts[i] - shift_ticks) as f64 / timescale as f64 + delay_s,
-            sync: sync[i],
-        })
-        .collect();
-    Ok(Some(Av1Track { width, height, timescale, config_obus, samples }))
+    Ok((shift_ticks, delay_s))
 }
 
 /// Parse the mp4 file's first AV1 video track.

@@ -2,10 +2,15 @@
 use std::path::PathBuf;
 
 /// `../../../shared/datasets/<name>` relative to this crate, or None (with a message) when absent.
+///
+/// With `VRAMLAB_REQUIRE_SHARED=1` (as `.ci/run` sets) an absent dataset fails the test instead:
+/// CI always has `../shared`, and a golden test that skips there has silently stopped testing.
 pub fn shared_dataset(name: &str) -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/datasets").join(name);
     if p.join("meta/info.json").exists() {
         Some(p)
+    } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
+        panic!("shared dataset {} not found (no meta/info.json) and VRAMLAB_REQUIRE_SHARED=1", p.display());
     } else {
         eprintln!("SKIP: shared dataset {} not found (../shared absent?)", p.display());
         None

@@ -10,10 +10,15 @@ use burn::tensor::{DType, TensorData};
 use vramlab_models::weights::PathStack;
 
 /// `../shared` beside the repository, or `None` with a skip message.
+///
+/// With `VRAMLAB_REQUIRE_SHARED=1` (as `.ci/run` sets) an absent `../shared` fails the test
+/// instead: CI always has it, and a golden test that skips there has silently stopped testing.
 pub fn shared_dir() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
     if dir.is_dir() {
         Some(dir)
+    } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
+        panic!("../shared not found (looked for {}) and VRAMLAB_REQUIRE_SHARED=1", dir.display());
     } else {
         eprintln!("skipping: ../shared not found (looked for {})", dir.display());
         None
