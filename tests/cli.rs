@@ -23,10 +23,13 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
+/// `../shared`, or `None` with a skip message; a failure under `VRAMLAB_REQUIRE_SHARED=1` (CI).
 fn shared() -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
     if p.join("oracle").exists() {
         Some(p)
+    } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
+        panic!("{} not found (no oracle/) and VRAMLAB_REQUIRE_SHARED=1", p.display());
     } else {
         eprintln!("skipping: ../shared not found (CI always has it)");
         None
@@ -395,4 +398,66 @@ fn diffusion_trains_on_built_in_demonstrations() {
         assert!((a - b).abs() <= 1e-4 * a.abs(), "off {off:?} vs blocks {blocks:?}");
     }
     let _ = std::fs::remove_dir_all(root);
+}
+
+#[test]
+fn config_errors_come_before_any_data_or_model() {
+    // A typo in a policy field, and a range error: nothing is generated, no run directory.
+    let dir = tmp("early");
+    let sim = dir.join("sim");
+    let out = dir.join("run");
+    for bad in ["--policy.chunk_sise=50", "--steps=0"] {
+        let o = vramlab(&[
+            "train",
+            "--policy.type=act",
+            bad,
+            &format!("--dataset.root={}", sim.display()),
+            &format!("--output_dir={}", out.display()),
+        ]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{t}");
+        assert!(!t.contains("generating") && !sim.exists() && !out.exists(), "{bad}: {t}");
+    }
+    let t = text(&vramlab(&["train", "--policy.type=act", "--policy.chunk_sise=50"]));
+    assert!(t.contains("chunk_sise") && t.contains("chunk_size"), "{t}");
+    // Shorthand features with a dataset, and a dataset type of the other family.
+    let t = text(&vramlab(&["train", "--policy.type=act", "--policy.state_dim=3", "--dataset.type=sim"]));
+    assert!(t.contains("policy.state_dim") && t.contains("dataset"), "{t}");
+    let t = text(&vramlab(&["train", "--policy.type=vae3d", "--dataset.type=sim"]));
+    assert!(t.contains("dataset.type") && t.contains("voxels"), "{t}");
+    let t = text(&vramlab(&["train", "--policy.type=act", "--dataset.type=lerobot", "--dataset.root=/nonexistent/ds"]));
+    assert!(t.contains("/nonexistent/ds"), "{t}");
+}
+
+#[test]
+fn predict_checks_inputs_against_the_checkpoint() {
+    let Some(shared) = shared() else { return };
+    let fx = shared.join("oracle/vae3d_ultra/pretrained_model");
+    let dir = tmp("predict-bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A 3-channel grid for a 4-channel VAE.
+    let inputs = dir.join("inputs.safetensors");
+    let x: Vec<u8> = (0..3 * 4 * 16 * 16).flat_map(|_| 0.5f32.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1, 3, 4, 16, 16], &x).unwrap();
+    std::fs::write(&inputs, safetensors::serialize(vec![("x", view)], None).unwrap()).unwrap();
+    let o = vramlab(&[
+        "predict",
+        &format!("--checkpoint={}", fx.display()),
+        &format!("--inputs={}", inputs.display()),
+        &format!("--out={}", dir.join("out.safetensors").display()),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(!t.contains("panicked") && t.contains("inputs.safetensors") && t.contains("`x`") && t.contains("[B, 4, D, H, W]"), "{t}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn help_per_subcommand_and_completions() {
+    for cmd in ["train", "info", "sweep", "predict", "dataset"] {
+        let o = vramlab(&[cmd, "--help"]);
+        assert!(o.status.success() && text(&o).contains("Usage: vramlab"), "{cmd}: {}", text(&o));
+    }
+    let o = vramlab(&["completions", "bash"]);
+    assert!(o.status.success() && text(&o).contains("gradient_checkpointing"));
 }

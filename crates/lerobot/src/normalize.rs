@@ -25,7 +25,20 @@ pub enum NormMode {
     MinMax,
 }
 
-/// Norm mode per policy feature type (lerobot's `normalization_mapping`).
+impl NormMode {
+    /// lerobot's `NormalizationMode` value (`"IDENTITY"`, `"MEAN_STD"`, `"MIN_MAX"`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "IDENTITY" => Some(NormMode::Identity),
+            "MEAN_STD" => Some(NormMode::MeanStd),
+            "MIN_MAX" => Some(NormMode::MinMax),
+            _ => None,
+        }
+    }
+}
+
+/// Norm mode per policy feature type (lerobot's `normalization_mapping`, keyed by lerobot's
+/// feature-type names: `"VISUAL"`, `"STATE"`, …). A policy config states it.
 pub type NormMap = BTreeMap<&'static str, NormMode>;
 
 fn type_name(t: PolicyFeatureType) -> &'static str {
@@ -38,12 +51,14 @@ fn type_name(t: PolicyFeatureType) -> &'static str {
     }
 }
 
-/// ACT's default mapping: everything MEAN_STD.
+/// ACT's default mapping: everything MEAN_STD (a fixture for tests and tools: training takes
+/// the mapping from the policy config, `ActConfig::normalization_mapping`).
 pub fn act_norm_map() -> NormMap {
     [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MeanStd), ("ACTION", NormMode::MeanStd)].into()
 }
 
-/// Diffusion Policy's default mapping: cameras MEAN_STD, state/action MIN_MAX.
+/// Diffusion Policy's default mapping: cameras MEAN_STD, state/action MIN_MAX (a fixture for
+/// tests and tools: training takes the mapping from `DiffusionConfig::normalization_mapping`).
 pub fn diffusion_norm_map() -> NormMap {
     [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MinMax), ("ACTION", NormMode::MinMax)].into()
 }

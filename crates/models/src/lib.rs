@@ -2,14 +2,24 @@
 //!
 //! Each model lives in its own folder (config, model, weight loading) and keeps the
 //! reference implementation's field and parameter names, so reference checkpoints load by
-//! name. Models know nothing about training: they expose `forward`, a loss, and a view of
-//! their forward pass as a chain of stages (used by the trainer for block checkpointing).
+//! name. Models know nothing about training: each describes its forward pass as a plan of
+//! typed stages ([`stages::Staged`]: plan, enter, stage, exit) and its `forward` is the fold
+//! over them, so inference, the parity tests and the trainer's block checkpointing run one
+//! implementation. Each also exposes its loss and its policy facts (delta indices,
+//! normalisation mapping, optimizer preset) on its config.
+//!
+//! Shared by the models: [`nn`] (PyTorch-layout layers, mixed precision), [`policy`] (config
+//! files, checkpoints, lerobot's policy features and facts), [`resnet`] (the vision trunk). No
+//! model imports another: `act`, `diffusion` and `vae3d` each use only these.
 
-pub mod config_file;
 pub mod nn;
+pub mod policy;
+pub mod resnet;
 /// Weight I/O by name (re-exported so models can say `crate::weights`).
 pub use vramlab_store as weights;
-pub mod vae3d;
+/// The stage-chain traits the models implement (re-exported for callers).
+pub use vramlab_stages as stages;
+
 pub mod act;
 pub mod diffusion;
-pub mod resnet;
+pub mod vae3d;

@@ -31,20 +31,19 @@
 //! [`crate::nn::GroupNorm`]. The feature map comes back in the compute dtype.
 //!
 //! # Stages
-//! [`ResNet::stem`] (conv1, bn1, ReLU, max-pool) then [`ResNet::layer`] `0..4` (`layer1` ..
-//! `layer4`) is exactly [`ResNet::forward`]: a trainer can checkpoint stage by stage.
+//! [`ResNet::stages`]: the stem (conv1, bn1, ReLU, max-pool), then `layer1` .. `layer4`;
+//! [`ResNet::forward`] is the fold of [`ResNet::stage`] over them, and the models that embed
+//! the trunk put the same stages in their own stage plans (block checkpointing).
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Initializer, PaddingConfig2d};
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn::tensor::activation::relu;
-use burn::tensor::module::{conv2d, max_pool2d};
-use burn::tensor::ops::ConvOptions;
+use burn::tensor::module::max_pool2d;
 use serde::{Deserialize, Serialize};
 
-use crate::nn::{GroupNorm, Precision, cast, to_f32};
+use crate::nn::{GroupNorm, Precision, cast, conv2d_p, to_dtype, to_f32};
 
 /// torchvision `FrozenBatchNorm2d`'s default epsilon (also `nn.GroupNorm`'s).
 pub const NORM_EPS: f64 = 1e-5;
@@ -53,23 +52,6 @@ pub const OUT_CHANNELS: usize = 512;
 /// Struct name of [`FrozenBatchNorm2d`] as Burn's module visitors report it (container of its
 /// tensors): every tensor directly inside is a buffer.
 pub const FROZEN_BN_CONTAINER: &str = "Struct:FrozenBatchNorm2d";
-
-/// `conv` applied in precision `p`: input, weight and bias are cast in-graph (the 2D twin of
-/// [`crate::nn::conv3d_p`]). Supports symmetric explicit padding and `Valid`.
-pub fn conv2d_p<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
-    let dt = p.dtype();
-    let padding = match &conv.padding {
-        PaddingConfig2d::Explicit(top, left, bottom, right) if top == bottom && left == right => [*top, *left],
-        PaddingConfig2d::Valid => [0, 0],
-        other => panic!("conv2d_p: unsupported padding {other:?} (models build symmetric explicit padding)"),
-    };
-    conv2d(
-        cast(x, dt),
-        cast(conv.weight.val(), dt),
-        conv.bias.as_ref().map(|b| cast(b.val(), dt)),
-        ConvOptions::new(conv.stride, padding, conv.dilation, conv.groups),
-    )
-}
 
 /// Which normalisation the trunk uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,14 +104,14 @@ impl<B: Backend> FrozenBatchNorm2d<B> {
         let scale = self.weight.val() * (self.running_var.val() + self.eps).sqrt().recip(); // [c]
         let shift = self.bias.val() - self.running_mean.val() * scale.clone(); // [c]
         let y = to_f32(x) * scale.reshape([1, c, 1, 1]) + shift.reshape([1, c, 1, 1]);
-        match in_dtype {
-            DType::F32 => y,
-            other => y.cast(other),
-        }
+        to_dtype(y, in_dtype)
     }
 }
 
 /// A norm layer of the trunk (the variant name is not part of parameter names).
+// Module trees are built once and walked by reference: boxing variants would only add
+// indirection (and change nothing Burn saves).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Norm2d<B: Backend> {
     Frozen(FrozenBatchNorm2d<B>),
@@ -367,44 +349,61 @@ pub struct ResNet<B: Backend> {
     pub layer4: Vec<BasicBlock<B>>,
 }
 
+/// A stage of the trunk: the stem, or stage `i` (0-based: `Layer(0)` runs `layer1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResNetStage {
+    Stem,
+    Layer(usize),
+}
+
 impl<B: Backend> ResNet<B> {
-    /// Number of stages after the stem ([`ResNet::layer`] indices `0..4`).
-    pub const NUM_LAYERS: usize = 4;
+    /// The stages: the stem, then `layer1` .. `layer4`. [`ResNet::forward`] is their fold.
+    pub fn stages(&self) -> Vec<ResNetStage> {
+        std::iter::once(ResNetStage::Stem).chain((0..self.layers().len()).map(ResNetStage::Layer)).collect()
+    }
+
+    /// Run stage `s`.
+    ///
+    /// # Shapes
+    /// - `Stem`: `[batch, 3, h, w]` → `[batch, 64, ⌈h/4⌉, ⌈w/4⌉]`
+    /// - `Layer(i)`: `[batch, c_i, h, w]` → `[batch, 64·2^i, h/s, w/s]` (`s` = 1 for `i = 0`,
+    ///   else 2; 1 for a dilated `layer4`)
+    pub fn stage(&self, s: ResNetStage, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
+        match s {
+            ResNetStage::Stem => self.stem(x, p),
+            ResNetStage::Layer(i) => self.layer(i, x, p),
+        }
+    }
 
     /// conv1 (7×7, stride 2), bn1, ReLU, max-pool (3×3, stride 2, padding 1).
     ///
     /// # Shapes
     /// - x: `[batch, 3, h, w]` → `[batch, 64, ⌈h/4⌉, ⌈w/4⌉]` (compute dtype)
-    pub fn stem(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
+    fn stem(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
         let h = relu(self.bn1.forward(conv2d_p(&self.conv1, x, p)));
         max_pool2d(h, [3, 3], [2, 2], [1, 1], [1, 1], false)
     }
 
-    /// Blocks of stage `i` (0-based: `0` is `layer1`).
-    pub fn blocks(&self, i: usize) -> &[BasicBlock<B>] {
-        match i {
-            0 => &self.layer1,
-            1 => &self.layer2,
-            2 => &self.layer3,
-            3 => &self.layer4,
-            _ => panic!("ResNet::layer: stage {i} out of range (0..4: layer1..layer4)"),
-        }
+    /// The blocks of `layer1` .. `layer4`.
+    pub fn layers(&self) -> [&[BasicBlock<B>]; 4] {
+        [&self.layer1, &self.layer2, &self.layer3, &self.layer4]
     }
 
-    /// Stage `i` (0-based: `0` runs `layer1`, `3` runs `layer4`).
-    ///
-    /// # Shapes
-    /// - x: `[batch, c_i, h, w]` → `[batch, 64·2^i, h/s, w/s]` (`s` = 1 for `i = 0`, else 2)
-    pub fn layer(&self, i: usize, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
+    /// Blocks of stage `i` (0-based: `0` is `layer1`).
+    pub fn blocks(&self, i: usize) -> &[BasicBlock<B>] {
+        self.layers().get(i).copied().unwrap_or_else(|| panic!("ResNet: stage {i} out of range (layer1..layer4)"))
+    }
+
+    fn layer(&self, i: usize, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
         self.blocks(i).iter().fold(x, |h, block| block.forward(h, p))
     }
 
-    /// Stem then the four stages: the `layer4` feature map.
+    /// The fold over [`ResNet::stages`]: the `layer4` feature map.
     ///
     /// # Shapes
     /// - x: `[batch, 3, h, w]` → `[batch, 512, h', w']`, see [`ResNetConfig::feature_size`]
     pub fn forward(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
-        (0..Self::NUM_LAYERS).fold(self.stem(x, p), |h, i| self.layer(i, h, p))
+        self.stages().into_iter().fold(x, |h, s| self.stage(s, h, p))
     }
 
     /// The same trunk with every tensor `require_grad = false` (a frozen backbone: the
@@ -581,12 +580,10 @@ mod tests {
         let y = m.forward(x.clone(), Precision::F32);
         assert_eq!(y.dims()[2..], cfg.feature_size(40, 56));
         assert_eq!(y.dims(), [1, 512, 2, 2]);
-        let mut h = m.stem(x.clone(), Precision::F32);
+        let stages = m.stages();
+        assert_eq!(stages, [ResNetStage::Stem, ResNetStage::Layer(0), ResNetStage::Layer(1), ResNetStage::Layer(2), ResNetStage::Layer(3)]);
+        let h = m.stage(ResNetStage::Stem, x.clone(), Precision::F32);
         assert_eq!(h.dims(), [1, 64, 10, 14]);
-        for i in 0..4 {
-            h = m.layer(i, h, Precision::F32);
-        }
-        assert_eq!(h.into_data(), y.into_data());
 
         let dil = cfg.clone().with_dilation(true);
         let md = dil.init::<Tb>(&dev);

@@ -1,6 +1,6 @@
 //! Parity of vramlab's ACT with lerobot 0.4.4 on the `../shared/oracle/act_small` fixture
 //! written by PyTorch, plus model-level checks that need no fixture (parameter counts, stage
-//! chain, mixed precision, gradients and frozen backbone, dropout, checkpoint I/O).
+//! plan, mixed precision, gradients and frozen backbone, dropout, checkpoint I/O).
 
 mod common;
 
@@ -11,9 +11,10 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::act::{
-    Act, ActBatch, ActConfig, ActCtx, ActPolicyRunner, is_act_buffer, load_pretrained, save_pretrained,
+    Act, ActBatch, ActConfig, ActCtx, ActInput, ActPolicyRunner, ActStage, ActState, is_act_buffer, load_pretrained, save_pretrained,
 };
 use vramlab_models::nn::Precision;
+use vramlab_models::stages::Staged;
 use vramlab_models::weights::{param_shapes, read_safetensors};
 
 use common::*;
@@ -198,7 +199,7 @@ fn closed_form_counts_match_instantiated_variants() {
 }
 
 #[test]
-fn stage_chain_equals_forward_and_pre_norm_runs() {
+fn stage_plan_runs_like_forward_and_pre_norm_runs() {
     let dev = Default::default();
     for pre_norm in [false, true] {
         let cfg = small(pre_norm, true);
@@ -208,38 +209,42 @@ fn stage_chain_equals_forward_and_pre_norm_runs() {
         let ctx = ActCtx::train(Precision::F32).with_eps(eps.clone()).with_dropout(11);
         let out = model.forward(&batch, &ctx);
 
-        // The chain by hand, backbone stage by stage.
-        let p = ctx.precision;
-        let action = batch.action.clone().unwrap();
-        let mut x = model.vae_encoder_input(batch.state.clone(), action.clone(), p);
-        let mask = model.vae_key_padding_mask(2, batch.action_is_pad.clone(), &dev);
-        for i in 0..cfg.n_vae_encoder_layers {
-            x = model.vae_encoder_layer(i, x, &mask, &ctx);
+        // The plan: VAE, backbone (the trunk's own stages), encoder, decoder, head.
+        let input = ActInput { batch: batch.clone(), ctx };
+        let plan = model.plan(&input);
+        let bb = model.backbone.as_ref().unwrap().stages();
+        let expect: Vec<ActStage> = [ActStage::VaeInput, ActStage::VaeLayer(0), ActStage::VaeLayer(1), ActStage::VaePosterior]
+            .into_iter()
+            .chain(bb.iter().map(|s| ActStage::Backbone(*s)))
+            .chain([ActStage::EncoderInput, ActStage::EncoderLayer(0), ActStage::EncoderLayer(1), ActStage::DecoderInput])
+            .chain([ActStage::DecoderLayer(0), ActStage::DecoderLayer(1), ActStage::ActionHead])
+            .collect();
+        assert_eq!(plan, expect);
+        assert_eq!(bb.len(), 5, "stem + layer1..layer4");
+        // Stage by stage through the public API: the states have the documented shapes.
+        let mut state = model.enter(&input);
+        for s in plan {
+            state = model.stage(s, state, &input);
+            match (&s, &state) {
+                (ActStage::EncoderInput, ActState::Encoder { tokens, pos, posterior: Some(_) }) => {
+                    assert_eq!(tokens.dims(), [2, cfg.encoder_seq_len(), 32]);
+                    assert_eq!(pos.dims(), [1, cfg.encoder_seq_len(), 32]);
+                }
+                (ActStage::Backbone(_), ActState::Backbone { features, posterior: Some(_) }) => assert_eq!(features.len(), 1),
+                (ActStage::EncoderInput | ActStage::Backbone(_), other) => panic!("unexpected state {other:?}"),
+                _ => {}
+            }
         }
-        let (mu, ls) = model.vae_latent_params(x, p);
-        let z = Act::latent_sample(mu.clone(), ls.clone(), Some(eps));
-        let bb = model.backbone.as_ref().unwrap();
-        let mut f = bb.stem(batch.images[0].clone(), p);
-        for i in 0..4 {
-            f = bb.layer(i, f, p);
-        }
-        let (mut h, pos) = model.encoder_input(z, batch.state.clone(), batch.env_state.clone(), vec![f], p);
-        assert_eq!(h.dims(), [2, cfg.encoder_seq_len(), 32]);
-        assert_eq!(pos.dims(), [1, cfg.encoder_seq_len(), 32]);
-        for i in 0..cfg.n_encoder_layers {
-            h = model.encoder_layer(i, h, &pos, &ctx);
-        }
-        let enc = model.encoder_final_norm(h);
-        let mut y = model.decoder_input(2, &dev);
-        for i in 0..cfg.n_decoder_layers {
-            y = model.decoder_layer(i, y, enc.clone(), &pos, &ctx);
-        }
-        let actions = model.action_head_out(y, p);
-        assert_eq!(actions.into_data(), out.actions.clone().into_data(), "pre_norm {pre_norm}");
-        assert_eq!(mu.into_data(), out.mu.clone().unwrap().into_data());
-        assert_eq!(ls.into_data(), out.log_sigma_x2.clone().unwrap().into_data());
-        let loss = model.loss(&out, action, batch.action_is_pad.clone()).loss.into_scalar();
+        let staged = model.exit(state, &input);
+        assert_eq!(staged.actions.into_data(), out.actions.clone().into_data(), "pre_norm {pre_norm}");
+        assert_eq!(staged.mu.unwrap().into_data(), out.mu.clone().unwrap().into_data());
+        assert_eq!(staged.log_sigma_x2.unwrap().into_data(), out.log_sigma_x2.clone().unwrap().into_data());
+        let loss = model.loss(&out, batch.action.clone().unwrap(), batch.action_is_pad.clone()).loss.into_scalar();
         assert!(loss.is_finite());
+        // Eval: no VAE stages, z = 0.
+        let eval = ActInput { batch: batch.clone(), ctx: ActCtx::eval(Precision::F32) };
+        assert_eq!(model.plan(&eval)[0], ActStage::Backbone(bb[0]));
+        assert!(model.run(&eval).mu.is_none());
     }
 }
 
@@ -258,7 +263,7 @@ fn dropout_is_deterministic_and_only_in_training() {
     // Eval ignores a dropout context; a rate of 0 ignores it too.
     let eval = run(ActCtx::eval(Precision::F32));
     let mut eval_ctx = ActCtx::eval(Precision::F32);
-    eval_ctx.dropout = Some(vramlab_models::act::DropoutCtx::new(1));
+    eval_ctx.dropout = Some(vramlab_models::nn::DropoutCtx::new(1));
     assert_eq!(eval, run(eval_ctx));
     let zero = ActConfig { dropout: 0.0, ..cfg }.init::<B>(&dev);
     let x = zero.forward(&batch, &ActCtx::train(Precision::F32)).actions.into_data();

@@ -1,6 +1,6 @@
 //! Parity of vramlab's Diffusion Policy with lerobot 0.4.4 on the
 //! `../shared/oracle/diffusion_small` fixture written by PyTorch, plus model-level checks that
-//! need no fixture (parameter counts, names, stage chain, mixed precision, gradients, I/O).
+//! need no fixture (parameter counts, names, stage plan, mixed precision, gradients, I/O).
 
 mod common;
 
@@ -11,9 +11,11 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::diffusion::{
-    ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, file_key, load_pretrained, save_pretrained,
+    Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, UnetStage, file_key,
+    load_pretrained, save_pretrained,
 };
 use vramlab_models::nn::Precision;
+use vramlab_models::stages::Staged;
 use vramlab_models::weights::{param_shapes, read_safetensors};
 
 use common::*;
@@ -195,7 +197,7 @@ fn closed_form_counts_match_instantiated_variants() {
 }
 
 #[test]
-fn stage_chain_equals_compute_loss() {
+fn stage_plan_runs_like_compute_loss() {
     let dev = Default::default();
     for separate in [false, true] {
         let cfg = small(separate);
@@ -206,45 +208,40 @@ fn stage_chain_equals_compute_loss() {
         let ctx = DiffusionCtx::train(Precision::F32).with_crop_offsets(vec![[1, 2]; model.num_rgb_encoders()]);
         let loss = model.compute_loss(&batch, noise.clone(), &ts, &ctx);
 
-        let p = ctx.precision;
-        let heads = (0..model.num_rgb_encoders())
-            .map(|e| {
-                let enc = model.rgb_encoder(e);
-                let x = model.encoder_input(e, &batch.images, &ctx);
-                assert_eq!(x.dims()[2..], [56, 60]);
-                let mut f = enc.backbone.stem(x, p);
-                for i in 0..4 {
-                    f = enc.backbone.layer(i, f, p);
-                }
-                enc.head(f, p)
-            })
+        // The plan: the trunk's own stages, conditioning, the UNet's stages (2 levels).
+        let input = DiffusionInput { batch: batch.clone(), noise: noise.clone(), timesteps: ts.to_vec(), ctx: ctx.clone() };
+        let plan = model.plan(&input);
+        let unet = [UnetStage::Down(0, 0), UnetStage::Down(0, 1), UnetStage::Down(1, 0), UnetStage::Down(1, 1)]
+            .into_iter()
+            .chain([UnetStage::Mid(0), UnetStage::Mid(1), UnetStage::Up(0, 0), UnetStage::Up(0, 1), UnetStage::Out]);
+        let expect: Vec<DiffusionStage> = model.rgb_encoder(0).backbone.stages().into_iter().map(DiffusionStage::Backbone)
+            .chain([DiffusionStage::Conditioning])
+            .chain(unet.map(DiffusionStage::Unet))
             .collect();
-        let feats = Diffusion::image_features_from_heads(heads, 2, cfg.n_obs_steps);
-        let cond = model.global_conditioning(batch.state.clone(), Some(feats), batch.env_state.clone());
-        assert_eq!(cond.dims(), [2, cfg.global_cond_dim()]);
-        let action = batch.action.clone().unwrap();
-        let x_t = model.noise_scheduler.add_noise(action.clone(), noise.clone(), &ts);
-        let unet = &model.unet;
-        let film = unet.cond_feature(&ts, cond, p);
-        let mut x = ConditionalUnet1d::input(x_t);
-        let mut skips = vec![];
-        for i in 0..unet.num_levels() {
-            x = unet.down_block(i, 0, x, &film, p);
-            x = unet.down_block(i, 1, x, &film, p);
-            skips.push(x.clone());
-            x = unet.downsample(i, x, p);
+        assert_eq!(plan, expect);
+        // Stage by stage through the public API: the states have the documented shapes.
+        let mut state = model.enter(&input);
+        for s in plan {
+            state = model.stage(s, state, &input);
+            match (&s, &state) {
+                (DiffusionStage::Backbone(_), DiffusionState::Encoders { maps }) => assert_eq!(maps.len(), model.num_rgb_encoders()),
+                (DiffusionStage::Conditioning, DiffusionState::Unet { unet }) => {
+                    assert_eq!(unet.x.dims(), [2, 3, cfg.horizon]);
+                    assert_eq!(unet.cond.dims(), [2, cfg.cond_dim()]);
+                }
+                (DiffusionStage::Unet(UnetStage::Down(1, 1)), DiffusionState::Unet { unet }) => {
+                    assert_eq!(unet.skips.len(), 1, "the first level's skip is never read, so not kept");
+                }
+                (DiffusionStage::Unet(UnetStage::Out), DiffusionState::Unet { unet }) => assert_eq!(unet.x.dims(), [2, cfg.horizon, 3]),
+                (DiffusionStage::Backbone(_) | DiffusionStage::Conditioning, other) => panic!("unexpected state {other:?}"),
+                _ => {}
+            }
         }
-        x = unet.mid_block(1, unet.mid_block(0, x, &film, p), &film, p);
-        for i in 0..unet.up_modules.len() {
-            x = ConditionalUnet1d::up_concat(x, skips.pop().unwrap(), p);
-            x = unet.up_block(i, 1, unet.up_block(i, 0, x, &film, p), &film, p);
-            x = unet.upsample(i, x, p);
-        }
-        let pred = unet.output(x, p);
-        let chained = model.loss_from_prediction(pred, action, noise.clone(), batch.action_is_pad.clone());
-        assert_eq!(chained.into_data(), loss.clone().into_data(), "separate {separate}");
+        let staged = model.exit(state, &input);
+        assert_eq!(staged.into_data(), loss.clone().into_data(), "separate {separate}");
         assert!(loss.into_scalar().is_finite());
         // A different random crop changes the loss; eval uses the center crop.
+        let p = ctx.precision;
         let other = model.compute_loss(&batch, noise.clone(), &ts, &DiffusionCtx::train(p).with_crop_offsets(vec![[4, 0]; model.num_rgb_encoders()]));
         let center = model.compute_loss(&batch, noise.clone(), &ts, &DiffusionCtx::eval(p));
         let center2 = model.compute_loss(&batch, noise, &ts, &DiffusionCtx::train(p));

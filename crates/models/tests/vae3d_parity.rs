@@ -10,7 +10,8 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::nn::Precision;
-use vramlab_models::vae3d::{StageCtx, Vae3d, Vae3dConfig, load_pretrained, save_pretrained};
+use vramlab_models::stages::Staged;
+use vramlab_models::vae3d::{Vae3d, Vae3dConfig, Vae3dInput, Vae3dStage, Vae3dState, load_pretrained, save_pretrained};
 use vramlab_models::weights::{param_shapes, read_safetensors};
 
 use common::*;
@@ -132,33 +133,28 @@ fn small_model() -> (Vae3d<B>, Tensor<B, 5>) {
 }
 
 #[test]
-fn stage_chain_equals_forward_and_loss() {
+fn stage_plan_runs_like_forward_and_encode_decode_agree() {
     let (model, x) = small_model();
     let eps = Tensor::<B, 5>::random([2, 4, 2, 4, 4], Distribution::Normal(0.0, 1.0), &x.device());
     for eps in [None, Some(eps)] {
         let out = model.forward(x.clone(), eps.clone(), Precision::F32);
-        let full = model.compute_loss(x.clone(), &out);
-
-        let ctx = StageCtx { eps, precision: Precision::F32 };
-        let mut h = x.clone();
-        let mut moments = None;
-        for i in 0..model.num_stages() {
-            h = model.stage(i, h, &ctx);
-            assert_eq!(h.dims().len(), 5);
-            if i == model.moments_stage() {
-                moments = Some(h.clone());
+        let input = Vae3dInput { x: x.clone(), eps: eps.clone(), precision: Precision::F32 };
+        let plan = model.plan(&input);
+        assert_eq!(plan.len(), 3 + 3 + 4, "3 encoder levels, 3 decoder levels, moments, latent, mid, out");
+        let mut state = model.enter(&input);
+        for s in plan {
+            state = model.stage(s, state, &input);
+            if s == Vae3dStage::Moments {
+                let Vae3dState::Moments { moments } = &state else { panic!("{state:?}") };
+                assert_eq!(moments.dims(), [2, 8, 2, 4, 4]);
             }
         }
-        let moments = moments.unwrap();
-        assert_eq!(moments.dims(), [2, 8, 2, 4, 4]);
-        assert_eq!(h.clone().into_data(), out.recon.clone().into_data(), "recon");
-        let parts = model.loss_from_parts(x.clone(), moments, h);
-        for (name, a, b) in [("loss", parts.loss, full.loss), ("recon_loss", parts.recon_loss, full.recon_loss), ("kl_loss", parts.kl_loss, full.kl_loss)] {
-            assert_eq!(a.into_data(), b.into_data(), "{name}");
-        }
+        let staged = model.exit(state, &input);
+        assert_eq!(staged.recon.into_data(), out.recon.clone().into_data(), "recon");
+        assert_eq!(staged.logvar.into_data(), out.logvar.clone().into_data(), "logvar");
 
         // encode / decode agree with the chain too (deterministic path).
-        if ctx.eps.is_none() {
+        if eps.is_none() {
             let (mean, logvar) = model.encode(x.clone(), Precision::F32);
             assert_eq!(mean.clone().into_data(), out.mean.clone().into_data());
             assert_eq!(logvar.into_data(), out.logvar.clone().into_data());

@@ -1,8 +1,8 @@
 //! vramlab-train: a model-agnostic, memory-instrumented trainer.
 //!
-//! The trainer sees a model only through [`TrainModel`] (a loss for a batch, and optionally a
-//! chain-of-stages view for block checkpointing) and memory only through
-//! [`vramlab_probe::MemoryProbe`]. It owns the optimizer ([`optim`]), learning-rate schedules
+//! The trainer sees a model only through [`TrainModel`] (the model's forward as a chain of
+//! typed stages, [`vramlab_stages::Staged`], the forward's input for a batch, and a loss) and
+//! memory only through [`vramlab_probe::MemoryProbe`]. It owns the optimizer ([`optim`]), learning-rate schedules
 //! ([`schedule`]), gradient accumulation, global-norm clipping, loss scaling for f16, block
 //! gradient checkpointing ([`checkpointing`]), checkpoints with exact resume, and per-step
 //! metrics ([`metrics`]).
@@ -16,8 +16,10 @@ pub mod trainer;
 
 pub use checkpointing::CheckpointMode;
 pub use metrics::StepRecord;
-pub use model::{LossParts, StageTensor, Staged, TrainModel};
-pub use optim::{OptimConfig, OptimKind, Optimizer, ParamGroup};
+pub use model::{LossParts, ModelInput, ModelOutput, TrainModel};
+pub use optim::{OptimConfig, OptimError, OptimKind, Optimizer, ParamGroup};
+/// The stage-chain traits a [`TrainModel`]'s model implements (re-exported for adapters).
+pub use vramlab_stages::{self as stages, Staged, TensorBundle};
 pub use schedule::{LrSchedule, ScheduleKind};
 pub use trainer::{TrainConfig, TrainError, TrainOutcome, Trainer};
 

@@ -27,11 +27,28 @@ pub enum OptimKind {
     AdamW,
 }
 
-/// Parameters whose name starts with `prefix` use `lr` instead of the base lr.
+/// Parameters under the module path `prefix` (the parameter `prefix` itself, or any name
+/// starting with `prefix.`) use `lr` instead of the base lr.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ParamGroup {
     pub prefix: String,
     pub lr: f64,
+}
+
+impl ParamGroup {
+    /// Whether parameter `name` belongs to the group.
+    pub fn matches(&self, name: &str) -> bool {
+        name.strip_prefix(self.prefix.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    }
+}
+
+/// An optimizer config that does not fit the model it would train.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptimError {
+    /// A parameter group names a module path the model does not have (a typo, or a prefix
+    /// relative to another wrapper): its learning rate would silently apply to nothing.
+    #[error("optimizer parameter group `{prefix}` matches no parameter of the model (parameters start with: {found})")]
+    UnmatchedGroup { prefix: String, found: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -54,7 +71,28 @@ impl Default for OptimConfig {
 
 impl OptimConfig {
     fn lr_for(&self, name: &str) -> f64 {
-        self.groups.iter().find(|g| name.starts_with(&g.prefix)).map_or(self.lr, |g| g.lr)
+        self.groups.iter().find(|g| g.matches(name)).map_or(self.lr, |g| g.lr)
+    }
+
+    /// Check that every parameter group matches at least one parameter of `module` (trainable
+    /// or frozen).
+    pub fn check_groups<B: Backend, M: burn::module::Module<B>>(&self, module: &M) -> Result<(), OptimError> {
+        if self.groups.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = vramlab_store::param_shapes::<B, M>(module).into_iter().map(|(name, _)| name).collect();
+        match self.groups.iter().find(|g| !names.iter().any(|n| g.matches(n))) {
+            None => Ok(()),
+            Some(g) => {
+                let mut roots: Vec<&str> = Vec::new();
+                for root in names.iter().filter_map(|n| n.split('.').next()) {
+                    if !roots.contains(&root) {
+                        roots.push(root);
+                    }
+                }
+                Err(OptimError::UnmatchedGroup { prefix: g.prefix.clone(), found: roots.join(", ") })
+            }
+        }
     }
 }
 

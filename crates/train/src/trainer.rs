@@ -38,8 +38,8 @@ pub enum TrainError {
     NothingToResume(PathBuf),
     #[error("{0} already holds checkpoints: pass --resume to continue that run, or choose another --output_dir")]
     OutputExists(PathBuf),
-    #[error("--gradient_checkpointing=blocks: this model offers no stage view")]
-    NoStages,
+    #[error(transparent)]
+    Optim(#[from] crate::optim::OptimError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
@@ -184,9 +184,8 @@ impl<'a> Trainer<'a> {
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let cfg = &self.config;
-        if cfg.gradient_checkpointing == CheckpointMode::Blocks && model.staged().is_none() {
-            return Err(TrainError::NoStages);
-        }
+        cfg.optim.check_groups::<B, M>(&model)?;
+        crate::checkpointing::materialize::<B, M>(&model);
         let mut optim = Optimizer::<B>::new(cfg.optim.clone());
         let (mut model, mut state) = self.start_or_resume(model, &mut optim, device)?;
         let metrics_path = cfg.output_dir.join("metrics.jsonl");
@@ -365,7 +364,7 @@ impl<'a> Trainer<'a> {
         let t0 = Instant::now();
         let (parts, grads, fwd_peak, fwd_time) = if self.config.gradient_checkpointing == CheckpointMode::Blocks {
             let mut hooks = Hooks { probe: self.probe, t0, fwd_peak: 0, fwd_time: 0.0 };
-            let (parts, grads) = staged_forward_backward(model, batch, loss_scale as f32, &mut hooks).ok_or(TrainError::NoStages)?;
+            let (parts, grads) = staged_forward_backward(model, batch, loss_scale as f32, &mut hooks);
             (parts, grads, hooks.fwd_peak, hooks.fwd_time)
         } else {
             let parts = model.forward_loss(batch);

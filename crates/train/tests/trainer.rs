@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::GradientsParams;
 use burn::prelude::*;
 use rand::Rng;
 use vramlab_probe::{CountingAllocator, CpuProbe};
-use vramlab_train::checkpointing::{PhaseHooks, staged_forward_backward};
+use vramlab_train::checkpointing::{compare_gradients, named_gradients};
 use vramlab_train::*;
 
 #[global_allocator]
@@ -44,35 +43,37 @@ fn mse<B: Backend>(p: Tensor<B, 2>, y: Tensor<B, 2>) -> Tensor<B, 1> {
     (p - y).square().mean()
 }
 
-impl TrainModel<B> for Mlp<B> {
-    type Batch = Batch<B>;
-    fn forward_loss(&self, b: &Batch<B>) -> LossParts<B> {
-        let mut h = b.x.clone();
-        for i in 0..self.layers.len() {
-            h = self.layer(i, h);
-        }
-        let l = mse(h, b.y.clone());
-        LossParts::new(l.clone()).with("mse", l)
+/// The forward: one stage per layer, the state is the activation.
+impl<Bk: Backend> Staged<Bk> for Mlp<Bk> {
+    type Input = Tensor<Bk, 2>;
+    type State = Tensor<Bk, 2>;
+    type Output = Tensor<Bk, 2>;
+    type Stage = usize;
+    fn plan(&self, _x: &Tensor<Bk, 2>) -> Vec<usize> {
+        (0..self.layers.len()).collect()
     }
-    fn staged(&self) -> Option<&dyn Staged<B, Batch<B>>> {
-        Some(self)
+    fn enter(&self, x: &Tensor<Bk, 2>) -> Tensor<Bk, 2> {
+        x.clone()
+    }
+    fn stage(&self, i: usize, h: Tensor<Bk, 2>, _x: &Tensor<Bk, 2>) -> Tensor<Bk, 2> {
+        self.layer(i, h)
+    }
+    fn exit(&self, h: Tensor<Bk, 2>, _x: &Tensor<Bk, 2>) -> Tensor<Bk, 2> {
+        h
     }
 }
 
-impl Staged<B, Batch<B>> for Mlp<B> {
-    fn num_stages(&self) -> usize {
-        self.layers.len()
+impl TrainModel<B> for Mlp<B> {
+    type Batch = Batch<B>;
+    type Model = Self;
+    fn model(&self) -> &Self {
+        self
     }
-    fn input(&self, b: &Batch<B>) -> Vec<StageTensor<B>> {
-        vec![StageTensor::R2(b.x.clone())]
+    fn input(&self, b: &Batch<B>) -> Tensor<B, 2> {
+        b.x.clone()
     }
-    fn stage(&self, i: usize, s: Vec<StageTensor<B>>, _b: &Batch<B>) -> Vec<StageTensor<B>> {
-        let Some(StageTensor::R2(x)) = s.into_iter().next() else { panic!("rank") };
-        vec![StageTensor::R2(self.layer(i, x))]
-    }
-    fn loss(&self, s: Vec<StageTensor<B>>, b: &Batch<B>) -> LossParts<B> {
-        let Some(StageTensor::R2(p)) = s.into_iter().next() else { panic!("rank") };
-        let l = mse(p, b.y.clone());
+    fn loss(&self, prediction: Tensor<B, 2>, b: &Batch<B>) -> LossParts<B> {
+        let l = mse(prediction, b.y.clone());
         LossParts::new(l.clone()).with("mse", l)
     }
 }
@@ -85,38 +86,13 @@ fn batch(seed: u64, step: u64, micro: u64) -> Batch<B> {
     Batch { x: Tensor::from_data(TensorData::new(x, [8, 16]), &dev), y: Tensor::from_data(TensorData::new(y, [8, 4]), &dev) }
 }
 
-fn grads_flat(model: &Mlp<B>, grads: &GradientsParams) -> Vec<f32> {
-    let mut out = Vec::new();
-    for l in &model.layers {
-        out.extend(grads.get::<Flex, 2>(l.weight.id).unwrap().into_data().to_vec::<f32>().unwrap());
-        out.extend(grads.get::<Flex, 1>(l.bias.as_ref().unwrap().id).unwrap().into_data().to_vec::<f32>().unwrap());
-    }
-    out
-}
-
-struct NoHooks;
-impl PhaseHooks for NoHooks {
-    fn forward_done(&mut self) {}
-}
-
 #[test]
 fn block_checkpointing_gives_the_same_gradients() {
-    let dev = Default::default();
-    let model = Mlp::<B>::new(&dev);
+    let model = Mlp::<B>::new(&Default::default());
     let b = batch(1, 1, 0);
-    let plain = model.forward_loss(&b);
-    let mut g = plain.loss.backward();
-    let plain_grads = grads_flat(&model, &GradientsParams::from_module(&mut g, &model));
-    let (parts, grads) = staged_forward_backward(&model, &b, 1.0, &mut NoHooks).unwrap();
-    let staged_grads = grads_flat(&model, &grads);
-    assert_eq!(plain_grads.len(), staged_grads.len());
-    let scale = plain_grads.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for (a, s) in plain_grads.iter().zip(&staged_grads) {
-        assert!((a - s).abs() <= 1e-5 * scale.max(1e-12), "{a} vs {s}");
-    }
-    let l1 = plain.loss.into_scalar();
-    let l2 = parts.loss.into_scalar();
-    assert_eq!(l1, l2);
+    let plain = named_gradients(&model, &b, CheckpointMode::Off);
+    assert_eq!(plain.1.len(), 8, "4 layers × (weight, bias)");
+    compare_gradients(&plain, &named_gradients(&model, &b, CheckpointMode::Blocks), 1e-5).unwrap();
 }
 
 fn config(dir: PathBuf, steps: u64, resume: bool, mode: CheckpointMode) -> TrainConfig {
@@ -228,4 +204,38 @@ fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
     assert!(checkpoint.ends_with(&format!("{:06}", step - 1)), "{msg}");
     assert!(std::path::Path::new(checkpoint).join("model.safetensors").exists());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_parameter_group_that_matches_nothing_is_an_error() {
+    let model = Mlp::<B>::new(&Default::default());
+    let with = |prefix: &str| OptimConfig { groups: vec![ParamGroup { prefix: prefix.into(), lr: 1e-3 }], ..Default::default() };
+    // A group is a module path: `layers.1` is layer 1 (and not `layers.10`), `layers` all of them.
+    for ok in ["layers", "layers.1", "layers.3.bias"] {
+        with(ok).check_groups::<B, _>(&model).unwrap();
+    }
+    assert!(with("layers.1").groups[0].matches("layers.1.weight") && !with("layers.1").groups[0].matches("layers.10.weight"));
+    for bad in ["act.backbone", "layer", "layers.4"] {
+        let err = with(bad).check_groups::<B, _>(&model).unwrap_err();
+        assert_eq!(err, OptimError::UnmatchedGroup { prefix: bad.into(), found: "layers".into() });
+        assert!(err.to_string().contains(&format!("`{bad}`")), "{err}");
+    }
+    // The trainer refuses to start with it.
+    let dir = tmpdir("group");
+    let mut cfg = config(dir.clone(), 1, false, CheckpointMode::Off);
+    cfg.optim.groups = with("backbone").groups;
+    assert!(matches!(train(cfg, model), Err(TrainError::Optim(OptimError::UnmatchedGroup { .. }))));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_materialized_model_clones_with_its_weights() {
+    // Burn creates these Linear parameters lazily; a clone taken before first use would draw
+    // its own values (block checkpointing clones the model for its graph-free forward).
+    let model = Mlp::<B>::new(&Default::default());
+    vramlab_train::checkpointing::materialize::<B, _>(&model);
+    let copy = model.clone().no_grad();
+    for (a, b) in model.layers.iter().zip(&copy.layers) {
+        assert_eq!(a.weight.val().into_data(), b.weight.val().into_data());
+    }
 }

@@ -353,7 +353,14 @@ pub fn load_tree(file: Option<&Path>, overrides: &[(String, String)]) -> Result<
 pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunConfig, WorkloadError> {
     let tree = load_tree(file, overrides)?;
     let origin = file.map_or("command line".to_string(), |p| format!("{} + command line", p.display()));
-    serde_json::from_value(Value::Object(tree)).map_err(|e| WorkloadError::Config { origin, msg: e.to_string() })
+    serde_path_to_error::deserialize(Value::Object(tree)).map_err(|e| {
+        // The path names the field (`dataset.type: unknown variant …`); `policy` errors name
+        // their field themselves.
+        let path = e.path().to_string();
+        let msg = e.inner().to_string();
+        let msg = if path == "." || path.starts_with("policy") { msg } else { format!("{path}: {msg}") };
+        WorkloadError::Config { origin, msg }
+    })
 }
 
 impl RunConfig {
@@ -519,7 +526,7 @@ mod tests {
         check(&[("policy.type", "act"), ("dataset.type", "voxels")], &["dataset.type", "sim"]);
         check(&[("policy.type", "act"), ("dataset.type", "lerobot")], &["dataset.root", "required"]);
         check(&[("policy.type", "act"), ("dataset.type", "lerobot"), ("dataset.root", "/nonexistent/ds")], &["/nonexistent/ds", "no such directory"]);
-        check(&[("policy.type", "act"), ("policy.state_dim", "3")], &["policy.state_dim", "dataset defines"]);
+        check(&[("policy.type", "act"), ("policy.state_dim", "3")], &["policy.state_dim", "defines the features"]);
         check(&[("policy.type", "act"), ("policy.chunk_size", "0")], &["chunk_size"]);
         check(&[("steps", "3")], &["policy.type", "required"]);
     }

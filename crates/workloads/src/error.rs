@@ -35,7 +35,7 @@ pub enum WorkloadError {
     #[error(transparent)]
     Weights(#[from] vramlab_store::WeightError),
     #[error(transparent)]
-    Checkpoint(#[from] vramlab_models::config_file::CheckpointError),
+    Checkpoint(#[from] vramlab_models::policy::CheckpointError),
 }
 
 impl WorkloadError {

@@ -134,11 +134,15 @@ mod tests {
 
     use super::*;
 
-    fn file(tensors: &[(&str, TensorData)]) -> (tempdir::Dir, PathBuf) {
+    /// An inputs file with f32 `x` [2, 3, 4] and i64 `t` = [1, 7], in their own dtypes.
+    fn file() -> (tempdir::Dir, PathBuf) {
+        use safetensors::{Dtype, tensor::TensorView};
         let dir = tempdir::Dir::new();
         let path = dir.0.join("inputs.safetensors");
-        let list: Vec<(String, TensorData)> = tensors.iter().map(|(k, d)| (k.to_string(), d.clone())).collect();
-        vramlab_store::write_safetensors(&list, &path).unwrap();
+        let x: Vec<u8> = (0..24).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let t: Vec<u8> = [1i64, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let views = vec![("x", TensorView::new(Dtype::F32, vec![2, 3, 4], &x).unwrap()), ("t", TensorView::new(Dtype::I64, vec![2], &t).unwrap())];
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
         (dir, path)
     }
 
@@ -160,8 +164,7 @@ mod tests {
 
     #[test]
     fn shapes_dtypes_and_names_are_checked_before_use() {
-        let x = TensorData::new(vec![0f32; 2 * 3 * 4], [2, 3, 4]);
-        let (_dir, path) = file(&[("x", x), ("t", TensorData::new(vec![1i64, 7], [2]))]);
+        let (_dir, path) = file();
         let dev = Default::default();
         let mut inputs = Inputs::read(&path).unwrap();
         let ok = inputs.float::<Flex, 3>("x", [Dim::Any("B"), Dim::Is(3), Dim::Is(4)], &dev);

@@ -214,11 +214,11 @@ mod tests {
         let p = parse(serde_json::json!({"type": "vae3d", "preset": "ultra_lightweight", "latent_dim": 2})).unwrap();
         let Workload::Vae3d(v) = &p.kind else { panic!() };
         assert_eq!(v.config.latent_dim, 2);
-        let p = parse(serde_json::json!({"type": "act", "chunk_size": 10, "state_dim": 3, "num_cameras": 0})).unwrap();
+        let p = parse(serde_json::json!({"type": "act", "chunk_size": 10, "n_action_steps": 10, "state_dim": 3, "num_cameras": 2})).unwrap();
         let Workload::Act(a) = &p.kind else { panic!() };
-        assert_eq!((a.config.chunk_size, a.features.state_dim, a.features.num_cameras), (10, Some(3), Some(0)));
-        assert_eq!(a.resolve().unwrap().image_features().len(), 0);
+        assert_eq!((a.config.chunk_size, a.features.state_dim, a.features.num_cameras), (10, Some(3), Some(2)));
+        assert_eq!(a.resolve().unwrap().image_features().len(), 2);
         // run_config.json shows what was written.
-        assert_eq!(serde_json::to_value(&p).unwrap(), serde_json::json!({"type": "act", "chunk_size": 10, "state_dim": 3, "num_cameras": 0}));
+        assert_eq!(serde_json::to_value(&p).unwrap(), serde_json::json!({"type": "act", "chunk_size": 10, "n_action_steps": 10, "state_dim": 3, "num_cameras": 2}));
     }
 }

@@ -279,26 +279,39 @@ fn data_options(cfg: &RunConfig, drop_n_last_frames: usize) -> DataOptions {
     }
 }
 
-/// What a policy asks of its data: the sample window, delta indices, normalisation, and the
-/// frames to drop at each episode's end.
-pub struct PolicyDataSpec<'a> {
+/// What a policy asks of its data (all from its config): the sample window, delta indices,
+/// normalisation, and the frames to drop at each episode's end.
+pub struct PolicyDataSpec {
     pub window: Window,
-    pub delta: &'a dyn Fn(&vramlab_lerobot::Info) -> DeltaIndices,
+    pub delta: vramlab_models::policy::DeltaIndices,
     pub norm_map: vramlab_lerobot::normalize::NormMap,
     pub drop_n_last_frames: usize,
+}
+
+/// A policy config's `normalization_mapping` as the dataset normaliser's map.
+pub fn norm_map(m: &vramlab_models::policy::NormalizationMapping) -> Result<vramlab_lerobot::normalize::NormMap> {
+    m.iter()
+        .map(|(t, mode)| {
+            vramlab_lerobot::normalize::NormMode::parse(mode.name())
+                .map(|n| (t.name(), n))
+                .ok_or_else(|| WorkloadError::invalid("policy.normalization_mapping", format!("{}: mode {} is not supported by the dataset normaliser", t.name(), mode.name())))
+        })
+        .collect()
 }
 
 /// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`, or the built-in
 /// demonstrations `sim`, generated on first use), whose features then define the policy's
 /// inputs; `None` for `random` (features from the policy flags).
-pub fn open_policy_data(cfg: &RunConfig, spec: &PolicyDataSpec<'_>) -> Result<Option<LeRobotPolicyData>> {
+pub fn open_policy_data(cfg: &RunConfig, spec: &PolicyDataSpec) -> Result<Option<LeRobotPolicyData>> {
     let root = match cfg.dataset_type()? {
         DatasetType::Random => return Ok(None),
         DatasetType::Lerobot => cfg.dataset.root.clone().ok_or_else(|| WorkloadError::invalid("dataset.root", "required for dataset.type=lerobot".into()))?,
         DatasetType::Sim => crate::sim::ensure_dataset(cfg.dataset.root.as_deref(), cfg.dataset.num_episodes)?,
         other => return Err(WorkloadError::invalid("dataset.type", format!("`{}` is not robot-policy data", other.name()))),
     };
-    let data = LeRobotPolicyData::open(&root, spec.window, spec.delta, &spec.norm_map, data_options(cfg, spec.drop_n_last_frames))?;
+    let d = &spec.delta;
+    let delta = |info: &vramlab_lerobot::Info| vramlab_lerobot::delta::resolve_delta_indices(info, d.observation.as_deref(), d.action.as_deref(), d.reward.as_deref());
+    let data = LeRobotPolicyData::open(&root, spec.window, delta, &spec.norm_map, data_options(cfg, spec.drop_n_last_frames))?;
     Ok(Some(data))
 }
 

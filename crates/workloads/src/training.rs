@@ -11,12 +11,14 @@ use vramlab_probe::MemoryProbe;
 use vramlab_train::trainer::BoxError;
 use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ParamGroup, ScheduleKind, StepRecord, TrainConfig, TrainModel, Trainer};
 
+use vramlab_models::policy::{LrSchedulerKind, OptimizerKind, OptimizerPreset};
+
 use crate::backend::BackendInfo;
 use crate::config::RunConfig;
 use crate::{Result, WorkloadError};
 
-/// A policy's optimizer defaults (lerobot's `get_optimizer_preset`), used where the run
-/// config leaves a field out.
+/// A policy's optimizer defaults in the trainer's terms (from the model config's
+/// [`OptimizerPreset`], lerobot's `get_optimizer_preset`), used where the run config is silent.
 #[derive(Clone, Debug)]
 pub struct OptimPreset {
     pub kind: OptimKind,
@@ -26,9 +28,38 @@ pub struct OptimPreset {
     pub schedule: (ScheduleKind, u64),
     pub lr: f64,
     pub weight_decay: f64,
+    /// 0 = no clipping.
     pub grad_clip_norm: f64,
     /// (parameter-name prefix as the trainer sees it, lr) of the vision backbone, if any.
     pub backbone: Option<(String, f64)>,
+}
+
+impl From<OptimizerPreset> for OptimPreset {
+    fn from(p: OptimizerPreset) -> Self {
+        let schedule = match p.scheduler {
+            None => (ScheduleKind::Constant, 0),
+            Some(s) => {
+                let kind = match s.kind {
+                    LrSchedulerKind::Constant => ScheduleKind::Constant,
+                    LrSchedulerKind::Cosine => ScheduleKind::Cosine,
+                };
+                (kind, s.warmup_steps)
+            }
+        };
+        Self {
+            kind: match p.kind {
+                OptimizerKind::Adam => OptimKind::Adam,
+                OptimizerKind::AdamW => OptimKind::AdamW,
+            },
+            betas: p.betas,
+            eps: p.eps,
+            schedule,
+            lr: p.lr,
+            weight_decay: p.weight_decay,
+            grad_clip_norm: p.grad_clip_norm.unwrap_or(0.0),
+            backbone: p.backbone.map(|g| (g.prefix, g.lr)),
+        }
+    }
 }
 
 /// The trainer's settings: the run config where it says something, the preset elsewhere.

@@ -9,139 +9,43 @@
 //! # JSON
 //! A lerobot `config.json` deserializes into [`ActConfig`] unchanged:
 //! - `"type"` must be `"act"` when present;
-//! - lerobot's generic keys ([`LEROBOT_GENERIC_KEYS`]: `device`, `use_amp`, `push_to_hub`,
-//!   `normalization_mapping`, `pretrained_backbone_weights`, …) are accepted and kept verbatim
-//!   in [`ActConfig::lerobot_extra`] (written back on save) but do not affect the model;
+//! - lerobot's generic keys ([`crate::policy::PRETRAINED_CONFIG_KEYS`]: `device`, `use_amp`,
+//!   `push_to_hub`, …, and [`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
+//!   [`ActConfig::lerobot_extra`] (written back on save) but do not affect the model;
+//! - `normalization_mapping` is read (the data pipeline normalises with it), default lerobot's;
 //! - any other unknown key is an error naming it;
 //! - `input_features` keeps the file's key order: with several cameras that order is the
 //!   order of their tokens (lerobot iterates `config.image_features` in insertion order).
 //!
 //! vramlab's own field `freeze_backbone` is written only when `true` (lerobot rejects unknown
 //! keys, so a default vramlab config stays loadable by lerobot).
+//!
+//! # Policy facts
+//! What lerobot's `ACTConfig` tells the rest of the pipeline is here too:
+//! [`ActConfig::delta_indices`] (the sample window), `normalization_mapping`, and
+//! [`ActConfig::optimizer_preset`] (`get_optimizer_preset` + `get_optim_params`).
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::path::Path;
 
-pub use crate::config_file::InvalidField;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 
-use serde::de::{self, Error as _, MapAccess, Visitor};
-use serde::ser::SerializeMap;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::config_file::{LerobotPolicyConfig, deserialize_lerobot, serialize_lerobot};
-
-use super::layers::Activation;
+pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_STATE, PolicyFeature};
+use crate::nn::Activation;
+use crate::policy::{
+    DeltaIndices, LEROBOT_GRAD_CLIP_NORM, NormalizationMapping, NormalizationMode, OBS_ENV_STATE, OptimizerKind, OptimizerPreset,
+    ParamGroupPreset, TORCH_ADAM_BETAS, TORCH_ADAM_EPS, lerobot_policy_config, validate_features,
+};
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
-/// lerobot's `OBS_STATE`: the only STATE feature ACT uses.
-pub const OBS_STATE: &str = "observation.state";
-/// lerobot's `ACTION`: the output feature ACT predicts.
-pub const ACTION: &str = "action";
-
-/// Keys of a lerobot policy `config.json` that vramlab accepts and ignores (kept verbatim in
-/// [`ActConfig::lerobot_extra`]): `PreTrainedConfig`'s generic fields plus ACT's
-/// `normalization_mapping` (data normalisation is the data pipeline's business) and
-/// `pretrained_backbone_weights` (torchvision ImageNet weights; a checkpoint carries the
-/// backbone's weights itself).
-pub const LEROBOT_GENERIC_KEYS: [&str; 11] = [
-    "device",
-    "use_amp",
-    "use_peft",
-    "push_to_hub",
-    "repo_id",
-    "private",
-    "tags",
-    "license",
-    "pretrained_path",
-    "normalization_mapping",
-    "pretrained_backbone_weights",
-];
+/// ACT's keys of a lerobot `config.json` that vramlab accepts and ignores (kept verbatim in
+/// [`ActConfig::lerobot_extra`]), besides `PreTrainedConfig`'s: `pretrained_backbone_weights`
+/// (torchvision ImageNet weights; a checkpoint carries the backbone's weights itself).
+pub const LEROBOT_GENERIC_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
 
 /// Generic keys written as `null` when absent: with `pretrained_backbone_weights` null, lerobot
 /// does not fetch ImageNet weights the checkpoint overwrites anyway.
 const NULL_WRITTEN_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
-
-/// lerobot's `FeatureType`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum FeatureType {
-    State,
-    Visual,
-    Env,
-    Action,
-    Reward,
-    Language,
-}
-
-/// lerobot's `PolicyFeature`: `{"type": "STATE", "shape": [6]}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyFeature {
-    #[serde(rename = "type")]
-    pub kind: FeatureType,
-    pub shape: Vec<usize>,
-}
-
-/// An ordered `{name: PolicyFeature}` map (JSON object order is kept both ways).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Features(pub Vec<(String, PolicyFeature)>);
-
-
-impl Features {
-    pub fn get(&self, name: &str) -> Option<&PolicyFeature> {
-        self.0.iter().find(|(k, _)| k == name).map(|(_, f)| f)
-    }
-
-    /// Insert or replace (keeping the position of an existing key).
-    pub fn insert(&mut self, name: &str, feature: PolicyFeature) {
-        match self.0.iter_mut().find(|(k, _)| k == name) {
-            Some((_, f)) => *f = feature,
-            None => self.0.push((name.to_string(), feature)),
-        }
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &PolicyFeature)> {
-        self.0.iter().map(|(k, f)| (k.as_str(), f))
-    }
-}
-
-impl Serialize for Features {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (k, f) in &self.0 {
-            map.serialize_entry(k, f)?;
-        }
-        map.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for Features {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Features;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a map of feature name to {\"type\", \"shape\"}, or null")
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Features, E> {
-                Ok(Features::default())
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Features, E> {
-                Ok(Features::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Features, A::Error> {
-                let mut out = Features::default();
-                while let Some(k) = m.next_key::<String>()? {
-                    let f: PolicyFeature = m.next_value().map_err(|e| A::Error::custom(format!("feature `{k}`: {e}")))?;
-                    out.insert(&k, f);
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
 
 /// lerobot types `replace_final_stride_with_dilation` as `int` (default `False`): accept a
 /// bool or an integer.
@@ -172,6 +76,8 @@ pub struct ActConfig {
     /// Outputs: `action` (ACTION, `[action_dim]`).
     #[serde(skip)]
     pub output_features: Features,
+    /// How the data pipeline normalises each feature type (lerobot: everything MEAN_STD).
+    pub normalization_mapping: NormalizationMapping,
     /// Actions predicted per forward.
     pub chunk_size: usize,
     /// Actions executed per prediction (the [`super::ActPolicyRunner`] queue length).
@@ -215,6 +121,12 @@ impl Default for ActConfig {
             n_obs_steps: 1,
             input_features: Features::default(),
             output_features: Features::default(),
+            normalization_mapping: [
+                (FeatureType::Visual, NormalizationMode::MeanStd),
+                (FeatureType::State, NormalizationMode::MeanStd),
+                (FeatureType::Action, NormalizationMode::MeanStd),
+            ]
+            .into(),
             chunk_size: 100,
             n_action_steps: 100,
             vision_backbone: "resnet18".into(),
@@ -241,83 +153,49 @@ impl Default for ActConfig {
     }
 }
 
-impl LerobotPolicyConfig for ActConfig {
-    const TYPE: &'static str = "act";
-    const EXPECTING: &'static str = "a lerobot ACT config object";
-    const GENERIC_KEYS: &'static [&'static str] = &LEROBOT_GENERIC_KEYS;
-    const NULL_WRITTEN_KEYS: &'static [&'static str] = &NULL_WRITTEN_KEYS;
-
-    fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error> {
-        ActConfig::deserialize(fields)
-    }
-    fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error> {
-        ActConfig::serialize(self, serde_json::value::Serializer)
-    }
-    fn n_obs_steps(&self) -> usize {
-        self.n_obs_steps
-    }
-    fn features(&self) -> (&Features, &Features) {
-        (&self.input_features, &self.output_features)
-    }
-    fn lerobot_extra(&self) -> &BTreeMap<String, serde_json::Value> {
-        &self.lerobot_extra
-    }
-    fn set_envelope(&mut self, inputs: Features, outputs: Features, extra: BTreeMap<String, serde_json::Value>) {
-        self.input_features = inputs;
-        self.output_features = outputs;
-        self.lerobot_extra = extra;
-    }
-}
-
-/// lerobot's layout (see [`LerobotPolicyConfig`]).
-impl<'de> Deserialize<'de> for ActConfig {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        deserialize_lerobot(d)
-    }
-}
-
-impl Serialize for ActConfig {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serialize_lerobot(self, s)
-    }
-}
+lerobot_policy_config!(ActConfig {
+    type: "act",
+    expecting: "a lerobot ACT config object",
+    generic_keys: LEROBOT_GENERIC_KEYS,
+    null_written_keys: NULL_WRITTEN_KEYS,
+});
 
 /// Reading this config from a `config.json` (shared by every model config).
-pub type ActConfigError = crate::config_file::ConfigFileError;
+pub type ActConfigError = crate::policy::ConfigFileError;
 
 impl ActConfig {
     /// Add (or replace) `observation.state` with `dim` entries.
     pub fn with_robot_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_STATE, PolicyFeature { kind: FeatureType::State, shape: vec![dim] });
+        self.input_features.insert(OBS_STATE, PolicyFeature::vector(FeatureType::State, dim));
         self
     }
 
     /// Add (or replace) an environment-state input (`observation.environment_state`).
     pub fn with_env_state(mut self, dim: usize) -> Self {
-        self.input_features.insert("observation.environment_state", PolicyFeature { kind: FeatureType::Env, shape: vec![dim] });
+        self.input_features.insert(OBS_ENV_STATE, PolicyFeature::vector(FeatureType::Env, dim));
         self
     }
 
     /// Add (or replace) a camera `key` with shape `[3, h, w]` (token order = insertion order).
     pub fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self {
-        self.input_features.insert(key, PolicyFeature { kind: FeatureType::Visual, shape: shape.to_vec() });
+        self.input_features.insert(key, PolicyFeature::camera(shape));
         self
     }
 
     /// Set the `action` output to `dim` entries.
     pub fn with_action(mut self, dim: usize) -> Self {
-        self.output_features.insert(ACTION, PolicyFeature { kind: FeatureType::Action, shape: vec![dim] });
+        self.output_features.insert(ACTION, PolicyFeature::vector(FeatureType::Action, dim));
         self
     }
 
     /// `robot_state_feature`: the STATE input named `observation.state`.
     pub fn robot_state_dim(&self) -> Option<usize> {
-        self.input_features.get(OBS_STATE).filter(|f| f.kind == FeatureType::State).and_then(|f| f.shape.first().copied())
+        self.input_features.dim_of(OBS_STATE, FeatureType::State)
     }
 
     /// `env_state_feature`: the first ENV input (key and size).
     pub fn env_state(&self) -> Option<(&str, usize)> {
-        self.input_features.iter().find(|(_, f)| f.kind == FeatureType::Env).and_then(|(k, f)| f.shape.first().map(|d| (k, *d)))
+        self.input_features.env_state()
     }
 
     pub fn env_state_dim(&self) -> Option<usize> {
@@ -326,16 +204,35 @@ impl ActConfig {
 
     /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
     pub fn image_features(&self) -> Vec<(&str, [usize; 3])> {
-        self.input_features
-            .iter()
-            .filter(|(_, f)| f.kind == FeatureType::Visual)
-            .map(|(k, f)| (k, [0, 1, 2].map(|i| f.shape.get(i).copied().unwrap_or(0))))
-            .collect()
+        self.input_features.image_features()
     }
 
     /// `action_feature`'s size (0 when missing; [`ActConfig::validate`] rejects that).
     pub fn action_dim(&self) -> usize {
-        self.output_features.get(ACTION).filter(|f| f.kind == FeatureType::Action).and_then(|f| f.shape.first().copied()).unwrap_or(0)
+        self.output_features.dim_of(ACTION, FeatureType::Action).unwrap_or(0)
+    }
+
+    /// lerobot's `observation_delta_indices` (`None`: the current frame),
+    /// `action_delta_indices` (`range(chunk_size)`) and `reward_delta_indices` (`None`).
+    pub fn delta_indices(&self) -> DeltaIndices {
+        DeltaIndices { observation: None, action: Some((0..self.chunk_size as i64).collect()), reward: None }
+    }
+
+    /// lerobot's `ACTConfig.get_optimizer_preset()`: `AdamWConfig(lr=optimizer_lr,
+    /// weight_decay=optimizer_weight_decay)` (betas, eps and `grad_clip_norm = 10` are
+    /// `AdamWConfig`'s defaults), no scheduler; `ACTPolicy.get_optim_params()` puts the backbone
+    /// (`model.backbone.*`, here `backbone`) in a group at `optimizer_lr_backbone`.
+    pub fn optimizer_preset(&self) -> OptimizerPreset {
+        OptimizerPreset {
+            kind: OptimizerKind::AdamW,
+            lr: self.optimizer_lr,
+            betas: TORCH_ADAM_BETAS,
+            eps: TORCH_ADAM_EPS,
+            weight_decay: self.optimizer_weight_decay,
+            grad_clip_norm: Some(LEROBOT_GRAD_CLIP_NORM),
+            scheduler: None,
+            backbone: self.backbone_config().map(|_| ParamGroupPreset { prefix: "backbone".into(), lr: self.optimizer_lr_backbone }),
+        }
     }
 
     /// The FFN activation (`relu` when the name is unknown; `validate` rejects that).
@@ -438,49 +335,14 @@ impl ActConfig {
                 return bad(field, format!("must be finite and >= 0, got {v}"));
             }
         }
-        // Features.
-        for (k, f) in self.input_features.iter() {
-            match f.kind {
-                FeatureType::Visual
-                    if (f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0) => {
-                        return bad("input_features", format!("camera `{k}` must have shape [3, h, w], got {:?}", f.shape));
-                    }
-                FeatureType::State | FeatureType::Env
-                    if (f.shape.len() != 1 || f.shape[0] == 0) => {
-                        return bad("input_features", format!("`{k}` must have shape [n] with n > 0, got {:?}", f.shape));
-                    }
-                _ => {}
-            }
-        }
+        validate_features(&self.input_features, &self.output_features)?;
         if self.image_features().is_empty() && self.env_state_dim().is_none() {
             return bad("input_features", "needs at least one camera (VISUAL) or an environment state (ENV)".into());
         }
         if !self.image_features().is_empty() && !self.dim_model.is_multiple_of(4) {
             return bad("dim_model", format!("must be a multiple of 4 with cameras (2-D sine position embedding), got {}", self.dim_model));
         }
-        match self.output_features.get(ACTION) {
-            Some(f) if f.kind == FeatureType::Action && f.shape.len() == 1 && f.shape[0] > 0 => {}
-            Some(f) => return bad("output_features", format!("`action` must be ACTION with shape [n], got {:?} {:?}", f.kind, f.shape)),
-            None => return bad("output_features", "needs an `action` feature".into()),
-        }
         Ok(())
-    }
-
-    /// Parse lerobot `config.json` text and validate it.
-    pub fn from_json_str(text: &str) -> Result<Self, serde_json::Error> {
-        let cfg: Self = serde_json::from_str(text)?;
-        cfg.validate().map_err(serde_json::Error::custom)?;
-        Ok(cfg)
-    }
-
-    /// Read and validate a lerobot `config.json`.
-    pub fn from_json_file(path: &Path) -> Result<Self, ActConfigError> {
-        crate::config_file::read_config(path, Self::validate)
-    }
-
-    /// lerobot-format JSON text (pretty, feature order kept).
-    pub fn to_json_string(&self) -> String {
-        serde_json::to_string_pretty(self).expect("ActConfig always serializes")
     }
 
     /// PyTorch's `sum(p.numel() for p in policy.parameters())`, in closed form: buffers
@@ -568,6 +430,26 @@ mod tests {
         let frozen = ActConfig { freeze_backbone: true, ..c };
         let back = ActConfig::from_json_str(&frozen.to_json_string()).unwrap();
         assert!(back.freeze_backbone);
+    }
+
+    #[test]
+    fn policy_facts_are_lerobots() {
+        let c = ActConfig { chunk_size: 5, ..aloha() };
+        assert_eq!(c.delta_indices(), DeltaIndices { observation: None, action: Some(vec![0, 1, 2, 3, 4]), reward: None });
+        assert_eq!(c.normalization_mapping.get(&FeatureType::State), Some(&NormalizationMode::MeanStd));
+        let p = c.optimizer_preset();
+        assert_eq!((p.kind, p.lr, p.weight_decay, p.grad_clip_norm, p.scheduler), (OptimizerKind::AdamW, 1e-5, 1e-4, Some(10.0), None));
+        let bb = p.backbone.expect("a camera: the backbone group");
+        assert_eq!(bb.clone().under("act"), ParamGroupPreset { prefix: "act.backbone".into(), lr: 1e-5 });
+        assert!(ActConfig::default().with_env_state(3).with_action(2).optimizer_preset().backbone.is_none());
+        // normalization_mapping reads lerobot's JSON (and an unknown mode is an error).
+        let c = ActConfig::from_json_str(r#"{"normalization_mapping":{"VISUAL":"IDENTITY","ACTION":"MIN_MAX"},
+            "input_features":{"observation.environment_state":{"type":"ENV","shape":[2]}},
+            "output_features":{"action":{"type":"ACTION","shape":[2]}}}"#)
+        .unwrap();
+        let m: Vec<_> = c.normalization_mapping.into_iter().collect();
+        assert_eq!(m, [(FeatureType::Visual, NormalizationMode::Identity), (FeatureType::Action, NormalizationMode::MinMax)]);
+        assert!(ActConfig::from_json_str(r#"{"normalization_mapping":{"STATE":"SOFTMAX"}}"#).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use burn::prelude::*;
 
 use super::config::ActConfig;
 use super::model::Act;
-use crate::config_file::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
+use crate::policy::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, named_tensors, write_safetensors};
 
 /// The policy's attribute holding the `ACT` module: the prefix of every model key.

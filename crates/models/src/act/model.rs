@@ -24,25 +24,25 @@
 //! `config.dropout`) applies only in training and only with a [`DropoutCtx`] (deterministic
 //! masks); without one it is off.
 //!
-//! # Stage view (for block checkpointing)
-//! [`Act::forward`] is literally this chain of public pieces; a trainer can cut it anywhere:
+//! # Stages
+//! [`Act`] implements [`Staged`]: [`Act::forward`] is the fold over this plan (`ActInput` is
+//! the batch and the [`ActCtx`]); block checkpointing runs the same stages.
 //!
-//! | step | call | output |
+//! | stage ([`ActStage`]) | computes | state after ([`ActState`]) |
 //! |---|---|---|
-//! | VAE input | [`Act::vae_encoder_input`] + [`Act::vae_key_padding_mask`] | tokens `[b, 2+chunk, d]` f32, mask `[b, 2+chunk]` |
-//! | VAE layer `i` | [`Act::vae_encoder_layer`] (`i < n_vae_encoder_layers`) | `[b, 2+chunk, d]` f32 |
-//! | latent | [`Act::vae_latent_params`] (final norm if `pre_norm`, cls token, projection) then [`Act::latent_sample`] | `mu`, `log_sigma_x2` `[b, latent]` → `z` (no VAE pass: `z = 0`) |
-//! | backbone, per camera | `backbone.stem`, `backbone.layer(0..4)` ([`ResNet`]) | layer4 map `[b, 512, h', w']` |
-//! | encoder input | [`Act::encoder_input`] | tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
-//! | encoder layer `i` | [`Act::encoder_layer`] (then [`Act::encoder_final_norm`]) | `[b, s, d]` f32 |
-//! | decoder input | [`Act::decoder_input`] | zeros `[b, chunk, d]` |
-//! | decoder layer `i` | [`Act::decoder_layer`] (needs encoder out and pos) | `[b, chunk, d]` f32 |
-//! | head | [`Act::action_head_out`] (decoder.norm, action_head) | actions `[b, chunk, action]` f32 |
-//! | loss | [`Act::loss`] | [`ActLoss`] |
+//! | `VaeInput` (VAE pass only) | cls, robot-state and action projections | `Vae`: tokens `[b, 2+chunk, d]` f32 |
+//! | `VaeLayer(i)` | VAE encoder layer `i` (key padding from `action_is_pad`) | `Vae` |
+//! | `VaePosterior` | final norm (`pre_norm`), cls token, `vae_encoder_latent_output_proj` | `Backbone`: no maps yet, [`Posterior`] `mu`, `log_sigma_x2` `[b, latent]` |
+//! | `Backbone(s)` (cameras only) | the [`ResNet`] stage `s` on every camera (the stem reads the batch's images) | `Backbone`: maps `[b, c, h, w]` |
+//! | `EncoderInput` | `z` (posterior sample, or 0), input projections, 1×1 image projection, positions | `Encoder`: tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
+//! | `EncoderLayer(i)` | encoder layer `i` | `Encoder` |
+//! | `DecoderInput` | the encoder's final norm (`pre_norm`); zero queries | `Decoder`: queries `[b, chunk, d]`, memory `[b, s, d]`, pos |
+//! | `DecoderLayer(i)` | decoder layer `i` | `Decoder` |
+//! | `ActionHead` | `decoder.norm`, `action_head` | `Actions`: `[b, chunk, action_dim]` f32 |
 //!
-//! Tensors a later step needs (`mu`, `log_sigma_x2`, encoder pos, encoder output) travel along
-//! in the trainer's stage state. The encoder's `pos` depends on a parameter
-//! (`encoder_1d_feature_pos_embed`), so it must be a stage-state tensor with gradient.
+//! The posterior rides along to the output (the loss's KL term needs it); the encoder's `pos`
+//! depends on a parameter (`encoder_1d_feature_pos_embed`), so it travels in the state too.
+//! [`Act::loss`] is lerobot's `ACTPolicy.forward` loss on the output.
 
 use burn::module::{Module, Param};
 use burn::nn::PaddingConfig2d;
@@ -51,11 +51,9 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 
 use super::config::ActConfig;
-use super::layers::{Activation, DropoutCtx, Embedding, LayerNorm, Linear, MultiheadAttention, dropout};
-use crate::nn::{Precision, to_f32};
-use crate::resnet::{
-    FROZEN_BN_CONTAINER, OUT_CHANNELS, ResNet, conv2d_p, count_params_and_buffers, set_trainable,
-};
+use crate::nn::{Activation, DropoutCtx, Embedding, LayerNorm, Linear, MultiheadAttention, Precision, conv2d_p, dropout, to_f32};
+use crate::resnet::{FROZEN_BN_CONTAINER, OUT_CHANNELS, ResNet, ResNetStage, count_params_and_buffers, set_trainable};
+use crate::stages::Staged;
 
 /// Dropout block numbers of [`DropoutCtx::site`].
 const BLOCK_VAE: u64 = 0;
@@ -356,6 +354,10 @@ impl<B: Backend> ActBatch<B> {
             .or_else(|| self.env_state.as_ref().map(|e| e.dims()[0]))
             .expect("ActBatch: needs images or env_state")
     }
+
+    pub fn device(&self) -> B::Device {
+        self.images.first().map(|i| i.device()).or_else(|| self.env_state.as_ref().map(|e| e.device())).expect("ActBatch: needs images or env_state")
+    }
 }
 
 /// What [`Act::forward`] returns; all f32.
@@ -378,6 +380,86 @@ pub struct ActLoss<B: Backend> {
     pub l1_loss: Tensor<B, 1>,
     /// `mean_b Σ_latent −½(1 + log σ² − μ² − σ²)`, when `mu` / `log_sigma_x2` are present
     pub kld_loss: Option<Tensor<B, 1>>,
+}
+
+/// What the stages of [`Act`] read: the model inputs and how the forward runs.
+#[derive(Clone, Debug)]
+pub struct ActInput<B: Backend> {
+    pub batch: ActBatch<B>,
+    pub ctx: ActCtx<B>,
+}
+
+/// The VAE posterior, each `[b, latent]` f32.
+#[derive(Clone, Debug)]
+pub struct Posterior<B: Backend> {
+    pub mu: Tensor<B, 2>,
+    /// `2·log σ`
+    pub log_sigma_x2: Tensor<B, 2>,
+}
+vramlab_stages::tensor_bundle!(struct Posterior { mu, log_sigma_x2 });
+
+/// What flows between [`Act`]'s stages (see the module docs for the plan). Every variant after
+/// the VAE carries the posterior (when the VAE encoder ran) to the output, for the KL term.
+#[derive(Clone, Debug)]
+pub enum ActState<B: Backend> {
+    /// Nothing computed yet (every input comes from the batch).
+    Start {},
+    /// VAE encoder tokens `[b, 2+chunk, d]` f32.
+    Vae { tokens: Tensor<B, 3> },
+    /// Per-camera backbone maps so far (empty before the stem, which reads the batch's images).
+    Backbone { features: Vec<Tensor<B, 4>>, posterior: Option<Posterior<B>> },
+    /// Encoder tokens `[b, s, d]` f32 and their positions `[1, s, d]` (which depend on a
+    /// parameter, so they travel with their gradient).
+    Encoder { tokens: Tensor<B, 3>, pos: Tensor<B, 3>, posterior: Option<Posterior<B>> },
+    /// Decoder queries `[b, chunk, d]`, the encoder output (`memory`) and its positions.
+    Decoder { queries: Tensor<B, 3>, memory: Tensor<B, 3>, pos: Tensor<B, 3>, posterior: Option<Posterior<B>> },
+    /// The actions `[b, chunk, action_dim]` f32.
+    Actions { actions: Tensor<B, 3>, posterior: Option<Posterior<B>> },
+}
+vramlab_stages::tensor_bundle!(enum ActState {
+    Start {},
+    Vae { tokens },
+    Backbone { features, posterior },
+    Encoder { tokens, pos, posterior },
+    Decoder { queries, memory, pos, posterior },
+    Actions { actions, posterior },
+});
+
+impl<B: Backend> ActState<B> {
+    fn unexpected(&self, stage: ActStage) -> ! {
+        let name = match self {
+            Self::Start {} => "Start",
+            Self::Vae { .. } => "Vae",
+            Self::Backbone { .. } => "Backbone",
+            Self::Encoder { .. } => "Encoder",
+            Self::Decoder { .. } => "Decoder",
+            Self::Actions { .. } => "Actions",
+        };
+        panic!("Act: stage {stage:?} cannot follow a {name} state (stage plan bug)")
+    }
+}
+
+/// A stage of [`Act`] (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActStage {
+    /// VAE encoder tokens: cls, robot-state and action projections.
+    VaeInput,
+    /// VAE encoder layer `i`.
+    VaeLayer(usize),
+    /// The VAE encoder's final norm and latent projection: the posterior.
+    VaePosterior,
+    /// A backbone stage, on every camera.
+    Backbone(ResNetStage),
+    /// The latent sample, the input projections and the positions.
+    EncoderInput,
+    /// Transformer encoder layer `i`.
+    EncoderLayer(usize),
+    /// The encoder's final norm; the zero decoder queries.
+    DecoderInput,
+    /// Decoder layer `i`.
+    DecoderLayer(usize),
+    /// `decoder.norm`, `action_head`.
+    ActionHead,
 }
 
 /// lerobot's `ACT` module.
@@ -474,11 +556,16 @@ impl<B: Backend> Act<B> {
         self.config.use_vae && ctx.training && has_action
     }
 
+    /// lerobot's `ACT.forward`: the fold over [`Act`]'s stages (see the module docs).
+    pub fn forward(&self, batch: &ActBatch<B>, ctx: &ActCtx<B>) -> ActOutput<B> {
+        self.run(&ActInput { batch: batch.clone(), ctx: ctx.clone() })
+    }
+
     /// VAE encoder tokens `[cls, (robot state), actions…]`.
     ///
     /// # Shapes
     /// - state: `[b, state_dim]`; action: `[b, chunk, action_dim]` → `[b, 2+chunk, d]` f32
-    pub fn vae_encoder_input(&self, state: Option<Tensor<B, 2>>, action: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+    fn vae_encoder_input(&self, state: Option<Tensor<B, 2>>, action: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
         let [b, _, _] = action.dims();
         let d = self.config.dim_model;
         let cls = self.vae_encoder_cls_embed.as_ref().expect("use_vae").weight.val().reshape([1, 1, d]).expand([b, 1, d]);
@@ -493,7 +580,7 @@ impl<B: Backend> Act<B> {
     }
 
     /// `[False (cls), False (state), action_is_pad…]` as `[b, 2+chunk]` (`true` = ignore).
-    pub fn vae_key_padding_mask(&self, batch_size: usize, action_is_pad: Option<Tensor<B, 2, Bool>>, device: &B::Device) -> Tensor<B, 2, Bool> {
+    fn vae_key_padding_mask(&self, batch_size: usize, action_is_pad: Option<Tensor<B, 2, Bool>>, device: &B::Device) -> Tensor<B, 2, Bool> {
         let lead = self.config.vae_seq_len() - self.config.chunk_size;
         let pad = action_is_pad.unwrap_or_else(|| Tensor::<B, 2, Bool>::zeros([batch_size, self.config.chunk_size], device));
         let head = Tensor::<B, 2, Bool>::zeros([batch_size, lead], device);
@@ -501,83 +588,52 @@ impl<B: Backend> Act<B> {
     }
 
     /// VAE encoder layer `i` (positions: the `vae_encoder_pos_enc` buffer).
-    pub fn vae_encoder_layer(&self, i: usize, x: Tensor<B, 3>, key_padding_mask: &Tensor<B, 2, Bool>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
+    fn vae_encoder_layer(&self, i: usize, x: Tensor<B, 3>, input: &ActInput<B>) -> Tensor<B, 3> {
         let enc = self.vae_encoder.as_ref().expect("use_vae");
         let pos = self.vae_encoder_pos_enc.as_ref().expect("use_vae").val();
-        enc.layers[i].forward(x, Some(&pos), Some(key_padding_mask), &self.layer_ctx(ctx, BLOCK_VAE, i))
+        let mask = self.vae_key_padding_mask(x.dims()[0], input.batch.action_is_pad.clone(), &x.device());
+        enc.layers[i].forward(x, Some(&pos), Some(&mask), &self.layer_ctx(&input.ctx, BLOCK_VAE, i))
     }
 
-    /// `(mu, log_sigma_x2)` `[b, latent]` f32 from the VAE encoder's last layer output: the
-    /// encoder's final norm (`pre_norm` only; per token, so applied to the cls token alone),
-    /// then `vae_encoder_latent_output_proj` on the cls token.
-    pub fn vae_latent_params(&self, x: Tensor<B, 3>, p: Precision) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    /// The posterior from the VAE encoder's last layer output: the encoder's final norm
+    /// (`pre_norm` only; per token, so applied to the cls token alone), then
+    /// `vae_encoder_latent_output_proj` on the cls token.
+    fn vae_posterior(&self, x: Tensor<B, 3>, p: Precision) -> Posterior<B> {
         let [b, _, d] = x.dims();
         let l = self.config.latent_dim;
         let cls = x.narrow(1, 0, 1);
         let cls = self.vae_encoder.as_ref().expect("use_vae").final_norm(cls).reshape([b, d]);
         let params = to_f32(self.vae_encoder_latent_output_proj.as_ref().expect("use_vae").forward(cls, p)); // [b, 2l]
-        (params.clone().narrow(1, 0, l), params.narrow(1, l, l))
-    }
-
-    /// `z = mu + exp(log_sigma_x2 / 2) · eps` (`eps = None` → `mu`).
-    pub fn latent_sample(mu: Tensor<B, 2>, log_sigma_x2: Tensor<B, 2>, eps: Option<Tensor<B, 2>>) -> Tensor<B, 2> {
-        match eps {
-            Some(eps) => {
-                assert_eq!(eps.dims(), mu.dims(), "ActCtx.eps must be [batch, latent_dim]");
-                mu + (log_sigma_x2 / 2.0).exp() * to_f32(eps)
-            }
-            None => mu,
-        }
-    }
-
-    /// The whole VAE branch: `(mu, log_sigma_x2)`.
-    pub fn vae_encode(
-        &self,
-        state: Option<Tensor<B, 2>>,
-        action: Tensor<B, 3>,
-        action_is_pad: Option<Tensor<B, 2, Bool>>,
-        ctx: &ActCtx<B>,
-    ) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        let b = action.dims()[0];
-        let device = action.device();
-        let mut x = self.vae_encoder_input(state, action, ctx.precision);
-        let mask = self.vae_key_padding_mask(b, action_is_pad, &device);
-        for i in 0..self.config.n_vae_encoder_layers {
-            x = self.vae_encoder_layer(i, x, &mask, ctx);
-        }
-        self.vae_latent_params(x, ctx.precision)
-    }
-
-    /// The backbone's layer4 map for one camera (stem + 4 stages, see [`ResNet`]).
-    pub fn backbone_features(&self, image: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
-        self.backbone.as_ref().expect("the config has no camera").forward(image, p)
+        Posterior { mu: params.clone().narrow(1, 0, l), log_sigma_x2: params.narrow(1, l, l) }
     }
 
     /// Transformer encoder tokens `[latent, (state), (env state), camera pixels…]` and their
     /// positions (`encoder_1d_feature_pos_embed` rows, then the 2-D sine table per camera).
+    /// `z = mu + exp(log_sigma_x2 / 2) · eps` with the posterior (`eps = None` → `mu`), else 0.
     ///
     /// # Shapes
-    /// - z: `[b, latent]`; state: `[b, state_dim]`; env_state: `[b, env_dim]`;
-    ///   cam_features: layer4 maps `[b, 512, h', w']`
+    /// - cam_features: layer4 maps `[b, 512, h', w']`
     /// - returns tokens `[b, s, d]` f32 and pos `[1, s, d]` f32
-    pub fn encoder_input(
-        &self,
-        z: Tensor<B, 2>,
-        state: Option<Tensor<B, 2>>,
-        env_state: Option<Tensor<B, 2>>,
-        cam_features: Vec<Tensor<B, 4>>,
-        p: Precision,
-    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
-        let [b, _] = z.dims();
-        let d = self.config.dim_model;
-        let device = z.device();
+    fn encoder_input(&self, posterior: Option<&Posterior<B>>, cam_features: Vec<Tensor<B, 4>>, input: &ActInput<B>) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let (batch, p) = (&input.batch, input.ctx.precision);
+        let (b, d, device) = (batch.batch_size(), self.config.dim_model, batch.device());
+        let z = match posterior {
+            Some(Posterior { mu, log_sigma_x2 }) => match &input.ctx.eps {
+                Some(eps) => {
+                    assert_eq!(eps.dims(), mu.dims(), "ActCtx.eps must be [batch, latent_dim]");
+                    mu.clone() + (log_sigma_x2.clone() / 2.0).exp() * to_f32(eps.clone())
+                }
+                None => mu.clone(),
+            },
+            None => Tensor::zeros([b, self.config.latent_dim], &device),
+        };
         let mut tokens = vec![to_f32(self.encoder_latent_input_proj.forward(z, p)).reshape([b, 1, d])];
         if let Some(proj) = &self.encoder_robot_state_input_proj {
-            let s = state.expect("ActBatch.state is required: the config has observation.state");
+            let s = batch.state.clone().expect("ActBatch.state is required: the config has observation.state");
             tokens.push(to_f32(proj.forward(s, p)).reshape([b, 1, d]));
         }
         if let Some(proj) = &self.encoder_env_state_input_proj {
-            let e = env_state.expect("ActBatch.env_state is required: the config has an ENV input");
+            let e = batch.env_state.clone().expect("ActBatch.env_state is required: the config has an ENV input");
             tokens.push(to_f32(proj.forward(e, p)).reshape([b, 1, d]));
         }
         let mut pos = vec![self.encoder_1d_feature_pos_embed.weight.val()]; // [n_1d, d]
@@ -593,65 +649,10 @@ impl<B: Backend> Act<B> {
         (tokens, pos)
     }
 
-    /// Transformer encoder layer `i`.
-    pub fn encoder_layer(&self, i: usize, x: Tensor<B, 3>, pos: &Tensor<B, 3>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
-        self.encoder.layers[i].forward(x, Some(pos), None, &self.layer_ctx(ctx, BLOCK_ENCODER, i))
-    }
-
-    /// The encoder's final LayerNorm (`pre_norm` only; identity otherwise).
-    pub fn encoder_final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.encoder.final_norm(x)
-    }
-
-    /// The decoder's input: `chunk_size` zero queries `[b, chunk, d]` (f32).
-    pub fn decoder_input(&self, batch_size: usize, device: &B::Device) -> Tensor<B, 3> {
-        Tensor::zeros([batch_size, self.config.chunk_size, self.config.dim_model], device)
-    }
-
     /// Decoder layer `i`: queries get `decoder_pos_embed`, keys `encoder_pos`.
-    pub fn decoder_layer(&self, i: usize, x: Tensor<B, 3>, encoder_out: Tensor<B, 3>, encoder_pos: &Tensor<B, 3>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
+    fn decoder_layer(&self, i: usize, x: Tensor<B, 3>, memory: Tensor<B, 3>, encoder_pos: &Tensor<B, 3>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
         let dec_pos = self.decoder_pos_embed.weight.val().unsqueeze_dim::<3>(0); // [1, chunk, d]
-        self.decoder.layers[i].forward(x, encoder_out, Some(&dec_pos), Some(encoder_pos), &self.layer_ctx(ctx, BLOCK_DECODER, i))
-    }
-
-    /// `decoder.norm` then `action_head`: actions `[b, chunk, action_dim]` f32.
-    pub fn action_head_out(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        to_f32(self.action_head.forward(self.decoder.norm.forward(x), p))
-    }
-
-    /// lerobot's `ACT.forward`.
-    pub fn forward(&self, batch: &ActBatch<B>, ctx: &ActCtx<B>) -> ActOutput<B> {
-        let p = ctx.precision;
-        let b = batch.batch_size();
-        assert_eq!(
-            batch.images.len(),
-            self.config.image_features().len(),
-            "ActBatch.images: one tensor per camera of the config ({:?})",
-            self.config.image_features()
-        );
-        let device = batch.images.first().map(|i| i.device()).or_else(|| batch.env_state.as_ref().map(|e| e.device())).unwrap();
-
-        let (mu, log_sigma_x2, z) = match &batch.action {
-            Some(action) if self.uses_vae_encoder(ctx, true) => {
-                let (mu, ls) = self.vae_encode(batch.state.clone(), action.clone(), batch.action_is_pad.clone(), ctx);
-                let z = Self::latent_sample(mu.clone(), ls.clone(), ctx.eps.clone());
-                (Some(mu), Some(ls), z)
-            }
-            _ => (None, None, Tensor::zeros([b, self.config.latent_dim], &device)),
-        };
-
-        let cam_features = batch.images.iter().map(|img| self.backbone_features(img.clone(), p)).collect();
-        let (mut x, pos) = self.encoder_input(z, batch.state.clone(), batch.env_state.clone(), cam_features, p);
-        for i in 0..self.config.n_encoder_layers {
-            x = self.encoder_layer(i, x, &pos, ctx);
-        }
-        let encoder_out = self.encoder_final_norm(x);
-
-        let mut y = self.decoder_input(b, &device);
-        for i in 0..self.config.n_decoder_layers {
-            y = self.decoder_layer(i, y, encoder_out.clone(), &pos, ctx);
-        }
-        ActOutput { actions: self.action_head_out(y, p), mu, log_sigma_x2 }
+        self.decoder.layers[i].forward(x, memory, Some(&dec_pos), Some(encoder_pos), &self.layer_ctx(ctx, BLOCK_DECODER, i))
     }
 
     /// lerobot's `ACTPolicy.forward` loss (f32). `action_is_pad = None`: nothing padded.
@@ -705,6 +706,103 @@ impl<B: Backend> Act<B> {
     pub fn set_trainable(self) -> Self {
         let frozen: &[&str] = if self.config.freeze_backbone { &["backbone"] } else { &[] };
         set_trainable(self, is_act_buffer, frozen)
+    }
+}
+
+impl<B: Backend> Staged<B> for Act<B> {
+    type Input = ActInput<B>;
+    type State = ActState<B>;
+    type Output = ActOutput<B>;
+    type Stage = ActStage;
+
+    fn plan(&self, input: &ActInput<B>) -> Vec<ActStage> {
+        let mut plan = Vec::new();
+        if self.uses_vae_encoder(&input.ctx, input.batch.action.is_some()) {
+            let layers = self.vae_encoder.as_ref().map_or(0, |e| e.layers.len());
+            plan.push(ActStage::VaeInput);
+            plan.extend((0..layers).map(ActStage::VaeLayer));
+            plan.push(ActStage::VaePosterior);
+        }
+        if let Some(bb) = &self.backbone {
+            plan.extend(bb.stages().into_iter().map(ActStage::Backbone));
+        }
+        plan.push(ActStage::EncoderInput);
+        plan.extend((0..self.encoder.layers.len()).map(ActStage::EncoderLayer));
+        plan.push(ActStage::DecoderInput);
+        plan.extend((0..self.decoder.layers.len()).map(ActStage::DecoderLayer));
+        plan.push(ActStage::ActionHead);
+        plan
+    }
+
+    fn enter(&self, input: &ActInput<B>) -> ActState<B> {
+        let cams = self.config.image_features();
+        assert_eq!(input.batch.images.len(), cams.len(), "ActBatch.images: one tensor per camera of the config ({cams:?})");
+        ActState::Start {}
+    }
+
+    fn stage(&self, stage: ActStage, state: ActState<B>, input: &ActInput<B>) -> ActState<B> {
+        let (batch, ctx, p) = (&input.batch, &input.ctx, input.ctx.precision);
+        match (stage, state) {
+            (ActStage::VaeInput, ActState::Start {}) => {
+                let action = batch.action.clone().expect("the VAE encoder runs only with actions");
+                ActState::Vae { tokens: self.vae_encoder_input(batch.state.clone(), action, p) }
+            }
+            (ActStage::VaeLayer(i), ActState::Vae { tokens }) => ActState::Vae { tokens: self.vae_encoder_layer(i, tokens, input) },
+            (ActStage::VaePosterior, ActState::Vae { tokens }) => {
+                ActState::Backbone { features: Vec::new(), posterior: Some(self.vae_posterior(tokens, p)) }
+            }
+            (ActStage::Backbone(s), state @ (ActState::Start {} | ActState::Backbone { .. })) => {
+                let (features, posterior) = into_backbone(state);
+                let bb = self.backbone.as_ref().expect("backbone stages need the backbone");
+                let features = match s {
+                    ResNetStage::Stem => batch.images.iter().map(|img| bb.stage(s, img.clone(), p)).collect(),
+                    ResNetStage::Layer(_) => features.into_iter().map(|f| bb.stage(s, f, p)).collect(),
+                };
+                ActState::Backbone { features, posterior }
+            }
+            (ActStage::EncoderInput, state @ (ActState::Start {} | ActState::Backbone { .. })) => {
+                let (features, posterior) = into_backbone(state);
+                let (tokens, pos) = self.encoder_input(posterior.as_ref(), features, input);
+                ActState::Encoder { tokens, pos, posterior }
+            }
+            (ActStage::EncoderLayer(i), ActState::Encoder { tokens, pos, posterior }) => {
+                let tokens = self.encoder.layers[i].forward(tokens, Some(&pos), None, &self.layer_ctx(ctx, BLOCK_ENCODER, i));
+                ActState::Encoder { tokens, pos, posterior }
+            }
+            (ActStage::DecoderInput, ActState::Encoder { tokens, pos, posterior }) => {
+                let memory = self.encoder.final_norm(tokens);
+                let [b, _, d] = memory.dims();
+                let queries = Tensor::zeros([b, self.config.chunk_size, d], &memory.device());
+                ActState::Decoder { queries, memory, pos, posterior }
+            }
+            (ActStage::DecoderLayer(i), ActState::Decoder { queries, memory, pos, posterior }) => {
+                let queries = self.decoder_layer(i, queries, memory.clone(), &pos, ctx);
+                ActState::Decoder { queries, memory, pos, posterior }
+            }
+            (ActStage::ActionHead, ActState::Decoder { queries, posterior, .. }) => {
+                let actions = to_f32(self.action_head.forward(self.decoder.norm.forward(queries), p));
+                ActState::Actions { actions, posterior }
+            }
+            (stage, state) => state.unexpected(stage),
+        }
+    }
+
+    fn exit(&self, state: ActState<B>, _input: &ActInput<B>) -> ActOutput<B> {
+        match state {
+            ActState::Actions { actions, posterior } => {
+                let (mu, log_sigma_x2) = posterior.map(|p| (p.mu, p.log_sigma_x2)).unzip();
+                ActOutput { actions, mu, log_sigma_x2 }
+            }
+            other => other.unexpected(ActStage::ActionHead),
+        }
+    }
+}
+
+/// The backbone maps and posterior of a state before the encoder input (none yet at `Start`).
+fn into_backbone<B: Backend>(state: ActState<B>) -> (Vec<Tensor<B, 4>>, Option<Posterior<B>>) {
+    match state {
+        ActState::Backbone { features, posterior } => (features, posterior),
+        _ => (Vec::new(), None),
     }
 }
 

@@ -6,8 +6,9 @@
 //! (`PreTrainedConfig`: the features and the generic keys).
 //!
 //! # JSON
-//! As [`crate::act::ActConfig`]: `"type"` must be `"diffusion"` when present; lerobot's generic
-//! keys ([`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
+//! The layout of [`crate::policy::LerobotPolicyConfig`]: `"type"` must be `"diffusion"` when
+//! present; lerobot's generic keys ([`crate::policy::PRETRAINED_CONFIG_KEYS`] and
+//! [`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
 //! [`DiffusionConfig::lerobot_extra`] (written back on save); any other unknown key is an error
 //! naming it; `input_features` keeps the file's order (camera order = feature order of the
 //! global conditioning). Two of the accepted keys still constrain the model:
@@ -20,47 +21,27 @@
 //! classic PushT setup (state 2, action 2, one 96×96 camera, crop 84×84).
 //!
 //! vramlab's own field `freeze_backbone` is written only when `true`.
+//!
+//! # Policy facts
+//! [`DiffusionConfig::delta_indices`] (the sample window), `normalization_mapping` and
+//! [`DiffusionConfig::optimizer_preset`] (`get_optimizer_preset` + `get_scheduler_preset`).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use serde::de::Error as _;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use crate::config_file::{LerobotPolicyConfig, deserialize_lerobot, serialize_lerobot};
-
-pub use crate::act::config::{FeatureType, Features, InvalidField, PolicyFeature};
+pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_ENV_STATE, OBS_STATE, PolicyFeature};
+use crate::policy::{
+    DeltaIndices, LEROBOT_GRAD_CLIP_NORM, NormalizationMapping, NormalizationMode, OptimizerKind, OptimizerPreset, LrSchedulerKind,
+    LrSchedulerPreset, lerobot_policy_config, validate_features,
+};
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
-/// lerobot's `OBS_STATE`: the robot state (required by Diffusion Policy).
-pub const OBS_STATE: &str = "observation.state";
-/// lerobot's `OBS_ENV_STATE` (the name [`DiffusionConfig::with_env_state`] uses; any ENV
-/// feature is the environment state, as lerobot's `env_state_feature`).
-pub const OBS_ENV_STATE: &str = "observation.environment_state";
-/// lerobot's `ACTION`.
-pub const ACTION: &str = "action";
-
-/// Keys of a lerobot diffusion `config.json` that vramlab accepts without modelling them (kept
-/// verbatim in [`DiffusionConfig::lerobot_extra`]): `PreTrainedConfig`'s generic fields, data
-/// normalisation, torchvision pretrained weights, the resize pre-processing (`resize_shape`
-/// must be null, `crop_ratio` only acts with a resize) and `torch.compile` switches.
-pub const LEROBOT_GENERIC_KEYS: [&str; 15] = [
-    "device",
-    "use_amp",
-    "use_peft",
-    "push_to_hub",
-    "repo_id",
-    "private",
-    "tags",
-    "license",
-    "pretrained_path",
-    "normalization_mapping",
-    "pretrained_backbone_weights",
-    "resize_shape",
-    "crop_ratio",
-    "compile_model",
-    "compile_mode",
-];
+/// Diffusion's keys of a lerobot `config.json` that vramlab accepts without modelling them
+/// (kept verbatim in [`DiffusionConfig::lerobot_extra`]), besides `PreTrainedConfig`'s:
+/// torchvision pretrained weights, the resize pre-processing (`resize_shape` must be null,
+/// `crop_ratio` only acts with a resize) and `torch.compile` switches.
+pub const LEROBOT_GENERIC_KEYS: [&str; 5] = ["pretrained_backbone_weights", "resize_shape", "crop_ratio", "compile_model", "compile_mode"];
 
 /// Generic keys written as `null` when absent (lerobot's defaults; read back as absent).
 const NULL_WRITTEN_KEYS: [&str; 2] = ["pretrained_backbone_weights", "resize_shape"];
@@ -83,6 +64,9 @@ pub struct DiffusionConfig {
     /// Outputs: `action` (ACTION `[action_dim]`).
     #[serde(skip)]
     pub output_features: Features,
+    /// How the data pipeline normalises each feature type (lerobot: cameras MEAN_STD, state
+    /// and action MIN_MAX).
+    pub normalization_mapping: NormalizationMapping,
     /// Actions generated per sample (counted from the first observation step).
     pub horizon: usize,
     /// Actions executed per prediction.
@@ -139,6 +123,12 @@ impl Default for DiffusionConfig {
             n_obs_steps: 2,
             input_features: Features::default(),
             output_features: Features::default(),
+            normalization_mapping: [
+                (FeatureType::Visual, NormalizationMode::MeanStd),
+                (FeatureType::State, NormalizationMode::MinMax),
+                (FeatureType::Action, NormalizationMode::MinMax),
+            ]
+            .into(),
             horizon: 16,
             n_action_steps: 8,
             drop_n_last_frames: 7,
@@ -175,49 +165,15 @@ impl Default for DiffusionConfig {
     }
 }
 
-impl LerobotPolicyConfig for DiffusionConfig {
-    const TYPE: &'static str = "diffusion";
-    const EXPECTING: &'static str = "a lerobot diffusion config object";
-    const GENERIC_KEYS: &'static [&'static str] = &LEROBOT_GENERIC_KEYS;
-    const NULL_WRITTEN_KEYS: &'static [&'static str] = &NULL_WRITTEN_KEYS;
-
-    fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error> {
-        DiffusionConfig::deserialize(fields)
-    }
-    fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error> {
-        DiffusionConfig::serialize(self, serde_json::value::Serializer)
-    }
-    fn n_obs_steps(&self) -> usize {
-        self.n_obs_steps
-    }
-    fn features(&self) -> (&Features, &Features) {
-        (&self.input_features, &self.output_features)
-    }
-    fn lerobot_extra(&self) -> &BTreeMap<String, serde_json::Value> {
-        &self.lerobot_extra
-    }
-    fn set_envelope(&mut self, inputs: Features, outputs: Features, extra: BTreeMap<String, serde_json::Value>) {
-        self.input_features = inputs;
-        self.output_features = outputs;
-        self.lerobot_extra = extra;
-    }
-}
-
-/// lerobot's layout (see [`LerobotPolicyConfig`]).
-impl<'de> Deserialize<'de> for DiffusionConfig {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        deserialize_lerobot(d)
-    }
-}
-
-impl Serialize for DiffusionConfig {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        serialize_lerobot(self, s)
-    }
-}
+lerobot_policy_config!(DiffusionConfig {
+    type: "diffusion",
+    expecting: "a lerobot diffusion config object",
+    generic_keys: LEROBOT_GENERIC_KEYS,
+    null_written_keys: NULL_WRITTEN_KEYS,
+});
 
 /// Reading this config from a `config.json` (shared by every model config).
-pub type DiffusionConfigError = crate::config_file::ConfigFileError;
+pub type DiffusionConfigError = crate::policy::ConfigFileError;
 
 /// Python's `round` (half to even) of `n / 2`: torchvision `CenterCrop`'s offset.
 fn half_round_even(n: usize) -> usize {
@@ -237,36 +193,36 @@ impl DiffusionConfig {
 
     /// Add (or replace) `observation.state` with `dim` entries.
     pub fn with_robot_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_STATE, PolicyFeature { kind: FeatureType::State, shape: vec![dim] });
+        self.input_features.insert(OBS_STATE, PolicyFeature::vector(FeatureType::State, dim));
         self
     }
 
     /// Add (or replace) `observation.environment_state` with `dim` entries.
     pub fn with_env_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_ENV_STATE, PolicyFeature { kind: FeatureType::Env, shape: vec![dim] });
+        self.input_features.insert(OBS_ENV_STATE, PolicyFeature::vector(FeatureType::Env, dim));
         self
     }
 
     /// Add (or replace) a camera `key` of shape `[3, h, w]` (order = insertion order).
     pub fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self {
-        self.input_features.insert(key, PolicyFeature { kind: FeatureType::Visual, shape: shape.to_vec() });
+        self.input_features.insert(key, PolicyFeature::camera(shape));
         self
     }
 
     /// Set the `action` output to `dim` entries.
     pub fn with_action(mut self, dim: usize) -> Self {
-        self.output_features.insert(ACTION, PolicyFeature { kind: FeatureType::Action, shape: vec![dim] });
+        self.output_features.insert(ACTION, PolicyFeature::vector(FeatureType::Action, dim));
         self
     }
 
     /// `robot_state_feature`'s size (0 when missing; `validate` rejects that).
     pub fn state_dim(&self) -> usize {
-        self.input_features.get(OBS_STATE).filter(|f| f.kind == FeatureType::State).and_then(|f| f.shape.first().copied()).unwrap_or(0)
+        self.input_features.dim_of(OBS_STATE, FeatureType::State).unwrap_or(0)
     }
 
     /// `env_state_feature`: the first ENV input (key and size).
     pub fn env_state(&self) -> Option<(&str, usize)> {
-        self.input_features.iter().find(|(_, f)| f.kind == FeatureType::Env).and_then(|(k, f)| f.shape.first().map(|d| (k, *d)))
+        self.input_features.env_state()
     }
 
     pub fn env_state_dim(&self) -> Option<usize> {
@@ -275,11 +231,7 @@ impl DiffusionConfig {
 
     /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
     pub fn image_features(&self) -> Vec<(&str, [usize; 3])> {
-        self.input_features
-            .iter()
-            .filter(|(_, f)| f.kind == FeatureType::Visual)
-            .map(|(k, f)| (k, [0, 1, 2].map(|i| f.shape.get(i).copied().unwrap_or(0))))
-            .collect()
+        self.input_features.image_features()
     }
 
     pub fn num_cameras(&self) -> usize {
@@ -288,7 +240,42 @@ impl DiffusionConfig {
 
     /// `action_feature`'s size (0 when missing; `validate` rejects that).
     pub fn action_dim(&self) -> usize {
-        self.output_features.get(ACTION).filter(|f| f.kind == FeatureType::Action).and_then(|f| f.shape.first().copied()).unwrap_or(0)
+        self.output_features.dim_of(ACTION, FeatureType::Action).unwrap_or(0)
+    }
+
+    /// lerobot's `observation_delta_indices` (`range(1 − n_obs_steps, 1)`),
+    /// `action_delta_indices` (`range(1 − n_obs_steps, 1 − n_obs_steps + horizon)`) and
+    /// `reward_delta_indices` (`None`).
+    pub fn delta_indices(&self) -> DeltaIndices {
+        let first = 1 - self.n_obs_steps as i64;
+        DeltaIndices {
+            observation: Some((first..1).collect()),
+            action: Some((first..first + self.horizon as i64).collect()),
+            reward: None,
+        }
+    }
+
+    /// lerobot's `DiffusionConfig.get_optimizer_preset()`: `AdamConfig(lr, betas, eps,
+    /// weight_decay)` from the `optimizer_*` fields (`grad_clip_norm = 10`, `AdamConfig`'s
+    /// default), and `get_scheduler_preset()`: `DiffuserSchedulerConfig(name=scheduler_name,
+    /// num_warmup_steps=scheduler_warmup_steps)`. One parameter group (`get_optim_params`).
+    pub fn optimizer_preset(&self) -> OptimizerPreset {
+        let (kind, warmup) = match self.scheduler_name.as_str() {
+            "cosine" => (LrSchedulerKind::Cosine, self.scheduler_warmup_steps),
+            // diffusers' `constant` ignores the warmup; `validate` admits only these three.
+            "constant" => (LrSchedulerKind::Constant, 0),
+            _ => (LrSchedulerKind::Constant, self.scheduler_warmup_steps),
+        };
+        OptimizerPreset {
+            kind: OptimizerKind::Adam,
+            lr: self.optimizer_lr,
+            betas: (self.optimizer_betas[0], self.optimizer_betas[1]),
+            eps: self.optimizer_eps,
+            weight_decay: self.optimizer_weight_decay,
+            grad_clip_norm: Some(LEROBOT_GRAD_CLIP_NORM),
+            scheduler: Some(LrSchedulerPreset { kind, warmup_steps: warmup as u64 }),
+            backbone: None,
+        }
     }
 
     /// The vision trunk (GroupNorm), or `None` without cameras.
@@ -451,20 +438,14 @@ impl DiffusionConfig {
         if self.optimizer_betas.iter().any(|b| !(0.0..1.0).contains(b)) {
             return bad("optimizer_betas", format!("must be in [0, 1), got {:?}", self.optimizer_betas));
         }
-        // Features (validate_features and the model's needs).
-        for (k, f) in self.input_features.iter() {
-            match f.kind {
-                FeatureType::Visual
-                    if (f.shape.len() != 3 || f.shape[0] != 3 || f.shape[1] == 0 || f.shape[2] == 0) => {
-                        return bad("input_features", format!("camera `{k}` must have shape [3, h, w], got {:?}", f.shape));
-                    }
-                FeatureType::State | FeatureType::Env
-                    if (f.shape.len() != 1 || f.shape[0] == 0) => {
-                        return bad("input_features", format!("`{k}` must have shape [n] with n > 0, got {:?}", f.shape));
-                    }
-                _ => {}
-            }
+        if !matches!(self.scheduler_name.as_str(), "cosine" | "constant" | "constant_with_warmup") {
+            return bad(
+                "scheduler_name",
+                format!("vramlab implements \"cosine\", \"constant\" and \"constant_with_warmup\", got {:?}", self.scheduler_name),
+            );
         }
+        // Features (validate_features and the model's needs).
+        validate_features(&self.input_features, &self.output_features)?;
         if self.state_dim() == 0 {
             return bad("input_features", "needs `observation.state` (STATE): Diffusion Policy always conditions on it".into());
         }
@@ -481,29 +462,7 @@ impl DiffusionConfig {
             && (crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w) {
                 return bad("crop_shape", format!("{crop:?} must be positive and fit within `{k}` ({h}×{w})"));
             }
-        match self.output_features.get(ACTION) {
-            Some(f) if f.kind == FeatureType::Action && f.shape.len() == 1 && f.shape[0] > 0 => {}
-            Some(f) => return bad("output_features", format!("`action` must be ACTION with shape [n], got {:?} {:?}", f.kind, f.shape)),
-            None => return bad("output_features", "needs an `action` feature".into()),
-        }
         Ok(())
-    }
-
-    /// Parse lerobot `config.json` text and validate it.
-    pub fn from_json_str(text: &str) -> Result<Self, serde_json::Error> {
-        let cfg: Self = serde_json::from_str(text)?;
-        cfg.validate().map_err(serde_json::Error::custom)?;
-        Ok(cfg)
-    }
-
-    /// Read and validate a lerobot `config.json`.
-    pub fn from_json_file(path: &Path) -> Result<Self, DiffusionConfigError> {
-        crate::config_file::read_config(path, Self::validate)
-    }
-
-    /// lerobot-format JSON text (pretty, feature order kept).
-    pub fn to_json_string(&self) -> String {
-        serde_json::to_string_pretty(self).expect("DiffusionConfig always serializes")
     }
 
     /// Parameters of one RGB encoder: trunk + SpatialSoftmax 1×1 conv + `out` Linear.
@@ -554,6 +513,26 @@ impl DiffusionConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_facts_are_lerobots() {
+        let c = DiffusionConfig::pusht();
+        let d = c.delta_indices();
+        assert_eq!(d.observation, Some(vec![-1, 0]));
+        assert_eq!(d.action, Some((-1..15).collect()));
+        assert_eq!(d.reward, None);
+        assert_eq!(c.normalization_mapping.get(&FeatureType::State), Some(&NormalizationMode::MinMax));
+        assert_eq!(c.normalization_mapping.get(&FeatureType::Visual), Some(&NormalizationMode::MeanStd));
+        let p = c.optimizer_preset();
+        assert_eq!((p.kind, p.lr, p.betas, p.eps, p.weight_decay), (OptimizerKind::Adam, 1e-4, (0.95, 0.999), 1e-8, 1e-6));
+        assert_eq!(p.grad_clip_norm, Some(10.0));
+        assert_eq!(p.scheduler, Some(LrSchedulerPreset { kind: LrSchedulerKind::Cosine, warmup_steps: 500 }));
+        assert!(p.backbone.is_none());
+        let constant = DiffusionConfig { scheduler_name: "constant".into(), ..c.clone() };
+        assert_eq!(constant.optimizer_preset().scheduler, Some(LrSchedulerPreset { kind: LrSchedulerKind::Constant, warmup_steps: 0 }));
+        let bad = DiffusionConfig { scheduler_name: "polynomial".into(), ..c };
+        assert_eq!(bad.validate().unwrap_err().field, "scheduler_name");
+    }
 
     #[test]
     fn pusht_counts_match_lerobot() {

@@ -12,47 +12,15 @@
 
 use burn::module::{Module, Param};
 use burn::nn::PaddingConfig1d;
-use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d, ConvTranspose1d};
+use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d};
 use burn::prelude::*;
+use burn::tensor::TensorData;
 use burn::tensor::activation::{relu, softmax};
-use burn::tensor::module::{conv_transpose1d, conv1d};
-use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
-use burn::tensor::{DType, TensorData};
 
-use crate::act::layers::Linear;
-use crate::nn::{GroupNorm, Precision, cast, to_f32};
-use crate::resnet::conv2d_p;
+use crate::nn::{GroupNorm, Linear, Precision, cast, conv1d_p, conv2d_p, to_dtype, to_f32};
 
 /// `nn.GroupNorm`'s default epsilon.
 pub const GROUP_NORM_EPS: f64 = 1e-5;
-
-/// `conv` applied in precision `p` (input, weight, bias cast in-graph). Symmetric explicit
-/// padding or `Valid`.
-pub fn conv1d_p<B: Backend>(conv: &Conv1d<B>, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-    let dt = p.dtype();
-    let pad = match &conv.padding {
-        PaddingConfig1d::Explicit(l, r) if l == r => *l,
-        PaddingConfig1d::Valid => 0,
-        other => panic!("conv1d_p: unsupported padding {other:?} (models build symmetric explicit padding)"),
-    };
-    conv1d(
-        cast(x, dt),
-        cast(conv.weight.val(), dt),
-        conv.bias.as_ref().map(|b| cast(b.val(), dt)),
-        ConvOptions::new([conv.stride], [pad], [conv.dilation], conv.groups),
-    )
-}
-
-/// `conv` (PyTorch layout `[in, out/groups, k]`) applied in precision `p`.
-pub fn conv_transpose1d_p<B: Backend>(conv: &ConvTranspose1d<B>, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-    let dt = p.dtype();
-    conv_transpose1d(
-        cast(x, dt),
-        cast(conv.weight.val(), dt),
-        conv.bias.as_ref().map(|b| cast(b.val(), dt)),
-        ConvTransposeOptions::new([conv.stride], [conv.padding], [conv.padding_out], [conv.dilation], conv.groups),
-    )
-}
 
 /// `nn.Mish`: `x · tanh(softplus(x))`, computed in f32 (as PyTorch's kernel does for reduced
 /// precision inputs) with the overflow-free `softplus(x) = max(x, 0) + log1p(exp(−|x|))`;
@@ -62,10 +30,7 @@ pub fn mish<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     let x = to_f32(x);
     let softplus = relu(x.clone()) + x.clone().abs().neg().exp().log1p();
     let y = x * softplus.tanh();
-    match dtype {
-        DType::F32 => y,
-        other => y.cast(other),
-    }
+    to_dtype(y, dtype)
 }
 
 /// `DiffusionSinusoidalPosEmb(dim)` of integer timesteps, computed on the host with torch's

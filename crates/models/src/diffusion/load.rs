@@ -19,7 +19,7 @@ use burn::prelude::*;
 use super::config::DiffusionConfig;
 use super::model::Diffusion;
 use crate::resnet::torchvision_key_from_sequential;
-use crate::config_file::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
+use crate::policy::{CONFIG_FILE, CheckpointError, NORMALIZATION_PREFIXES, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, named_tensors, write_safetensors};
 
 /// The policy's attribute holding the `DiffusionModel`: the prefix of every model key.

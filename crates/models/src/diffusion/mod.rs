@@ -3,12 +3,13 @@
 //! `DDPMScheduler` / `DDIMScheduler` (as lerobot configures them) re-implemented.
 //!
 //! - [`config`]: [`DiffusionConfig`] — lerobot's field names and defaults, features,
-//!   validation, `config.json` I/O, closed-form parameter counts.
+//!   validation, `config.json` I/O, closed-form parameter counts, policy facts (delta indices,
+//!   normalisation mapping, optimizer preset).
 //! - [`layers`]: `DiffusionConv1dBlock`, `DiffusionConditionalResidualBlock1d` (FiLM),
-//!   `SpatialSoftmax`, Mish, the sinusoidal step embedding, precision-aware 1-D convolutions.
+//!   `SpatialSoftmax`, Mish, the sinusoidal step embedding.
 //! - [`model`]: [`Diffusion`] — `DiffusionModel` (RGB encoder(s) on
 //!   [`crate::resnet::ResNet`] with GroupNorm, the conditional 1-D UNet, conditioning, sampling,
-//!   the loss) and the stage pieces a trainer can checkpoint.
+//!   the loss); `compute_loss` is a fold over typed stages ([`DiffusionStage`]).
 //! - [`scheduler`]: [`NoiseScheduler`] — DDPM / DDIM steps and `add_noise`.
 //! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — lerobot `pretrained_model/` dirs.
 
@@ -22,6 +23,7 @@ pub use config::{DiffusionConfig, DiffusionConfigError};
 pub use layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, sinusoidal_step_embedding, spatial_softmax_pos_grid};
 pub use load::{DiffusionLoadError, file_key, load_pretrained, load_weights, model_key, save_pretrained, save_weights};
 pub use model::{
-    ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionCtx, RgbEncoder, RgbEncoders, crop, is_diffusion_buffer,
+    ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, RgbEncoder,
+    RgbEncoders, UnetStage, UnetState, crop, is_diffusion_buffer,
 };
 pub use scheduler::{BetaSchedule, NoiseScheduler, PredictionType, SchedulerKind};

@@ -21,26 +21,23 @@
 //! ([`DiffusionCtx::crop_offsets`]; eval or none given → center crop), the initial sample and
 //! DDPM's per-step noise ([`Diffusion::conditional_sample`]).
 //!
-//! # Stage view (for block checkpointing)
-//! [`Diffusion::compute_loss`] is literally this chain of public pieces:
+//! # Stages
+//! [`Diffusion`] implements [`Staged`] for the training forward: [`Diffusion::compute_loss`]
+//! is the fold over this plan ([`DiffusionInput`]: the batch and `compute_loss`'s randomness);
+//! block checkpointing runs the same stages. [`ConditionalUnet1d::forward`] (sampling) is the
+//! fold over the UNet's own stages, which the plan embeds.
 //!
-//! | step | call | output |
+//! | stage ([`DiffusionStage`]) | computes | state after ([`DiffusionState`]) |
 //! |---|---|---|
-//! | images, per encoder `e` | [`Diffusion::encoder_input`] (stack cameras, crop) | `[n_e, 3, h_c, w_c]` f32 |
-//! | backbone | `rgb_encoder(e).backbone.stem`, `.layer(0..4)` ([`ResNet`]) | `[n_e, 512, h', w']` |
-//! | encoder head | [`RgbEncoder::head`] (SpatialSoftmax, `out`, ReLU) | `[n_e, 2K]` f32 |
-//! | conditioning | [`Diffusion::global_conditioning`] (all heads' outputs, state, env) | `[b, global_cond_dim]` f32 |
-//! | noising | [`super::NoiseScheduler::add_noise`] | `x_t` `[b, horizon, a]` f32 |
-//! | FiLM input | [`ConditionalUnet1d::cond_feature`] (step encoder, concat) | `[b, cond_dim]` f32 |
-//! | UNet down level `i` | [`ConditionalUnet1d::input`], then `down_block(i, 0)`, `down_block(i, 1)` → skip `i`, `downsample(i)` | `[b, d_i, t_i]` |
-//! | UNet middle | `mid_block(0)`, `mid_block(1)` | `[b, d_last, t_last]` |
-//! | UNet up level `i` | `up_concat(x, skip L−1−i)`, `up_block(i, 0)`, `up_block(i, 1)`, `upsample(i)` | `[b, d, 2t]` |
-//! | prediction | [`ConditionalUnet1d::output`] (final_conv) | `[b, horizon, a]` f32 |
-//! | loss | [`Diffusion::loss_from_prediction`] | `[1]` f32 |
+//! | `Backbone(s)` (cameras only) | the [`ResNet`] stage `s` of every RGB encoder (the stem reads [`Diffusion::encoder_input`]: cameras stacked, cropped) | `Encoders`: maps `[n_e, c, h, w]` |
+//! | `Conditioning` | heads (SpatialSoftmax, `out`, ReLU), global conditioning, `add_noise`, the FiLM input (step encoder, concat) | `Unet`: `x` `[b, a, horizon]`, `cond` `[b, cond_dim]` f32 |
+//! | `Unet(Down(i, j))` | residual block `j` of down level `i` (`j = 1`: keep the skip, downsample) | `Unet`: `x` `[b, d_i, t_i]`, skips |
+//! | `Unet(Mid(j))` | middle block `j` | `Unet` |
+//! | `Unet(Up(i, j))` | `j = 0`: concatenate the skip, block 0; `j = 1`: block 1, upsample | `Unet` |
+//! | `Unet(Out)` | `final_conv`, `b d t -> b t d` | `Unet`: `x` = prediction `[b, horizon, a]` f32 |
 //!
-//! The FiLM input (`cond`) and the skip tensors travel along in the trainer's stage state (the
-//! first depends on parameters, so it needs its gradient). The skip of the first level is
-//! never used (lerobot pops `L − 1` of the `L` skips).
+//! The exit is [`Diffusion::loss_from_prediction`]. The FiLM input and the skips travel in the
+//! state (the first depends on parameters, so it carries its gradient back).
 
 use burn::module::Module;
 use burn::nn::PaddingConfig1d;
@@ -50,11 +47,11 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
 use super::config::DiffusionConfig;
-use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, conv_transpose1d_p, conv1d_p, mish, sinusoidal_step_embedding};
+use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, sinusoidal_step_embedding};
 use super::scheduler::{NoiseScheduler, PredictionType};
-use crate::act::layers::Linear;
-use crate::nn::{Precision, cast, to_f32};
-use crate::resnet::{OUT_CHANNELS, ResNet, count_params_and_buffers, set_trainable};
+use crate::nn::{Linear, Precision, cast, conv_transpose1d_p, conv1d_p, to_f32};
+use crate::resnet::{OUT_CHANNELS, ResNet, ResNetStage, count_params_and_buffers, set_trainable};
+use crate::stages::Staged;
 
 /// Struct name of [`SpatialSoftmax`] as Burn's visitors report it.
 pub const SPATIAL_SOFTMAX_CONTAINER: &str = "Struct:SpatialSoftmax";
@@ -65,7 +62,7 @@ pub fn is_diffusion_buffer(container: &str, field: &str) -> bool {
 }
 
 /// `DiffusionRgbEncoder`: (crop, done by [`Diffusion::encoder_input`]) → ResNet trunk →
-/// SpatialSoftmax → `out` Linear → ReLU.
+/// SpatialSoftmax → `out` Linear → ReLU ([`RgbEncoder::head`]).
 #[derive(Module, Debug)]
 pub struct RgbEncoder<B: Backend> {
     pub backbone: ResNet<B>,
@@ -83,17 +80,13 @@ impl<B: Backend> RgbEncoder<B> {
         to_f32(relu(self.out.forward(keypoints, p)))
     }
 
-    /// Backbone then head on already cropped images.
-    ///
-    /// # Shapes
-    /// - images: `[n, 3, h, w]` → `[n, 2K]` f32
-    pub fn forward(&self, images: Tensor<B, 4>, p: Precision) -> Tensor<B, 2> {
-        self.head(self.backbone.forward(images, p), p)
-    }
 }
 
 /// `rgb_encoder`: one shared encoder, or an `nn.ModuleList` of one per camera
 /// (`use_separate_rgb_encoder_per_camera`; names `rgb_encoder.<i>.…`).
+// Module trees are built once and walked by reference: boxing variants would only add
+// indirection (and change nothing Burn saves).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum RgbEncoders<B: Backend> {
     Shared(RgbEncoder<B>),
@@ -112,6 +105,9 @@ pub enum UnetLayer<B: Backend> {
 }
 
 /// An entry of `final_conv = nn.Sequential(DiffusionConv1dBlock, Conv1d 1×1)`.
+// Module trees are built once and walked by reference: boxing variants would only add
+// indirection (and change nothing Burn saves).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum FinalConvLayer<B: Backend> {
     Block(Conv1dBlock<B>),
@@ -191,7 +187,7 @@ impl<B: Backend> ConditionalUnet1d<B> {
     ///
     /// # Shapes
     /// - timesteps: `b` entries → `[b, E]` f32
-    pub fn step_embedding(&self, timesteps: &[usize], p: Precision, device: &B::Device) -> Tensor<B, 2> {
+    fn step_embedding(&self, timesteps: &[usize], p: Precision, device: &B::Device) -> Tensor<B, 2> {
         let e = self.diffusion_step_embed_dim;
         let emb = Tensor::<B, 2>::from_data(TensorData::new(sinusoidal_step_embedding(timesteps, e), [timesteps.len(), e]), device);
         let mut linears = self.diffusion_step_encoder.iter().flatten();
@@ -199,96 +195,109 @@ impl<B: Backend> ConditionalUnet1d<B> {
         to_f32(l2.forward(mish(l1.forward(emb, p)), p))
     }
 
-    /// The FiLM input `cat([step embedding, global_cond], -1)`.
+    /// The UNet's first state: the FiLM input `cat([step embedding, global_cond], -1)` and
+    /// `x` as `b d t`.
     ///
     /// # Shapes
-    /// - global_cond: `[b, global_cond_dim]` → `[b, E + global_cond_dim]` f32
-    pub fn cond_feature(&self, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 2> {
+    /// - x: `[b, horizon, action_dim]`; timesteps: `b` entries; global_cond: `[b, global_cond_dim]`
+    /// - state: `x` `[b, action_dim, horizon]`, `cond` `[b, E + global_cond_dim]` f32
+    pub fn enter(&self, x: Tensor<B, 3>, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> UnetState<B> {
+        assert_eq!(timesteps.len(), x.dims()[0], "one timestep per batch element");
         let t = self.step_embedding(timesteps, p, &global_cond.device());
-        Tensor::cat(vec![t, to_f32(global_cond)], 1)
+        let cond = Tensor::cat(vec![t, to_f32(global_cond)], 1);
+        UnetState { x: x.swap_dims(1, 2), cond, skips: Vec::new() }
     }
 
-    /// `b t d -> b d t`.
-    pub fn input(x: Tensor<B, 3>) -> Tensor<B, 3> {
-        x.swap_dims(1, 2)
+    /// The stages: per down level its two residual blocks, the middle blocks, per up level its
+    /// two residual blocks, the output convolution.
+    pub fn stages(&self) -> Vec<UnetStage> {
+        let down = (0..self.down_modules.len()).flat_map(|i| [UnetStage::Down(i, 0), UnetStage::Down(i, 1)]);
+        let mid = (0..self.mid_modules.len()).map(UnetStage::Mid);
+        let up = (0..self.up_modules.len()).flat_map(|i| [UnetStage::Up(i, 0), UnetStage::Up(i, 1)]);
+        down.chain(mid).chain(up).chain([UnetStage::Out]).collect()
     }
 
-    /// Residual block `j` (0 or 1) of down level `i`.
-    pub fn down_block(&self, i: usize, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
-        res_of(&self.down_modules[i], j).forward(x, cond.clone(), p)
+    /// Run stage `s` (see [`UnetStage`]).
+    pub fn stage(&self, s: UnetStage, state: UnetState<B>, p: Precision) -> UnetState<B> {
+        let UnetState { x, cond, mut skips } = state;
+        let x = match s {
+            UnetStage::Down(i, j) => {
+                let x = res_of(&self.down_modules[i], j).forward(x, cond.clone(), p);
+                if j == 0 {
+                    x
+                } else {
+                    // lerobot keeps every level's output but its up levels pop only the last
+                    // ones (L − 1 of L): the first level's is never read, so it is not kept.
+                    if i + self.up_modules.len() >= self.down_modules.len() {
+                        skips.push(x.clone());
+                    }
+                    match self.down_modules[i].get(2) {
+                        Some(UnetLayer::Down(conv)) => conv1d_p(conv, x, p),
+                        _ => x, // the last level's nn.Identity
+                    }
+                }
+            }
+            UnetStage::Mid(j) => self.mid_modules[j].forward(x, cond.clone(), p),
+            UnetStage::Up(i, 0) => {
+                let skip = skips.pop().expect("one skip per up level");
+                let x = Tensor::cat(vec![cast(x, p.dtype()), cast(skip, p.dtype())], 1); // cat((x, skip), dim=1)
+                res_of(&self.up_modules[i], 0).forward(x, cond.clone(), p)
+            }
+            UnetStage::Up(i, j) => {
+                let x = res_of(&self.up_modules[i], j).forward(x, cond.clone(), p);
+                match self.up_modules[i].get(2) {
+                    Some(UnetLayer::Up(conv)) => conv_transpose1d_p(conv, x, p),
+                    _ => x,
+                }
+            }
+            UnetStage::Out => {
+                let y = self.final_conv.iter().fold(x, |h, layer| match layer {
+                    FinalConvLayer::Block(b) => b.forward(h, p),
+                    FinalConvLayer::Conv(c) => conv1d_p(c, h, p),
+                });
+                to_f32(y).swap_dims(1, 2) // b d t -> b t d
+            }
+        };
+        UnetState { x, cond, skips }
     }
 
-    /// Down level `i`'s downsampling conv (identity on the last level).
-    pub fn downsample(&self, i: usize, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        match self.down_modules[i].get(2) {
-            Some(UnetLayer::Down(conv)) => conv1d_p(conv, x, p),
-            _ => x,
-        }
-    }
-
-    /// Middle residual block `j` (0 or 1).
-    pub fn mid_block(&self, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
-        self.mid_modules[j].forward(x, cond.clone(), p)
-    }
-
-    /// `cat((x, skip), dim=1)` in the compute dtype.
-    pub fn up_concat(x: Tensor<B, 3>, skip: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        Tensor::cat(vec![cast(x, p.dtype()), cast(skip, p.dtype())], 1)
-    }
-
-    /// Residual block `j` (0 or 1) of up level `i` (block 0 takes the concatenation).
-    pub fn up_block(&self, i: usize, j: usize, x: Tensor<B, 3>, cond: &Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
-        res_of(&self.up_modules[i], j).forward(x, cond.clone(), p)
-    }
-
-    /// Up level `i`'s transposed conv (length × 2).
-    pub fn upsample(&self, i: usize, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        match self.up_modules[i].get(2) {
-            Some(UnetLayer::Up(conv)) => conv_transpose1d_p(conv, x, p),
-            _ => x,
-        }
-    }
-
-    /// `final_conv` then `b d t -> b t d`.
-    ///
-    /// # Shapes
-    /// - x: `[b, d0, horizon]` → `[b, horizon, action_dim]` f32
-    pub fn output(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        let y = self.final_conv.iter().fold(x, |h, layer| match layer {
-            FinalConvLayer::Block(b) => b.forward(h, p),
-            FinalConvLayer::Conv(c) => conv1d_p(c, h, p),
-        });
-        to_f32(y).swap_dims(1, 2)
-    }
-
-    /// `DiffusionConditionalUnet1d.forward(x, timestep, global_cond)`.
+    /// `DiffusionConditionalUnet1d.forward(x, timestep, global_cond)`: [`Self::enter`], then
+    /// the fold over [`Self::stages`].
     ///
     /// # Shapes
     /// - x: `[b, horizon, action_dim]`; timesteps: `b` entries; global_cond: `[b, global_cond_dim]`
     /// - returns `[b, horizon, action_dim]` f32
     pub fn forward(&self, x: Tensor<B, 3>, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
-        assert_eq!(timesteps.len(), x.dims()[0], "one timestep per batch element");
-        let cond = self.cond_feature(timesteps, global_cond, p);
-        let mut x = Self::input(x);
-        let mut skips = Vec::with_capacity(self.num_levels());
-        for i in 0..self.num_levels() {
-            x = self.down_block(i, 0, x, &cond, p);
-            x = self.down_block(i, 1, x, &cond, p);
-            skips.push(x.clone());
-            x = self.downsample(i, x, p);
-        }
-        for j in 0..self.mid_modules.len() {
-            x = self.mid_block(j, x, &cond, p);
-        }
-        for i in 0..self.up_modules.len() {
-            x = Self::up_concat(x, skips.pop().expect("one skip per level"), p);
-            x = self.up_block(i, 0, x, &cond, p);
-            x = self.up_block(i, 1, x, &cond, p);
-            x = self.upsample(i, x, p);
-        }
-        self.output(x, p)
+        let state = self.enter(x, timesteps, global_cond, p);
+        self.stages().into_iter().fold(state, |state, s| self.stage(s, state, p)).x
     }
 }
+
+/// A stage of [`ConditionalUnet1d`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnetStage {
+    /// Residual block `j` (0 or 1) of down level `i`; block 1 also stores the skip and
+    /// downsamples (not on the last level).
+    Down(usize, usize),
+    /// Middle residual block `j`.
+    Mid(usize),
+    /// Residual block `j` of up level `i`; block 0 first concatenates the level's skip, block 1
+    /// then upsamples (length × 2).
+    Up(usize, usize),
+    /// `final_conv`, then `b d t -> b t d`: the prediction `[b, horizon, action_dim]` f32.
+    Out,
+}
+
+/// What flows between the UNet's stages: the activation `[b, d, t]` (the prediction
+/// `[b, horizon, action_dim]` after `Out`), the FiLM input `[b, cond_dim]` f32 (it depends on
+/// parameters, so it travels with its gradient) and the skips not yet consumed.
+#[derive(Clone, Debug)]
+pub struct UnetState<B: Backend> {
+    pub x: Tensor<B, 3>,
+    pub cond: Tensor<B, 2>,
+    pub skips: Vec<Tensor<B, 3>>,
+}
+vramlab_stages::tensor_bundle!(struct UnetState { x, cond, skips });
 
 /// How the forward runs: precision, training mode (random crop) and the crop offsets.
 #[derive(Clone, Debug, PartialEq)]
@@ -441,50 +450,38 @@ impl<B: Backend> Diffusion<B> {
         }
     }
 
-    /// Image features per observation step `[b, s, n·2K]` (camera-major within a step).
-    pub fn image_features(&self, images: &[Tensor<B, 5>], ctx: &DiffusionCtx) -> Tensor<B, 3> {
-        let [b, s, ..] = images[0].dims();
-        let p = ctx.precision;
-        let feats: Vec<Tensor<B, 2>> =
-            (0..self.num_rgb_encoders()).map(|e| self.rgb_encoder(e).forward(self.encoder_input(e, images, ctx), p)).collect();
-        Self::image_features_from_heads(feats, b, s)
-    }
-
-    /// Arrange the encoder heads' outputs (`[n_e, 2K]` each, in encoder order) as `[b, s, n·2K]`.
-    pub fn image_features_from_heads(heads: Vec<Tensor<B, 2>>, b: usize, s: usize) -> Tensor<B, 3> {
-        let per_step: Vec<Tensor<B, 3>> = heads
-            .into_iter()
-            .map(|f| {
-                let d = f.dims()[0] / (b * s) * f.dims()[1];
-                f.reshape([b, s, d])
-            })
-            .collect();
-        Tensor::cat(per_step, 2)
-    }
-
-    /// `_prepare_global_conditioning` from its parts: `cat([state, image features, env], -1)`
-    /// per step, flattened.
+    /// `_prepare_global_conditioning` from the backbone maps (`[n_e, 512, h', w']`, one per RGB
+    /// encoder, in encoder order): each encoder's head ([`RgbEncoder::head`]), the features per
+    /// observation step (camera-major), then `cat([state, image features, env], -1)` per step,
+    /// flattened.
     ///
     /// # Shapes
-    /// - state `[b, s, state]`, image_features `[b, s, n·2K]`, env_state `[b, s, env]`
+    /// - batch.state `[b, s, state]`, batch.env_state `[b, s, env]`
     /// - returns `[b, s·(state + n·2K + env)]` f32
-    pub fn global_conditioning(&self, state: Tensor<B, 3>, image_features: Option<Tensor<B, 3>>, env_state: Option<Tensor<B, 3>>) -> Tensor<B, 2> {
-        let [b, s, _] = state.dims();
+    fn global_conditioning(&self, maps: Vec<Tensor<B, 4>>, batch: &DiffusionBatch<B>, p: Precision) -> Tensor<B, 2> {
+        let [b, s, _] = batch.state.dims();
         assert_eq!(s, self.config.n_obs_steps, "state must have n_obs_steps = {} steps", self.config.n_obs_steps);
-        let mut parts = vec![to_f32(state)];
-        parts.extend(image_features.map(to_f32));
+        let mut parts = vec![to_f32(batch.state.clone())];
+        for (e, map) in maps.into_iter().enumerate() {
+            let f = self.rgb_encoder(e).head(map, p); // [n_e, 2K]
+            let d = f.dims()[0] / (b * s) * f.dims()[1];
+            parts.push(f.reshape([b, s, d]));
+        }
         if self.config.env_state_dim().is_some() {
-            parts.push(to_f32(env_state.expect("DiffusionBatch.env_state is required: the config has an ENV input")));
+            parts.push(to_f32(batch.env_state.clone().expect("DiffusionBatch.env_state is required: the config has an ENV input")));
         }
         let cond = Tensor::cat(parts, 2);
         let d = cond.dims()[2];
         cond.reshape([b, s * d])
     }
 
-    /// `_prepare_global_conditioning(batch)`.
+    /// `_prepare_global_conditioning(batch)`: every RGB encoder's backbone and head, state and
+    /// environment state.
     pub fn prepare_global_conditioning(&self, batch: &DiffusionBatch<B>, ctx: &DiffusionCtx) -> Tensor<B, 2> {
-        let feats = (self.num_rgb_encoders() > 0).then(|| self.image_features(&batch.images, ctx));
-        self.global_conditioning(batch.state.clone(), feats, batch.env_state.clone())
+        let maps = (0..self.num_rgb_encoders())
+            .map(|e| self.rgb_encoder(e).backbone.forward(self.encoder_input(e, &batch.images, ctx), ctx.precision))
+            .collect();
+        self.global_conditioning(maps, batch, ctx.precision)
     }
 
     /// `conditional_sample`: the reverse process from `initial_noise` over the scheduler's
@@ -553,14 +550,9 @@ impl<B: Backend> Diffusion<B> {
     }
 
     /// lerobot's `compute_loss` with the caller's randomness: `noise` `[b, horizon, a]` and one
-    /// timestep in `0..num_train_timesteps` per sample.
+    /// timestep in `0..num_train_timesteps` per sample. The fold over [`Diffusion`]'s stages.
     pub fn compute_loss(&self, batch: &DiffusionBatch<B>, noise: Tensor<B, 3>, timesteps: &[usize], ctx: &DiffusionCtx) -> Tensor<B, 1> {
-        let action = batch.action.clone().expect("DiffusionBatch.action is required for the loss");
-        assert_eq!(action.dims()[1], self.config.horizon, "action must have horizon = {} steps", self.config.horizon);
-        let cond = self.prepare_global_conditioning(batch, ctx);
-        let noisy = self.noise_scheduler.add_noise(action.clone(), noise.clone(), timesteps);
-        let pred = self.unet.forward(noisy, timesteps, cond, ctx.precision);
-        self.loss_from_prediction(pred, action, noise, batch.action_is_pad.clone())
+        self.run(&DiffusionInput { batch: batch.clone(), noise, timesteps: timesteps.to_vec(), ctx: ctx.clone() })
     }
 
     /// PyTorch's `sum(p.numel() for p in parameters())` (buffers excluded).
@@ -600,5 +592,88 @@ impl<B: Backend> Diffusion<B> {
         let paths = if self.config.freeze_backbone { self.backbone_paths() } else { vec![] };
         let frozen: Vec<&str> = paths.iter().map(String::as_str).collect();
         set_trainable(self, is_diffusion_buffer, &frozen)
+    }
+}
+
+/// What the training stages of [`Diffusion`] read: the batch (with actions) and the caller's
+/// randomness (`compute_loss`'s arguments).
+#[derive(Clone, Debug)]
+pub struct DiffusionInput<B: Backend> {
+    pub batch: DiffusionBatch<B>,
+    /// `[b, horizon, action_dim]`
+    pub noise: Tensor<B, 3>,
+    /// One in `0..num_train_timesteps` per sample.
+    pub timesteps: Vec<usize>,
+    pub ctx: DiffusionCtx,
+}
+
+/// A stage of [`Diffusion`]'s training forward (`compute_loss`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiffusionStage {
+    /// A backbone stage, on every RGB encoder (the stem reads the cropped images).
+    Backbone(ResNetStage),
+    /// Encoder heads, global conditioning, noising, the UNet's FiLM input.
+    Conditioning,
+    /// A UNet stage.
+    Unet(UnetStage),
+}
+
+/// What flows between [`Diffusion`]'s stages.
+#[derive(Clone, Debug)]
+pub enum DiffusionState<B: Backend> {
+    /// The backbone maps so far, one per RGB encoder (empty before the stem).
+    Encoders { maps: Vec<Tensor<B, 4>> },
+    /// The UNet's state.
+    Unet { unet: UnetState<B> },
+}
+vramlab_stages::tensor_bundle!(enum DiffusionState { Encoders { maps }, Unet { unet } });
+
+impl<B: Backend> Staged<B> for Diffusion<B> {
+    type Input = DiffusionInput<B>;
+    type State = DiffusionState<B>;
+    /// The loss `[1]` f32.
+    type Output = Tensor<B, 1>;
+    type Stage = DiffusionStage;
+
+    fn plan(&self, _input: &DiffusionInput<B>) -> Vec<DiffusionStage> {
+        let backbone = self.rgb_encoder.as_ref().map_or(Vec::new(), |_| self.rgb_encoder(0).backbone.stages());
+        let unet = self.unet.stages().into_iter().map(DiffusionStage::Unet);
+        backbone.into_iter().map(DiffusionStage::Backbone).chain([DiffusionStage::Conditioning]).chain(unet).collect()
+    }
+
+    fn enter(&self, input: &DiffusionInput<B>) -> DiffusionState<B> {
+        let action = input.batch.action.as_ref().expect("DiffusionBatch.action is required for the loss");
+        assert_eq!(action.dims()[1], self.config.horizon, "action must have horizon = {} steps", self.config.horizon);
+        DiffusionState::Encoders { maps: Vec::new() }
+    }
+
+    fn stage(&self, stage: DiffusionStage, state: DiffusionState<B>, input: &DiffusionInput<B>) -> DiffusionState<B> {
+        let p = input.ctx.precision;
+        match (stage, state) {
+            (DiffusionStage::Backbone(s @ ResNetStage::Stem), DiffusionState::Encoders { .. }) => {
+                let maps = (0..self.num_rgb_encoders())
+                    .map(|e| self.rgb_encoder(e).backbone.stage(s, self.encoder_input(e, &input.batch.images, &input.ctx), p))
+                    .collect();
+                DiffusionState::Encoders { maps }
+            }
+            (DiffusionStage::Backbone(s), DiffusionState::Encoders { maps }) => {
+                let maps = maps.into_iter().enumerate().map(|(e, m)| self.rgb_encoder(e).backbone.stage(s, m, p)).collect();
+                DiffusionState::Encoders { maps }
+            }
+            (DiffusionStage::Conditioning, DiffusionState::Encoders { maps }) => {
+                let global_cond = self.global_conditioning(maps, &input.batch, p);
+                let action = input.batch.action.clone().expect("checked by enter");
+                let noisy = self.noise_scheduler.add_noise(action, input.noise.clone(), &input.timesteps);
+                DiffusionState::Unet { unet: self.unet.enter(noisy, &input.timesteps, global_cond, p) }
+            }
+            (DiffusionStage::Unet(s), DiffusionState::Unet { unet }) => DiffusionState::Unet { unet: self.unet.stage(s, unet, p) },
+            (stage, _) => panic!("Diffusion: stage {stage:?} in the wrong state (stage plan bug)"),
+        }
+    }
+
+    fn exit(&self, state: DiffusionState<B>, input: &DiffusionInput<B>) -> Tensor<B, 1> {
+        let DiffusionState::Unet { unet } = state else { panic!("Diffusion: the plan ends in the UNet (stage plan bug)") };
+        let action = input.batch.action.clone().expect("checked by enter");
+        self.loss_from_prediction(unet.x, action, input.noise.clone(), input.batch.action_is_pad.clone())
     }
 }

@@ -17,7 +17,8 @@
 
 use std::path::Path;
 
-pub use crate::config_file::InvalidField;
+pub use crate::policy::InvalidField;
+use crate::policy::{OptimizerKind, OptimizerPreset, TORCH_ADAM_BETAS, TORCH_ADAM_EPS};
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -149,7 +150,7 @@ impl<'de> Deserialize<'de> for Vae3dConfig {
 }
 
 /// Reading this config from a `config.json` (shared by every model config).
-pub type Vae3dConfigError = crate::config_file::ConfigFileError;
+pub type Vae3dConfigError = crate::policy::ConfigFileError;
 
 /// One named preset: the architecture columns; loss weights are the reference's for all.
 struct Preset {
@@ -293,7 +294,7 @@ impl Vae3dConfig {
 
     /// Read and validate a reference-format `config.json`.
     pub fn from_json_file(path: &Path) -> Result<Self, Vae3dConfigError> {
-        crate::config_file::read_config(path, Self::validate)
+        crate::policy::read_config(path, Self::validate)
     }
 
     /// The reference-format JSON: `"type": "vae3d"`, the constructor arguments, and
@@ -307,6 +308,21 @@ impl Vae3dConfig {
         }
         map.insert("use_checkpoint".into(), false.into());
         serde_json::Value::Object(map)
+    }
+
+    /// The 4D-Radar training script's optimizer: AdamW, lr 1e-4, no weight decay, no gradient
+    /// clipping, constant learning rate.
+    pub fn optimizer_preset(&self) -> OptimizerPreset {
+        OptimizerPreset {
+            kind: OptimizerKind::AdamW,
+            lr: 1e-4,
+            betas: TORCH_ADAM_BETAS,
+            eps: TORCH_ADAM_EPS,
+            weight_decay: 0.0,
+            grad_clip_norm: None,
+            scheduler: None,
+            backbone: None,
+        }
     }
 
     /// Number of parameters of the model this config builds, in closed form (the tests check

@@ -12,7 +12,7 @@ use burn::prelude::*;
 
 use super::config::Vae3dConfig;
 use super::model::Vae3d;
-use crate::config_file::{CONFIG_FILE, CheckpointError, WEIGHTS_FILE, write_config_file};
+use crate::policy::{CONFIG_FILE, CheckpointError, WEIGHTS_FILE, write_config_file};
 use crate::weights::{WeightError, load_safetensors, save_safetensors};
 
 

@@ -16,9 +16,10 @@
 //! GroupNorm and the attention softmax run in f32; the encoder's moments (mean, logvar), the
 //! reconstruction and the loss are f32. With [`Precision::F32`] nothing is cast.
 //!
-//! # Stage view
-//! For block gradient checkpointing the forward is also a chain of stages
-//! ([`Vae3d::stage`]); [`Vae3d::forward`] is literally that chain, so the two agree bit for bit.
+//! # Stages
+//! [`Vae3d`] implements [`Staged`]: [`Vae3d::forward`] is the fold over [`Vae3d::stages`]
+//! ([`Vae3dStage`]) (encode and decode fold over its two halves), and block checkpointing
+//! runs the same stages.
 
 use burn::module::Module;
 use burn::nn::PaddingConfig3d;
@@ -29,6 +30,7 @@ use burn::tensor::activation::{relu, silu, softmax};
 
 use super::config::{Vae3dConfig, Vae3dLossKind, level_stride};
 use crate::nn::{GroupNorm, Precision, cast, conv3d_p, group_count, to_f32};
+use crate::stages::Staged;
 
 /// `nn.GroupNorm`'s default epsilon (the reference's `GroupNorm32` does not override it).
 const NORM_EPS: f64 = 1e-5;
@@ -222,6 +224,9 @@ impl<B: Backend> SelfAttention3d<B> {
 
 /// One entry of a reference `nn.ModuleList` / `nn.Sequential`. The variant name is not part
 /// of the parameter names (see `crate::weights`).
+// Module trees are built once and walked by reference: boxing variants would only add
+// indirection (and change nothing Burn saves).
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum VaeLayer<B: Backend> {
     Res(ResBlock3d<B>),
@@ -309,13 +314,56 @@ pub struct Vae3dLoss<B: Backend> {
     pub kl_loss: Tensor<B, 1>,
 }
 
-/// What the stages need besides the state tensor.
+/// What [`Vae3d`]'s stages read: the input volume, the posterior noise and the precision.
 #[derive(Debug, Clone)]
-pub struct StageCtx<B: Backend> {
+pub struct Vae3dInput<B: Backend> {
+    /// `[batch, in_channels, d, h, w]`
+    pub x: Tensor<B, 5>,
     /// Posterior noise of the latent's shape: `None` → z = mean (deterministic).
     pub eps: Option<Tensor<B, 5>>,
     pub precision: Precision,
 }
+
+/// A stage of [`Vae3d`]. Starting from `Encoder { h: x }` and feeding each output to the
+/// next stage of [`Vae3d::stages`] yields the reconstruction; [`Vae3d::forward`] is that fold.
+///
+/// | stage | computes | state after ([`Vae3dState`]) |
+/// |---|---|---|
+/// | `Down(0)` | conv_in, down level 0 | `Encoder`: `[b, c_1, ..]` (compute dtype) |
+/// | `Down(i)` | down level i | `Encoder`: `[b, c_i+1, ..]` |
+/// | `Moments` | mid block, norm_out, SiLU, conv_out | `Moments`: `[b, 2·latent, d', h', w']`, **f32, logvar not yet clamped** (see [`split_moments`]) |
+/// | `Latent` | split + clamp, z = mean (+ exp(½ logvar)·eps), quant_conv, post_quant_conv, decoder conv_in | `Decoder`: `[b, c_dec, d', h', w']`, moments |
+/// | `Mid` | decoder mid block | `Decoder` |
+/// | `Up(j)` | up level j | `Decoder`: `[b, c, ..]` upsampled (except the last) |
+/// | `Out` | norm_out, SiLU, conv_out | `Decoder`: recon `[b, out, d, h, w]`, f32 |
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vae3dStage {
+    /// Encoder level `i` (level 0 starts with `conv_in`).
+    Down(usize),
+    /// Encoder mid block and head: the moments.
+    Moments,
+    /// Sampling, `quant_conv`, `post_quant_conv`, the decoder's `conv_in`.
+    Latent,
+    /// Decoder mid block.
+    Mid,
+    /// Decoder level `j`.
+    Up(usize),
+    /// Decoder head: the reconstruction.
+    Out,
+}
+
+/// What flows between [`Vae3d`]'s stages.
+#[derive(Debug, Clone)]
+pub enum Vae3dState<B: Backend> {
+    /// The encoder's activation (the input volume before the first stage).
+    Encoder { h: Tensor<B, 5> },
+    /// The encoder's moments `[b, 2·latent, d', h', w']`, f32, logvar not yet clamped.
+    Moments { moments: Tensor<B, 5> },
+    /// The decoder's activation, with the moments for the loss's KL term (`None` when
+    /// decoding a given latent).
+    Decoder { h: Tensor<B, 5>, moments: Option<Tensor<B, 5>> },
+}
+vramlab_stages::tensor_bundle!(enum Vae3dState { Encoder { h }, Moments { moments }, Decoder { h, moments } });
 
 impl Vae3dConfig {
     /// Build the model with PyTorch-like default initialisation (Kaiming-uniform convs,
@@ -426,47 +474,30 @@ impl<B: Backend> Vae3d<B> {
         self.decoder.up_blocks.len()
     }
 
-    /// Number of stages: one per encoder level, the encoder tail (→ moments), the latent
-    /// stage, the decoder mid block, one per decoder level, and the output head.
-    pub fn num_stages(&self) -> usize {
-        self.enc_levels() + self.dec_levels() + 4
+    /// The stages: one per encoder level, the moments, the latent stage, the decoder mid
+    /// block, one per decoder level, the output head.
+    pub fn stages(&self) -> Vec<Vae3dStage> {
+        let down = (0..self.enc_levels()).map(Vae3dStage::Down);
+        let up = (0..self.dec_levels()).map(Vae3dStage::Up);
+        down.chain([Vae3dStage::Moments, Vae3dStage::Latent, Vae3dStage::Mid]).chain(up).chain([Vae3dStage::Out]).collect()
     }
 
-    /// Index of the stage whose output is the encoder's moments.
-    pub fn moments_stage(&self) -> usize {
-        self.enc_levels()
-    }
-
-    /// Run stage `i` on the state `h`. Starting from `x` at stage 0 and feeding each output to
-    /// the next stage yields the reconstruction; this is exactly what [`Vae3d::forward`] does.
-    ///
-    /// | stage | computes | output |
-    /// |---|---|---|
-    /// | `0` | conv_in, down level 0 | `[b, c_1, ..]` (compute dtype) |
-    /// | `1..L` | down level i | `[b, c_i+1, ..]` |
-    /// | `L` = [`moments_stage`](Self::moments_stage) | mid block, norm_out, SiLU, conv_out | moments `[b, 2·latent, d', h', w']`, **f32, logvar not yet clamped** (see [`split_moments`]) |
-    /// | `L+1` | split + clamp, z = mean (+ exp(½ logvar)·eps), quant_conv, post_quant_conv, decoder conv_in | `[b, c_dec, d', h', w']` |
-    /// | `L+2` | decoder mid block | same |
-    /// | `L+3 .. L+3+U` | up level j | `[b, c, ..]` upsampled (except the last) |
-    /// | `L+U+3` | norm_out, SiLU, conv_out | recon `[b, out, d, h, w]`, f32 |
-    ///
-    /// (`L`, `U`: encoder / decoder levels.)
-    pub fn stage(&self, i: usize, h: Tensor<B, 5>, ctx: &StageCtx<B>) -> Tensor<B, 5> {
-        let p = ctx.precision;
-        let (l, u) = (self.enc_levels(), self.dec_levels());
+    /// Run stage `s` (see [`Vae3dStage`]) with the posterior noise `eps`: the body of
+    /// [`Staged::stage`], also used by [`Vae3d::encode`] / [`Vae3d::decode`].
+    fn stage_with(&self, s: Vae3dStage, state: Vae3dState<B>, eps: Option<&Tensor<B, 5>>, p: Precision) -> Vae3dState<B> {
         let enc = &self.encoder;
         let dec = &self.decoder;
-        match i {
-            0 => run_layers(&enc.down_blocks[0], conv3d_p(&enc.conv_in, h, p), p),
-            i if i < l => run_layers(&enc.down_blocks[i], h, p),
-            i if i == l => {
+        match (s, state) {
+            (Vae3dStage::Down(0), Vae3dState::Encoder { h }) => Vae3dState::Encoder { h: run_layers(&enc.down_blocks[0], conv3d_p(&enc.conv_in, h, p), p) },
+            (Vae3dStage::Down(i), Vae3dState::Encoder { h }) => Vae3dState::Encoder { h: run_layers(&enc.down_blocks[i], h, p) },
+            (Vae3dStage::Moments, Vae3dState::Encoder { h }) => {
                 let h = run_layers(enc.mid_block.iter().flatten(), h, p);
                 let h = silu(enc.norm_out.forward(h));
-                to_f32(conv3d_p(&enc.conv_out, h, p)) // [b, 2·latent, d', h', w']
+                Vae3dState::Moments { moments: to_f32(conv3d_p(&enc.conv_out, h, p)) } // [b, 2·latent, d', h', w']
             }
-            i if i == l + 1 => {
-                let (mean, logvar) = split_moments(h);
-                let z = match &ctx.eps {
+            (Vae3dStage::Latent, Vae3dState::Moments { moments }) => {
+                let (mean, logvar) = split_moments(moments.clone());
+                let z = match eps {
                     None => mean,
                     Some(eps) => {
                         assert_eq!(eps.dims(), mean.dims(), "Vae3d: eps must have the latent's shape");
@@ -475,15 +506,15 @@ impl<B: Backend> Vae3d<B> {
                 };
                 // The reference applies quant_conv to z *after* sampling (VAE3D.encode).
                 let z = conv3d_p(&self.quant_conv, z, p); // [b, latent, d', h', w']
-                self.latent_to_decoder(z, p)
+                Vae3dState::Decoder { h: self.latent_to_decoder(z, p), moments: Some(moments) }
             }
-            i if i == l + 2 => run_layers(dec.mid_block.iter().flatten(), h, p),
-            i if i < l + 3 + u => run_layers(&dec.up_blocks[i - l - 3], h, p),
-            i if i == l + 3 + u => {
+            (Vae3dStage::Mid, Vae3dState::Decoder { h, moments }) => Vae3dState::Decoder { h: run_layers(dec.mid_block.iter().flatten(), h, p), moments },
+            (Vae3dStage::Up(j), Vae3dState::Decoder { h, moments }) => Vae3dState::Decoder { h: run_layers(&dec.up_blocks[j], h, p), moments },
+            (Vae3dStage::Out, Vae3dState::Decoder { h, moments }) => {
                 let h = silu(dec.norm_out.forward(h));
-                to_f32(conv3d_p(&dec.conv_out, h, p)) // [b, out, d, h, w]
+                Vae3dState::Decoder { h: to_f32(conv3d_p(&dec.conv_out, h, p)), moments } // [b, out, d, h, w]
             }
-            _ => panic!("Vae3d::stage: stage {i} out of range (num_stages = {})", self.num_stages()),
+            (s, _) => panic!("Vae3d: stage {s:?} in the wrong state (stage plan bug)"),
         }
     }
 
@@ -499,9 +530,11 @@ impl<B: Backend> Vae3d<B> {
     /// - x: `[batch, in, d, h, w]` → two `[batch, latent, d/f_d, h/f_h, w/f_w]` with
     ///   `f =` [`Vae3dConfig::downsample_factor`] (sizes rounded up per strided conv).
     pub fn encode(&self, x: Tensor<B, 5>, p: Precision) -> (Tensor<B, 5>, Tensor<B, 5>) {
-        let ctx = StageCtx { eps: None, precision: p };
-        let moments = (0..=self.moments_stage()).fold(x, |h, i| self.stage(i, h, &ctx));
-        split_moments(moments)
+        let encoder = self.stages().into_iter().take_while(|s| *s != Vae3dStage::Latent);
+        match encoder.fold(Vae3dState::Encoder { h: x }, |state, s| self.stage_with(s, state, None, p)) {
+            Vae3dState::Moments { moments } => split_moments(moments),
+            _ => unreachable!("the encoder stages end with the moments"),
+        }
     }
 
     /// Decode a latent `z` (what the reference's `encode` returns, i.e. after quant_conv):
@@ -510,12 +543,15 @@ impl<B: Backend> Vae3d<B> {
     /// # Shapes
     /// - z: `[batch, latent, d', h', w']` → `[batch, out, d'·f_d, h'·f_h, w'·f_w]`
     pub fn decode(&self, z: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
-        let ctx = StageCtx { eps: None, precision: p };
-        let h = self.latent_to_decoder(z, p);
-        (self.moments_stage() + 2..self.num_stages()).fold(h, |h, i| self.stage(i, h, &ctx))
+        let start = Vae3dState::Decoder { h: self.latent_to_decoder(z, p), moments: None };
+        let decoder = self.stages().into_iter().skip_while(|s| *s != Vae3dStage::Mid);
+        match decoder.fold(start, |state, s| self.stage_with(s, state, None, p)) {
+            Vae3dState::Decoder { h, .. } => h,
+            _ => unreachable!("the decoder stages end in the decoder"),
+        }
     }
 
-    /// Encode, sample (or take the mean), decode.
+    /// Encode, sample (or take the mean), decode: the fold over [`Vae3d::stages`].
     ///
     /// `eps`: `None` → deterministic (z = mean); `Some(noise)` with the latent's shape →
     /// z = mean + exp(½·logvar)·noise (the reference draws `randn_like`; the caller does here).
@@ -523,31 +559,19 @@ impl<B: Backend> Vae3d<B> {
     /// # Shapes
     /// - x: `[batch, in, d, h, w]`; outputs as in [`Vae3dOutput`].
     pub fn forward(&self, x: Tensor<B, 5>, eps: Option<Tensor<B, 5>>, p: Precision) -> Vae3dOutput<B> {
-        let ctx = StageCtx { eps, precision: p };
-        let mut moments = None;
-        let mut h = x;
-        for i in 0..self.num_stages() {
-            h = self.stage(i, h, &ctx);
-            if i == self.moments_stage() {
-                moments = Some(h.clone());
-            }
-        }
-        let (mean, logvar) = split_moments(moments.expect("moments stage is within the chain"));
-        Vae3dOutput { recon: h, mean, logvar }
+        self.run(&Vae3dInput { x, eps, precision: p })
+    }
+
+    /// Every tensor trainable (the VAE has no buffers). Call after
+    /// `AutodiffModule::from_inner`, which keeps the inner tensors' untracked state.
+    pub fn set_trainable(self) -> Self {
+        crate::resnet::set_trainable(self, |_, _| false, &[])
     }
 
     /// The loss of [`Vae3dConfig::loss`] (the reference's `compute_loss(reduction="mean")` by
     /// default), computed in f32.
     pub fn compute_loss(&self, x: Tensor<B, 5>, out: &Vae3dOutput<B>) -> Vae3dLoss<B> {
         self.loss_terms(x, out.recon.clone(), out.mean.clone(), out.logvar.clone())
-    }
-
-    /// The same loss from the saved stage outputs: `moments` (output of
-    /// [`moments_stage`](Self::moments_stage)) and `recon` (output of the last stage).
-    /// Equals `compute_loss(x, &forward(x, ..))` exactly.
-    pub fn loss_from_parts(&self, x: Tensor<B, 5>, moments: Tensor<B, 5>, recon: Tensor<B, 5>) -> Vae3dLoss<B> {
-        let (mean, logvar) = split_moments(to_f32(moments));
-        self.loss_terms(x, recon, mean, logvar)
     }
 
     fn loss_terms(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>) -> Vae3dLoss<B> {
@@ -597,6 +621,33 @@ impl<B: Backend> Vae3d<B> {
             loss = loss + mass * cfg.occupancy_mass_weight;
         }
         loss
+    }
+}
+
+impl<B: Backend> Staged<B> for Vae3d<B> {
+    type Input = Vae3dInput<B>;
+    type State = Vae3dState<B>;
+    type Output = Vae3dOutput<B>;
+    type Stage = Vae3dStage;
+
+    fn plan(&self, _input: &Vae3dInput<B>) -> Vec<Vae3dStage> {
+        self.stages()
+    }
+
+    fn enter(&self, input: &Vae3dInput<B>) -> Vae3dState<B> {
+        Vae3dState::Encoder { h: input.x.clone() }
+    }
+
+    fn stage(&self, s: Vae3dStage, state: Vae3dState<B>, input: &Vae3dInput<B>) -> Vae3dState<B> {
+        self.stage_with(s, state, input.eps.as_ref(), input.precision)
+    }
+
+    fn exit(&self, state: Vae3dState<B>, _input: &Vae3dInput<B>) -> Vae3dOutput<B> {
+        let Vae3dState::Decoder { h: recon, moments: Some(moments) } = state else {
+            panic!("Vae3d: the plan ends with the reconstruction and the moments (stage plan bug)")
+        };
+        let (mean, logvar) = split_moments(moments);
+        Vae3dOutput { recon, mean, logvar }
     }
 }
 

@@ -11,6 +11,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, is_act_buffer};
 use vramlab_models::nn::Precision;
+use vramlab_models::policy::InvalidField;
 use vramlab_models::resnet::count_params_and_buffers;
 
 use vramlab_train::trainer::BoxError;
@@ -18,13 +19,14 @@ use vramlab_train::trainer::BoxError;
 use crate::config::RunConfig;
 use crate::inputs::{Dim, Inputs};
 use crate::policy::ActPolicy;
-use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, open_policy_data, policy_loader, random_source};
+use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, norm_map, open_policy_data, policy_loader, random_source};
 use crate::training::{OptimPreset, TrainSetup};
 use crate::InfoReport;
 use crate::{Result, WorkloadError};
 
-fn invalid(e: impl std::fmt::Display) -> WorkloadError {
-    WorkloadError::invalid("policy", format!("(act) {e}"))
+/// A config value the model refuses, named as the flag that sets it.
+fn invalid(e: InvalidField) -> WorkloadError {
+    WorkloadError::invalid(&format!("policy.{}", e.field), e.msg)
 }
 
 impl ActPolicy {
@@ -149,26 +151,10 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
     Ok(out)
 }
 
-/// lerobot's ACT optimizer preset (AdamW, `optimizer_lr`, `optimizer_weight_decay`, backbone
-/// group at `optimizer_lr_backbone`, clip 10), the backbone prefix as the trainer sees it.
-pub fn optim_preset(ac: &ActConfig) -> OptimPreset {
-    OptimPreset {
-        kind: vramlab_train::OptimKind::AdamW,
-        betas: (0.9, 0.999),
-        eps: 1e-8,
-        schedule: (vramlab_train::ScheduleKind::Constant, 0),
-        lr: ac.optimizer_lr,
-        weight_decay: ac.optimizer_weight_decay,
-        grad_clip_norm: 10.0,
-        backbone: (!ac.image_features().is_empty()).then(|| ("act.backbone".to_string(), ac.optimizer_lr_backbone)),
-    }
-}
-
 /// The model, data and optimizer preset of an ACT run.
 pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, ActTrain<B>, ActTrainBatch<B>>> {
-    let chunk = p.config.chunk_size;
-    let delta = |i: &vramlab_lerobot::Info| vramlab_lerobot::act_delta_indices(i, chunk);
-    let spec = PolicyDataSpec { window: window(chunk), delta: &delta, norm_map: vramlab_lerobot::normalize::act_norm_map(), drop_n_last_frames: 0 };
+    let c = &p.config;
+    let spec = PolicyDataSpec { window: window(c.chunk_size), delta: c.delta_indices(), norm_map: norm_map(&c.normalization_mapping)?, drop_n_last_frames: 0 };
     let (ac, source) = match open_policy_data(cfg, &spec)? {
         Some(data) => (p.resolve_for(data.features())?, PolicySource::LeRobot(Box::new(data))),
         None => {
@@ -192,7 +178,12 @@ pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B:
         // lerobot's layout, `"type": "act"` first, as on hub checkpoints.
         config_json: ac.to_json_string(),
         num_params: ac.num_params(),
-        optim: optim_preset(&ac),
+        // The trainer sees the model under the wrapper's field `act`.
+        optim: {
+            let mut preset = ac.optimizer_preset();
+            preset.backbone = preset.backbone.map(|g| g.under("act"));
+            OptimPreset::from(preset)
+        },
         data_desc,
         data: Box::new(move |step, micro| {
             let h = loader.get(step, micro).map_err(BoxError::from)?;

@@ -11,19 +11,21 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
 use vramlab_models::nn::Precision;
+use vramlab_models::policy::InvalidField;
 
 use vramlab_train::trainer::BoxError;
 
 use crate::config::RunConfig;
 use crate::inputs::{Dim, Inputs};
 use crate::policy::DiffusionPolicy;
-use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, Window, open_policy_data, policy_loader, random_source};
+use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, Window, norm_map, open_policy_data, policy_loader, random_source};
 use crate::training::{OptimPreset, TrainSetup};
 use crate::InfoReport;
 use crate::{Result, WorkloadError};
 
-fn invalid(e: impl std::fmt::Display) -> WorkloadError {
-    WorkloadError::invalid("policy", format!("(diffusion) {e}"))
+/// A config value the model refuses, named as the flag that sets it.
+fn invalid(e: InvalidField) -> WorkloadError {
+    WorkloadError::invalid(&format!("policy.{}", e.field), e.msg)
 }
 
 impl DiffusionPolicy {
@@ -43,7 +45,7 @@ impl DiffusionPolicy {
 
     /// The config with the features of a dataset (lerobot takes the features from the dataset).
     pub fn resolve_for(&self, f: &DataFeatures) -> Result<DiffusionConfig> {
-        let state = f.state_dim.ok_or_else(|| invalid("Diffusion Policy needs `observation.state`; the dataset has none"))?;
+        let state = f.state_dim.ok_or_else(|| WorkloadError::invalid("dataset", "Diffusion Policy needs `observation.state`; the dataset has none".into()))?;
         let mut cfg = self.config.clone().with_robot_state(state);
         for (k, s) in &f.cameras {
             cfg = cfg.with_camera(k, *s);
@@ -121,28 +123,11 @@ pub fn features_of(cfg: &DiffusionConfig) -> DataFeatures {
     }
 }
 
-/// lerobot's Diffusion optimizer preset: Adam with the config's betas / eps / weight decay,
-/// cosine schedule with `scheduler_warmup_steps`, clip 10.
-pub fn optim_preset(dc: &DiffusionConfig) -> OptimPreset {
-    OptimPreset {
-        kind: vramlab_train::OptimKind::Adam,
-        betas: (dc.optimizer_betas[0], dc.optimizer_betas[1]),
-        eps: dc.optimizer_eps,
-        schedule: (vramlab_train::ScheduleKind::Cosine, dc.scheduler_warmup_steps as u64),
-        lr: dc.optimizer_lr,
-        weight_decay: dc.optimizer_weight_decay,
-        grad_clip_norm: 10.0,
-        backbone: None,
-    }
-}
-
 /// The model, data and optimizer preset of a Diffusion Policy run.
 pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, DiffusionTrain<B>, DiffusionTrainBatch<B>>> {
     let base = &p.config;
     let window = Window { obs_steps: Some(base.n_obs_steps), actions: base.horizon };
-    let (n_obs, horizon) = (base.n_obs_steps, base.horizon);
-    let delta = move |i: &vramlab_lerobot::Info| vramlab_lerobot::diffusion_delta_indices(i, n_obs, horizon);
-    let spec = PolicyDataSpec { window, delta: &delta, norm_map: vramlab_lerobot::normalize::diffusion_norm_map(), drop_n_last_frames: base.drop_n_last_frames };
+    let spec = PolicyDataSpec { window, delta: base.delta_indices(), norm_map: norm_map(&base.normalization_mapping)?, drop_n_last_frames: base.drop_n_last_frames };
     let (dc, source) = match open_policy_data(cfg, &spec)? {
         Some(data) => (p.resolve_for(data.features())?, PolicySource::LeRobot(Box::new(data))),
         None => {
@@ -161,7 +146,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, devic
         model: DiffusionTrain::<B> { model: dc.init(device), precision: cfg.precision },
         config_json: dc.to_json_string(),
         num_params: dc.num_params(),
-        optim: optim_preset(&dc),
+        optim: OptimPreset::from(dc.optimizer_preset()),
         data_desc,
         data: Box::new(move |step, micro| {
             let h = loader.get(step, micro).map_err(BoxError::from)?;

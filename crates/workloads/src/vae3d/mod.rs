@@ -43,21 +43,6 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
     ])
 }
 
-/// The VAE's optimizer preset (the 4D-Radar training script): AdamW lr 1e-4, no weight decay,
-/// no clipping, constant schedule.
-pub fn optim_preset() -> OptimPreset {
-    OptimPreset {
-        kind: vramlab_train::OptimKind::AdamW,
-        betas: (0.9, 0.999),
-        eps: 1e-8,
-        schedule: (vramlab_train::ScheduleKind::Constant, 0),
-        lr: 1e-4,
-        weight_decay: 0.0,
-        grad_clip_norm: 0.0,
-        backbone: None,
-    }
-}
-
 /// The model, data and optimizer preset of a VAE run.
 pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, Vae3dTrain<B>, Vae3dBatch<B>>> {
     let kind = cfg.dataset_type()?;
@@ -72,7 +57,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &
         // The reference JSON carries `"type": "vae3d"` (how `vramlab predict` tells the model).
         config_json: serde_json::to_string_pretty(&vc.to_reference_json()).expect("a VAE config serialises"),
         num_params: vc.num_params(),
-        optim: optim_preset(),
+        optim: OptimPreset::from(vc.optimizer_preset()),
         data_desc: format!("{} grid {:?}", kind.name(), cfg.dataset.grid),
         data: Box::new(move |step, micro| make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
     })

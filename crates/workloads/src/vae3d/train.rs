@@ -1,4 +1,6 @@
-//! The 3D-VAE's training adapter: the trainable wrapper, its batches, and the stage chain.
+//! The 3D-VAE's training adapter: the trainable wrapper and its batches. The forward is the
+//! model's own ([`Vae3d`]'s stage plan), folded over by the trainer or recomputed stage by
+//! stage (`--gradient_checkpointing=blocks`).
 
 use std::path::Path;
 
@@ -7,9 +9,9 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
 use vramlab_models::nn::Precision;
-use vramlab_models::vae3d::{StageCtx, Vae3d, Vae3dConfig, split_moments};
+use vramlab_models::vae3d::{Vae3d, Vae3dConfig, Vae3dInput, Vae3dOutput};
 use vramlab_store::WeightError;
-use vramlab_train::{LossParts, StageTensor, Staged, TrainModel, step_rng};
+use vramlab_train::{LossParts, TrainModel, step_rng};
 
 use super::data::VoxelSource;
 use crate::{Result, WorkloadError};
@@ -28,20 +30,21 @@ pub struct Vae3dBatch<B: Backend> {
     pub eps: Tensor<B, 5>,
 }
 
-fn parts<B: Backend>(l: vramlab_models::vae3d::Vae3dLoss<B>) -> LossParts<B> {
-    LossParts::new(l.loss).with("recon_loss", l.recon_loss).with("kl_loss", l.kl_loss)
-}
-
 impl<B: AutodiffBackend> TrainModel<B> for Vae3dTrain<B> {
     type Batch = Vae3dBatch<B>;
+    type Model = Vae3d<B>;
 
-    fn forward_loss(&self, b: &Self::Batch) -> LossParts<B> {
-        let out = self.vae.forward(b.x.clone(), Some(b.eps.clone()), self.precision);
-        parts(self.vae.compute_loss(b.x.clone(), &out))
+    fn model(&self) -> &Vae3d<B> {
+        &self.vae
     }
 
-    fn staged(&self) -> Option<&dyn Staged<B, Self::Batch>> {
-        Some(self)
+    fn input(&self, b: &Vae3dBatch<B>) -> Vae3dInput<B> {
+        Vae3dInput { x: b.x.clone(), eps: Some(b.eps.clone()), precision: self.precision }
+    }
+
+    fn loss(&self, out: Vae3dOutput<B>, b: &Vae3dBatch<B>) -> LossParts<B> {
+        let l = self.vae.compute_loss(b.x.clone(), &out);
+        LossParts::new(l.loss).with("recon_loss", l.recon_loss).with("kl_loss", l.kl_loss)
     }
 
     fn save_weights(&self, path: &Path) -> Result<(), WeightError> {
@@ -53,44 +56,6 @@ impl<B: AutodiffBackend> TrainModel<B> for Vae3dTrain<B> {
         Ok(Self { vae, precision: self.precision })
     }
 }
-
-/// Stage chain: `[h]` through the encoder; from the moments stage on, `[h, moments]` (the
-/// moments ride along to the loss, which needs them for the KL term).
-impl<B: AutodiffBackend> Staged<B, Vae3dBatch<B>> for Vae3dTrain<B> {
-    fn num_stages(&self) -> usize {
-        self.vae.num_stages()
-    }
-
-    fn input(&self, b: &Vae3dBatch<B>) -> Vec<StageTensor<B>> {
-        vec![StageTensor::R5(b.x.clone())]
-    }
-
-    fn stage(&self, i: usize, state: Vec<StageTensor<B>>, b: &Vae3dBatch<B>) -> Vec<StageTensor<B>> {
-        let mut it = state.into_iter();
-        let (Some(StageTensor::R5(h)), rest) = (it.next(), it.next()) else { unreachable!("vae3d stages carry rank-5 tensors") };
-        let ctx = StageCtx { eps: Some(b.eps.clone()), precision: self.precision };
-        let m = self.vae.moments_stage();
-        let out = self.vae.stage(i, h.clone(), &ctx);
-        match i.cmp(&m) {
-            std::cmp::Ordering::Less => vec![StageTensor::R5(out)],
-            std::cmp::Ordering::Equal => vec![StageTensor::R5(out.clone()), StageTensor::R5(out)],
-            std::cmp::Ordering::Greater => {
-                let _ = h;
-                vec![StageTensor::R5(out), rest.expect("moments travel after the moments stage")]
-            }
-        }
-    }
-
-    fn loss(&self, state: Vec<StageTensor<B>>, b: &Vae3dBatch<B>) -> LossParts<B> {
-        let mut it = state.into_iter();
-        let (Some(StageTensor::R5(recon)), Some(StageTensor::R5(moments))) = (it.next(), it.next()) else {
-            unreachable!("vae3d final state is [recon, moments]")
-        };
-        let _ = split_moments::<B>; // the loss splits and clamps the moments itself
-        parts(self.vae.loss_from_parts(b.x.clone(), moments, recon))
-    }
-}
-
 
 /// Batch `micro` of step `step`: sample indices and posterior noise drawn from
 /// `step_rng(seed, step, micro)`, so any step can be rebuilt exactly (resume).
@@ -127,83 +92,38 @@ pub fn make_batch<B: Backend>(
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-    use burn::backend::{Autodiff, Flex};
-    use burn::module::{AutodiffModule, ModuleVisitor, Param};
-
-    use burn::optim::GradientsParams;
-    use vramlab_train::checkpointing::{PhaseHooks, staged_forward_backward};
+    use burn::backend::Flex;
+    use burn::module::AutodiffModule;
+    use vramlab_train::CheckpointMode;
+    use vramlab_train::checkpointing::{GradientProbe, NamedGradients, check_checkpointing_modes, named_gradients};
 
     use super::*;
     use crate::config::{DatasetConfig, DatasetType};
 
-    struct NoHooks;
-    impl PhaseHooks for NoHooks {
-        fn forward_done(&mut self) {}
-    }
+    /// The ultra-lightweight VAE on a batch of 2 built-in scenes.
+    struct Probe(Vae3d<Flex>, Vae3dConfig);
 
-    /// Every parameter's gradient, flattened in visit order.
-    fn flat_grads<B: AutodiffBackend>(model: &Vae3dTrain<B>, grads: &GradientsParams) -> Vec<f32> {
-        struct V<'a>(&'a GradientsParams, Vec<f32>);
-        impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
-            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-                let g = self.0.get::<B::InnerBackend, D>(p.id);
-                assert!(g.is_some(), "no gradient for a parameter of shape {:?} (require_grad {})", p.shape(), p.is_require_grad());
-                self.1.extend(g.unwrap().into_data().to_vec::<f32>().expect("f32 grads"));
-            }
-        }
-        let mut v = V(grads, Vec::new());
-        model.visit(&mut v);
-        v.1
-    }
-
-    fn grads_of<B: AutodiffBackend>(inner: &Vae3d<B::InnerBackend>, cfg: &Vae3dConfig, staged: bool) -> (f32, Vec<f32>) {
-        let device = Default::default();
-        struct RequireGrad;
-        impl<B: AutodiffBackend> burn::module::ModuleMapper<B> for RequireGrad {
-            fn map_float<const D: usize>(&mut self, p: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-                let (id, t, mapper) = p.consume();
-                Param::from_mapped_value(id, t.require_grad(), mapper)
-            }
-        }
-        // `from_inner` keeps the inner parameters' require_grad = false: mark them trainable.
-        let vae = Vae3d::<B>::from_inner(inner.clone()).map(&mut RequireGrad);
-        let model = Vae3dTrain::<B> { vae, precision: Precision::F32 };
-        let source = VoxelSource::open(&DatasetConfig { grid: [4, 16, 16], ..DatasetConfig::default() }, DatasetType::Voxels, 3).unwrap();
-        let batch = make_batch::<B>(&source, cfg, 2, 3, 1, 0, &device).unwrap();
-        if staged {
-            let (parts, grads) = staged_forward_backward(&model, &batch, 1.0, &mut NoHooks).unwrap();
-            (parts.loss.into_scalar().elem(), flat_grads(&model, &grads))
-        } else {
-            let parts = model.forward_loss(&batch);
-            let mut g = parts.loss.backward();
-            let grads = GradientsParams::from_module(&mut g, &model);
-            (parts.loss.into_scalar().elem(), flat_grads(&model, &grads))
+    impl GradientProbe<Flex> for Probe {
+        fn gradients<A: AutodiffBackend<InnerBackend = Flex>>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
+            let model = Vae3dTrain::<A> { vae: Vae3d::<A>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
+            let source = VoxelSource::open(&DatasetConfig { grid: [4, 16, 16], ..DatasetConfig::default() }, DatasetType::Voxels, 3).unwrap();
+            let batch = make_batch::<A>(&source, &self.1, 2, 3, 1, 0, &Default::default()).unwrap();
+            named_gradients(&model, &batch, mode)
         }
     }
 
-    fn assert_close(a: &[f32], b: &[f32], what: &str) {
-        assert_eq!(a.len(), b.len());
-        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        assert!(worst <= 1e-5 * scale, "{what}: max |Δgrad| {worst} vs max |grad| {scale}");
-    }
-
-    /// Block recomputation and Burn's balanced checkpointing leave the gradients equal to the
-    /// plain run (≤ 1e-5 relative to the largest gradient).
+    /// Block recomputation (the trainer's `--gradient_checkpointing=blocks` path on the VAE's
+    /// stage plan) and Burn's balanced checkpointing leave the gradients equal to the plain
+    /// run (≤ 1e-5 relative to the largest gradient).
     #[test]
     fn checkpointing_modes_give_equal_gradients() {
         let cfg = Vae3dConfig::preset("ultra_lightweight").unwrap();
         let inner = cfg.init::<Flex>(&Default::default());
         // Parameters initialise lazily and each clone of an uninitialised one draws its own
-        // values: read them once so every copy below shares the same weights.
+        // values: read them once so every copy shares the same weights.
         let _ = vramlab_store::named_tensors::<Flex, _>(&inner);
-        let (l0, plain) = grads_of::<Autodiff<Flex>>(&inner, &cfg, false);
-        let (l1, blocks) = grads_of::<Autodiff<Flex>>(&inner, &cfg, true);
-        let (l2, balanced) = grads_of::<Autodiff<Flex, BalancedCheckpointing>>(&inner, &cfg, false);
-        assert_eq!(plain.len(), cfg.num_params());
-        assert!((l0 - l1).abs() <= 1e-6 * l0.abs() && (l0 - l2).abs() <= 1e-6 * l0.abs(), "{l0} {l1} {l2}");
-        assert_close(&plain, &blocks, "blocks");
-        assert_close(&plain, &balanced, "balanced");
+        let (plain, gaps) = check_checkpointing_modes(&Probe(inner, cfg.clone()), 1e-5).unwrap();
+        assert_eq!(plain.iter().map(|(_, g)| g.len()).sum::<usize>(), cfg.num_params(), "every parameter has a gradient");
+        println!("vae3d: max |Δgrad| / max |grad| per mode: {gaps:?}");
     }
 }

@@ -1,6 +1,6 @@
-//! What every model config and checkpoint shares: a validation error that names the field,
-//! reading a `config.json` with errors that name the file, lerobot's policy-config layout, and
-//! the checkpoint directory (file names, error, writing the config).
+//! Config files: a validation error that names the field, reading a `config.json` with errors
+//! that name the file, and lerobot's policy-config layout (the envelope around a policy's own
+//! fields).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,7 +11,7 @@ use serde::de::{DeserializeOwned, Error as _, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserializer, Serializer};
 
-use crate::act::config::Features;
+use super::Features;
 
 /// A config value that cannot build a model: the field and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -41,8 +41,14 @@ pub fn read_config<T: DeserializeOwned>(path: &Path, validate: impl Fn(&T) -> Re
     Ok(cfg)
 }
 
+/// `PreTrainedConfig`'s generic keys: accepted in every lerobot policy `config.json` without
+/// being modelled (kept verbatim in the config's `lerobot_extra`, written back on save).
+pub const PRETRAINED_CONFIG_KEYS: [&str; 9] =
+    ["device", "use_amp", "use_peft", "push_to_hub", "repo_id", "private", "tags", "license", "pretrained_path"];
+
 /// lerobot's policy `config.json` layout around a policy's own fields: `type`, `n_obs_steps`,
-/// `input_features` / `output_features` (order kept), `PreTrainedConfig`'s generic keys (kept
+/// `input_features` / `output_features` (order kept), the generic keys
+/// ([`PRETRAINED_CONFIG_KEYS`] and the policy's [`LerobotPolicyConfig::GENERIC_KEYS`], kept
 /// verbatim, written back on save), then the policy's fields. One implementation for every
 /// lerobot policy config; each config says what differs.
 pub trait LerobotPolicyConfig: Sized {
@@ -50,7 +56,8 @@ pub trait LerobotPolicyConfig: Sized {
     const TYPE: &'static str;
     /// How serde names the expected value in errors (`"a lerobot ACT config object"`).
     const EXPECTING: &'static str;
-    /// Keys accepted without being modelled (kept in `lerobot_extra`).
+    /// The policy's own keys accepted without being modelled (kept in `lerobot_extra`), besides
+    /// [`PRETRAINED_CONFIG_KEYS`].
     const GENERIC_KEYS: &'static [&'static str];
     /// Generic keys written as `null` when absent (read back as absent).
     const NULL_WRITTEN_KEYS: &'static [&'static str];
@@ -90,7 +97,7 @@ pub fn deserialize_lerobot<'de, T: LerobotPolicyConfig, D: Deserializer<'de>>(d:
                             return Err(A::Error::custom(format!("field `type`: expected \"{}\", found {t}", T::TYPE)));
                         }
                     }
-                    key if T::GENERIC_KEYS.contains(&key) => {
+                    key if PRETRAINED_CONFIG_KEYS.contains(&key) || T::GENERIC_KEYS.contains(&key) => {
                         let v = m.next_value::<serde_json::Value>()?;
                         // `null` is what vramlab writes for these when there is no entry.
                         if !(v.is_null() && T::NULL_WRITTEN_KEYS.contains(&key)) {
@@ -139,27 +146,77 @@ pub fn serialize_lerobot<T: LerobotPolicyConfig, S: Serializer>(cfg: &T, s: S) -
     map.end()
 }
 
-/// File names inside a checkpoint (`pretrained_model/`) directory, for every model.
-pub const CONFIG_FILE: &str = "config.json";
-pub const WEIGHTS_FILE: &str = "model.safetensors";
-/// Policy-level keys of pre-0.4 lerobot checkpoints that are skipped on load.
-pub const NORMALIZATION_PREFIXES: [&str; 3] = ["normalize_inputs.", "normalize_targets.", "unnormalize_outputs."];
+/// Implement [`LerobotPolicyConfig`], lerobot-layout `Deserialize` / `Serialize` and
+/// `from_json_str` / `from_json_file` / `to_json_string` for a policy config that derives
+/// serde's traits with `#[serde(remote = "Self")]` (its own fields), has the fields
+/// `n_obs_steps`, `input_features`, `output_features` (`#[serde(skip)]`) and `lerobot_extra`
+/// (`#[serde(skip)]`), and a `validate(&self) -> Result<(), InvalidField>`.
+macro_rules! lerobot_policy_config {
+    ($ty:ident { type: $type:literal, expecting: $expecting:literal, generic_keys: $generic:expr, null_written_keys: $null:expr $(,)? }) => {
+        impl $crate::policy::LerobotPolicyConfig for $ty {
+            const TYPE: &'static str = $type;
+            const EXPECTING: &'static str = $expecting;
+            const GENERIC_KEYS: &'static [&'static str] = &$generic;
+            const NULL_WRITTEN_KEYS: &'static [&'static str] = &$null;
 
-/// A checkpoint directory could not be read or written; each variant names the file (and the
-/// field or weight key where there is one).
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error(transparent)]
-    Config(#[from] ConfigFileError),
-    #[error(transparent)]
-    Weights(#[from] crate::weights::WeightError),
-    #[error("{path}: cannot write: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
-}
+            fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error> {
+                $ty::deserialize(fields)
+            }
+            fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error> {
+                $ty::serialize(self, serde_json::value::Serializer)
+            }
+            fn n_obs_steps(&self) -> usize {
+                self.n_obs_steps
+            }
+            fn features(&self) -> (&$crate::policy::Features, &$crate::policy::Features) {
+                (&self.input_features, &self.output_features)
+            }
+            fn lerobot_extra(&self) -> &std::collections::BTreeMap<String, serde_json::Value> {
+                &self.lerobot_extra
+            }
+            fn set_envelope(
+                &mut self,
+                inputs: $crate::policy::Features,
+                outputs: $crate::policy::Features,
+                extra: std::collections::BTreeMap<String, serde_json::Value>,
+            ) {
+                self.input_features = inputs;
+                self.output_features = outputs;
+                self.lerobot_extra = extra;
+            }
+        }
 
-/// Create `dir` and write `dir/config.json` (`text` plus a final newline).
-pub fn write_config_file(dir: &Path, text: &str) -> Result<(), CheckpointError> {
-    std::fs::create_dir_all(dir).map_err(|source| CheckpointError::Write { path: dir.to_path_buf(), source })?;
-    let path = dir.join(CONFIG_FILE);
-    std::fs::write(&path, format!("{text}\n")).map_err(|source| CheckpointError::Write { path, source })
+        /// lerobot's layout (see [`LerobotPolicyConfig`](crate::policy::LerobotPolicyConfig)).
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $crate::policy::deserialize_lerobot(d)
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                $crate::policy::serialize_lerobot(self, s)
+            }
+        }
+
+        impl $ty {
+            /// Parse lerobot `config.json` text and validate it.
+            pub fn from_json_str(text: &str) -> Result<Self, serde_json::Error> {
+                let cfg: Self = serde_json::from_str(text)?;
+                cfg.validate().map_err(<serde_json::Error as serde::de::Error>::custom)?;
+                Ok(cfg)
+            }
+
+            /// Read and validate a lerobot `config.json`.
+            pub fn from_json_file(path: &std::path::Path) -> Result<Self, $crate::policy::ConfigFileError> {
+                $crate::policy::read_config(path, Self::validate)
+            }
+
+            /// lerobot-format JSON text (pretty, feature order kept).
+            pub fn to_json_string(&self) -> String {
+                serde_json::to_string_pretty(self).expect("a policy config always serializes")
+            }
+        }
+    };
 }
+pub(crate) use lerobot_policy_config;

@@ -1,0 +1,129 @@
+//! `nn.MultiheadAttention` with PyTorch's parameter names and arithmetic.
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use burn::tensor::module::linear;
+
+use super::{DropoutCtx, Linear, Precision, cast, to_f32, xavier_uniform};
+
+/// `nn.MultiheadAttention(d, heads)` (batch_first = False in PyTorch; here tensors are
+/// batch-first `[batch, seq, d]`, which changes nothing numerically). Names: `in_proj_weight`
+/// `[3d, d]` (rows: q, k, v), `in_proj_bias` `[3d]`, `out_proj.weight` `[d, d]`,
+/// `out_proj.bias` `[d]`.
+#[derive(Module, Debug)]
+pub struct MultiheadAttention<B: Backend> {
+    pub in_proj_weight: Param<Tensor<B, 2>>,
+    pub in_proj_bias: Param<Tensor<B, 1>>,
+    pub out_proj: Linear<B>,
+    pub num_heads: usize,
+}
+
+impl<B: Backend> MultiheadAttention<B> {
+    /// PyTorch's initialisation: `in_proj_weight` Xavier-uniform, biases 0, `out_proj.weight`
+    /// Linear default (lerobot then re-initialises it Xavier-uniform).
+    pub fn new(d: usize, num_heads: usize, device: &B::Device) -> Self {
+        assert!(num_heads > 0 && d.is_multiple_of(num_heads), "MultiheadAttention: {num_heads} heads do not divide {d}");
+        let mut out_proj = Linear::new(d, d, device);
+        out_proj.bias = Some(Param::from_tensor(Tensor::zeros([d], device)));
+        Self {
+            in_proj_weight: Param::from_tensor(xavier_uniform([3 * d, d], d, 3 * d, device)),
+            in_proj_bias: Param::from_tensor(Tensor::zeros([3 * d], device)),
+            out_proj,
+            num_heads,
+        }
+    }
+
+    fn project(&self, x: Tensor<B, 3>, i: usize, p: Precision) -> Tensor<B, 3> {
+        let d = self.in_proj_weight.dims()[1];
+        let dt = p.dtype();
+        let w = self.in_proj_weight.val().narrow(0, i * d, d); // [d, d]
+        let b = self.in_proj_bias.val().narrow(0, i * d, d); // [d]
+        linear(cast(x, dt), cast(w, dt).transpose(), Some(cast(b, dt)))
+    }
+
+    /// PyTorch's `multi_head_attention_forward` (the `need_weights` path): project, split heads,
+    /// `softmax((q / √hd) kᵀ + mask)` in f32, (dropout on the weights), `· v`, merge heads,
+    /// `out_proj`. `key_padding_mask[b, s] = true` hides key `s` (added as −∞).
+    /// `attn_dropout`: dropout context and site for the attention weights.
+    ///
+    /// # Shapes
+    /// - query: `[batch, l, d]`, key: `[batch, s, d]`, value: `[batch, s, d]`
+    /// - key_padding_mask: `[batch, s]`
+    /// - returns `[batch, l, d]` (compute dtype)
+    pub fn forward(
+        &self,
+        query: Tensor<B, 3>,
+        key: Tensor<B, 3>,
+        value: Tensor<B, 3>,
+        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        attn_dropout: Option<(&DropoutCtx, u64, f64)>,
+        p: Precision,
+    ) -> Tensor<B, 3> {
+        let [b, l, d] = query.dims();
+        let s = key.dims()[1];
+        let h = self.num_heads;
+        let hd = d / h;
+        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([b, n, h, hd]).swap_dims(1, 2); // [b, h, n, hd]
+        let q = heads(self.project(query, 0, p), l);
+        let k = heads(self.project(key, 1, p), s);
+        let v = heads(self.project(value, 2, p), s);
+        // PyTorch scales q before the product (q_scaled = q * hd^-1/2).
+        let q = q * (hd as f64).powf(-0.5);
+        let scores = to_f32(q.matmul(k.swap_dims(2, 3))); // [b, h, l, s]
+        let scores = match key_padding_mask {
+            Some(mask) => {
+                assert_eq!(mask.dims(), [b, s], "key_padding_mask must be [batch, keys]");
+                let bias = Tensor::<B, 2>::zeros([b, s], &scores.device()).mask_fill(mask.clone(), f32::NEG_INFINITY);
+                scores + bias.reshape([b, 1, 1, s])
+            }
+            None => scores,
+        };
+        let attn = softmax(scores, 3); // [b, h, l, s], f32
+        let attn = match attn_dropout {
+            Some((ctx, site, rate)) => ctx.apply(attn, site, rate),
+            None => attn,
+        };
+        let out = cast(attn, p.dtype()).matmul(v); // [b, h, l, hd]
+        let out = out.swap_dims(1, 2).reshape([b, l, d]);
+        self.out_proj.forward(out, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, TensorData};
+
+    type Tb = Flex;
+
+    #[test]
+    fn attention_masks_padded_keys_and_matches_single_head_formula() {
+        let dev = Default::default();
+        let d = 4;
+        let mut mha = MultiheadAttention::<Tb>::new(d, 2, &dev);
+        // Identity projections: q = k = v = x.
+        let eye = Tensor::<Tb, 2>::eye(d, &dev);
+        mha.in_proj_weight = Param::from_tensor(Tensor::cat(vec![eye.clone(), eye.clone(), eye.clone()], 0));
+        mha.out_proj.weight = Param::from_tensor(eye);
+        let x = Tensor::<Tb, 3>::random([1, 3, d], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = Tensor::<Tb, 2, Bool>::from_data(TensorData::new(vec![false, false, true], [1, 3]), &dev);
+        let y = super::super::tests::vals(mha.forward(x.clone(), x.clone(), x.clone(), Some(&mask), None, Precision::F32));
+        let xv = super::super::tests::vals(x);
+        // Head h uses channels 2h..2h+2; key 2 is hidden.
+        for l in 0..3 {
+            for h in 0..2 {
+                let dot = |a: usize, b: usize| (0..2).map(|c| xv[a * d + 2 * h + c] * xv[b * d + 2 * h + c]).sum::<f32>() / 2f32.sqrt();
+                let w: Vec<f32> = (0..2).map(|s| dot(l, s).exp()).collect();
+                let z: f32 = w.iter().sum();
+                for c in 0..2 {
+                    let expect = (0..2).map(|s| w[s] / z * xv[s * d + 2 * h + c]).sum::<f32>();
+                    let got = y[l * d + 2 * h + c];
+                    assert!((got - expect).abs() < 1e-5, "l{l} h{h} c{c}: {got} vs {expect}");
+                }
+            }
+        }
+    }
+
+}

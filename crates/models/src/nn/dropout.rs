@@ -1,0 +1,90 @@
+//! Deterministic dropout (`nn.Dropout` in training mode, with masks from a seed).
+
+use burn::prelude::*;
+use burn::tensor::TensorData;
+
+use super::to_dtype;
+
+/// Deterministic dropout masks, generated on the host from a seed.
+///
+/// A mask element is a pure function of `(seed, site, element index)` (a SplitMix64 hash):
+/// no RNG state advances, so recomputing a stage for gradient checkpointing reproduces the
+/// forward's masks exactly, in any order. Each dropout call site in the model has a fixed
+/// `site` number (block, layer, position in the layer, see [`DropoutCtx::site`]); the trainer
+/// changes `seed` every step (and micro-batch). Kept elements are scaled by `1 / (1 − rate)`,
+/// as `nn.Dropout` in training mode.
+///
+/// The masks are *not* PyTorch's (different RNG): only their distribution matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropoutCtx {
+    pub seed: u64,
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl DropoutCtx {
+    pub fn new(seed: u64) -> Self {
+        Self { seed }
+    }
+
+    /// The site number of dropout `slot` in layer `layer` of block `block`
+    /// (blocks: 0 VAE encoder, 1 encoder, 2 decoder).
+    pub fn site(block: u64, layer: usize, slot: u64) -> u64 {
+        (block << 40) | ((layer as u64) << 8) | slot
+    }
+
+    /// Keep-mask values (`0` or `1/(1−rate)`) for `n` elements of `site`.
+    pub fn mask_values(&self, site: u64, n: usize, rate: f64) -> Vec<f32> {
+        let keep_scale = (1.0 / (1.0 - rate)) as f32;
+        // Keep when a uniform u in [0, 1) is >= rate, as Bernoulli(1 - rate).
+        let threshold = (rate * (1u64 << 53) as f64) as u64;
+        let base = splitmix64(self.seed ^ splitmix64(site));
+        (0..n as u64)
+            .map(|i| if (splitmix64(base.wrapping_add(i)) >> 11) >= threshold { keep_scale } else { 0.0 })
+            .collect()
+    }
+
+    /// `nn.Dropout(rate)` in training mode at `site`: `x · mask` (mask in x's dtype).
+    pub fn apply<B: Backend, const D: usize>(&self, x: Tensor<B, D>, site: u64, rate: f64) -> Tensor<B, D> {
+        if rate <= 0.0 {
+            return x;
+        }
+        let dims = x.dims();
+        let n = dims.iter().product();
+        let mask = Tensor::<B, D>::from_data(TensorData::new(self.mask_values(site, n, rate), dims), &x.device());
+        let mask = to_dtype(mask, x.dtype());
+        x * mask
+    }
+}
+
+/// Dropout at `site` when a context is given and the rate is positive; identity otherwise.
+pub fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+    match ctx {
+        Some(c) if rate > 0.0 => c.apply(x, site, rate),
+        _ => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropout_is_deterministic_per_site_and_scaled() {
+        let ctx = DropoutCtx::new(7);
+        let a = ctx.mask_values(DropoutCtx::site(1, 0, 2), 10_000, 0.25);
+        let b = ctx.mask_values(DropoutCtx::site(1, 0, 2), 10_000, 0.25);
+        let c = ctx.mask_values(DropoutCtx::site(1, 1, 2), 10_000, 0.25);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let kept = a.iter().filter(|v| **v > 0.0).count() as f64 / a.len() as f64;
+        assert!((kept - 0.75).abs() < 0.02, "kept fraction {kept}");
+        assert!(a.iter().all(|v| *v == 0.0 || (*v - 4.0 / 3.0).abs() < 1e-6));
+        assert_ne!(DropoutCtx::new(8).mask_values(DropoutCtx::site(1, 0, 2), 100, 0.25), a[..100].to_vec());
+    }
+}
