@@ -66,7 +66,9 @@ fn info(root: &Path) -> Result<()> {
 fn bench(root: &Path, samples: usize, batch: usize, workers: &[usize]) -> Result<()> {
     let ds = Arc::new(LeRobotDataset::open(root)?);
     let cams = ds.camera_keys().len();
-    let opts = Arc::new(SampleOptions::new(vramlab_lerobot::act_delta_indices(ds.info(), 100)));
+    // ACT-like samples: the current frame and a chunk of 100 actions.
+    let actions: Vec<i64> = (0..100).collect();
+    let opts = Arc::new(SampleOptions::new(vramlab_lerobot::resolve_delta_indices(ds.info(), None, Some(&actions), None)));
     let ranges: Vec<(usize, usize)> = ds.episodes().iter().map(|e| (e.dataset_from_index, e.dataset_to_index)).collect();
     let sampler = Arc::new(EpochSampler::new(ranges, 0, 0, true));
     let batches = samples.div_ceil(batch) as u64;

@@ -2,7 +2,7 @@
 //! by the reader with the same frames, windows, pads and stats.
 
 use vramlab_data::push::{dataset_spec, record_episode};
-use vramlab_lerobot::{LeRobotDataset, SampleOptions, Version, diffusion_delta_indices, writer::write_dataset};
+use vramlab_lerobot::{LeRobotDataset, SampleOptions, Version, resolve_delta_indices, writer::write_dataset};
 
 #[test]
 fn generated_dataset_reads_back_exactly() {
@@ -22,7 +22,7 @@ fn generated_dataset_reads_back_exactly() {
 
     // Frame 1 of episode 1 with Diffusion's window: obs [-1, 0], actions -1..14.
     let start = lens[0];
-    let opts = SampleOptions::new(diffusion_delta_indices(ds.info(), 2, 16));
+    let opts = SampleOptions::new(resolve_delta_indices(ds.info(), Some(&[-1, 0]), Some(&(-1..15).collect::<Vec<i64>>()), None));
     let s = ds.sample(start + 1, &opts).unwrap();
     assert_eq!(s.episode_index, 1);
     assert_eq!(s.frame_index, 1);

@@ -73,24 +73,6 @@ pub fn resolve_delta_indices(
     out
 }
 
-/// ACT's window (`action_delta_indices = range(chunk_size)`, no observation history), for
-/// tests and tools; training resolves the policy config's own indices
-/// (`ActConfig::delta_indices`) with [`resolve_delta_indices`].
-pub fn act_delta_indices(info: &Info, chunk_size: usize) -> DeltaIndices {
-    let a: Vec<i64> = (0..chunk_size as i64).collect();
-    resolve_delta_indices(info, None, Some(&a), None)
-}
-
-/// Diffusion Policy's window (observations `range(1 - n_obs_steps, 1)`, actions
-/// `range(1 - n_obs_steps, 1 - n_obs_steps + horizon)`), for tests and tools; training
-/// resolves `DiffusionConfig::delta_indices` with [`resolve_delta_indices`].
-pub fn diffusion_delta_indices(info: &Info, n_obs_steps: usize, horizon: usize) -> DeltaIndices {
-    let n = n_obs_steps as i64;
-    let o: Vec<i64> = (1 - n..1).collect();
-    let a: Vec<i64> = (1 - n..1 - n + horizon as i64).collect();
-    resolve_delta_indices(info, Some(&o), Some(&a), None)
-}
-
 /// lerobot's `_get_query_indices` for one key: indices clamped to `[ep_start, ep_end)` and
 /// the `{key}_is_pad` mask (true where the unclamped index falls outside the episode).
 pub fn query_indices(abs_idx: usize, ep_start: usize, ep_end: usize, deltas: &[i64]) -> (Vec<usize>, Vec<bool>) {

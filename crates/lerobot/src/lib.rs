@@ -22,7 +22,7 @@ pub mod writer;
 pub mod video;
 
 pub use dataset::{Array, Frame, LeRobotDataset, Sample, SampleOptions, DEFAULT_TOLERANCE_S};
-pub use delta::{act_delta_indices, diffusion_delta_indices, DeltaIndices};
+pub use delta::{resolve_delta_indices, DeltaIndices};
 pub use error::DatasetError;
 pub use loader::{EpochSampler, LoaderConfig, Prefetcher};
 pub use info::{Feature, FeatureKind, Info, Version};

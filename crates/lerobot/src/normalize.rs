@@ -51,18 +51,6 @@ fn type_name(t: PolicyFeatureType) -> &'static str {
     }
 }
 
-/// ACT's default mapping: everything MEAN_STD (a fixture for tests and tools: training takes
-/// the mapping from the policy config, `ActConfig::normalization_mapping`).
-pub fn act_norm_map() -> NormMap {
-    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MeanStd), ("ACTION", NormMode::MeanStd)].into()
-}
-
-/// Diffusion Policy's default mapping: cameras MEAN_STD, state/action MIN_MAX (a fixture for
-/// tests and tools: training takes the mapping from `DiffusionConfig::normalization_mapping`).
-pub fn diffusion_norm_map() -> NormMap {
-    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MinMax), ("ACTION", NormMode::MinMax)].into()
-}
-
 #[derive(Debug, Clone)]
 struct KeyNorm {
     mode: NormMode,

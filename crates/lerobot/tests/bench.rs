@@ -4,6 +4,7 @@ mod common;
 use std::time::Instant;
 
 use vramlab_lerobot::*;
+use common::act_delta_indices;
 
 #[test]
 #[ignore]

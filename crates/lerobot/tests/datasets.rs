@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use common::synth;
 use vramlab_lerobot::delta::{delta_timestamps_to_indices, query_indices};
-use vramlab_lerobot::normalize::{act_norm_map, diffusion_norm_map, IMAGENET_MEAN, IMAGENET_STD};
+use vramlab_lerobot::normalize::{IMAGENET_MEAN, IMAGENET_STD};
+use common::{act_delta_indices, act_norm_map, diffusion_delta_indices, diffusion_norm_map};
 use vramlab_lerobot::*;
 
 fn close(a: f64, b: f64, tol: f64) -> bool {

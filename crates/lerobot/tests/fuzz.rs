@@ -164,7 +164,7 @@ fn exercise(root: &Path) -> Result<(), vramlab_lerobot::DatasetError> {
     for i in 0..ds.num_frames() {
         ds.frame(i)?;
     }
-    let mut opts = SampleOptions::new(vramlab_lerobot::diffusion_delta_indices(ds.info(), 2, 16));
+    let mut opts = SampleOptions::new(common::diffusion_delta_indices(ds.info(), 2, 16));
     opts.cameras = false;
     for i in [0, ds.num_frames() / 2, ds.num_frames().saturating_sub(1)] {
         if i < ds.num_frames() {

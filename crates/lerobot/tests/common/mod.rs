@@ -1,6 +1,35 @@
 #![allow(dead_code)]
 use std::path::PathBuf;
 
+use vramlab_lerobot::normalize::{NormMap, NormMode};
+use vramlab_lerobot::{resolve_delta_indices, DeltaIndices, Info};
+
+/// ACT's window in lerobot 0.4.4 (`action_delta_indices = range(chunk_size)`, no observation
+/// history). Training takes it from `ActConfig::delta_indices`; tests state the numbers.
+pub fn act_delta_indices(info: &Info, chunk_size: usize) -> DeltaIndices {
+    let a: Vec<i64> = (0..chunk_size as i64).collect();
+    resolve_delta_indices(info, None, Some(&a), None)
+}
+
+/// Diffusion Policy's window (observations `range(1 - n_obs_steps, 1)`, actions
+/// `range(1 - n_obs_steps, 1 - n_obs_steps + horizon)`).
+pub fn diffusion_delta_indices(info: &Info, n_obs_steps: usize, horizon: usize) -> DeltaIndices {
+    let n = n_obs_steps as i64;
+    let o: Vec<i64> = (1 - n..1).collect();
+    let a: Vec<i64> = (1 - n..1 - n + horizon as i64).collect();
+    resolve_delta_indices(info, Some(&o), Some(&a), None)
+}
+
+/// ACT's default `normalization_mapping`: everything MEAN_STD.
+pub fn act_norm_map() -> NormMap {
+    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MeanStd), ("ACTION", NormMode::MeanStd)].into()
+}
+
+/// Diffusion Policy's default mapping: cameras MEAN_STD, state / action MIN_MAX.
+pub fn diffusion_norm_map() -> NormMap {
+    [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MinMax), ("ACTION", NormMode::MinMax)].into()
+}
+
 /// `../../../shared/datasets/<name>` relative to this crate, or None (with a message) when absent.
 ///
 /// With `VRAMLAB_REQUIRE_SHARED=1` (as `.ci/run` sets) an absent dataset fails the test instead:
