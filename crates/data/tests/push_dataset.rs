@@ -47,8 +47,8 @@ fn generated_dataset_reads_back_exactly() {
     let rendered = &episodes[1].frames[1];
     let plane = 32 * 32;
     for (i, px) in rendered.chunks_exact(3).enumerate() {
-        for c in 0..3 {
-            assert_eq!((img.data[plane * 3 + c * plane + i] * 255.0).round() as u8, px[c]);
+        for (c, &byte) in px.iter().enumerate() {
+            assert_eq!((img.data[plane * 3 + c * plane + i] * 255.0).round() as u8, byte);
         }
     }
 

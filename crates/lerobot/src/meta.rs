@@ -126,8 +126,8 @@ pub fn aggregate_stats(list: &[Stats]) -> Stats {
         let total: f64 = counts.iter().sum();
         let mut mean = vec![0.0; n];
         for (f, c) in fs.iter().zip(&counts) {
-            for i in 0..n {
-                mean[i] += f.mean[i] * c;
+            for (m, fm) in mean.iter_mut().zip(&f.mean) {
+                *m += fm * c;
             }
         }
         mean.iter_mut().for_each(|m| *m /= total);

@@ -295,8 +295,8 @@ impl Default for PixelStats {
 impl PixelStats {
     fn add(&mut self, rgb: &[u8]) {
         for px in rgb.chunks_exact(3) {
-            for c in 0..3 {
-                let v = px[c] as f64 / 255.0;
+            for (c, &byte) in px.iter().enumerate() {
+                let v = byte as f64 / 255.0;
                 self.sum[c] += v;
                 self.sq[c] += v * v;
                 self.min[c] = self.min[c].min(v);

@@ -38,6 +38,10 @@ impl VoxelSource {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> u64 {
         match self {
             Self::Synthetic(d) => d.len(),
