@@ -182,6 +182,10 @@ pub struct DatasetConfig {
     /// lerobot's `image_transforms` (`--dataset.image_transforms.enable=true`).
     #[serde(default)]
     pub image_transforms: vramlab_lerobot::transforms::ImageTransformsConfig,
+    /// lerobot's `--dataset.episodes`: train on these episode indices only (LeRobot datasets and
+    /// the built-in demonstrations; absent: every episode).
+    #[serde(default)]
+    pub episodes: Option<Vec<usize>>,
     /// Shuffle frames each epoch (seeded).
     #[serde(default = "d_true")]
     pub shuffle: bool,
@@ -448,6 +452,19 @@ impl RunConfig {
             }
             DatasetType::Sim | DatasetType::Voxels | DatasetType::Random => {}
         }
+        match &self.dataset.episodes {
+            Some(e) if e.is_empty() => return Err(WorkloadError::invalid("dataset.episodes", "an empty list selects no episode".into())),
+            Some(_) if !matches!(dataset, DatasetType::Sim | DatasetType::Lerobot) => {
+                return Err(WorkloadError::invalid("dataset.episodes", format!("selects episodes of a LeRobot dataset; dataset.type={} has none", dataset.name())));
+            }
+            Some(e) if dataset == DatasetType::Sim && e.iter().any(|&i| i >= self.dataset.num_episodes) => {
+                return Err(WorkloadError::invalid(
+                    "dataset.episodes",
+                    format!("{e:?}: the built-in demonstrations have episodes 0..{} (dataset.num_episodes)", self.dataset.num_episodes),
+                ));
+            }
+            _ => {}
+        }
         if dataset == DatasetType::Sim && self.dataset.num_episodes == 0 {
             return Err(WorkloadError::invalid("dataset.num_episodes", "must be at least 1".into()));
         }
@@ -529,6 +546,9 @@ mod tests {
         check(&[("policy.type", "act"), ("policy.state_dim", "3")], &["policy.state_dim", "defines the features"]);
         check(&[("policy.type", "act"), ("policy.chunk_size", "0")], &["chunk_size"]);
         check(&[("steps", "3")], &["policy.type", "required"]);
+        check(&[("policy.type", "act"), ("dataset.episodes", "[]")], &["dataset.episodes", "no episode"]);
+        check(&[("policy.type", "vae3d"), ("dataset.episodes", "0,1")], &["dataset.episodes", "voxels"]);
+        check(&[("policy.type", "act"), ("dataset.episodes", "3,20")], &["dataset.episodes", "0..20"]);
     }
 
     #[test]

@@ -10,12 +10,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{DatasetType, RunConfig};
-use crate::{Result, WorkloadError};
 use rand::Rng;
 use vramlab_lerobot::transforms::{self, ImageTransformsConfig};
 use vramlab_lerobot::{DeltaIndices, EpochSampler, FeatureKind, LeRobotDataset, LoaderConfig, Normalizer, Prefetcher, SampleOptions};
 use vramlab_train::step_rng;
+
+use crate::config::{DatasetType, RunConfig};
+use crate::{Result, WorkloadError};
 
 /// Features of a dataset, as the policies need them.
 #[derive(Clone, Debug)]
@@ -58,6 +59,8 @@ pub struct DataOptions {
     pub image_transforms: ImageTransformsConfig,
     pub shuffle: bool,
     pub drop_n_last_frames: usize,
+    /// Episode indices to train on (`None`: all).
+    pub episodes: Option<Vec<usize>>,
     pub loader: LoaderConfig,
 }
 
@@ -106,7 +109,18 @@ impl LeRobotPolicyData {
         let stats = ds.stats().ok_or_else(|| WorkloadError::file(root, "no stats (meta/stats.json or episodes_stats.jsonl)".into()))?;
         let norm = Normalizer::new(ds.info(), stats, norm_map, true)?;
         let opts = SampleOptions::new(delta(ds.info()));
-        let episodes: Vec<(usize, usize)> = ds.episodes().iter().map(|e| (e.dataset_from_index, e.dataset_to_index)).collect();
+        if let Some(wanted) = &data.episodes {
+            let missing: Vec<usize> = wanted.iter().copied().filter(|&i| !ds.episodes().iter().any(|e| e.episode_index == i)).collect();
+            if !missing.is_empty() {
+                return Err(WorkloadError::invalid(
+                    "dataset.episodes",
+                    format!("{}: no episode {missing:?} (the dataset has {} episodes)", root.display(), ds.num_episodes()),
+                ));
+            }
+        }
+        let selected = |i: usize| data.episodes.as_ref().is_none_or(|w| w.contains(&i));
+        let episodes: Vec<(usize, usize)> =
+            ds.episodes().iter().filter(|e| selected(e.episode_index)).map(|e| (e.dataset_from_index, e.dataset_to_index)).collect();
         let sampler = EpochSampler::new(episodes, data.drop_n_last_frames, data.seed, data.shuffle);
         if sampler.is_empty() {
             return Err(WorkloadError::file(root, format!("no frame to sample (episodes shorter than drop_n_last_frames = {})", data.drop_n_last_frames)));
@@ -225,7 +239,10 @@ impl PolicySource {
                 "LeRobot {:?} dataset {} ({} episodes, {} frames, {} fps): cameras [{}]; workers {}, prefetch {}, persistent {}, augment {}",
                 d.ds.version(),
                 d.ds.root().display(),
-                d.ds.num_episodes(),
+                match &d.data.episodes {
+                    Some(e) => format!("episodes {e:?} of {}", d.ds.num_episodes()),
+                    None => d.ds.num_episodes().to_string(),
+                },
                 d.ds.num_frames(),
                 d.ds.fps(),
                 cams(&d.features),
@@ -275,6 +292,7 @@ fn data_options(cfg: &RunConfig, drop_n_last_frames: usize) -> DataOptions {
         image_transforms: cfg.dataset.image_transforms.clone(),
         shuffle: cfg.dataset.shuffle,
         drop_n_last_frames,
+        episodes: cfg.dataset.episodes.clone(),
         loader: loader_config(cfg),
     }
 }
@@ -323,4 +341,46 @@ pub fn random_source(cfg: &RunConfig, window: Window, features: DataFeatures) ->
 /// The prefetching loader of a policy source.
 pub fn policy_loader(cfg: &RunConfig, source: PolicySource) -> PolicyLoader {
     PolicyLoader::new(Arc::new(source), loader_config(cfg), cfg.grad_accum_steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(episodes: Option<Vec<usize>>) -> DataOptions {
+        DataOptions {
+            seed: 1,
+            batch_size: 2,
+            image_size: None,
+            image_transforms: ImageTransformsConfig::default(),
+            shuffle: true,
+            drop_n_last_frames: 0,
+            episodes,
+            loader: LoaderConfig { num_workers: 0, prefetch_factor: 1, persistent_workers: true, batches_per_epoch: 0 },
+        }
+    }
+
+    /// `--dataset.episodes` samples only the chosen episodes' frames; an index the dataset lacks
+    /// is an error naming the field and the dataset.
+    #[test]
+    fn episodes_select_a_subset() {
+        let root = std::env::temp_dir().join(format!("vramlab-episodes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        crate::sim::generate(&root, 3, 32, &mut || {}).unwrap();
+        let window = Window { obs_steps: None, actions: 4 };
+        let actions: Vec<i64> = (0..4).collect();
+        let delta = |info: &vramlab_lerobot::Info| vramlab_lerobot::resolve_delta_indices(info, None, Some(&actions), None);
+        let norm: vramlab_lerobot::normalize::NormMap = [("STATE", vramlab_lerobot::NormMode::MeanStd), ("ACTION", vramlab_lerobot::NormMode::MeanStd)].into();
+        let all = LeRobotPolicyData::open(&root, window, delta, &norm, options(None)).unwrap();
+        let one = LeRobotPolicyData::open(&root, window, delta, &norm, options(Some(vec![1]))).unwrap();
+        let ep1 = &all.ds.episodes()[1];
+        assert_eq!(one.sampler.len(), ep1.length);
+        assert!(all.sampler.len() > one.sampler.len());
+        for p in 0..3 * one.sampler.len() as u64 {
+            assert!((ep1.dataset_from_index..ep1.dataset_to_index).contains(&one.sampler.index(p)));
+        }
+        let err = LeRobotPolicyData::open(&root, window, delta, &norm, options(Some(vec![1, 7]))).err().expect("episode 7 does not exist").to_string();
+        assert!(err.contains("dataset.episodes") && err.contains("[7]") && err.contains("3 episodes"), "{err}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }
