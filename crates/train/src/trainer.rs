@@ -190,11 +190,12 @@ impl<'a> Trainer<'a> {
         let (mut model, mut state) = self.start_or_resume(model, &mut optim, device)?;
         let metrics_path = cfg.output_dir.join("metrics.jsonl");
         let mut metrics = OpenOptions::new().create(true).append(true).open(&metrics_path).map_err(io(&metrics_path))?;
+        let (p_bytes, _, _) = param_bytes::<B, M>(&model);
         let mut records = Vec::new();
         let mut last_checkpoint = None;
         let mut interrupted = false;
         while state.step < cfg.steps {
-            let (new_model, record) = self.step(model, &mut optim, &mut state, data)?;
+            let (new_model, record) = self.step(model, &mut optim, &mut state, data, p_bytes)?;
             model = new_model;
             let line = serde_json::to_string(&record).unwrap_or_default();
             writeln!(metrics, "{line}").and_then(|_| metrics.flush()).map_err(io(&metrics_path))?;
@@ -257,13 +258,14 @@ impl<'a> Trainer<'a> {
     }
 
     /// One optimizer step: every micro-batch's forward and backward, the accumulated update,
-    /// loss scaling, and the step's record.
+    /// loss scaling, and the step's record (`p_bytes`: the parameters' bytes, fixed for the run).
     fn step<B, M>(
         &self,
         model: M,
         optim: &mut Optimizer<B>,
         state: &mut TrainerState,
         data: &mut dyn FnMut(u64, u64) -> Result<M::Batch, BoxError>,
+        p_bytes: u64,
     ) -> Result<(M, StepRecord), TrainError>
     where
         B: AutodiffBackend,
@@ -308,7 +310,6 @@ impl<'a> Trainer<'a> {
         }
         let grads = acc.grads();
         let g_bytes = grad_bytes::<B, M>(&model, &grads);
-        let (p_bytes, _, _) = param_bytes::<B, M>(&model);
 
         self.probe.reset_peak();
         let t_opt = Instant::now();
