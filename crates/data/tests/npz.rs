@@ -6,8 +6,7 @@
 
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -19,33 +18,8 @@ use vramlab_data::{
 // ---------------------------------------------------------------- helpers
 
 /// A unique temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vramlab-data-test-{tag}-{}-{nanos}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("vramlab-data-test-{tag}-")).tempdir().unwrap()
 }
 
 /// A version 1.0 `.npy`, header written by hand.
@@ -170,9 +144,9 @@ const DIMS: [usize; 3] = [5, 6, 3]; // X, Y, Z
 
 #[test]
 fn sparse_round_trip_matches_reference_permute() {
-    let tmp = TempDir::new("sparse");
+    let tmp = temp_dir("sparse");
     for deflate in [true, false] {
-        let p = tmp.path(if deflate { "c.npz" } else { "s.npz" });
+        let p = tmp.path().join(if deflate { "c.npz" } else { "s.npz" });
         write(&p, &zip_bytes(&sparse_members(DIMS), deflate));
 
         let npz = read_npz(&p).unwrap();
@@ -200,13 +174,13 @@ fn sparse_round_trip_matches_reference_permute() {
 
 #[test]
 fn dense_arrays_by_key_and_single_array() {
-    let tmp = TempDir::new("dense");
+    let tmp = temp_dir("dense");
     let grid = dense_grid(DIMS);
     let [xn, yn, zn] = DIMS;
     let member = npy("<f4", &[xn, yn, zn, 4], &f32s(&grid));
-    let p = tmp.path("dense.npz");
+    let p = tmp.path().join("dense.npz");
     write(&p, &zip_bytes(&[("voxel.npy", member.clone()), ("meta.txt", b"hi".to_vec())], true));
-    let sparse = tmp.path("sparse.npz");
+    let sparse = tmp.path().join("sparse.npz");
     write(&sparse, &zip_bytes(&sparse_members(DIMS), true));
     let want = load_radar_voxels(&sparse, None).unwrap();
 
@@ -216,7 +190,7 @@ fn dense_arrays_by_key_and_single_array() {
     assert_eq!(load_radar_voxels(&p, Some("voxel")).unwrap(), want);
 
     // Bare dense .npy (reference with SAVE_SPARSE = False).
-    let np = tmp.path("000001.npy");
+    let np = tmp.path().join("000001.npy");
     write(&np, &member);
     assert_eq!(vramlab_data::load_radar_npy(&np, None).unwrap(), want);
     assert_eq!(read_npy(&np).unwrap().shape, vec![xn, yn, zn, 4]);
@@ -224,9 +198,9 @@ fn dense_arrays_by_key_and_single_array() {
 
 #[test]
 fn center_crop_sparse_and_dense() {
-    let tmp = TempDir::new("crop");
+    let tmp = temp_dir("crop");
     let dims = [9, 8, 6];
-    let p = tmp.path("a.npz");
+    let p = tmp.path().join("a.npz");
     write(&p, &zip_bytes(&sparse_members(dims), true));
     let full = load_radar_voxels(&p, None).unwrap();
     let [xn, yn, zn] = dims;
@@ -245,7 +219,7 @@ fn center_crop_sparse_and_dense() {
         }
     }
     // Dense path gives the same crop.
-    let dp = tmp.path("d.npz");
+    let dp = tmp.path().join("d.npz");
     write(&dp, &zip_bytes(&[("arr_0.npy", npy("<f4", &[xn, yn, zn, 4], &f32s(&dense_grid(dims))))], false));
     assert_eq!(load_radar_voxels_cropped(&dp, None, Some(crop)).unwrap(), g);
 
@@ -257,12 +231,12 @@ fn center_crop_sparse_and_dense() {
 
 #[test]
 fn dataset_sorted_batches_and_errors() {
-    let tmp = TempDir::new("dataset");
+    let tmp = temp_dir("dataset");
     for name in ["000002.npz", "000000.npz", "000001.npz"] {
-        write(&tmp.path(name), &zip_bytes(&sparse_members(DIMS), true));
+        write(&tmp.path().join(name), &zip_bytes(&sparse_members(DIMS), true));
     }
-    write(&tmp.path("notes.txt"), b"not a voxel file");
-    let ds = NpzVoxelDataset::open(&tmp.0, None).unwrap();
+    write(&tmp.path().join("notes.txt"), b"not a voxel file");
+    let ds = NpzVoxelDataset::open(&tmp.path(), None).unwrap();
     assert_eq!(ds.len(), 3);
     let names: Vec<_> = ds.files().iter().map(|p| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
     assert_eq!(names, ["000000.npz", "000001.npz", "000002.npz"]);
@@ -270,31 +244,31 @@ fn dataset_sorted_batches_and_errors() {
     assert_eq!(b.shape, [2, 4, 3, 5, 6]);
     assert_eq!(b.sample(0).unwrap(), b.sample(1).unwrap());
     let e = err_text(ds.batch(&[0, 3]));
-    assert!(e.contains("index 3 out of range") && e.contains(&tmp.0.display().to_string()), "{e}");
+    assert!(e.contains("index 3 out of range") && e.contains(&tmp.path().display().to_string()), "{e}");
 
     // A file with a different grid cannot be batched without a crop...
-    write(&tmp.path("000003.npz"), &zip_bytes(&sparse_members([7, 6, 4]), true));
-    let ds = NpzVoxelDataset::open(&tmp.0, None).unwrap();
+    write(&tmp.path().join("000003.npz"), &zip_bytes(&sparse_members([7, 6, 4]), true));
+    let ds = NpzVoxelDataset::open(&tmp.path(), None).unwrap();
     let e = err_text(ds.batch(&[0, 3]));
     assert!(e.contains("000003.npz") && e.contains("000000.npz"), "{e}");
     // ...but can with one.
-    let ds = NpzVoxelDataset::open(&tmp.0, Some([2, 4, 4])).unwrap();
+    let ds = NpzVoxelDataset::open(&tmp.path(), Some([2, 4, 4])).unwrap();
     let b = ds.batch(&[0, 1, 2, 3]).unwrap();
     assert_eq!(b.shape, [4, 4, 2, 4, 4]);
     assert_eq!(ds.batch(&[]).unwrap().shape, [0, 4, 2, 4, 4]);
 
-    let empty = TempDir::new("empty");
-    let e = err_text(NpzVoxelDataset::open(&empty.0, None));
-    assert!(e.contains("no .npz or .npy") && e.contains(&empty.0.display().to_string()), "{e}");
-    let e = err_text(NpzVoxelDataset::open(&empty.path("missing"), None));
+    let empty = temp_dir("empty");
+    let e = err_text(NpzVoxelDataset::open(&empty.path(), None));
+    assert!(e.contains("no .npz or .npy") && e.contains(&empty.path().display().to_string()), "{e}");
+    let e = err_text(NpzVoxelDataset::open(&empty.path().join("missing"), None));
     assert!(e.contains("missing") && e.contains("I/O error"), "{e}");
 }
 
 // ---------------------------------------------------------------- malformed inputs
 
 /// Writes `members` as `name` and returns the error of loading it.
-fn load_err(tmp: &TempDir, name: &str, members: &[(&str, Vec<u8>)]) -> String {
-    let p = tmp.path(name);
+fn load_err(tmp: &tempfile::TempDir, name: &str, members: &[(&str, Vec<u8>)]) -> String {
+    let p = tmp.path().join(name);
     write(&p, &zip_bytes(members, true));
     let e = err_text(load_radar_voxels(&p, None));
     assert!(e.contains(name), "message must name the file: {e}");
@@ -310,28 +284,28 @@ fn replace(members: &[(&'static str, Vec<u8>)], name: &str, bytes: Vec<u8>) -> V
 
 #[test]
 fn not_a_zip_and_truncated_file() {
-    let tmp = TempDir::new("notzip");
-    let p = tmp.path("text.npz");
+    let tmp = temp_dir("notzip");
+    let p = tmp.path().join("text.npz");
     write(&p, b"this is definitely not a zip archive");
     let e = err_text(load_radar_voxels(&p, None));
     assert!(e.contains("text.npz") && e.contains("not a valid .npz (zip) archive"), "{e}");
 
     let full = zip_bytes(&sparse_members(DIMS), true);
     for cut in [0, 10, full.len() / 2, full.len() - 5] {
-        let p = tmp.path("cut.npz");
+        let p = tmp.path().join("cut.npz");
         write(&p, &full[..cut]);
         let e = err_text(load_radar_voxels(&p, None));
         assert!(e.contains("cut.npz"), "{e}");
         assert!(e.contains("zip") || e.contains("archive"), "{e}");
     }
 
-    let e = err_text(load_radar_voxels(&tmp.path("absent.npz"), None));
+    let e = err_text(load_radar_voxels(&tmp.path().join("absent.npz"), None));
     assert!(e.contains("absent.npz") && e.contains("I/O error"), "{e}");
 }
 
 #[test]
 fn bad_magic_version_and_header() {
-    let tmp = TempDir::new("magic");
+    let tmp = temp_dir("magic");
     let base = sparse_members(DIMS);
     let e = load_err(&tmp, "magic.npz", &replace(&base, "coords.npy", b"PK\x03\x04garbage".to_vec()));
     assert!(e.contains("`coords`") && e.contains("bad .npy magic"), "{e}");
@@ -350,7 +324,7 @@ fn bad_magic_version_and_header() {
 
 #[test]
 fn unsupported_dtype() {
-    let tmp = TempDir::new("dtype");
+    let tmp = temp_dir("dtype");
     let base = sparse_members(DIMS);
     let n = base[1].1.len();
     let complex = npy("<c8", &[1, 4], &[0u8; 32]);
@@ -364,7 +338,7 @@ fn unsupported_dtype() {
 
 #[test]
 fn data_truncated() {
-    let tmp = TempDir::new("trunc");
+    let tmp = temp_dir("trunc");
     let base = sparse_members(DIMS);
     let mut feats = base[1].1.clone();
     let full = feats.len();
@@ -379,7 +353,7 @@ fn data_truncated() {
 
 #[test]
 fn wrong_channel_count() {
-    let tmp = TempDir::new("channels");
+    let tmp = temp_dir("channels");
     let base = sparse_members(DIMS);
     let shape3 = npy("<i8", &[4], &i64s(&[5, 6, 3, 3]));
     let e = load_err(&tmp, "c3.npz", &replace(&base, "shape.npy", shape3));
@@ -393,7 +367,7 @@ fn wrong_channel_count() {
     assert!(e.contains("expected 4 channels, got 3"), "{e}");
 
     // dense array with 2 channels
-    let p = tmp.path("dense2.npz");
+    let p = tmp.path().join("dense2.npz");
     write(&p, &zip_bytes(&[("voxel.npy", npy("<f4", &[2, 2, 2, 2], &f32s(&[0.0; 16])))], false));
     let e = err_text(load_radar_voxels(&p, Some("voxel")));
     assert!(e.contains("dense2.npz") && e.contains("expected 4 channels") && e.contains("got 2"), "{e}");
@@ -401,13 +375,13 @@ fn wrong_channel_count() {
 
 #[test]
 fn missing_key_lists_present_keys() {
-    let tmp = TempDir::new("missing");
+    let tmp = temp_dir("missing");
     let base = sparse_members(DIMS);
     let members: Vec<_> = base.iter().filter(|(n, _)| *n != "features.npy").cloned().collect();
     let e = load_err(&tmp, "nofeat.npz", &members);
     assert!(e.contains("missing array `features`") && e.contains("arrays present: [coords, shape]"), "{e}");
 
-    let p = tmp.path("full.npz");
+    let p = tmp.path().join("full.npz");
     write(&p, &zip_bytes(&base, true));
     let e = err_text(load_radar_voxels(&p, Some("radar")));
     assert!(e.contains("full.npz") && e.contains("missing array `radar`") && e.contains("coords, features, shape"), "{e}");
@@ -415,7 +389,7 @@ fn missing_key_lists_present_keys() {
 
 #[test]
 fn nan_and_inf_are_counted() {
-    let tmp = TempDir::new("nan");
+    let tmp = temp_dir("nan");
     let coords = npy("<i8", &[2, 3], &i64s(&[0, 0, 0, 1, 1, 1]));
     let feats = npy("<f4", &[2, 4], &f32s(&[1.0, f32::NAN, 0.0, 0.0, 1.0, 0.5, f32::INFINITY, f32::NAN]));
     let members = replace(&replace(&sparse_members(DIMS), "coords.npy", coords), "features.npy", feats);
@@ -425,7 +399,7 @@ fn nan_and_inf_are_counted() {
 
 #[test]
 fn out_of_bounds_coords() {
-    let tmp = TempDir::new("oob");
+    let tmp = temp_dir("oob");
     let coords = npy("<i8", &[1, 3], &i64s(&[5, 0, 0])); // X = 5, so x = 5 is outside
     let feats = npy("<f4", &[1, 4], &f32s(&[1.0, 0.5, 0.0, 0.0]));
     let members = replace(&replace(&sparse_members(DIMS), "coords.npy", coords), "features.npy", feats);
@@ -491,7 +465,7 @@ fn fuzz_iters() -> usize {
 #[test]
 fn mutation_fuzz_never_panics() {
     let iters = fuzz_iters();
-    let tmp = TempDir::new("fuzz");
+    let tmp = temp_dir("fuzz");
     let members = sparse_members(DIMS);
     let stored = zip_bytes(&members, false);
     let deflated = zip_bytes(&members, true);
@@ -514,7 +488,7 @@ fn mutation_fuzz_never_panics() {
     for i in 0..iters {
         let base = if i % 2 == 0 { &stored } else { &deflated };
         let bytes = mutate(&mut rng, base);
-        let p = tmp.path("m.npz");
+        let p = tmp.path().join("m.npz");
         write(&p, &bytes);
         let r = catch_unwind(AssertUnwindSafe(|| load_radar_voxels(&p, None).map(|_| ())));
         check(r, &format!("archive mutation {i}"), "m.npz");
@@ -541,7 +515,7 @@ fn mutation_fuzz_never_panics() {
     // 3) Bare .npy mutations.
     let dense = npy("<f4", &[3, 2, 2, 4], &f32s(&dense_grid([3, 2, 2])));
     for i in 0..iters / 3 {
-        let p = tmp.path("m.npy");
+        let p = tmp.path().join("m.npy");
         write(&p, &mutate(&mut rng, &dense));
         let r = catch_unwind(AssertUnwindSafe(|| vramlab_data::load_radar_npy(&p, None).map(|_| ())));
         check(r, &format!("npy mutation {i}"), "m.npy");

@@ -3,8 +3,7 @@
 //! and the file.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
@@ -69,30 +68,8 @@ const NAMES: [(&str, &[usize]); 7] = [
 ];
 
 /// A unique temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vramlab-store-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("vramlab-store-{tag}-")).tempdir().unwrap()
 }
 
 fn values(d: &TensorData) -> Vec<f32> {
@@ -146,15 +123,15 @@ fn names_follow_the_module_path_without_enum_variants() {
 
 #[test]
 fn save_then_load_round_trips_exactly() {
-    let tmp = TempDir::new("roundtrip");
-    let path = tmp.path("model.safetensors");
+    let tmp = temp_dir("roundtrip");
+    let path = tmp.path().join("model.safetensors");
     let dev = Default::default();
     let a = Net::<B>::new(&dev);
     let b = Net::<B>::new(&dev);
     assert_ne!(params::<B, _>(&a), params::<B, _>(&b), "two random inits should differ");
 
     save_safetensors::<B, _>(&a, &path).unwrap();
-    assert!(!tmp.path("model.safetensors.tmp").exists(), "the temporary file must be renamed away");
+    assert!(!tmp.path().join("model.safetensors.tmp").exists(), "the temporary file must be renamed away");
     let b = load_safetensors(b, &path, |k| Some(k.to_string())).unwrap();
     assert_eq!(params::<B, _>(&b), params::<B, _>(&a));
 
@@ -171,8 +148,8 @@ fn save_then_load_round_trips_exactly() {
 
 #[test]
 fn saved_file_is_plain_f32_safetensors() {
-    let tmp = TempDir::new("plain");
-    let path = tmp.path("w.safetensors");
+    let tmp = temp_dir("plain");
+    let path = tmp.path().join("w.safetensors");
     let net = Net::<B>::new(&Default::default());
     save_safetensors::<B, _>(&net, &path).unwrap();
 
@@ -195,8 +172,8 @@ fn saved_file_is_plain_f32_safetensors() {
 
 #[test]
 fn loads_a_reference_file_with_renamed_and_ignored_keys() {
-    let tmp = TempDir::new("rename");
-    let path = tmp.path("ref.safetensors");
+    let tmp = temp_dir("rename");
+    let path = tmp.path().join("ref.safetensors");
     let tensors = net_tensors();
     // A PyTorch-style file: a `model.` prefix and a buffer the module does not have.
     let mut raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
@@ -221,7 +198,7 @@ fn loads_a_reference_file_with_renamed_and_ignored_keys() {
 
 #[test]
 fn half_and_double_files_load_as_f32() {
-    let tmp = TempDir::new("dtypes");
+    let tmp = temp_dir("dtypes");
     let tensors = net_tensors(); // every value is a multiple of 0.25 below 64: exact in f16 and bf16
     type Encode = fn(f32) -> Vec<u8>;
     let encodings: [(Dtype, Encode); 3] = [
@@ -230,7 +207,7 @@ fn half_and_double_files_load_as_f32() {
         (Dtype::F64, |v| f64::from(v).to_le_bytes().to_vec()),
     ];
     for (dtype, encode) in encodings {
-        let path = tmp.path(&format!("{dtype:?}.safetensors"));
+        let path = tmp.path().join(&format!("{dtype:?}.safetensors"));
         let raw: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> =
             tensors.iter().map(|(k, s, v)| (k.as_str(), dtype, s.clone(), v.iter().flat_map(|&x| encode(x)).collect())).collect();
         write_raw(&path, &raw);
@@ -250,8 +227,8 @@ fn half_and_double_files_load_as_f32() {
 
 #[test]
 fn plain_files_keep_integers_and_bools() {
-    let tmp = TempDir::new("ints");
-    let path = tmp.path("inputs.safetensors");
+    let tmp = temp_dir("ints");
+    let path = tmp.path().join("inputs.safetensors");
     write_raw(
         &path,
         &[
@@ -274,7 +251,7 @@ fn plain_files_keep_integers_and_bools() {
     assert_eq!(read["u"].to_vec::<bool>().unwrap(), vec![false, true]);
 
     // What `write_safetensors` writes, `read_safetensors` gives back (as f32).
-    let out = tmp.path("out.safetensors");
+    let out = tmp.path().join("out.safetensors");
     let list = vec![
         ("a".to_string(), TensorData::new(vec![1.5f32, 2.0, -3.0], [3])),
         ("b.c".to_string(), TensorData::new(vec![0.5f64, 4.0], [1, 2])),
@@ -294,8 +271,8 @@ fn plain_files_keep_integers_and_bools() {
 
 #[test]
 fn integer_tensors_are_not_written_as_f32() {
-    let tmp = TempDir::new("write-int");
-    let out = tmp.path("bad.safetensors");
+    let tmp = temp_dir("write-int");
+    let out = tmp.path().join("bad.safetensors");
     let list = vec![
         ("ok".to_string(), TensorData::new(vec![1.0f32], [1])),
         ("steps".to_string(), TensorData::new(vec![3i32, 4], [2])),
@@ -307,8 +284,8 @@ fn integer_tensors_are_not_written_as_f32() {
 
 #[test]
 fn unsupported_dtype_names_the_tensor_and_file() {
-    let tmp = TempDir::new("u16");
-    let path = tmp.path("odd.safetensors");
+    let tmp = temp_dir("u16");
+    let path = tmp.path().join("odd.safetensors");
     write_raw(&path, &[("ok", Dtype::F32, vec![1], f32_bytes(&[1.0])), ("ids", Dtype::U16, vec![2], vec![1, 0, 2, 0])]);
     let e = err_text(read_safetensors(&path));
     assert!(e.contains("odd.safetensors") && e.contains("tensor `ids`") && e.contains("unsupported dtype U16"), "{e}");
@@ -316,10 +293,10 @@ fn unsupported_dtype_names_the_tensor_and_file() {
 
 #[test]
 fn missing_extra_and_misshapen_tensors_are_errors() {
-    let tmp = TempDir::new("errors");
+    let tmp = temp_dir("errors");
     let tensors = net_tensors();
     let write = |name: &str, list: &[(String, Vec<usize>, Vec<f32>)]| {
-        let path = tmp.path(name);
+        let path = tmp.path().join(name);
         let raw: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> =
             list.iter().map(|(k, s, v)| (k.as_str(), Dtype::F32, s.clone(), f32_bytes(v))).collect();
         write_raw(&path, &raw);
@@ -363,27 +340,27 @@ fn missing_extra_and_misshapen_tensors_are_errors() {
 
 #[test]
 fn unreadable_files_name_the_path() {
-    let tmp = TempDir::new("io");
-    let absent = tmp.path("absent.safetensors");
+    let tmp = temp_dir("io");
+    let absent = tmp.path().join("absent.safetensors");
     let e = err_text(read_safetensors(&absent));
     assert!(e.contains("absent.safetensors") && e.contains("cannot read"), "{e}");
     let e = err_text(load_safetensors(Net::<B>::new(&Default::default()), &absent, |k| Some(k.to_string())));
     assert!(e.contains("absent.safetensors"), "{e}");
 
-    let garbage = tmp.path("garbage.safetensors");
+    let garbage = tmp.path().join("garbage.safetensors");
     std::fs::write(&garbage, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot json").unwrap();
     let e = err_text(read_safetensors(&garbage));
     assert!(e.contains("garbage.safetensors") && e.contains("not a valid safetensors file"), "{e}");
 
-    let e = err_text(write_safetensors(&[("a".into(), TensorData::new(vec![1.0f32], [1]))], &tmp.path("no/such/dir/w.safetensors")));
+    let e = err_text(write_safetensors(&[("a".into(), TensorData::new(vec![1.0f32], [1]))], &tmp.path().join("no/such/dir/w.safetensors")));
     assert!(e.contains("w.safetensors") && e.contains("cannot write"), "{e}");
 }
 
 #[test]
 fn loading_keeps_trainable_and_frozen_parameters_as_they_were() {
     type A = Autodiff<Flex>;
-    let tmp = TempDir::new("grad");
-    let path = tmp.path("w.safetensors");
+    let tmp = temp_dir("grad");
+    let path = tmp.path().join("w.safetensors");
     let dev = Default::default();
     let mut net = Net::<A>::new(&dev);
     // Freeze the head's bias.

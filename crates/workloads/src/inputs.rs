@@ -135,31 +135,15 @@ mod tests {
     use super::*;
 
     /// An inputs file with f32 `x` [2, 3, 4] and i64 `t` = [1, 7], in their own dtypes.
-    fn file() -> (tempdir::Dir, PathBuf) {
+    fn file() -> (tempfile::TempDir, PathBuf) {
         use safetensors::{Dtype, tensor::TensorView};
-        let dir = tempdir::Dir::new();
-        let path = dir.0.join("inputs.safetensors");
+        let dir = tempfile::Builder::new().prefix("vramlab-inputs-").tempdir().unwrap();
+        let path = dir.path().join("inputs.safetensors");
         let x: Vec<u8> = (0..24).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let t: Vec<u8> = [1i64, 7].iter().flat_map(|v| v.to_le_bytes()).collect();
         let views = vec![("x", TensorView::new(Dtype::F32, vec![2, 3, 4], &x).unwrap()), ("t", TensorView::new(Dtype::I64, vec![2], &t).unwrap())];
         std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
         (dir, path)
-    }
-
-    mod tempdir {
-        pub struct Dir(pub std::path::PathBuf);
-        impl Dir {
-            pub fn new() -> Self {
-                let p = std::env::temp_dir().join(format!("vramlab-inputs-{}-{:?}", std::process::id(), std::thread::current().id()));
-                std::fs::create_dir_all(&p).unwrap();
-                Self(p)
-            }
-        }
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
     }
 
     #[test]
