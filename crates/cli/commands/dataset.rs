@@ -30,7 +30,7 @@ fn generate(root: &Path, episodes: usize, image_size: usize) -> Result<()> {
     bar.finish_and_clear();
     eprintln!(
         "wrote {}: LeRobot v3.0, {} episodes ({} solved by the expert), {} frames, 10 fps, {image_size}×{image_size} PNG frames in parquet",
-        super::shown(root),
+        root.display(),
         g.episodes,
         g.solved,
         g.frames

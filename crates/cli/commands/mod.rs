@@ -5,8 +5,6 @@ mod dataset;
 mod info;
 mod train;
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
 use vramlab_workloads::{PredictRequest, RunConfig, config};
 
@@ -52,9 +50,4 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// `path` shown as the user would type it.
-fn shown(path: &Path) -> String {
-    path.display().to_string()
 }

@@ -150,19 +150,15 @@ impl DatasetType {
     }
 }
 
-/// `dataset.type`: the words of [`DatasetType`], plus `synthetic`, the old name that meant the
-/// built-in data of whichever policy ran (voxel scenes for the VAE, push demos for policies);
-/// [`RunConfig::dataset_type`] resolves it per policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DatasetTypeFlag {
-    Voxels,
-    Npz,
-    Sim,
-    Lerobot,
-    Random,
-    /// The policy's built-in data (kept for existing configs).
-    Synthetic,
+/// `dataset.type`: a [`DatasetType`], or `synthetic`, the old name that meant the built-in
+/// data of whichever policy ran (voxel scenes for the VAE, push demos for policies): like an
+/// absent type, [`RunConfig::dataset_type`] resolves it per policy.
+fn dataset_type_or_built_in<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DatasetType>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) if s == "synthetic" => Ok(None),
+        Some(s) => DatasetType::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(&s)).map(Some),
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -170,8 +166,8 @@ pub enum DatasetTypeFlag {
 pub struct DatasetConfig {
     /// vae3d: `voxels` (built-in procedural scenes; the default) or `npz`. ACT / Diffusion:
     /// `sim` (built-in push demonstrations; the default), `lerobot` or `random`.
-    #[serde(rename = "type", default)]
-    pub kind: Option<DatasetTypeFlag>,
+    #[serde(rename = "type", default, deserialize_with = "dataset_type_or_built_in")]
+    pub kind: Option<DatasetType>,
     /// Directory of `.npz` files (type = npz) or of a LeRobot dataset (type = lerobot; for
     /// type = sim, where the generated dataset is kept).
     #[serde(default)]
@@ -376,15 +372,8 @@ impl RunConfig {
     /// The dataset type of this run (the policy's built-in data when not given).
     pub fn dataset_type(&self) -> Result<DatasetType, WorkloadError> {
         let vae = self.policy()?.is_vae3d();
-        let t = match (self.dataset.kind, vae) {
-            (None | Some(DatasetTypeFlag::Synthetic), true) => DatasetType::Voxels,
-            (None | Some(DatasetTypeFlag::Synthetic), false) => DatasetType::Sim,
-            (Some(DatasetTypeFlag::Voxels), _) => DatasetType::Voxels,
-            (Some(DatasetTypeFlag::Npz), _) => DatasetType::Npz,
-            (Some(DatasetTypeFlag::Sim), _) => DatasetType::Sim,
-            (Some(DatasetTypeFlag::Lerobot), _) => DatasetType::Lerobot,
-            (Some(DatasetTypeFlag::Random), _) => DatasetType::Random,
-        };
+        let built_in = if vae { DatasetType::Voxels } else { DatasetType::Sim };
+        let t = self.dataset.kind.unwrap_or(built_in);
         let ok = if vae { matches!(t, DatasetType::Voxels | DatasetType::Npz) } else { matches!(t, DatasetType::Sim | DatasetType::Lerobot | DatasetType::Random) };
         if !ok {
             let valid = if vae { "voxels (built-in scenes), npz (with dataset.root)" } else { "sim (built-in push demonstrations), lerobot (with dataset.root), random" };
@@ -426,13 +415,10 @@ impl RunConfig {
         }
         let dataset = self.dataset_type()?;
         policy.validate(dataset)?;
-        if let crate::Workload::Vae3d(v) = &policy.kind {
-            let f = v.config.downsample_factor();
-            for (axis, (size, factor)) in ["D", "H", "W"].iter().zip(self.dataset.grid.into_iter().zip(f)) {
-                if size % factor != 0 {
-                    return Err(WorkloadError::invalid("dataset.grid", format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}")));
-                }
-            }
+        if let crate::Workload::Vae3d(v) = &policy.kind
+            && let Some(why) = crate::vae3d::grid_mismatch(&v.config, self.dataset.grid)
+        {
+            return Err(WorkloadError::invalid("dataset.grid", why));
         }
         self.validate_dataset_files(dataset)
     }

@@ -7,69 +7,39 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::backend::AutodiffBackend;
+use vramlab_models::policy::{LrSchedulerKind, OptimizerKind, OptimizerPreset};
 use vramlab_probe::MemoryProbe;
 use vramlab_train::trainer::BoxError;
 use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ParamGroup, ScheduleKind, StepRecord, TrainConfig, TrainModel, Trainer};
-
-use vramlab_models::policy::{LrSchedulerKind, OptimizerKind, OptimizerPreset};
 
 use crate::backend::BackendInfo;
 use crate::config::RunConfig;
 use crate::{Result, WorkloadError};
 
-/// A policy's optimizer defaults in the trainer's terms (from the model config's
-/// [`OptimizerPreset`], lerobot's `get_optimizer_preset`), used where the run config is silent.
-#[derive(Clone, Debug)]
-pub struct OptimPreset {
-    pub kind: OptimKind,
-    pub betas: (f64, f64),
-    pub eps: f64,
-    /// LR schedule and warmup steps.
-    pub schedule: (ScheduleKind, u64),
-    pub lr: f64,
-    pub weight_decay: f64,
-    /// 0 = no clipping.
-    pub grad_clip_norm: f64,
-    /// (parameter-name prefix as the trainer sees it, lr) of the vision backbone, if any.
-    pub backbone: Option<(String, f64)>,
-}
-
-impl From<OptimizerPreset> for OptimPreset {
-    fn from(p: OptimizerPreset) -> Self {
-        let schedule = match p.scheduler {
-            None => (ScheduleKind::Constant, 0),
-            Some(s) => {
-                let kind = match s.kind {
-                    LrSchedulerKind::Constant => ScheduleKind::Constant,
-                    LrSchedulerKind::Cosine => ScheduleKind::Cosine,
-                };
-                (kind, s.warmup_steps)
-            }
-        };
-        Self {
-            kind: match p.kind {
-                OptimizerKind::Adam => OptimKind::Adam,
-                OptimizerKind::AdamW => OptimKind::AdamW,
-            },
-            betas: p.betas,
-            eps: p.eps,
-            schedule,
-            lr: p.lr,
-            weight_decay: p.weight_decay,
-            grad_clip_norm: p.grad_clip_norm.unwrap_or(0.0),
-            backbone: p.backbone.map(|g| (g.prefix, g.lr)),
-        }
-    }
-}
-
-/// The trainer's settings: the run config where it says something, the preset elsewhere.
-pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimPreset) -> Result<TrainConfig> {
+/// The trainer's settings: the run config where it says something, the policy's optimizer
+/// preset (lerobot's `get_optimizer_preset`, from the model config) elsewhere.
+pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimizerPreset) -> Result<TrainConfig> {
     let o = &cfg.optimizer;
-    let clip = o.grad_clip_norm.unwrap_or(preset.grad_clip_norm);
+    let clip = o.grad_clip_norm.or(preset.grad_clip_norm).unwrap_or(0.0);
     let groups = match &preset.backbone {
-        Some((prefix, lr)) => vec![ParamGroup { prefix: prefix.clone(), lr: o.lr_backbone.unwrap_or(*lr) }],
+        Some(g) => vec![ParamGroup { prefix: g.prefix.clone(), lr: o.lr_backbone.unwrap_or(g.lr) }],
         None if o.lr_backbone.is_some() => return Err(WorkloadError::invalid("optimizer.lr_backbone", "this policy has no vision backbone".into())),
         None => Vec::new(),
+    };
+    let preset_kind = match preset.kind {
+        OptimizerKind::Adam => OptimKind::Adam,
+        OptimizerKind::AdamW => OptimKind::AdamW,
+    };
+    // No scheduler preset: constant learning rate, no warmup.
+    let (preset_schedule, preset_warmup) = match preset.scheduler {
+        None => (ScheduleKind::Constant, 0),
+        Some(s) => (
+            match s.kind {
+                LrSchedulerKind::Constant => ScheduleKind::Constant,
+                LrSchedulerKind::Cosine => ScheduleKind::Cosine,
+            },
+            s.warmup_steps,
+        ),
     };
     let [b1, b2] = o.betas.unwrap_or([preset.betas.0, preset.betas.1]);
     Ok(TrainConfig {
@@ -77,7 +47,7 @@ pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimPreset) 
         batch_size: cfg.batch_size,
         grad_accum_steps: cfg.grad_accum_steps,
         optim: OptimConfig {
-            kind: o.kind.unwrap_or(preset.kind),
+            kind: o.kind.unwrap_or(preset_kind),
             lr: o.lr.unwrap_or(preset.lr),
             betas: (b1, b2),
             eps: o.eps.unwrap_or(preset.eps),
@@ -86,8 +56,8 @@ pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimPreset) 
             groups,
         },
         schedule: LrSchedule {
-            kind: cfg.scheduler.kind.unwrap_or(preset.schedule.0),
-            warmup_steps: cfg.scheduler.warmup_steps.unwrap_or(preset.schedule.1),
+            kind: cfg.scheduler.kind.unwrap_or(preset_schedule),
+            warmup_steps: cfg.scheduler.warmup_steps.unwrap_or(preset_warmup),
             total_steps: cfg.steps,
         },
         gradient_checkpointing: cfg.gradient_checkpointing,
@@ -159,7 +129,8 @@ pub struct TrainSetup<'a, M, Batch> {
     /// verbatim into every checkpoint (a JSON value would lose the features' order).
     pub config_json: String,
     pub num_params: usize,
-    pub optim: OptimPreset,
+    /// The model's optimizer preset, its backbone group named as the trainer sees it.
+    pub optim: OptimizerPreset,
     pub data_desc: String,
     pub data: Box<dyn FnMut(u64, u64) -> std::result::Result<Batch, BoxError> + 'a>,
 }

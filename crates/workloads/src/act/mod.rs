@@ -20,7 +20,7 @@ use crate::config::RunConfig;
 use crate::inputs::{Dim, Inputs};
 use crate::policy::ActPolicy;
 use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, norm_map, open_policy_data, policy_loader, random_source};
-use crate::training::{OptimPreset, TrainSetup};
+use crate::training::TrainSetup;
 use crate::InfoReport;
 use crate::{Result, WorkloadError};
 
@@ -182,7 +182,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B:
         optim: {
             let mut preset = ac.optimizer_preset();
             preset.backbone = preset.backbone.map(|g| g.under("act"));
-            OptimPreset::from(preset)
+            preset
         },
         data_desc,
         data: Box::new(move |step, micro| {

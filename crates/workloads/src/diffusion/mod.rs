@@ -19,7 +19,7 @@ use crate::config::RunConfig;
 use crate::inputs::{Dim, Inputs};
 use crate::policy::DiffusionPolicy;
 use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, Window, norm_map, open_policy_data, policy_loader, random_source};
-use crate::training::{OptimPreset, TrainSetup};
+use crate::training::TrainSetup;
 use crate::InfoReport;
 use crate::{Result, WorkloadError};
 
@@ -146,7 +146,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, devic
         model: DiffusionTrain::<B> { model: dc.init(device), precision: cfg.precision },
         config_json: dc.to_json_string(),
         num_params: dc.num_params(),
-        optim: OptimPreset::from(dc.optimizer_preset()),
+        optim: dc.optimizer_preset(),
         data_desc,
         data: Box::new(move |step, micro| {
             let h = loader.get(step, micro).map_err(BoxError::from)?;

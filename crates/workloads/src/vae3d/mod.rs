@@ -12,12 +12,22 @@ use std::path::Path;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::nn::Precision;
+use vramlab_models::vae3d::Vae3dConfig;
 
 use crate::config::RunConfig;
 use crate::inputs::{Dim, Inputs};
 use crate::policy::Vae3dPolicy;
-use crate::training::{OptimPreset, TrainSetup};
+use crate::training::TrainSetup;
 use crate::{Result, WorkloadError};
+
+/// Why a `(D, H, W)` grid cannot go through `cfg`'s VAE (a size its downsampling does not
+/// divide), or `None` when it can.
+pub fn grid_mismatch(cfg: &Vae3dConfig, grid: [usize; 3]) -> Option<String> {
+    let axes = ["D", "H", "W"].into_iter().zip(grid.into_iter().zip(cfg.downsample_factor()));
+    axes.into_iter()
+        .find(|(_, (size, factor))| size % factor != 0)
+        .map(|(axis, (size, factor))| format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}"))
+}
 
 /// `vramlab predict` for a VAE checkpoint: `mean`, `logvar`, `recon` (posterior mean, no
 /// sampling) and the reference loss terms for input `x`, checked against the config first.
@@ -26,10 +36,8 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
     let any = |n| Dim::Any(n);
     let x: Tensor<B, 5> = inputs.float("x", [any("B"), Dim::Is(cfg.in_channels), any("D"), any("H"), any("W")], device)?;
     let [_, _, d, h, w] = x.dims();
-    for (axis, (size, factor)) in ["D", "H", "W"].iter().zip([d, h, w].into_iter().zip(cfg.downsample_factor())) {
-        if size % factor != 0 {
-            return Err(WorkloadError::file(inputs.path(), format!("tensor `x`: {axis} = {size} is not divisible by the VAE's downsampling factor {factor}")));
-        }
+    if let Some(why) = grid_mismatch(&cfg, [d, h, w]) {
+        return Err(WorkloadError::file(inputs.path(), format!("tensor `x`: {why}")));
     }
     let out = model.forward(x.clone(), None, precision);
     let loss = model.compute_loss(x, &out);
@@ -57,7 +65,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &
         // The reference JSON carries `"type": "vae3d"` (how `vramlab predict` tells the model).
         config_json: serde_json::to_string_pretty(&vc.to_reference_json()).expect("a VAE config serialises"),
         num_params: vc.num_params(),
-        optim: OptimPreset::from(vc.optimizer_preset()),
+        optim: vc.optimizer_preset(),
         data_desc: format!("{} grid {:?}", kind.name(), cfg.dataset.grid),
         data: Box::new(move |step, micro| make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
     })

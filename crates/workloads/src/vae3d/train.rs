@@ -75,13 +75,11 @@ pub fn make_batch<B: Backend>(
     if vb.shape[1] != vae.in_channels {
         return Err(WorkloadError::invalid("policy.in_channels", format!("{} but the data has {} channels", vae.in_channels, vb.shape[1])));
     }
-    let f = vae.downsample_factor();
     let [b, _, d, h, w] = vb.shape;
-    for (axis, (size, factor)) in ["D", "H", "W"].iter().zip([d, h, w].into_iter().zip(f)) {
-        if size % factor != 0 {
-            return Err(WorkloadError::invalid("dataset.grid", format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}")));
-        }
+    if let Some(why) = super::grid_mismatch(vae, [d, h, w]) {
+        return Err(WorkloadError::invalid("dataset.grid", why));
     }
+    let f = vae.downsample_factor();
     let latent = [b, vae.latent_dim, d / f[0], h / f[1], w / f[2]];
     let eps = crate::normal_vec(&mut rng, latent.iter().product());
     let x = Tensor::from_data(TensorData::new(vb.data, vb.shape), device);
