@@ -190,8 +190,19 @@ fn killed_run_resumes_with_bit_identical_losses() {
     let _ = child.kill();
     let _ = child.wait();
     let killed_at = records(&part).len();
-    let o = run(&part, &["--resume"]).output().unwrap();
+    // The newest complete checkpoint loses half its weights file (a disk that filled up, a
+    // copy cut short): --resume says so and continues from the one before.
+    let mut steps: Vec<PathBuf> = std::fs::read_dir(part.join("checkpoints")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_string_lossy().parse::<u64>().is_ok()).collect();
+    steps.sort();
+    let newest = steps.last().expect("a checkpoint").clone();
+    assert!(steps.len() >= 2, "killed after {killed_at} steps with checkpoints {steps:?}");
+    let weights = newest.join("pretrained_model/model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    // Only --resume and the run directory: everything else comes from the checkpoint.
+    let o = vramlab(&["train", "--resume", &format!("--output_dir={}", part.display())]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("skipping {}", newest.display())) && text(&o).contains("truncated"), "{}", text(&o));
     let a: Vec<(u64, f64)> = records(&full).iter().map(|r| (r.step, r.loss)).collect();
     let b: Vec<(u64, f64)> = records(&part).iter().map(|r| (r.step, r.loss)).collect();
     assert_eq!(a.len(), 6);
@@ -325,6 +336,42 @@ fn act_trains_on_a_lerobot_dataset() {
     let first: f64 = r[..3].iter().map(|x| x.loss).sum::<f64>() / 3.0;
     let last: f64 = r[9..].iter().map(|x| x.loss).sum::<f64>() / 3.0;
     assert!(last < first, "loss did not fall: {first} -> {last}");
+    // lerobot's checkpoint layout, with the processors' normalisation stats and a `last` link.
+    let last = dir.join("checkpoints/last");
+    for f in [
+        "pretrained_model/config.json",
+        "pretrained_model/model.safetensors",
+        "pretrained_model/train_config.json",
+        "pretrained_model/policy_preprocessor.json",
+        "pretrained_model/policy_preprocessor_step_3_normalizer_processor.safetensors",
+        "pretrained_model/policy_postprocessor.json",
+        "pretrained_model/policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        "training_state/optimizer_state.safetensors",
+        "training_state/optimizer_param_groups.json",
+        "training_state/training_step.json",
+        "manifest.json",
+    ] {
+        assert!(last.join(f).exists(), "checkpoint lacks {f}");
+    }
+    let stats = vramlab_store::read_safetensors(&last.join("pretrained_model/policy_preprocessor_step_3_normalizer_processor.safetensors")).unwrap();
+    assert_eq!(stats["observation.image.mean"].shape, burn::tensor::Shape::new([3, 1, 1]));
+    assert_eq!(stats["action.std"].shape, burn::tensor::Shape::new([2]));
+    // lerobot's --policy.path: fine-tune from that pretrained_model/ (config and weights).
+    let tuned = tmp("act-pusht-tuned");
+    let o = vramlab(&[
+        "train",
+        &format!("--policy.path={}", last.join("pretrained_model").display()),
+        "--dataset.type=lerobot",
+        &format!("--dataset.root={}", shared.join("datasets/pusht_v30").display()),
+        "--batch_size=4",
+        "--steps=1",
+        "--optimizer.lr=1e-3",
+        &format!("--output_dir={}", tuned.display()),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let tuned_loss = records(&tuned)[0].loss;
+    assert!(tuned_loss < first, "fine-tuning starts from the trained weights: {tuned_loss} vs a fresh {first}");
+    let _ = std::fs::remove_dir_all(tuned);
     let t = text(&vramlab(&["dataset", "info", &shared.join("datasets/g1_v21_subset").display().to_string()]));
     assert!(t.contains("frames    1461") && t.contains("codec av1"), "{t}");
     let _ = std::fs::remove_dir_all(dir);

@@ -39,6 +39,8 @@ pub enum Command {
     Sweep(RunArgs),
     /// Run a checkpoint on model-level inputs and write the outputs (port parity checks).
     Predict(PredictArgs),
+    /// Per-call select_action latency of a policy checkpoint at a fixed rate (p50/p95/p99/max).
+    BenchInference(crate::commands::BenchInferenceArgs),
     /// LeRobot datasets: inspect, benchmark the loader, record the built-in demonstrations.
     #[command(subcommand)]
     Dataset(DatasetCommand),

@@ -1,6 +1,7 @@
 //! One module per subcommand; each turns parsed args into a validated config and calls the
 //! workloads library.
 
+mod bench_inference;
 mod dataset;
 mod info;
 mod train;
@@ -9,11 +10,17 @@ use anyhow::{Context, Result};
 use vramlab_workloads::{PredictRequest, RunConfig, config};
 
 use crate::args::{Cli, Command, RunArgs};
+pub use bench_inference::BenchInferenceArgs;
 
 /// The run config of a command: file, then top-level flags, then dotted overrides.
 fn run_config(run: &RunArgs, overrides: &[(String, String)]) -> Result<RunConfig> {
     let all = all_overrides(run, overrides);
-    Ok(config::load(run.config.as_deref(), &all)?)
+    let cfg = config::load(run.config.as_deref(), &all)?;
+    // lerobot keys mapped or ignored, missing ImageNet weights: said before anything runs.
+    for note in &cfg.notes {
+        eprintln!("{note}");
+    }
+    Ok(cfg)
 }
 
 fn all_overrides(run: &RunArgs, overrides: &[(String, String)]) -> Vec<(String, String)> {
@@ -44,6 +51,7 @@ pub fn run(cli: Cli) -> Result<()> {
             eprintln!("wrote {}", p.out.display());
             Ok(())
         }
+        Command::BenchInference(b) => bench_inference::run(b),
         Command::Dataset(d) => dataset::run(d),
         Command::Completions { shell } => {
             crate::args::completions(*shell);

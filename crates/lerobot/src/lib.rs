@@ -4,13 +4,16 @@
 //!   ([`LeRobotDataset::open`], [`LeRobotDataset::frame`]);
 //! - lerobot-compatible delta windows and padding masks ([`delta`], [`LeRobotDataset::sample`]);
 //! - normalisation from dataset stats ([`normalize`]);
-//! - AV1 mp4 decoding in pure Rust ([`video`], feature `video`, on by default).
+//! - AV1 mp4 decoding in pure Rust ([`video`], feature `video`, on by default);
+//! - datasets from the Hugging Face hub by repo id, cached as `huggingface_hub` does ([`hub`],
+//!   downloads with feature `hub`, on by default).
 //!
 //! No tensor library: everything comes out as `Vec<f32>` with shapes.
 
 pub mod dataset;
 pub mod delta;
 pub mod error;
+pub mod hub;
 pub mod image;
 pub mod info;
 pub mod loader;
@@ -27,6 +30,6 @@ pub use error::DatasetError;
 pub use loader::{EpochSampler, LoaderConfig, Prefetcher};
 pub use info::{Feature, FeatureKind, Info, Version};
 pub use meta::{Episode, EpisodeVideo, FeatureStats, Stats};
-pub use normalize::{NormMode, Normalizer};
+pub use normalize::{FeatureSpec, NormMode, Normalizer};
 pub use video::{RgbImage, VideoReader};
 

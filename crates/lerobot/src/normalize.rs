@@ -51,6 +51,56 @@ fn type_name(t: PolicyFeatureType) -> &'static str {
     }
 }
 
+/// lerobot's name of a feature type (`"VISUAL"`, `"STATE"`, …), as in `normalization_mapping`
+/// and in a policy config's features.
+pub fn feature_type_name(t: PolicyFeatureType) -> &'static str {
+    type_name(t)
+}
+
+/// The feature type a lerobot name stands for.
+pub fn parse_feature_type(name: &str) -> Option<PolicyFeatureType> {
+    [PolicyFeatureType::Visual, PolicyFeatureType::State, PolicyFeatureType::Env, PolicyFeatureType::Action, PolicyFeatureType::Reward]
+        .into_iter()
+        .find(|&t| type_name(t) == name)
+}
+
+/// One feature to normalise: its key, type, element count and (cameras) channel count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureSpec {
+    pub key: String,
+    pub kind: PolicyFeatureType,
+    pub numel: usize,
+    pub channels: Option<usize>,
+}
+
+/// `stats` with every camera's mean/std replaced by ImageNet's, shape `[3, 1, 1]` (lerobot's
+/// `use_imagenet_stats`, applied when the dataset is opened, so checkpoints store these).
+pub fn with_imagenet_stats(info: &Info, stats: &Stats) -> Stats {
+    let mut out = stats.clone();
+    for key in info.features.keys() {
+        if info.policy_feature_type(key) != Some(PolicyFeatureType::Visual) {
+            continue;
+        }
+        let mut s = stats.get(key).cloned().unwrap_or(FeatureStats {
+            shape: vec![3, 1, 1],
+            mean: vec![0.0; 3],
+            std: vec![1.0; 3],
+            min: vec![0.0; 3],
+            max: vec![1.0; 3],
+            count: None,
+        });
+        s.shape = vec![3, 1, 1];
+        s.mean = IMAGENET_MEAN.iter().map(|&x| x as f64).collect();
+        s.std = IMAGENET_STD.iter().map(|&x| x as f64).collect();
+        if s.min.len() != 3 {
+            s.min = vec![0.0; 3];
+            s.max = vec![1.0; 3];
+        }
+        out.insert(key.clone(), s);
+    }
+    out
+}
+
 #[derive(Debug, Clone)]
 struct KeyNorm {
     mode: NormMode,
@@ -70,54 +120,50 @@ impl Normalizer {
     /// Build from stats and a per-feature-type mapping. With `imagenet_for_cameras`, camera
     /// mean/std are replaced by ImageNet stats (as lerobot's `use_imagenet_stats`).
     pub fn new(info: &Info, stats: &Stats, map: &NormMap, imagenet_for_cameras: bool) -> Result<Self, DatasetError> {
+        let owned;
+        let stats = if imagenet_for_cameras {
+            owned = with_imagenet_stats(info, stats);
+            &owned
+        } else {
+            stats
+        };
+        let features = info.features.iter().filter_map(|(key, f)| {
+            let kind = info.policy_feature_type(key)?;
+            Some(FeatureSpec { key: key.clone(), kind, numel: f.numel(), channels: f.chw().map(|c| c.0) })
+        });
+        Self::from_features(features, stats, map)
+    }
+
+    /// Build for the given features (a policy's `input_features` / `output_features`, say)
+    /// from stats already final (ImageNet substitution done), as lerobot's processors do.
+    pub fn from_features(features: impl IntoIterator<Item = FeatureSpec>, stats: &Stats, map: &NormMap) -> Result<Self, DatasetError> {
         let mut keys = BTreeMap::new();
-        for key in info.features.keys() {
-            let Some(t) = info.policy_feature_type(key) else { continue };
+        for FeatureSpec { key, kind: t, numel, channels } in features {
             let mode = map.get(type_name(t)).copied().unwrap_or(NormMode::Identity);
             if mode == NormMode::Identity {
                 continue;
             }
-            let mut fs: Option<FeatureStats> = stats.get(key).cloned();
-            if imagenet_for_cameras && t == PolicyFeatureType::Visual {
-                let mut s = fs.unwrap_or(FeatureStats {
-                    shape: vec![3, 1, 1],
-                    mean: vec![0.0; 3],
-                    std: vec![1.0; 3],
-                    min: vec![0.0; 3],
-                    max: vec![1.0; 3],
-                    count: None,
-                });
-                s.shape = vec![3, 1, 1];
-                s.mean = IMAGENET_MEAN.iter().map(|&x| x as f64).collect();
-                s.std = IMAGENET_STD.iter().map(|&x| x as f64).collect();
-                if s.min.len() != 3 {
-                    s.min = vec![0.0; 3];
-                    s.max = vec![1.0; 3];
-                }
-                fs = Some(s);
-            }
             // lerobot skips keys without stats (identity).
-            let Some(fs) = fs else { continue };
+            let Some(fs) = stats.get(&key) else { continue };
             let f32v = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
             let (p, q) = match mode {
                 NormMode::MeanStd => (f32v(&fs.mean), f32v(&fs.std)),
                 NormMode::MinMax => (f32v(&fs.min), f32v(&fs.max)),
                 NormMode::Identity => unreachable!(),
             };
-            let numel = info.features[key].numel();
             if t != PolicyFeatureType::Visual && p.len() != numel {
                 return Err(DatasetError::arg(format!(
                     "stats of `{key}` have {} values but the feature has {numel}",
                     p.len()
                 )));
             }
-            if t == PolicyFeatureType::Visual && p.len() != info.features[key].chw().map_or(0, |c| c.0) && p.len() != numel {
+            if t == PolicyFeatureType::Visual && Some(p.len()) != channels && p.len() != numel {
                 return Err(DatasetError::arg(format!(
                     "stats of camera `{key}` have {} values: expected one per channel",
                     p.len()
                 )));
             }
-            keys.insert(key.clone(), KeyNorm { mode, p, q, shape: fs.shape.clone() });
+            keys.insert(key, KeyNorm { mode, p, q, shape: fs.shape.clone() });
         }
         Ok(Normalizer { keys })
     }

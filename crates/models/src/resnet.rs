@@ -494,6 +494,23 @@ pub fn set_trainable<B: Backend, M: Module<B>>(module: M, is_buffer: impl Fn(&st
     module.map(&mut m)
 }
 
+/// A torchvision ResNet state-dict key the trunk does not hold: the classifier (`fc.*`, the
+/// trunk stops at `layer4`) and BatchNorm's step counters (`*.num_batches_tracked`).
+pub fn is_unused_torchvision_key(key: &str) -> bool {
+    key.starts_with("fc.") || key.ends_with(".num_batches_tracked")
+}
+
+/// Load a torchvision ResNet state dict saved as safetensors (`resnet18(weights=…)
+/// .state_dict()` through `safetensors.torch.save_file`) into the trunk: the names are
+/// torchvision's, so they map unchanged; `fc.*` and `num_batches_tracked` are skipped
+/// ([`is_unused_torchvision_key`]); any other missing, misshapen or extra key is an error
+/// naming the file and the key. BatchNorm's `weight`/`bias`/`running_*` fill the
+/// FrozenBatchNorm2d buffers (what torchvision's `FrozenBatchNorm2d` loads too);
+/// `require_grad` flags are kept.
+pub fn load_torchvision_weights<B: Backend>(trunk: ResNet<B>, path: &std::path::Path) -> Result<ResNet<B>, crate::weights::WeightError> {
+    crate::weights::load_safetensors(trunk, path, |k| (!is_unused_torchvision_key(k)).then(|| k.to_string()))
+}
+
 /// Map a key of a trunk kept as `nn.Sequential(*list(resnet.children())[:-2])` (Diffusion
 /// Policy: `0.weight`, `1.running_mean`, `4.0.conv1.weight`, …) to torchvision's name
 /// (`conv1.weight`, `bn1.running_mean`, `layer1.0.conv1.weight`). Children 2 (ReLU) and 3
@@ -561,6 +578,38 @@ mod tests {
         assert!(!names.iter().any(|n| n.starts_with("layer1.0.downsample")));
         // 20 convs (incl. 3 downsample convs) + 20 norms × 4 tensors.
         assert_eq!(names.len(), 20 + 20 * 4);
+    }
+
+    /// A torchvision state dict (random values under torchvision's names, plus `fc.*` and the
+    /// int64 `num_batches_tracked` counters a real `resnet18().state_dict()` holds) loads into
+    /// the frozen-BN trunk; a missing file names the path.
+    #[test]
+    fn torchvision_state_dict_loads_by_name() {
+        let dev = Default::default();
+        let source = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Tb>(&dev);
+        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>, safetensors::Dtype)> = crate::weights::named_tensors::<Tb, _>(&source)
+            .into_iter()
+            .map(|(k, d)| (k, d.as_bytes().to_vec(), d.shape.to_vec(), safetensors::Dtype::F32))
+            .collect();
+        tensors.push(("fc.weight".into(), vec![0; 1000 * 512 * 4], vec![1000, 512], safetensors::Dtype::F32));
+        tensors.push(("fc.bias".into(), vec![0; 1000 * 4], vec![1000], safetensors::Dtype::F32));
+        tensors.push(("bn1.num_batches_tracked".into(), 7i64.to_le_bytes().to_vec(), vec![], safetensors::Dtype::I64));
+        let views: Vec<_> = tensors.iter().map(|(k, b, s, t)| (k.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), b).unwrap())).collect();
+        let path = std::env::temp_dir().join(format!("vramlab-resnet18-tv-{}.safetensors", std::process::id()));
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+
+        let target = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Tb>(&dev).frozen();
+        let loaded = load_torchvision_weights(target, &path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let get = |m: &ResNet<Tb>, key: &str| crate::weights::named_tensors::<Tb, _>(m).into_iter().find(|(k, _)| k == key).unwrap().1;
+        for key in ["conv1.weight", "layer3.1.conv2.weight", "layer2.0.downsample.1.running_var"] {
+            assert_eq!(get(&loaded, key), get(&source, key), "{key}");
+        }
+        assert!(!loaded.conv1.weight.is_require_grad(), "require_grad flags are kept");
+
+        let missing = std::path::Path::new("/nonexistent/resnet18.safetensors");
+        let err = load_torchvision_weights(ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Tb>(&dev), missing).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/resnet18.safetensors"), "{err}");
     }
 
     #[test]

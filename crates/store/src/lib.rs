@@ -121,6 +121,14 @@ pub fn save_safetensors<B: Backend, M: Module<B>>(module: &M, path: &Path) -> Re
 /// [`WeightError::Dtype`] naming it (its bytes would otherwise be stored under an F32 header).
 pub fn write_safetensors(tensors: &[(String, TensorData)], path: &Path) -> Result<(), WeightError> {
     let io = |source| WeightError::Write { path: path.to_path_buf(), source };
+    let buf = safetensors_bytes(tensors, path)?;
+    let tmp = path.with_extension("safetensors.tmp");
+    std::fs::write(&tmp, buf).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// The bytes [`write_safetensors`] would write (f32 tensors); `path` names the file in errors.
+pub fn safetensors_bytes(tensors: &[(String, TensorData)], path: &Path) -> Result<Vec<u8>, WeightError> {
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
         .iter()
         .map(|(k, d)| {
@@ -142,11 +150,7 @@ pub fn write_safetensors(tensors: &[(String, TensorData)], path: &Path) -> Resul
             Ok((k.clone(), view))
         })
         .collect::<Result<_, WeightError>>()?;
-    let buf = safetensors::serialize(views, None)
-        .map_err(|e| WeightError::Format { path: path.to_path_buf(), msg: e.to_string() })?;
-    let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, buf).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    safetensors::serialize(views, None).map_err(|e| WeightError::Format { path: path.to_path_buf(), msg: e.to_string() })
 }
 
 /// All tensors of a safetensors file converted to f32 (float dtypes) — for inputs/outputs files.

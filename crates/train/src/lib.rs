@@ -7,6 +7,7 @@
 //! gradient checkpointing ([`checkpointing`]), checkpoints with exact resume, and per-step
 //! metrics ([`metrics`]).
 
+pub mod checkpoint;
 pub mod checkpointing;
 pub mod metrics;
 pub mod model;

@@ -3,8 +3,9 @@
 //! Written here rather than taken from burn-optim because vramlab needs: PyTorch's defaults
 //! (eps 1e-8; Burn's AdamW uses 1e-5), per-group learning rates selected by parameter name
 //! (lerobot's `lr_backbone`), clipping by the *global* norm like `clip_grad_norm_` (Burn's
-//! `GradientClipping::Norm` clips each tensor on its own), optimizer state stored by parameter
-//! name (checkpoints readable without Burn), and exact byte counts of that state.
+//! `GradientClipping::Norm` clips each tensor on its own), optimizer state saved in torch's
+//! `state_dict` layout with parameter names (lerobot's `training_state/`, readable without
+//! Burn), and exact byte counts of that state.
 //! Frozen parameters (not requiring grad) get no gradient and therefore no state.
 
 use std::collections::BTreeMap;
@@ -159,37 +160,136 @@ impl<B: AutodiffBackend> Optimizer<B> {
         (module, StepInfo { grad_norm, applied: true })
     }
 
-    /// Save moments by parameter name (`<name>.exp_avg`, `<name>.exp_avg_sq`, as torch names them).
-    pub fn save(&self, path: &Path) -> Result<(), WeightError> {
-        let mut tensors = Vec::with_capacity(self.state.len() * 2);
-        for (name, s) in &self.state {
-            tensors.push((format!("{name}.exp_avg"), s.m.to_data()));
-            tensors.push((format!("{name}.exp_avg_sq"), s.v.to_data()));
+    /// The parameter groups in torch's order: group 0 holds the parameters at the base lr, then
+    /// one group per [`ParamGroup`] (lerobot's ACT: everything but the backbone, then the
+    /// backbone). Each is a list of indices into `params`.
+    fn group_members(&self, params: &[(String, Vec<usize>)]) -> Vec<Vec<usize>> {
+        let mut groups = vec![Vec::new(); 1 + self.config.groups.len()];
+        for (i, (name, _)) in params.iter().enumerate() {
+            let g = self.config.groups.iter().position(|g| g.matches(name)).map_or(0, |g| g + 1);
+            groups[g].push(i);
         }
-        vramlab_store::write_safetensors(&tensors, path)
+        groups
     }
 
-    /// Load moments saved by [`Optimizer::save`]; `step` comes from the trainer state.
-    pub fn load(&mut self, path: &Path, step: u64, device: &burn::tensor::Device<B::InnerBackend>) -> Result<(), WeightError> {
-        let raw = vramlab_store::read_safetensors(path)?;
-        let mut state = BTreeMap::new();
-        let mut pending: BTreeMap<String, (Option<TensorData>, Option<TensorData>)> = BTreeMap::new();
-        for (k, v) in raw {
-            if let Some(name) = k.strip_suffix(".exp_avg_sq") {
-                pending.entry(name.to_string()).or_default().1 = Some(v);
-            } else if let Some(name) = k.strip_suffix(".exp_avg") {
-                pending.entry(name.to_string()).or_default().0 = Some(v);
-            } else {
-                return Err(WeightError::Unused { path: path.to_path_buf(), unused: vec![k] });
+    /// Save in torch's `optimizer.state_dict()` layout, as lerobot writes it:
+    /// `state_path` holds `state/<i>/exp_avg`, `state/<i>/exp_avg_sq` (the parameter's shape)
+    /// and `state/<i>/step`; `groups_path` the param groups (lr after the schedule's
+    /// `lr_factor`, betas, eps, weight_decay, `params` = the indices, `param_names` as torch
+    /// names them when an optimizer is built from named parameters). `params` are the trainable
+    /// parameters in module order ([`trainable_params`]).
+    pub fn save(&self, state_path: &Path, groups_path: &Path, params: &[(String, Vec<usize>)], lr_factor: f64) -> Result<(), WeightError> {
+        let mut tensors = Vec::with_capacity(self.state.len() * 3);
+        let mut groups = Vec::new();
+        let cfg = &self.config;
+        for (g, members) in self.group_members(params).into_iter().enumerate() {
+            let base_lr = if g == 0 { cfg.lr } else { cfg.groups[g - 1].lr };
+            for &i in &members {
+                let (name, shape) = &params[i];
+                if let Some(s) = self.state.get(name) {
+                    let with_shape = |t: &Tensor<B::InnerBackend, 1>| {
+                        let d = t.to_data();
+                        TensorData::new(d.to_vec::<f32>().unwrap_or_default(), shape.clone())
+                    };
+                    tensors.push((format!("state/{i}/exp_avg"), with_shape(&s.m)));
+                    tensors.push((format!("state/{i}/exp_avg_sq"), with_shape(&s.v)));
+                    tensors.push((format!("state/{i}/step"), TensorData::new(vec![self.step as f32], Vec::<usize>::new())));
+                }
+            }
+            groups.push(serde_json::json!({
+                "lr": base_lr * lr_factor,
+                "betas": [cfg.betas.0, cfg.betas.1],
+                "eps": cfg.eps,
+                "weight_decay": cfg.weight_decay,
+                "amsgrad": false,
+                "maximize": false,
+                "foreach": null,
+                "capturable": false,
+                "differentiable": false,
+                "fused": null,
+                "decoupled_weight_decay": cfg.kind == OptimKind::AdamW,
+                "initial_lr": base_lr,
+                "params": members,
+                "param_names": members.iter().map(|&i| params[i].0.as_str()).collect::<Vec<_>>(),
+            }));
+        }
+        vramlab_store::write_safetensors(&tensors, state_path)?;
+        let text = serde_json::to_string_pretty(&groups).expect("param groups serialise");
+        std::fs::write(groups_path, text).map_err(|source| WeightError::Write { path: groups_path.to_path_buf(), source })
+    }
+
+    /// Load what [`Optimizer::save`] wrote, or what lerobot wrote for the same policy: saved
+    /// indices are matched to this model's parameters by `param_names` where the file has
+    /// them, otherwise by position within each group (torch's own rule), checking counts and
+    /// shapes. `step` comes from the trainer state.
+    pub fn load(
+        &mut self,
+        state_path: &Path,
+        groups_path: &Path,
+        params: &[(String, Vec<usize>)],
+        step: u64,
+        device: &burn::tensor::Device<B::InnerBackend>,
+    ) -> Result<(), WeightError> {
+        let bad = |msg: String| WeightError::Format { path: groups_path.to_path_buf(), msg };
+        let text = std::fs::read_to_string(groups_path).map_err(|source| WeightError::Io { path: groups_path.to_path_buf(), source })?;
+        let saved: Vec<serde_json::Value> = serde_json::from_str(&text).map_err(|e| bad(format!("not a list of param groups: {e}")))?;
+        let ours = self.group_members(params);
+        if saved.len() != ours.len() {
+            return Err(bad(format!("{} param group(s), this run has {}", saved.len(), ours.len())));
+        }
+        let shapes: BTreeMap<&str, &Vec<usize>> = params.iter().map(|(n, s)| (n.as_str(), s)).collect();
+        let mut name_of: BTreeMap<u64, String> = BTreeMap::new();
+        for (g, (group, members)) in saved.iter().zip(&ours).enumerate() {
+            let indices: Vec<u64> = group["params"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect()).unwrap_or_default();
+            let names: Option<Vec<String>> = group.get("param_names").and_then(|v| serde_json::from_value(v.clone()).ok());
+            match names {
+                Some(names) if names.len() == indices.len() => {
+                    for (i, n) in indices.iter().zip(names) {
+                        if !shapes.contains_key(n.as_str()) {
+                            return Err(bad(format!("group {g} names parameter `{n}`, which this model does not train")));
+                        }
+                        name_of.insert(*i, n);
+                    }
+                }
+                _ if indices.len() == members.len() => {
+                    for (i, &m) in indices.iter().zip(members) {
+                        name_of.insert(*i, params[m].0.clone());
+                    }
+                }
+                _ => return Err(bad(format!("group {g} holds {} parameters, this run trains {} in that group", indices.len(), members.len()))),
             }
         }
+        let raw = vramlab_store::read_safetensors(state_path)?;
+        let mut pending: BTreeMap<String, (Option<TensorData>, Option<TensorData>)> = BTreeMap::new();
+        for (k, v) in raw {
+            let mut parts = k.split('/');
+            let (Some("state"), Some(i), Some(field), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+                return Err(WeightError::Unused { path: state_path.to_path_buf(), unused: vec![k] });
+            };
+            let Some(name) = i.parse::<u64>().ok().and_then(|i| name_of.get(&i)) else {
+                return Err(WeightError::Unused { path: state_path.to_path_buf(), unused: vec![k] });
+            };
+            let want = shapes[name.as_str()];
+            if field != "step" && v.shape.iter().product::<usize>() != want.iter().product::<usize>() {
+                return Err(WeightError::Shape { path: state_path.to_path_buf(), key: k, expected: want.clone(), found: v.shape.to_vec() });
+            }
+            match field {
+                "exp_avg" => pending.entry(name.clone()).or_default().0 = Some(v),
+                "exp_avg_sq" => pending.entry(name.clone()).or_default().1 = Some(v),
+                "step" => {}
+                _ => return Err(WeightError::Unused { path: state_path.to_path_buf(), unused: vec![k] }),
+            }
+        }
+        let mut state = BTreeMap::new();
         for (name, pair) in pending {
             let (Some(m), Some(v)) = pair else {
-                return Err(WeightError::Missing { path: path.to_path_buf(), missing: vec![name] });
+                return Err(WeightError::Missing { path: state_path.to_path_buf(), missing: vec![format!("{name} (exp_avg and exp_avg_sq)")] });
             };
+            // Stored in the parameter's shape (torch's layout), kept flat here.
             let to = |d: TensorData| {
                 let n = d.num_elements();
-                Tensor::<B::InnerBackend, 1>::from_data(d.convert::<f32>(), device).reshape([n])
+                let flat = TensorData::new(d.convert::<f32>().to_vec::<f32>().unwrap_or_default(), [n]);
+                Tensor::<B::InnerBackend, 1>::from_data(flat, device)
             };
             state.insert(name, MomentState { m: to(m), v: to(v) });
         }
@@ -197,6 +297,32 @@ impl<B: AutodiffBackend> Optimizer<B> {
         self.step = step;
         Ok(())
     }
+}
+
+/// The parameters of `module` that train (require grad), in module order, with their shapes:
+/// the order of torch's `named_parameters()` where the module declares its fields as the
+/// reference does.
+pub fn trainable_params<B: Backend, M: burn::module::Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
+    struct Collect {
+        path: PathStack,
+        out: Vec<(String, Vec<usize>)>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn enter_module(&mut self, name: &str, container: &str) {
+            self.path.enter(name, container);
+        }
+        fn exit_module(&mut self, _name: &str, _container: &str) {
+            self.path.exit();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if param.is_require_grad() {
+                self.out.push((self.path.current(), param.shape().dims::<D>().to_vec()));
+            }
+        }
+    }
+    let mut c = Collect { path: PathStack::default(), out: Vec::new() };
+    module.visit(&mut c);
+    c.out
 }
 
 struct NormVisitor<'a, B: AutodiffBackend> {

@@ -17,7 +17,8 @@ use vramlab_probe::MemoryProbe;
 use crate::checkpointing::{CheckpointMode, PhaseHooks, staged_forward_backward};
 use crate::metrics::{StepRecord, summary_markdown};
 use crate::model::{LossParts, TrainModel};
-use crate::optim::{OptimConfig, Optimizer, grad_bytes, param_bytes};
+use crate::checkpoint;
+use crate::optim::{OptimConfig, Optimizer, grad_bytes, param_bytes, trainable_params};
 use crate::schedule::LrSchedule;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -36,6 +37,10 @@ pub enum TrainError {
     NonFinite { step: u64, value: f64, checkpoint: String },
     #[error("--resume: no checkpoint in {0}")]
     NothingToResume(PathBuf),
+    #[error("--resume: no intact checkpoint in {dir}: {}", why.join("; "))]
+    NoIntactCheckpoint { dir: PathBuf, why: Vec<String> },
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("{0} already holds checkpoints: pass --resume to continue that run, or choose another --output_dir")]
     OutputExists(PathBuf),
     #[error(transparent)]
@@ -240,16 +245,17 @@ impl<'a> Trainer<'a> {
             rng: "splitmix64(seed, step, micro) per micro-batch".into(),
             schedule: cfg.schedule.clone(),
         };
-        let latest = latest_checkpoint(&ckpt_dir)?;
+        let has_checkpoints = !checkpoint::step_dirs(&ckpt_dir)?.is_empty();
         if cfg.resume {
-            let Some((_, dir)) = latest else { return Err(TrainError::NothingToResume(ckpt_dir)) };
-            let state_path = dir.join("trainer_state.json");
+            let dir = resume_dir(&ckpt_dir)?;
+            let state_path = dir.join(checkpoint::TRAINER_STATE_FILE);
             let text = fs::read_to_string(&state_path).map_err(io(&state_path))?;
             state = serde_json::from_str(&text).map_err(|e| TrainError::State { path: state_path.clone(), msg: e.to_string() })?;
-            model = model.load_weights(&dir.join("model.safetensors"))?;
-            optim.load(&dir.join("optimizer.safetensors"), state.optimizer_step, device)?;
+            model = model.load_weights(&dir.join(checkpoint::MODEL_FILE))?;
+            let params = trainable_params::<B, M>(&model);
+            optim.load(&dir.join(checkpoint::OPTIMIZER_STATE_FILE), &dir.join(checkpoint::OPTIMIZER_GROUPS_FILE), &params, state.optimizer_step, device)?;
             truncate_metrics(&metrics_path, state.step)?;
-        } else if latest.is_some() {
+        } else if has_checkpoints {
             return Err(TrainError::OutputExists(cfg.output_dir.clone()));
         } else if metrics_path.exists() {
             fs::remove_file(&metrics_path).map_err(io(&metrics_path))?;
@@ -406,7 +412,8 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// Write `checkpoints/<step>/` atomically: build it under a temporary name, then rename.
+    /// Write `checkpoints/<step>/` in lerobot's layout ([`checkpoint`]) atomically: build it
+    /// under a temporary name, write its manifest last, rename, then point `last` at it.
     fn save_checkpoint<B: AutodiffBackend, M: TrainModel<B>>(
         &self,
         model: &M,
@@ -414,43 +421,90 @@ impl<'a> Trainer<'a> {
         state: &TrainerState,
     ) -> Result<PathBuf, TrainError> {
         let root = self.checkpoints_dir();
-        let final_dir = root.join(format!("{:06}", state.step));
-        let tmp = root.join(format!(".{:06}.tmp", state.step));
+        let name = checkpoint::step_dir_name(state.step, self.config.steps);
+        let final_dir = root.join(&name);
+        let tmp = root.join(format!(".{name}.tmp"));
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
         }
-        fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        model.save_weights(&tmp.join("model.safetensors"))?;
-        optim.save(&tmp.join("optimizer.safetensors"))?;
-        let state_json = serde_json::to_string_pretty(state).unwrap_or_default();
-        fs::write(tmp.join("trainer_state.json"), state_json).map_err(io(&tmp))?;
-        for (name, bytes) in &self.checkpoint_files {
-            let p = tmp.join(name);
-            fs::write(&p, bytes).map_err(io(&p))?;
+        for sub in [checkpoint::PRETRAINED_MODEL_DIR, checkpoint::TRAINING_STATE_DIR] {
+            let d = tmp.join(sub);
+            fs::create_dir_all(&d).map_err(io(&d))?;
         }
+        let write = |rel: &str, bytes: &[u8]| -> Result<(), TrainError> {
+            let p = tmp.join(rel);
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent).map_err(io(parent))?;
+            }
+            fs::write(&p, bytes).map_err(io(&p))
+        };
+        model.save_weights(&tmp.join(checkpoint::MODEL_FILE))?;
+        let params = trainable_params::<B, M>(model);
+        // The lr the next step would use, as torch's param groups hold it after scheduler.step().
+        let lr_factor = self.config.schedule.factor(state.optimizer_step);
+        optim.save(&tmp.join(checkpoint::OPTIMIZER_STATE_FILE), &tmp.join(checkpoint::OPTIMIZER_GROUPS_FILE), &params, lr_factor)?;
+        let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("JSON values serialise");
+        write(checkpoint::TRAINING_STEP_FILE, json(&serde_json::json!({ "step": state.step })).as_bytes())?;
+        if let Some(sched) = scheduler_state(&self.config, state.optimizer_step) {
+            write(checkpoint::SCHEDULER_STATE_FILE, json(&sched).as_bytes())?;
+        }
+        write(checkpoint::TRAINER_STATE_FILE, serde_json::to_string_pretty(state).unwrap_or_default().as_bytes())?;
+        for (rel, bytes) in &self.checkpoint_files {
+            write(rel, bytes)?;
+        }
+        checkpoint::write_manifest(&tmp, state.step)?;
         if final_dir.exists() {
             fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
         }
         fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
+        checkpoint::update_last_link(&root, &name)?;
         Ok(final_dir)
     }
 }
 
-/// The checkpoint with the highest step (complete ones only: temporaries start with '.').
-pub fn latest_checkpoint(dir: &Path) -> Result<Option<(u64, PathBuf)>, TrainError> {
-    if !dir.exists() {
-        return Ok(None);
+/// torch's `LambdaLR.state_dict()` as lerobot saves it (`scheduler_state.json`); `None` for a
+/// constant lr without warmup, where lerobot has no scheduler either.
+fn scheduler_state(cfg: &TrainConfig, optimizer_step: u64) -> Option<serde_json::Value> {
+    let s = &cfg.schedule;
+    if s.kind == crate::schedule::ScheduleKind::Constant && s.warmup_steps == 0 {
+        return None;
     }
-    let mut best = None;
-    for entry in fs::read_dir(dir).map_err(io(dir))? {
-        let entry = entry.map_err(io(dir))?;
-        let name = entry.file_name().to_string_lossy().to_string();
-        if let Ok(step) = name.parse::<u64>()
-            && entry.path().join("trainer_state.json").exists() && best.as_ref().is_none_or(|(s, _)| step > *s) {
-                best = Some((step, entry.path()));
+    let base: Vec<f64> = std::iter::once(cfg.optim.lr).chain(cfg.optim.groups.iter().map(|g| g.lr)).collect();
+    let factor = s.factor(optimizer_step);
+    Some(serde_json::json!({
+        "base_lrs": base,
+        "last_epoch": optimizer_step,
+        "_step_count": optimizer_step + 1,
+        "_is_initial": false,
+        "_get_lr_called_within_step": false,
+        "_last_lr": base.iter().map(|b| b * factor).collect::<Vec<_>>(),
+        "lr_lambdas": vec![serde_json::Value::Null; base.len()],
+    }))
+}
+
+/// The checkpoint `--resume` continues from: the newest whose files match its manifest. Newer
+/// ones that do not (a run killed while a disk filled up, a file truncated by a copy) are
+/// reported on stderr and skipped.
+pub fn resume_dir(ckpt_dir: &Path) -> Result<PathBuf, TrainError> {
+    let (best, skipped) = checkpoint::newest_intact(ckpt_dir)?;
+    for s in &skipped {
+        eprintln!("warning: --resume: skipping {}: {}", s.dir.display(), s.reason);
+    }
+    match best {
+        Some((_, dir)) => {
+            if !skipped.is_empty() {
+                eprintln!("warning: --resume: continuing from the newest intact checkpoint, {}", dir.display());
             }
+            Ok(dir)
+        }
+        None if skipped.is_empty() => Err(TrainError::NothingToResume(ckpt_dir.to_path_buf())),
+        None => Err(TrainError::NoIntactCheckpoint { dir: ckpt_dir.to_path_buf(), why: skipped.iter().map(|s| format!("{}: {}", s.dir.display(), s.reason)).collect() }),
     }
-    Ok(best)
+}
+
+/// The step of the checkpoint `--resume` would continue from (0 when there is none).
+pub fn resume_step(ckpt_dir: &Path) -> Result<u64, TrainError> {
+    Ok(checkpoint::newest_intact(ckpt_dir)?.0.map_or(0, |(step, _)| step))
 }
 
 /// Drop metric lines past `step` (a killed run may have logged steps after its last checkpoint).

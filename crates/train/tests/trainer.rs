@@ -131,12 +131,16 @@ fn resume_reproduces_the_uninterrupted_run_bit_for_bit() {
     vramlab_train::optim::param_bytes::<B, _>(&init);
     let full_dir = tmpdir("full");
     let full = train(config(full_dir.clone(), 8, false, CheckpointMode::Off), init.clone()).unwrap();
-    // "Killed" after step 4: the last checkpoint is step 3, step 4 is logged but lost.
+    // "Killed" while writing step 4's checkpoint: its weights are truncated, so --resume falls
+    // back to step 3's; step 4 is logged but recomputed.
     let part_dir = tmpdir("part");
     let mut cfg = config(part_dir.clone(), 4, false, CheckpointMode::Off);
     cfg.schedule.total_steps = 8; // the same schedule as the 8-step run
     train(cfg, init.clone()).unwrap();
-    std::fs::remove_dir_all(part_dir.join("checkpoints/000004")).unwrap();
+    let weights = part_dir.join("checkpoints/000004/pretrained_model/model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    assert_eq!(vramlab_train::trainer::resume_step(&part_dir.join("checkpoints")).unwrap(), 3);
     let resumed = train(config(part_dir.clone(), 8, true, CheckpointMode::Off), init).unwrap();
     let log = std::fs::read_to_string(part_dir.join("metrics.jsonl")).unwrap();
     let losses: Vec<f64> = log.lines().map(|l| serde_json::from_str::<StepRecord>(l).unwrap().loss).collect();
@@ -202,7 +206,7 @@ fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
     assert!(msg.contains(&format!("at step {step}")), "{msg}");
     // The last good state (step - 1) was written.
     assert!(checkpoint.ends_with(&format!("{:06}", step - 1)), "{msg}");
-    assert!(std::path::Path::new(checkpoint).join("model.safetensors").exists());
+    assert!(std::path::Path::new(checkpoint).join("pretrained_model/model.safetensors").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -238,4 +242,33 @@ fn a_materialized_model_clones_with_its_weights() {
     for (a, b) in model.layers.iter().zip(&copy.layers) {
         assert_eq!(a.weight.val().into_data(), b.weight.val().into_data());
     }
+}
+
+#[test]
+fn optimizer_state_reads_back_in_torch_layout_with_or_without_param_names() {
+    let dir = tmpdir("optim");
+    let cfg = config(dir.clone(), 2, false, CheckpointMode::Off);
+    let out = train(cfg.clone(), Mlp::new(&Default::default())).unwrap();
+    let state_dir = dir.join("checkpoints/000002/training_state");
+    let params = vramlab_train::optim::trainable_params::<B, _>(&out.model);
+    // lerobot (torch) writes param groups without `param_names`: indices map by position.
+    let text = std::fs::read_to_string(state_dir.join("optimizer_param_groups.json")).unwrap();
+    let mut groups: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(groups[0]["param_names"].as_array().unwrap().len(), params.len());
+    for g in &mut groups {
+        g.as_object_mut().unwrap().remove("param_names");
+    }
+    let bare = dir.join("groups_without_names.json");
+    std::fs::write(&bare, serde_json::to_string(&groups).unwrap()).unwrap();
+    let mut optim = vramlab_train::Optimizer::<B>::new(cfg.optim.clone());
+    optim.load(&state_dir.join("optimizer_state.safetensors"), &bare, &params, 2, &Default::default()).unwrap();
+    let again = dir.join("again.safetensors");
+    optim.save(&again, &dir.join("again.json"), &params, 1.0).unwrap();
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(state_dir.join("optimizer_state.safetensors")).unwrap());
+    // A file for another model is refused, naming the group.
+    groups[0]["params"] = serde_json::json!([0, 1]);
+    std::fs::write(&bare, serde_json::to_string(&groups).unwrap()).unwrap();
+    let err = optim.load(&state_dir.join("optimizer_state.safetensors"), &bare, &params, 2, &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("group 0 holds 2 parameters"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -1,6 +1,6 @@
-//! Run configuration, parsed once and up front: a TOML file plus lerobot-style dotted
-//! overrides, typed into [`RunConfig`] and checked by [`RunConfig::validate`] before any data
-//! is generated or any model is built.
+//! Run configuration, parsed once and up front: a TOML file (or lerobot's `train_config.json`,
+//! see [`crate::lerobot_compat`]) plus lerobot-style dotted overrides, typed into [`RunConfig`]
+//! and checked by [`RunConfig::validate`] before any data is generated or any model is built.
 //!
 //! `--policy.chunk_size=50 --batch_size=24` are applied to the TOML tree before it is typed,
 //! so a flag and a file line are the same thing. Every switch is a serde enum (backend,
@@ -9,10 +9,12 @@
 //! ones.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
+use vramlab_lerobot::hub::{HubEnv, HubRequest};
 use vramlab_models::nn::Precision;
 use vramlab_train::{CheckpointMode, OptimKind, ScheduleKind};
 
@@ -75,6 +77,10 @@ pub struct RunConfig {
     /// Sweep axes (`--sweep.<field>=a,b,c`); used by `vramlab sweep` only.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub sweep: serde_json::Map<String, Value>,
+    /// What the user should know before the run starts (lerobot keys mapped or ignored, the ACT
+    /// backbone's missing ImageNet weights); printed by the CLI. See [`crate::lerobot_compat`].
+    #[serde(skip)]
+    pub notes: Vec<String>,
 }
 
 fn d_batch() -> u64 {
@@ -132,7 +138,8 @@ pub enum DatasetType {
     Npz,
     /// The built-in push demonstrations (robot policies), generated on first use.
     Sim,
-    /// A LeRobot v2.1 / v3.0 dataset at `dataset.root` (robot policies).
+    /// A LeRobot v2.1 / v3.0 dataset at `dataset.root` or from the hub (`dataset.repo_id`)
+    /// (robot policies).
     Lerobot,
     /// Random inputs of the policy's shapes (robot policies; memory measurement).
     Random,
@@ -168,10 +175,22 @@ pub struct DatasetConfig {
     /// `sim` (built-in push demonstrations; the default), `lerobot` or `random`.
     #[serde(rename = "type", default, deserialize_with = "dataset_type_or_built_in")]
     pub kind: Option<DatasetType>,
-    /// Directory of `.npz` files (type = npz) or of a LeRobot dataset (type = lerobot; for
-    /// type = sim, where the generated dataset is kept).
+    /// Directory of `.npz` files (type = npz) or of a LeRobot dataset (type = lerobot; with
+    /// `repo_id`, where the dataset is or is downloaded to, lerobot's `root`; for type = sim,
+    /// where the generated dataset is kept).
     #[serde(default)]
     pub root: Option<PathBuf>,
+    /// lerobot's `--dataset.repo_id`: a LeRobot dataset on the Hugging Face hub
+    /// (`lerobot/aloha_sim_insertion_human`); implies `type = lerobot`. Used from `root`, the hub
+    /// cache or `$HF_LEROBOT_HOME/<repo_id>` when there, else downloaded into `root` or the hub
+    /// cache before training starts ([`vramlab_lerobot::hub`] lists the differences from
+    /// lerobot, which downloads into `$HF_LEROBOT_HOME/<repo_id>`).
+    #[serde(default)]
+    pub repo_id: Option<String>,
+    /// lerobot's `--dataset.revision`: branch, tag or commit of `repo_id` (absent: lerobot's
+    /// codebase version tag, `v3.0`, or the closest compatible version tag).
+    #[serde(default)]
+    pub revision: Option<String>,
     /// Resize camera frames to `[H, W]` (LeRobot datasets).
     #[serde(default)]
     pub image_size: Option<[usize; 2]>,
@@ -199,6 +218,11 @@ pub struct DatasetConfig {
     pub num_static_boxes: usize,
     #[serde(default = "d_movers")]
     pub num_movers: usize,
+    /// Not a flag: the LeRobot dataset directory once resolved ([`RunConfig::lerobot_root`]), so
+    /// `repo_id` is looked up (and downloaded) once, by `validate`, and training opens the same
+    /// directory. Leave it empty (`..Default::default()`).
+    #[serde(skip)]
+    pub resolved_root: OnceLock<PathBuf>,
 }
 
 fn d_true() -> bool {
@@ -332,35 +356,82 @@ pub fn set_dotted(root: &mut serde_json::Map<String, Value>, key: &str, value: V
     Ok(())
 }
 
-/// The TOML file (if any) with the overrides applied, as a JSON tree (what `sweep` varies).
+/// The config file (if any: TOML, or lerobot's `train_config.json`) with the overrides applied,
+/// as a JSON tree (what `sweep` varies).
 pub fn load_tree(file: Option<&Path>, overrides: &[(String, String)]) -> Result<serde_json::Map<String, Value>, WorkloadError> {
-    let mut tree = serde_json::Map::new();
+    load_tree_noted(file, overrides).map(|(tree, _)| tree)
+}
+
+/// [`load_tree`] and the notes of reading the file: a `.json` file is lerobot's
+/// `train_config.json` ([`crate::lerobot_compat::train_config_tree`]), anything else TOML.
+fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Result<(serde_json::Map<String, Value>, Vec<String>), WorkloadError> {
+    let mut notes = Vec::new();
+    let mut tree = match file {
+        None => resumed_run_config(overrides)?.unwrap_or_default(),
+        Some(_) => serde_json::Map::new(),
+    };
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })?;
-        let table: toml::Table = toml::from_str(&text).map_err(|e| WorkloadError::ConfigFile { path: path.to_path_buf(), msg: e.to_string() })?;
-        if let Ok(Value::Object(m)) = serde_json::to_value(table) {
-            tree = m;
+        if path.extension().is_some_and(|e| e == "json") {
+            (tree, notes) = crate::lerobot_compat::train_config_tree(&text, path)?;
+        } else {
+            let table: toml::Table = toml::from_str(&text).map_err(|e| WorkloadError::ConfigFile { path: path.to_path_buf(), msg: e.to_string() })?;
+            if let Ok(Value::Object(m)) = serde_json::to_value(table) {
+                tree = m;
+            }
         }
     }
     for (k, v) in overrides {
         set_dotted(&mut tree, k, parse_value(v))?;
     }
-    Ok(tree)
+    Ok((tree, notes))
+}
+
+/// `--resume --output_dir=DIR` without a config file: the run config saved in DIR's newest
+/// intact checkpoint, so no flag needs repeating (flags given now still apply on top, e.g.
+/// `--steps` to train longer). `None` when not resuming.
+fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<serde_json::Map<String, Value>>, WorkloadError> {
+    let get = |name: &str| overrides.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    if !matches!(get("resume"), Some("true" | "1")) {
+        return Ok(None);
+    }
+    let Some(out) = get("output_dir") else {
+        return Err(WorkloadError::invalid("resume", "needs --output_dir: the run directory to continue".into()));
+    };
+    let ckpts = Path::new(out).join("checkpoints");
+    // The trainer reports skipped checkpoints when it resumes; here only the choice matters.
+    let (newest, skipped) = vramlab_train::checkpoint::newest_intact(&ckpts).map_err(|e| WorkloadError::invalid("resume", e.to_string()))?;
+    let Some((_, dir)) = newest else {
+        let why: Vec<String> = skipped.iter().map(|s| format!("{}: {}", s.dir.display(), s.reason)).collect();
+        let msg = if why.is_empty() { format!("no checkpoint in {}", ckpts.display()) } else { format!("no intact checkpoint in {}: {}", ckpts.display(), why.join("; ")) };
+        return Err(WorkloadError::invalid("resume", msg));
+    };
+    let path = dir.join(crate::training::RUN_CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(m)) => Ok(Some(m)),
+        Ok(_) => Err(WorkloadError::ConfigFile { path, msg: "not a JSON object".into() }),
+        Err(e) => Err(WorkloadError::ConfigFile { path, msg: e.to_string() }),
+    }
 }
 
 /// Load `file` (if any), apply overrides, and type the result. Shape and name errors are
 /// reported here; [`RunConfig::validate`] then checks ranges, toggles and files.
 pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunConfig, WorkloadError> {
-    let tree = load_tree(file, overrides)?;
+    let (tree, notes) = load_tree_noted(file, overrides)?;
     let origin = file.map_or("command line".to_string(), |p| format!("{} + command line", p.display()));
-    serde_path_to_error::deserialize(Value::Object(tree)).map_err(|e| {
+    let mut cfg: RunConfig = serde_path_to_error::deserialize(Value::Object(tree.clone())).map_err(|e| {
         // The path names the field (`dataset.type: unknown variant …`); `policy` errors name
         // their field themselves.
         let path = e.path().to_string();
         let msg = e.inner().to_string();
         let msg = if path == "." || path.starts_with("policy") { msg } else { format!("{path}: {msg}") };
         WorkloadError::Config { origin, msg }
-    })
+    })?;
+    // lerobot's policy.device / use_amp act on the run (backend, precision).
+    let policy_notes = crate::lerobot_compat::apply_policy_keys(&mut cfg, &tree)?;
+    cfg.notes = notes.into_iter().chain(policy_notes).collect();
+    Ok(cfg)
 }
 
 impl RunConfig {
@@ -369,12 +440,23 @@ impl RunConfig {
         self.policy.as_ref().ok_or_else(|| WorkloadError::invalid("policy.type", format!("required (--policy.type=…); valid: {}", PolicyConfig::NAMES)))
     }
 
-    /// The dataset type of this run (the policy's built-in data when not given).
+    /// The dataset type of this run (`lerobot` with a `repo_id`, else the policy's built-in data
+    /// when not given).
     pub fn dataset_type(&self) -> Result<DatasetType, WorkloadError> {
         let vae = self.policy()?.is_vae3d();
         let built_in = if vae { DatasetType::Voxels } else { DatasetType::Sim };
-        let t = self.dataset.kind.unwrap_or(built_in);
+        let t = match (self.dataset.kind, &self.dataset.repo_id) {
+            (Some(t), Some(id)) if t != DatasetType::Lerobot => {
+                return Err(WorkloadError::invalid("dataset.repo_id", format!("`{id}` is a LeRobot dataset on the hub; it cannot be used with dataset.type={}", t.name())));
+            }
+            (Some(t), _) => t,
+            (None, Some(_)) => DatasetType::Lerobot,
+            (None, None) => built_in,
+        };
         let ok = if vae { matches!(t, DatasetType::Voxels | DatasetType::Npz) } else { matches!(t, DatasetType::Sim | DatasetType::Lerobot | DatasetType::Random) };
+        if !ok && self.dataset.repo_id.is_some() {
+            return Err(WorkloadError::invalid("dataset.repo_id", format!("LeRobot datasets train robot policies, not policy.type={}", self.policy()?.name())));
+        }
         if !ok {
             let valid = if vae { "voxels (built-in scenes), npz (with dataset.root)" } else { "sim (built-in push demonstrations), lerobot (with dataset.root), random" };
             return Err(WorkloadError::invalid("dataset.type", format!("`{}` does not fit policy.type={}; valid: {valid}", t.name(), self.policy()?.name())));
@@ -383,8 +465,14 @@ impl RunConfig {
     }
 
     /// Everything that can be checked before data is generated or a model is built: ranges,
-    /// toggles that do not fit together, and the files the run will read.
+    /// toggles that do not fit together, and the files the run will read (a `dataset.repo_id`
+    /// is found or downloaded here, with the process's Hugging Face environment).
     pub fn validate(&self) -> Result<(), WorkloadError> {
+        self.validate_with(&HubEnv::from_process())
+    }
+
+    /// [`Self::validate`] with the given Hugging Face environment (cache, offline, endpoint).
+    pub fn validate_with(&self, hub: &HubEnv) -> Result<(), WorkloadError> {
         let policy = self.policy()?;
         for (name, v) in [("steps", self.steps), ("batch_size", self.batch_size), ("grad_accum_steps", self.grad_accum_steps)] {
             if v == 0 {
@@ -420,14 +508,47 @@ impl RunConfig {
         {
             return Err(WorkloadError::invalid("dataset.grid", why));
         }
-        self.validate_dataset_files(dataset)
+        self.validate_dataset_files(dataset, hub)
     }
 
-    fn validate_dataset_files(&self, dataset: DatasetType) -> Result<(), WorkloadError> {
+    /// The LeRobot dataset of a `dataset.type=lerobot` run: `dataset.root`, or with `repo_id` its
+    /// local copy (found or downloaded with the process's environment unless `validate` already
+    /// resolved it).
+    pub fn lerobot_root(&self) -> Result<PathBuf, WorkloadError> {
+        match self.dataset.resolved_root.get() {
+            Some(root) => Ok(root.clone()),
+            None => self.resolve_lerobot_root(&HubEnv::from_process()),
+        }
+    }
+
+    /// [`Self::lerobot_root`] with the given Hugging Face environment; remembered for later calls.
+    pub fn resolve_lerobot_root(&self, hub: &HubEnv) -> Result<PathBuf, WorkloadError> {
+        if let Some(root) = self.dataset.resolved_root.get() {
+            return Ok(root.clone());
+        }
+        let d = &self.dataset;
+        let root = match &d.repo_id {
+            None => d.root.clone().ok_or_else(|| WorkloadError::invalid("dataset.root", "required for dataset.type=lerobot (or give dataset.repo_id)".into()))?,
+            Some(repo_id) => {
+                let req = HubRequest { repo_id, revision: d.revision.as_deref(), root: d.root.as_deref() };
+                vramlab_lerobot::hub::resolve(&req, hub).map_err(|e| WorkloadError::invalid("dataset.repo_id", e.to_string()))?.root
+            }
+        };
+        Ok(self.dataset.resolved_root.get_or_init(|| root).clone())
+    }
+
+    fn validate_dataset_files(&self, dataset: DatasetType, hub: &HubEnv) -> Result<(), WorkloadError> {
         let root = self.dataset.root.as_deref();
+        if self.dataset.revision.is_some() && self.dataset.repo_id.is_none() {
+            return Err(WorkloadError::invalid("dataset.revision", "selects a version of dataset.repo_id, which is not given".into()));
+        }
         match dataset {
+            DatasetType::Lerobot if self.dataset.repo_id.is_some() => {
+                self.resolve_lerobot_root(hub)?;
+            }
             DatasetType::Npz | DatasetType::Lerobot => {
-                let root = root.ok_or_else(|| WorkloadError::invalid("dataset.root", format!("required for dataset.type={}", dataset.name())))?;
+                let also = if dataset == DatasetType::Lerobot { " (or dataset.repo_id)" } else { "" };
+                let root = root.ok_or_else(|| WorkloadError::invalid("dataset.root", format!("required for dataset.type={}{also}", dataset.name())))?;
                 if !root.is_dir() {
                     return Err(WorkloadError::invalid("dataset.root", format!("{}: no such directory", root.display())));
                 }

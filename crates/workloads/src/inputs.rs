@@ -58,6 +58,28 @@ impl Inputs {
         WorkloadError::file(&self.path, msg)
     }
 
+    /// Normalise every input the preprocessor knows, in place (lerobot's `normalizer_processor`):
+    /// cameras per channel over their last two axes, vectors over their last axis.
+    pub fn normalize(&mut self, p: &crate::processors::Processors) -> Result<()> {
+        let path = self.path.clone();
+        for (name, data) in self.map.iter_mut() {
+            if p.normalize.mode(name) == vramlab_lerobot::NormMode::Identity || !data.dtype.is_float() {
+                continue;
+            }
+            let shape = data.shape.to_vec();
+            let mut v = data.clone().convert::<f32>().to_vec::<f32>().map_err(|e| WorkloadError::file(&path, format!("tensor `{name}`: {e:?}")))?;
+            let done = if p.cameras.contains(name) {
+                let plane = shape.iter().rev().take(2).product();
+                p.normalize.normalize_image(name, &mut v, plane)
+            } else {
+                p.normalize.normalize(name, &mut v)
+            };
+            done.map_err(|e| WorkloadError::file(&path, format!("tensor `{name}` {shape:?}: {e}")))?;
+            *data = TensorData::new(v, shape);
+        }
+        Ok(())
+    }
+
     /// Check tensor `name` against `dims` (binding named sizes) and return its data.
     fn checked(&mut self, name: &str, dims: &[Dim], want_float: bool) -> Result<TensorData> {
         let data = self.map.get(name).ok_or_else(|| {

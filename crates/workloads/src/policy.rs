@@ -5,6 +5,8 @@
 //! A typo (`--policy.chunk_sise`) is therefore an error of config loading, before anything is
 //! generated or built. The raw fields are kept so `run_config.json` shows what the user wrote.
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 use vramlab_models::act::ActConfig;
@@ -52,6 +54,8 @@ pub struct Vae3dPolicy {
 pub struct ActPolicy {
     pub config: ActConfig,
     pub features: FeatureFlags,
+    /// `policy.path`: the `pretrained_model/` whose config and weights the run starts from.
+    pub pretrained: Option<PathBuf>,
 }
 
 /// Diffusion Policy: lerobot's fields (features from the dataset, or the shorthands).
@@ -59,6 +63,8 @@ pub struct ActPolicy {
 pub struct DiffusionPolicy {
     pub config: DiffusionConfig,
     pub features: FeatureFlags,
+    /// `policy.path`: the `pretrained_model/` whose config and weights the run starts from.
+    pub pretrained: Option<PathBuf>,
 }
 
 /// The typed `policy` section.
@@ -100,17 +106,43 @@ fn take_features(policy: &str, fields: &mut Map<String, Value>, allowed: &[&str]
     serde_json::from_value(Value::Object(flags)).map_err(|e| format!("policy ({policy}) feature shorthand: {e}"))
 }
 
+/// lerobot's `--policy.path=DIR`: take DIR's `config.json` (DIR is a `pretrained_model/` or a
+/// checkpoint step directory holding one) as the policy's fields, the other `policy.*` fields
+/// on top; returns the directory whose weights the run loads before its first step.
+fn pretrained_config(fields: &mut Map<String, Value>) -> Result<Option<PathBuf>, String> {
+    let dir = match fields.remove("path") {
+        None => return Ok(None),
+        Some(Value::String(p)) => crate::workload::pretrained_dir(Path::new(&p)),
+        Some(other) => return Err(format!("policy.path: expected a directory, found {other}")),
+    };
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("policy.path: {}: {e}", path.display()))?;
+    let Ok(Value::Object(mut base)) = serde_json::from_str::<Value>(&text) else {
+        return Err(format!("policy.path: {}: not a JSON object", path.display()));
+    };
+    if let (Some(given), Some(saved)) = (fields.get("type"), base.get("type"))
+        && given != saved
+    {
+        return Err(format!("policy.type={given} but policy.path holds a {saved} policy ({})", path.display()));
+    }
+    base.extend(std::mem::take(fields));
+    *fields = base;
+    Ok(Some(dir))
+}
+
 impl TryFrom<Map<String, Value>> for PolicyConfig {
     type Error = String;
 
     fn try_from(raw: Map<String, Value>) -> Result<Self, String> {
         let mut fields = raw.clone();
+        let pretrained = pretrained_config(&mut fields)?;
         let kind = match fields.remove("type") {
             Some(Value::String(t)) => t,
             Some(other) => return Err(format!("policy.type: expected a string, found {other}")),
             None => return Err(format!("policy.type is required (--policy.type=…); valid: {}", Self::NAMES)),
         };
         let kind = match kind.as_str() {
+            "vae3d" if pretrained.is_some() => return Err("policy.path: fine-tuning from a pretrained_model/ is for act and diffusion".into()),
             "vae3d" => {
                 let base = match fields.remove("preset") {
                     Some(Value::String(name)) => Vae3dConfig::preset(&name)
@@ -124,13 +156,11 @@ impl TryFrom<Map<String, Value>> for PolicyConfig {
             }
             "act" => {
                 let features = take_features("act", &mut fields, &FeatureFlags::KEYS)?;
-                Workload::Act(ActPolicy { config: fields_into("act", fields)?, features })
+                Workload::Act(ActPolicy { config: fields_into("act", fields)?, features, pretrained })
             }
             "diffusion" => {
                 let features = take_features("diffusion", &mut fields, &FeatureFlags::KEYS[..3])?;
-                // PushT's crop unless the flags say otherwise (lerobot's own default is no crop).
-                fields.entry("crop_shape").or_insert(serde_json::json!([84, 84]));
-                Workload::Diffusion(DiffusionPolicy { config: fields_into("diffusion", fields)?, features })
+                Workload::Diffusion(DiffusionPolicy { config: fields_into("diffusion", fields)?, features, pretrained })
             }
             other => return Err(format!("policy.type={other}: unknown; valid: {}", Self::NAMES)),
         };
@@ -154,6 +184,11 @@ impl PolicyConfig {
         matches!(self.kind, Workload::Vae3d(_))
     }
 
+    /// The fields as the user wrote them (flags, config file), before any `policy.path` config.
+    pub fn raw(&self) -> &Map<String, Value> {
+        &self.raw
+    }
+
     /// Whether the policy trains a vision backbone with its own learning rate.
     pub fn has_backbone(&self) -> bool {
         match &self.kind {
@@ -171,6 +206,7 @@ impl PolicyConfig {
             }
             Workload::Act(a) => {
                 a.resolve()?;
+                a.check_backbone_weights()?;
                 &a.features
             }
             Workload::Diffusion(d) => {

@@ -69,6 +69,7 @@ pub struct LeRobotPolicyData {
     pub ds: LeRobotDataset,
     opts: SampleOptions,
     norm: Normalizer,
+    stats: vramlab_lerobot::Stats,
     sampler: EpochSampler,
     window: Window,
     features: DataFeatures,
@@ -107,7 +108,9 @@ impl LeRobotPolicyData {
             }
         }
         let stats = ds.stats().ok_or_else(|| WorkloadError::file(root, "no stats (meta/stats.json or episodes_stats.jsonl)".into()))?;
-        let norm = Normalizer::new(ds.info(), stats, norm_map, true)?;
+        // lerobot's `use_imagenet_stats`: what the normaliser uses is what checkpoints store.
+        let stats = vramlab_lerobot::normalize::with_imagenet_stats(ds.info(), stats);
+        let norm = Normalizer::new(ds.info(), &stats, norm_map, false)?;
         let opts = SampleOptions::new(delta(ds.info()));
         if let Some(wanted) = &data.episodes {
             let missing: Vec<usize> = wanted.iter().copied().filter(|&i| !ds.episodes().iter().any(|e| e.episode_index == i)).collect();
@@ -126,11 +129,17 @@ impl LeRobotPolicyData {
             return Err(WorkloadError::file(root, format!("no frame to sample (episodes shorter than drop_n_last_frames = {})", data.drop_n_last_frames)));
         }
         let features = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
-        Ok(Self { ds, opts, norm, sampler, window, features, raw_hw, data })
+        Ok(Self { ds, opts, norm, stats, sampler, window, features, raw_hw, data })
     }
 
     pub fn features(&self) -> &DataFeatures {
         &self.features
+    }
+
+    /// The statistics batches are normalised with (ImageNet's for cameras), as checkpoints
+    /// store them for the policy's processors.
+    pub fn stats(&self) -> &vramlab_lerobot::Stats {
+        &self.stats
     }
 
     /// Micro-batches per epoch (sampleable frames / batch size, rounded up).
@@ -220,6 +229,14 @@ pub enum PolicySource {
 }
 
 impl PolicySource {
+    /// The statistics the batches are normalised with (none for random inputs).
+    pub fn stats(&self) -> vramlab_lerobot::Stats {
+        match self {
+            PolicySource::Random(_) => vramlab_lerobot::Stats::new(),
+            PolicySource::LeRobot(d) => d.stats().clone(),
+        }
+    }
+
     pub fn host_batch(&self, k: u64) -> Result<HostBatch> {
         match self {
             PolicySource::Random(r) => Ok(r.host_batch(k)),
@@ -317,13 +334,14 @@ pub fn norm_map(m: &vramlab_models::policy::NormalizationMapping) -> Result<vram
         .collect()
 }
 
-/// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`, or the built-in
+/// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`: `dataset.root` or the
+/// `dataset.repo_id` copy that validation found or downloaded; or the built-in
 /// demonstrations `sim`, generated on first use), whose features then define the policy's
 /// inputs; `None` for `random` (features from the policy flags).
 pub fn open_policy_data(cfg: &RunConfig, spec: &PolicyDataSpec) -> Result<Option<LeRobotPolicyData>> {
     let root = match cfg.dataset_type()? {
         DatasetType::Random => return Ok(None),
-        DatasetType::Lerobot => cfg.dataset.root.clone().ok_or_else(|| WorkloadError::invalid("dataset.root", "required for dataset.type=lerobot".into()))?,
+        DatasetType::Lerobot => cfg.lerobot_root()?,
         DatasetType::Sim => crate::sim::ensure_dataset(cfg.dataset.root.as_deref(), cfg.dataset.num_episodes)?,
         other => return Err(WorkloadError::invalid("dataset.type", format!("`{}` is not robot-policy data", other.name()))),
     };

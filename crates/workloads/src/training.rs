@@ -128,11 +128,67 @@ pub struct TrainSetup<'a, M, Batch> {
     /// The model's `config.json` text (reference / lerobot format, with its `type`), written
     /// verbatim into every checkpoint (a JSON value would lose the features' order).
     pub config_json: String,
+    /// More files for every checkpoint's `pretrained_model/` (a policy's processors).
+    pub pretrained_files: Vec<(String, Vec<u8>)>,
     pub num_params: usize,
     /// The model's optimizer preset, its backbone group named as the trainer sees it.
     pub optim: OptimizerPreset,
     pub data_desc: String,
     pub data: Box<dyn FnMut(u64, u64) -> std::result::Result<Batch, BoxError> + 'a>,
+}
+
+/// vramlab's own run config inside each checkpoint: what `--resume` continues with.
+pub const RUN_CONFIG_FILE: &str = "training_state/run_config.json";
+
+/// lerobot's `train_config.json` (`TrainPipelineConfig` as lerobot 0.4.4 saves it) for this
+/// run: the fields lerobot has, with this run's values; vramlab's own switches (backend,
+/// precision, checkpointing, …) are in [`RUN_CONFIG_FILE`].
+fn lerobot_train_config(cfg: &RunConfig, config_json: &str, policy: &str, out: &Path, t: &TrainConfig) -> String {
+    use serde_json::{Value, json};
+    let dataset = serde_json::to_value(&cfg.dataset).unwrap_or(Value::Null);
+    let pick = |k: &str| dataset.get(k).cloned().unwrap_or(Value::Null);
+    let o = &t.optim;
+    let scheduler = match t.schedule.kind {
+        ScheduleKind::Constant if t.schedule.warmup_steps == 0 => Value::Null,
+        ScheduleKind::Constant => json!({"type": "diffuser", "name": "constant_with_warmup", "num_warmup_steps": t.schedule.warmup_steps}),
+        ScheduleKind::Cosine => json!({"type": "diffuser", "name": "cosine", "num_warmup_steps": t.schedule.warmup_steps}),
+    };
+    let v = json!({
+        "dataset": {
+            "repo_id": pick("repo_id"),
+            "root": pick("root"),
+            "episodes": pick("episodes"),
+            "image_transforms": pick("image_transforms"),
+            "revision": pick("revision"),
+            "use_imagenet_stats": true,
+            "video_backend": "pyav",
+            "streaming": false,
+        },
+        "env": null,
+        "policy": serde_json::from_str::<Value>(config_json).unwrap_or(Value::Null),
+        "output_dir": out,
+        "job_name": cfg.job_name.clone().unwrap_or_else(|| policy.to_string()),
+        "resume": false,
+        "seed": cfg.seed,
+        "num_workers": cfg.num_workers,
+        "batch_size": cfg.batch_size,
+        "steps": cfg.steps,
+        "log_freq": cfg.log_freq,
+        "save_checkpoint": true,
+        "save_freq": cfg.save_freq,
+        "use_policy_training_preset": false,
+        "optimizer": {
+            "type": match o.kind { OptimKind::Adam => "adam", OptimKind::AdamW => "adamw" },
+            "lr": o.lr,
+            "weight_decay": o.weight_decay,
+            "grad_clip_norm": o.grad_clip_norm.unwrap_or(0.0),
+            "betas": [o.betas.0, o.betas.1],
+            "eps": o.eps,
+        },
+        "scheduler": scheduler,
+        "wandb": {"enable": false},
+    });
+    serde_json::to_string_pretty(&v).expect("JSON values serialise")
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -152,7 +208,7 @@ where
     B: AutodiffBackend,
     M: TrainModel<B>,
 {
-    let TrainSetup { policy, model, config_json, num_params, optim, data_desc, mut data } = setup;
+    let TrainSetup { policy, model, config_json, pretrained_files, num_params, optim, data_desc, mut data } = setup;
     let out = output_dir(cfg, policy);
     let tcfg = train_config(cfg, out.clone(), &optim)?;
     std::fs::create_dir_all(&out).map_err(|source| WorkloadError::Io { path: out.clone(), source })?;
@@ -169,13 +225,18 @@ where
         ("optimizer".into(), format!("{:?} lr {} (groups {:?}), weight_decay {}, clip {:?}", o.kind, o.lr, o.groups, o.weight_decay, o.grad_clip_norm)),
         ("data".into(), data_desc),
     ];
-    let trainer = Trainer::builder(tcfg, probe)
-        .checkpoint_file("config.json", config_json.into_bytes())
-        .checkpoint_file("run_config.json", run_json.into_bytes())
-        .stop(observer.stop_flag())
-        .summary_header(summary_header)
-        .build();
-    let start_step = if cfg.resume { vramlab_train::trainer::latest_checkpoint(&trainer.checkpoints_dir())?.map_or(0, |c| c.0) } else { 0 };
+    let train_config = lerobot_train_config(cfg, &config_json, policy, &out, &tcfg);
+    let mut builder = Trainer::builder(tcfg, probe)
+        .checkpoint_file("pretrained_model/config.json", format!("{config_json}\n").into_bytes())
+        .checkpoint_file("pretrained_model/train_config.json", train_config.into_bytes())
+        .checkpoint_file(RUN_CONFIG_FILE, run_json.into_bytes());
+    for (name, bytes) in pretrained_files {
+        builder = builder.checkpoint_file(format!("pretrained_model/{name}"), bytes);
+    }
+    let trainer = builder.stop(observer.stop_flag()).summary_header(summary_header).build();
+    // Where the progress bar starts: the newest checkpoint (the trainer verifies it and may fall
+    // back to an older one; the bar follows the steps it then reports).
+    let start_step = if cfg.resume { vramlab_train::checkpoint::step_dirs(&trainer.checkpoints_dir()).map_err(vramlab_train::TrainError::from)?.first().map_or(0, |(s, _)| *s) } else { 0 };
     observer.started(&RunStart { policy, num_params, backend: info, config: cfg, output_dir: &out, start_step });
     let outcome = trainer.run::<B, M>(model, device, &mut *data, &mut |r| observer.step(r))?;
     observer.finished(&RunEnd { records: &outcome.records, output_dir: &out, interrupted: outcome.interrupted });

@@ -111,6 +111,18 @@ fn checkpoint_type(dir: &Path) -> Result<String> {
     }
 }
 
+/// The policy's action chunk (`eval_actions` of ACT, `ddim_actions` of Diffusion) through the
+/// postprocessor: `action_chunk` [B, T, A] and its first step `action` [B, A].
+fn actions_in_dataset_units(outputs: &[(String, TensorData)], p: &crate::processors::Processors) -> Result<Vec<(String, TensorData)>> {
+    let Some((_, chunk)) = outputs.iter().find(|(k, _)| k == "eval_actions" || k == "ddim_actions") else { return Ok(Vec::new()) };
+    let shape = chunk.shape.to_vec();
+    let mut v = chunk.clone().to_vec::<f32>().map_err(|e| WorkloadError::invalid("predict", format!("{e:?}")))?;
+    p.unnormalize.unnormalize("action", &mut v).map_err(|e| WorkloadError::invalid("predict", e.to_string()))?;
+    let (b, t, a) = (shape[0], shape[1], shape[2]);
+    let first: Vec<f32> = v.chunks_exact(t * a).flat_map(|s| s[..a].to_vec()).collect();
+    Ok(vec![("action_chunk".into(), TensorData::new(v, shape)), ("action".into(), TensorData::new(first, [b, a]))])
+}
+
 /// What `vramlab predict` needs: a checkpoint directory, an inputs file, where to write.
 pub struct PredictRequest {
     pub checkpoint: PathBuf,
@@ -120,16 +132,35 @@ pub struct PredictRequest {
 
 /// Run a checkpoint on model-level inputs (checked against its config first) and write the
 /// outputs under the fixture's tensor names. Returns the written tensors' names and shapes.
+///
+/// `checkpoint` is a `pretrained_model/` directory or a checkpoint step directory holding one.
+/// Where it has lerobot's processors (every checkpoint vramlab trains from a dataset), inputs
+/// are raw observations normalised as lerobot's preprocessor does, and `action_chunk` /
+/// `action` (the first step, what lerobot's `select_action` returns first) are added in the
+/// dataset's units; without processors inputs are taken as already normalised.
 pub fn predict(req: &PredictRequest, cfg: &RunConfig) -> Result<Vec<(String, Vec<usize>)>> {
-    let kind = checkpoint_type(&req.checkpoint)?;
-    let inputs = Inputs::read(&req.inputs)?;
-    dispatch(cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, req, inputs, precision: cfg.precision })
+    let dir = pretrained_dir(&req.checkpoint);
+    let kind = checkpoint_type(&dir)?;
+    let mut inputs = Inputs::read(&req.inputs)?;
+    let processors = crate::processors::read(&dir)?;
+    if let Some(p) = &processors {
+        inputs.normalize(p)?;
+    }
+    dispatch(cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, dir, out: &req.out, inputs, processors, precision: cfg.precision })
+}
+
+/// `dir/pretrained_model` when `dir` is a checkpoint step directory, else `dir`.
+pub fn pretrained_dir(dir: &Path) -> PathBuf {
+    let inner = dir.join(vramlab_train::checkpoint::PRETRAINED_MODEL_DIR);
+    if inner.join("config.json").exists() { inner } else { dir.to_path_buf() }
 }
 
 struct PredictJob<'a> {
     kind: String,
-    req: &'a PredictRequest,
+    dir: PathBuf,
+    out: &'a Path,
     inputs: Inputs,
+    processors: Option<crate::processors::Processors>,
     precision: Precision,
 }
 
@@ -137,8 +168,8 @@ impl Job for PredictJob<'_> {
     type Output = Vec<(String, Vec<usize>)>;
 
     fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<Self::Output> {
-        let Self { kind, req, mut inputs, precision } = self;
-        let dir = &req.checkpoint;
+        let Self { kind, dir, out, mut inputs, processors, precision } = self;
+        let dir = &dir;
         let outputs: Vec<(String, TensorData)> = match kind.as_str() {
             "vae3d" => vae3d::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
             "act" => act::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
@@ -147,8 +178,11 @@ impl Job for PredictJob<'_> {
                 return Err(WorkloadError::file(dir.join("config.json"), format!("policy type `{other}` is not supported by this build (supported: vae3d, act, diffusion)")));
             }
         };
-        let outputs: Vec<(String, TensorData)> = outputs.into_iter().map(|(k, d)| (k, d.convert::<f32>())).collect();
-        vramlab_store::write_safetensors(&outputs, &req.out)?;
+        let mut outputs: Vec<(String, TensorData)> = outputs.into_iter().map(|(k, d)| (k, d.convert::<f32>())).collect();
+        if let Some(p) = &processors {
+            outputs.extend(actions_in_dataset_units(&outputs, p)?);
+        }
+        vramlab_store::write_safetensors(&outputs, out)?;
         Ok(outputs.into_iter().map(|(k, d)| (k, d.shape.to_vec())).collect())
     }
 }

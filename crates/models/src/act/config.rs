@@ -10,8 +10,8 @@
 //! A lerobot `config.json` deserializes into [`ActConfig`] unchanged:
 //! - `"type"` must be `"act"` when present;
 //! - lerobot's generic keys ([`crate::policy::PRETRAINED_CONFIG_KEYS`]: `device`, `use_amp`,
-//!   `push_to_hub`, …, and [`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
-//!   [`ActConfig::lerobot_extra`] (written back on save) but do not affect the model;
+//!   `push_to_hub`, …) are accepted and kept verbatim in [`ActConfig::lerobot_extra`] (written
+//!   back on save) but do not affect the model (the run config acts on `device` / `use_amp`);
 //! - `normalization_mapping` is read (the data pipeline normalises with it), default lerobot's;
 //! - any other unknown key is an error naming it;
 //! - `input_features` keeps the file's key order: with several cameras that order is the
@@ -19,6 +19,15 @@
 //!
 //! vramlab's own field `freeze_backbone` is written only when `true` (lerobot rejects unknown
 //! keys, so a default vramlab config stays loadable by lerobot).
+//!
+//! # Backbone weights
+//! `pretrained_backbone_weights` keeps lerobot's default, torchvision's
+//! `"ResNet18_Weights.IMAGENET1K_V1"`. vramlab cannot fetch torchvision weights (a pickle
+//! behind a download); [`ActConfig::backbone_weights`] tells the trainer what to do: a local
+//! `.safetensors` file of a torchvision ResNet state dict is loaded into the backbone
+//! ([`crate::resnet::load_torchvision_weights`]), a torchvision name means random init (the
+//! trainer warns), `null` means random init. Building a model ([`ActConfig::init`]) and
+//! loading a checkpoint never read the file: a checkpoint carries the backbone itself.
 //!
 //! # Policy facts
 //! What lerobot's `ACTConfig` tells the rest of the pipeline is here too:
@@ -38,14 +47,31 @@ use crate::policy::{
 };
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
-/// ACT's keys of a lerobot `config.json` that vramlab accepts and ignores (kept verbatim in
-/// [`ActConfig::lerobot_extra`]), besides `PreTrainedConfig`'s: `pretrained_backbone_weights`
-/// (torchvision ImageNet weights; a checkpoint carries the backbone's weights itself).
-pub const LEROBOT_GENERIC_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
+/// ACT's keys of a lerobot `config.json` that vramlab accepts without modelling them, besides
+/// `PreTrainedConfig`'s: none (every `ACTConfig` field is modelled).
+pub const LEROBOT_GENERIC_KEYS: [&str; 0] = [];
 
-/// Generic keys written as `null` when absent: with `pretrained_backbone_weights` null, lerobot
-/// does not fetch ImageNet weights the checkpoint overwrites anyway.
-const NULL_WRITTEN_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
+/// Generic keys written as `null` when absent: none.
+const NULL_WRITTEN_KEYS: [&str; 0] = [];
+
+/// lerobot's default `pretrained_backbone_weights`: torchvision's ImageNet ResNet18 weights.
+pub const IMAGENET_RESNET18: &str = "ResNet18_Weights.IMAGENET1K_V1";
+
+/// How to produce a backbone weights file vramlab reads (torchvision names, safetensors).
+pub const BACKBONE_WEIGHTS_HOWTO: &str = "python -c \"import torchvision, safetensors.torch as st; \
+st.save_file(torchvision.models.resnet18(weights='IMAGENET1K_V1').state_dict(), 'resnet18_imagenet.safetensors')\"";
+
+/// Where the backbone's initial weights come from ([`ActConfig::backbone_weights`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackboneWeights<'a> {
+    /// `null`: torchvision's random initialisation.
+    Random,
+    /// A local `.safetensors` file of a torchvision ResNet state dict.
+    File(&'a std::path::Path),
+    /// A torchvision weights name (`ResNet18_Weights.IMAGENET1K_V1`): not available to vramlab,
+    /// so the backbone starts random.
+    Torchvision(&'a str),
+}
 
 /// lerobot types `replace_final_stride_with_dilation` as `int` (default `False`): accept a
 /// bool or an integer.
@@ -84,6 +110,10 @@ pub struct ActConfig {
     pub n_action_steps: usize,
     /// `"resnet18"` (or `"resnet34"`, the other BasicBlock ResNet).
     pub vision_backbone: String,
+    /// The backbone's initial weights: a torchvision weights name (lerobot's default
+    /// [`IMAGENET_RESNET18`]; not available to vramlab: random init, with a warning), a local
+    /// `.safetensors` torchvision state dict (loaded), or `None` (random init).
+    pub pretrained_backbone_weights: Option<String>,
     /// Must be false: torchvision's BasicBlock cannot dilate (see [`ActConfig::validate`]).
     #[serde(deserialize_with = "bool_or_int")]
     pub replace_final_stride_with_dilation: bool,
@@ -130,6 +160,7 @@ impl Default for ActConfig {
             chunk_size: 100,
             n_action_steps: 100,
             vision_backbone: "resnet18".into(),
+            pretrained_backbone_weights: Some(IMAGENET_RESNET18.into()),
             replace_final_stride_with_dilation: false,
             pre_norm: false,
             dim_model: 512,
@@ -162,6 +193,14 @@ lerobot_policy_config!(ActConfig {
 
 /// Reading this config from a `config.json` (shared by every model config).
 pub type ActConfigError = crate::policy::ConfigFileError;
+
+/// Whether `name` is a torchvision weights name for `backbone` as torchvision's `weights=`
+/// takes it: `ResNet18_Weights.IMAGENET1K_V1`, or the bare `IMAGENET1K_V1` / `DEFAULT`.
+fn is_torchvision_weights_name(name: &str, backbone: &str) -> bool {
+    let enum_name = format!("{}_Weights", backbone.replacen("resnet", "ResNet", 1));
+    let member = name.strip_prefix(&enum_name).and_then(|m| m.strip_prefix('.')).unwrap_or(name);
+    !member.is_empty() && member.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
 
 impl ActConfig {
     /// Add (or replace) `observation.state` with `dim` entries.
@@ -232,6 +271,15 @@ impl ActConfig {
             grad_clip_norm: Some(LEROBOT_GRAD_CLIP_NORM),
             scheduler: None,
             backbone: self.backbone_config().map(|_| ParamGroupPreset { prefix: "backbone".into(), lr: self.optimizer_lr_backbone }),
+        }
+    }
+
+    /// Where the backbone's initial weights come from (`validate` rejects other values).
+    pub fn backbone_weights(&self) -> BackboneWeights<'_> {
+        match self.pretrained_backbone_weights.as_deref() {
+            None => BackboneWeights::Random,
+            Some(w) if w.ends_with(".safetensors") => BackboneWeights::File(std::path::Path::new(w)),
+            Some(w) => BackboneWeights::Torchvision(w),
         }
     }
 
@@ -309,6 +357,19 @@ impl ActConfig {
                 "torchvision's BasicBlock (resnet18/34) raises NotImplementedError for dilation, so lerobot cannot build this model \
                  (crate::resnet::ResNetConfig implements the dilated trunk outside ACT)"
                     .into(),
+            );
+        }
+        if let BackboneWeights::Torchvision(name) = self.backbone_weights()
+            && !is_torchvision_weights_name(name, &self.vision_backbone)
+        {
+            return bad(
+                "pretrained_backbone_weights",
+                format!(
+                    "{name:?}: expected null, a local .safetensors file of a torchvision {} state dict (made with: {BACKBONE_WEIGHTS_HOWTO}) \
+                     or a torchvision weights name such as \"{}\"",
+                    self.vision_backbone,
+                    IMAGENET_RESNET18.replace("ResNet18", &self.vision_backbone.replace("resnet", "ResNet"))
+                ),
             );
         }
         if !self.dim_model.is_multiple_of(self.n_heads) {
@@ -423,7 +484,7 @@ mod tests {
         let front = out.find("observation.images.front").unwrap();
         assert!(wrist < front, "{out}");
         assert!(!out.contains("freeze_backbone"), "vramlab default not written: {out}");
-        assert!(out.contains("\"pretrained_backbone_weights\": null"), "{out}");
+        assert!(out.contains(&format!("\"pretrained_backbone_weights\": \"{IMAGENET_RESNET18}\"")), "lerobot's default: {out}");
         let back = ActConfig::from_json_str(&out).unwrap();
         assert_eq!(back, c);
 
@@ -474,6 +535,15 @@ mod tests {
         assert_eq!(field(ActConfig { n_obs_steps: 2, ..base.clone() }), "n_obs_steps");
         assert_eq!(field(ActConfig { replace_final_stride_with_dilation: true, ..base.clone() }), "replace_final_stride_with_dilation");
         assert_eq!(field(ActConfig { dim_model: 510, n_heads: 2, ..base.clone() }), "dim_model");
+        let weights = |w: &str| ActConfig { pretrained_backbone_weights: Some(w.into()), ..base.clone() };
+        assert_eq!(field(weights("ResNet34_Weights.IMAGENET1K_V1")), "pretrained_backbone_weights");
+        assert_eq!(field(weights("weights/resnet18.pth")), "pretrained_backbone_weights");
+        for ok in ["ResNet18_Weights.IMAGENET1K_V1", "IMAGENET1K_V1", "DEFAULT", "/tmp/r18.safetensors"] {
+            weights(ok).validate().unwrap();
+        }
+        assert_eq!(weights("r.safetensors").backbone_weights(), BackboneWeights::File(std::path::Path::new("r.safetensors")));
+        assert_eq!(ActConfig { pretrained_backbone_weights: None, ..base.clone() }.backbone_weights(), BackboneWeights::Random);
+        assert_eq!(base.backbone_weights(), BackboneWeights::Torchvision(IMAGENET_RESNET18));
         assert_eq!(field(ActConfig::default().with_robot_state(2).with_action(2)), "input_features");
         assert_eq!(field(ActConfig::default().with_env_state(2)), "output_features");
         assert_eq!(field(base.clone().with_camera("observation.images.depth", [1, 8, 8])), "input_features");

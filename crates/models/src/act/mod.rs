@@ -18,7 +18,7 @@ pub mod load;
 pub mod model;
 pub mod runner;
 
-pub use config::{ActConfig, ActConfigError, FeatureType, Features, InvalidField, PolicyFeature};
+pub use config::{ActConfig, ActConfigError, BackboneWeights, FeatureType, Features, InvalidField, PolicyFeature};
 pub use load::{ActLoadError, load_pretrained, load_weights, model_key, save_pretrained, save_weights};
 pub use model::{
     Act, ActBatch, ActCtx, ActDecoder, ActDecoderLayer, ActEncoder, ActEncoderLayer, ActInput, ActLoss, ActOutput, ActStage,

@@ -11,14 +11,22 @@
 //! [`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
 //! [`DiffusionConfig::lerobot_extra`] (written back on save); any other unknown key is an error
 //! naming it; `input_features` keeps the file's order (camera order = feature order of the
-//! global conditioning). Two of the accepted keys still constrain the model:
-//! `resize_shape` must be `null` (vramlab does not implement the resize pre-processing) and
-//! `pretrained_backbone_weights` must be `null` with `use_group_norm` (lerobot raises too).
+//! global conditioning). `pretrained_backbone_weights` must be `null` with `use_group_norm`
+//! (lerobot raises too); `compile_model` / `compile_mode` (`torch.compile`, speed only) have no
+//! effect.
 //!
 //! # Defaults
 //! Every default is lerobot 0.4.4's `DiffusionConfig()` — note that **`crop_shape` defaults to
 //! `None` in 0.4.4** (older lerobot used `(84, 84)`); [`DiffusionConfig::pusht`] builds the
 //! classic PushT setup (state 2, action 2, one 96×96 camera, crop 84×84).
+//!
+//! # Resize and crop
+//! As lerobot 0.4.4's `DiffusionRgbEncoder`: each camera is resized to `resize_shape`
+//! (torchvision `Resize`: bilinear, antialiased) when it is set, then cropped. With
+//! `resize_shape` the crop is *derived* (`__post_init__`): `resize_shape × crop_ratio`
+//! (truncated) when `crop_ratio < 1`, no crop at `crop_ratio = 1`; lerobot overwrites
+//! `crop_shape` with it, vramlab accepts a `crop_shape` only when it equals the derived one
+//! (anything else would be silently dropped) — see [`DiffusionConfig::effective_crop_shape`].
 //!
 //! vramlab's own field `freeze_backbone` is written only when `true`.
 //!
@@ -39,12 +47,12 @@ use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
 /// Diffusion's keys of a lerobot `config.json` that vramlab accepts without modelling them
 /// (kept verbatim in [`DiffusionConfig::lerobot_extra`]), besides `PreTrainedConfig`'s:
-/// torchvision pretrained weights, the resize pre-processing (`resize_shape` must be null,
-/// `crop_ratio` only acts with a resize) and `torch.compile` switches.
-pub const LEROBOT_GENERIC_KEYS: [&str; 5] = ["pretrained_backbone_weights", "resize_shape", "crop_ratio", "compile_model", "compile_mode"];
+/// torchvision pretrained weights (must be null: the GroupNorm trunk cannot take them) and the
+/// `torch.compile` switches (speed only).
+pub const LEROBOT_GENERIC_KEYS: [&str; 3] = ["pretrained_backbone_weights", "compile_model", "compile_mode"];
 
 /// Generic keys written as `null` when absent (lerobot's defaults; read back as absent).
-const NULL_WRITTEN_KEYS: [&str; 2] = ["pretrained_backbone_weights", "resize_shape"];
+const NULL_WRITTEN_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -75,7 +83,14 @@ pub struct DiffusionConfig {
     pub drop_n_last_frames: usize,
     /// `"resnet18"` or `"resnet34"` (the BasicBlock ResNets).
     pub vision_backbone: String,
-    /// `(h, w)` crop (center at eval, random in training); `None`: no crop.
+    /// Resize every camera to `(h, w)` before the crop (torchvision `Resize`, bilinear with
+    /// antialiasing); `None`: no resize.
+    pub resize_shape: Option<[usize; 2]>,
+    /// With `resize_shape`: the crop is `resize_shape × crop_ratio` (`< 1`) or none (`= 1`).
+    /// In `(0, 1]`; no effect without `resize_shape`.
+    pub crop_ratio: f64,
+    /// `(h, w)` crop (center at eval, random in training); `None`: no crop. With
+    /// `resize_shape` it is derived ([`DiffusionConfig::effective_crop_shape`]).
     pub crop_shape: Option<[usize; 2]>,
     pub crop_is_random: bool,
     /// Must be true: BatchNorm2d's batch statistics are not implemented (see `validate`).
@@ -133,6 +148,8 @@ impl Default for DiffusionConfig {
             n_action_steps: 8,
             drop_n_last_frames: 7,
             vision_backbone: "resnet18".into(),
+            resize_shape: None,
+            crop_ratio: 1.0,
             crop_shape: None,
             crop_is_random: true,
             use_group_norm: true,
@@ -296,10 +313,28 @@ impl DiffusionConfig {
         }
     }
 
-    /// `[h, w]` of the images the backbone sees (the crop, else the camera shape).
-    pub fn backbone_input_size(&self) -> Option<[usize; 2]> {
+    /// The crop the RGB encoder applies: lerobot's `__post_init__` derives it from
+    /// `resize_shape × crop_ratio` (truncated; none at `crop_ratio = 1`) when `resize_shape` is
+    /// set; otherwise `crop_shape`.
+    pub fn effective_crop_shape(&self) -> Option<[usize; 2]> {
+        match self.resize_shape {
+            // Python's `int(h * ratio)`: truncation of the f64 product.
+            Some([h, w]) if self.crop_ratio < 1.0 => Some([(h as f64 * self.crop_ratio) as usize, (w as f64 * self.crop_ratio) as usize]),
+            Some(_) => None,
+            None => self.crop_shape,
+        }
+    }
+
+    /// `[h, w]` of the images entering the crop: `resize_shape`, else the camera's.
+    pub fn encoder_image_size(&self) -> Option<[usize; 2]> {
         let (_, [_, h, w]) = *self.image_features().first()?;
-        Some(self.crop_shape.unwrap_or([h, w]))
+        Some(self.resize_shape.unwrap_or([h, w]))
+    }
+
+    /// `[h, w]` of the images the backbone sees (the crop, else the resized or camera shape).
+    pub fn backbone_input_size(&self) -> Option<[usize; 2]> {
+        let size = self.encoder_image_size()?;
+        Some(self.effective_crop_shape().unwrap_or(size))
     }
 
     /// `[h', w']` of the backbone's feature map (the SpatialSoftmax grid).
@@ -310,8 +345,8 @@ impl DiffusionConfig {
 
     /// torchvision `CenterCrop`'s `[top, left]` for the configured crop (`None`: no crop).
     pub fn center_crop_offset(&self) -> Option<[usize; 2]> {
-        let crop = self.crop_shape?;
-        let (_, [_, h, w]) = *self.image_features().first()?;
+        let crop = self.effective_crop_shape()?;
+        let [h, w] = self.encoder_image_size()?;
         Some([half_round_even(h - crop[0]), half_round_even(w - crop[1])])
     }
 
@@ -319,8 +354,8 @@ impl DiffusionConfig {
     /// in `0..=max`); `None` without a crop. The trainer draws the offsets and passes them in
     /// [`super::DiffusionCtx::crop_offsets`].
     pub fn random_crop_max_offset(&self) -> Option<[usize; 2]> {
-        let crop = self.crop_shape?;
-        let (_, [_, h, w]) = *self.image_features().first()?;
+        let crop = self.effective_crop_shape()?;
+        let [h, w] = self.encoder_image_size()?;
         Some([h - crop[0], w - crop[1]])
     }
 
@@ -376,17 +411,33 @@ impl DiffusionConfig {
         if !self.use_group_norm {
             return bad("use_group_norm", "must be true: vramlab implements the GroupNorm backbone only (BatchNorm2d training statistics are not implemented)".into());
         }
-        let not_null = |k: &str| self.lerobot_extra.get(k).is_some_and(|v| !v.is_null());
-        if not_null("pretrained_backbone_weights") {
+        if self.lerobot_extra.get("pretrained_backbone_weights").is_some_and(|v| !v.is_null()) {
             return bad("pretrained_backbone_weights", "must be null with use_group_norm (lerobot: \"You can't replace BatchNorm in a pretrained model\")".into());
         }
-        if not_null("resize_shape") {
-            return bad("resize_shape", "must be null: the resize pre-processing is not implemented by vramlab".into());
-        }
-        if let Some(r) = self.lerobot_extra.get("crop_ratio").and_then(|v| v.as_f64())
-            && !(r > 0.0 && r <= 1.0)
+        if let Some(r) = self.resize_shape
+            && r.contains(&0)
         {
-            return bad("crop_ratio", format!("must be in (0, 1], got {r}"));
+            return bad("resize_shape", format!("must be a pair of positive integers, got {r:?}"));
+        }
+        if !(self.crop_ratio > 0.0 && self.crop_ratio <= 1.0) {
+            return bad("crop_ratio", format!("must be in (0, 1], got {}", self.crop_ratio));
+        }
+        if let (Some(resize), Some(crop)) = (self.resize_shape, self.crop_shape)
+            && self.effective_crop_shape() != Some(crop)
+        {
+            return bad(
+                "crop_shape",
+                format!(
+                    "{crop:?} would be ignored: with resize_shape {resize:?} lerobot derives the crop from crop_ratio ({} → {:?}); drop crop_shape and set crop_ratio",
+                    self.crop_ratio,
+                    self.effective_crop_shape()
+                ),
+            );
+        }
+        if let Some(c) = self.effective_crop_shape()
+            && c.contains(&0)
+        {
+            return bad("crop_shape", format!("must have positive dimensions, got {c:?}"));
         }
         if self.down_dims.is_empty() || self.down_dims.contains(&0) {
             return bad("down_dims", format!("must be a non-empty list of positive widths, got {:?}", self.down_dims));
@@ -439,9 +490,14 @@ impl DiffusionConfig {
             return bad("optimizer_betas", format!("must be in [0, 1), got {:?}", self.optimizer_betas));
         }
         if !matches!(self.scheduler_name.as_str(), "cosine" | "constant" | "constant_with_warmup") {
+            let why = if matches!(self.scheduler_name.as_str(), "linear" | "cosine_with_restarts" | "polynomial" | "piecewise_constant") {
+                "is a diffusers schedule vramlab does not implement"
+            } else {
+                "is not a diffusers `get_scheduler` name"
+            };
             return bad(
                 "scheduler_name",
-                format!("vramlab implements \"cosine\", \"constant\" and \"constant_with_warmup\", got {:?}", self.scheduler_name),
+                format!("{:?} {why}; vramlab implements \"cosine\", \"constant\" and \"constant_with_warmup\"", self.scheduler_name),
             );
         }
         // Features (validate_features and the model's needs).
@@ -458,10 +514,12 @@ impl DiffusionConfig {
         {
             return bad("input_features", format!("`{k}` has shape {s:?} but `{first}` has {shape:?}: all cameras must match"));
         }
-        if let (Some(crop), Some((k, [_, h, w]))) = (self.crop_shape, cams.first())
-            && (crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w) {
-                return bad("crop_shape", format!("{crop:?} must be positive and fit within `{k}` ({h}×{w})"));
-            }
+        // lerobot checks the fit only without a resize (the derived crop always fits).
+        if let (None, Some(crop), Some((k, [_, h, w]))) = (self.resize_shape, self.crop_shape, cams.first())
+            && (crop[0] == 0 || crop[1] == 0 || crop[0] > *h || crop[1] > *w)
+        {
+            return bad("crop_shape", format!("{crop:?} must be positive and fit within `{k}` ({h}×{w})"));
+        }
         Ok(())
     }
 
@@ -548,6 +606,30 @@ mod tests {
         assert_eq!(c.random_crop_max_offset(), Some([12, 12]));
     }
 
+    /// lerobot's `__post_init__`: with `resize_shape` the crop is `int(resize × crop_ratio)`, or
+    /// none at `crop_ratio = 1` (a crop larger than the camera is then fine).
+    #[test]
+    fn resize_derives_the_crop_as_lerobot() {
+        let base = DiffusionConfig { crop_shape: None, ..DiffusionConfig::pusht() };
+        let c = DiffusionConfig { resize_shape: Some([120, 100]), crop_ratio: 0.95, ..base.clone() };
+        c.validate().unwrap();
+        assert_eq!(c.effective_crop_shape(), Some([114, 95]));
+        assert_eq!(c.encoder_image_size(), Some([120, 100]));
+        assert_eq!(c.backbone_input_size(), Some([114, 95]));
+        assert_eq!(c.center_crop_offset(), Some([half_round_even(6), half_round_even(5)]));
+        assert_eq!(c.random_crop_max_offset(), Some([6, 5]));
+        // The crop lerobot writes back into config.json is accepted.
+        DiffusionConfig { crop_shape: Some([114, 95]), ..c.clone() }.validate().unwrap();
+        let full = DiffusionConfig { resize_shape: Some([128, 128]), ..base.clone() };
+        full.validate().unwrap();
+        assert_eq!((full.effective_crop_shape(), full.backbone_input_size(), full.center_crop_offset()), (None, Some([128, 128]), None));
+        // Without a resize, crop_ratio has no effect.
+        let ratio_only = DiffusionConfig { crop_ratio: 0.5, ..DiffusionConfig::pusht() };
+        assert_eq!(ratio_only.effective_crop_shape(), Some([84, 84]));
+        let json = DiffusionConfig::from_json_str(&c.to_json_string()).unwrap();
+        assert_eq!((json.resize_shape, json.crop_ratio), (Some([120, 100]), 0.95));
+    }
+
     #[test]
     fn center_crop_rounds_half_to_even() {
         assert_eq!(half_round_even(12), 6);
@@ -601,9 +683,10 @@ mod tests {
         assert_eq!(field(DiffusionConfig { n_groups: 7, ..base.clone() }), "n_groups");
         assert_eq!(field(DiffusionConfig { crop_shape: Some([100, 84]), ..base.clone() }), "crop_shape");
         assert_eq!(field(DiffusionConfig { diffusion_step_embed_dim: 7, ..base.clone() }), "diffusion_step_embed_dim");
-        let mut resize = base.clone();
-        resize.lerobot_extra.insert("resize_shape".into(), serde_json::json!([96, 96]));
-        assert_eq!(field(resize), "resize_shape");
+        assert_eq!(field(DiffusionConfig { resize_shape: Some([0, 96]), ..base.clone() }), "resize_shape");
+        assert_eq!(field(DiffusionConfig { crop_ratio: 0.0, ..base.clone() }), "crop_ratio");
+        // With a resize the crop is derived: another explicit crop would be dropped.
+        assert_eq!(field(DiffusionConfig { resize_shape: Some([120, 120]), crop_ratio: 0.9, ..base.clone() }), "crop_shape");
         assert_eq!(field(base.clone().with_camera("observation.images.wrist", [3, 64, 64])), "input_features");
         assert_eq!(field(DiffusionConfig::default().with_robot_state(2).with_action(2)), "input_features");
         assert_eq!(field(DiffusionConfig::default().with_env_state(2).with_action(2)), "input_features");

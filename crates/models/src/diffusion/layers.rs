@@ -3,7 +3,8 @@
 //!
 //! Reference: huggingface/lerobot v0.4.4 `src/lerobot/policies/diffusion/modeling_diffusion.py`
 //! — `DiffusionConv1dBlock`, `DiffusionConditionalResidualBlock1d`,
-//! `DiffusionSinusoidalPosEmb`, `SpatialSoftmax`.
+//! `DiffusionSinusoidalPosEmb`, `SpatialSoftmax` — and the RGB encoder's
+//! `torchvision.transforms.Resize` ([`resize_bilinear_antialias`]).
 //!
 //! `nn.Sequential`s become `Vec`s so their indices are the names: an entry without tensors
 //! (`nn.Mish`, `DiffusionSinusoidalPosEmb`) is a `None` in a `Vec<Option<_>>` or is left off the
@@ -188,6 +189,48 @@ impl<B: Backend> SpatialSoftmax<B> {
     }
 }
 
+/// One axis of PyTorch's antialiased bilinear resize (`_upsample_bilinear2d_aa`, what
+/// torchvision `Resize` runs on tensors: `interpolate(mode="bilinear", align_corners=False,
+/// antialias=True)`) as an `[output, input]` weight matrix, row-major. Each output pixel is a
+/// normalised triangle filter around `scale · (i + 0.5)`, widened by `scale` when shrinking
+/// (that is the antialiasing); when enlarging it is plain half-pixel bilinear.
+pub fn antialias_bilinear_weights(input: usize, output: usize) -> Vec<f32> {
+    let scale = input as f64 / output as f64;
+    let (support, inv_scale) = if scale >= 1.0 { (scale, 1.0 / scale) } else { (1.0, 1.0) };
+    let mut w = vec![0f32; output * input];
+    for i in 0..output {
+        let center = scale * (i as f64 + 0.5);
+        // C++ `int64_t(center ± support + 0.5)`: truncation (then clamped to the input).
+        let lo = ((center - support + 0.5) as i64).max(0) as usize;
+        let hi = ((center + support + 0.5) as i64).clamp(0, input as i64) as usize;
+        let taps: Vec<f64> = (lo..hi).map(|j| (1.0 - ((j as f64 - center + 0.5) * inv_scale).abs()).max(0.0)).collect();
+        let total: f64 = taps.iter().sum();
+        for (j, t) in (lo..hi).zip(taps) {
+            w[i * input + j] = if total > 0.0 { (t / total) as f32 } else { 0.0 };
+        }
+    }
+    w
+}
+
+/// `torchvision.transforms.Resize((h, w))` on a float image batch (bilinear, antialiased), as
+/// two matrix products with [`antialias_bilinear_weights`] (separable, as PyTorch computes it;
+/// ≤ 1e-5 from torch). Runs in f32.
+///
+/// # Shapes
+/// - images: `[n, c, H, W]` → `[n, c, h, w]`
+pub fn resize_bilinear_antialias<B: Backend>(images: Tensor<B, 4>, [h, w]: [usize; 2]) -> Tensor<B, 4> {
+    let [n, c, hh, ww] = images.dims();
+    if [hh, ww] == [h, w] {
+        return images;
+    }
+    let device = images.device();
+    let matrix = |input, output| Tensor::<B, 2>::from_data(TensorData::new(antialias_bilinear_weights(input, output), [output, input]), &device);
+    let x = to_f32(images).reshape([n * c * hh, ww]).matmul(matrix(ww, w).transpose()); // [n·c·H, w]
+    let x = x.reshape([n * c, hh, w]).swap_dims(1, 2).reshape([n * c * w, hh]); // [n·c·w, H]
+    let x = x.matmul(matrix(hh, h).transpose()); // [n·c·w, h]
+    x.reshape([n, c, w, h]).swap_dims(2, 3) // [n, c, h, w]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +257,36 @@ mod tests {
         let f = 10000f64.powf(-1.0 / 3.0);
         assert!((e[8 + 1] as f64 - (3.0 * f).sin()).abs() < 1e-6);
         assert!((e[8 + 4 + 1] as f64 - (3.0 * f).cos()).abs() < 1e-6);
+    }
+
+    /// torchvision's `Resize` on tensors (antialiased bilinear), shrinking and enlarging. The
+    /// expected values come from torch 2 / torchvision 0.25:
+    /// `python -c "import torch, torchvision as tv; x = torch.arange(35.).reshape(1,1,5,7).sin(); print(tv.transforms.Resize((3,4))(x).flatten().tolist())"`
+    /// and the same with `torch.arange(6.).reshape(1,1,2,3).cos()` resized to `(3, 5)`.
+    #[test]
+    fn resize_matches_torchvision() {
+        let dev = Default::default();
+        let check = |input: Vec<f32>, [h0, w0]: [usize; 2], size: [usize; 2], expected: &[f32]| {
+            let x = Tensor::<Tb, 4>::from_data(TensorData::new(input, [1, 1, h0, w0]), &dev);
+            let y = resize_bilinear_antialias(x, size);
+            assert_eq!(y.dims(), [1, 1, size[0], size[1]]);
+            let y: Vec<f32> = y.into_data().to_vec().unwrap();
+            for (i, (a, e)) in y.iter().zip(expected).enumerate() {
+                assert!((a - e).abs() <= 1e-5, "{size:?} [{i}]: {a} vs torchvision {e}");
+            }
+        };
+        let shrink = [
+            0.5684335, 0.5003017, -0.6460201, -0.3637054, 0.698137, -0.2572507, -0.5608515, 0.451262, 0.06060479, -0.7320908, 0.1406793, 0.7703034,
+        ];
+        check((0..35).map(|i| (i as f32).sin()).collect(), [5, 7], [3, 4], &shrink);
+        let enlarge = [
+            1.0, 0.8161209, 0.5403023, -0.03356731, -0.4161468, 0.00500375, -0.01966599, -0.05667064, -0.06241366, -0.06624232, -0.9899925, -0.8554529, -0.6536436, -0.09125999, 0.2836622,
+        ];
+        check((0..6).map(|i| (i as f32).cos()).collect(), [2, 3], [3, 5], &enlarge);
+        // Each output row of the weights sums to 1; the same size is the identity.
+        let w = antialias_bilinear_weights(96, 84);
+        assert!(w.chunks(96).all(|r| (r.iter().sum::<f32>() - 1.0).abs() < 1e-6));
+        assert_eq!(antialias_bilinear_weights(3, 3), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
     }
 
     #[test]

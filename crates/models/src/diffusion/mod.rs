@@ -20,7 +20,10 @@ pub mod model;
 pub mod scheduler;
 
 pub use config::{DiffusionConfig, DiffusionConfigError};
-pub use layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, sinusoidal_step_embedding, spatial_softmax_pos_grid};
+pub use layers::{
+    ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, antialias_bilinear_weights, mish, resize_bilinear_antialias, sinusoidal_step_embedding,
+    spatial_softmax_pos_grid,
+};
 pub use load::{DiffusionLoadError, file_key, load_pretrained, load_weights, model_key, save_pretrained, save_weights};
 pub use model::{
     ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, RgbEncoder,

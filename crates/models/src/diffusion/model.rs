@@ -47,7 +47,7 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
 use super::config::DiffusionConfig;
-use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, sinusoidal_step_embedding};
+use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, resize_bilinear_antialias, sinusoidal_step_embedding};
 use super::scheduler::{NoiseScheduler, PredictionType};
 use crate::nn::{Linear, Precision, cast, conv_transpose1d_p, conv1d_p, to_f32};
 use crate::resnet::{OUT_CHANNELS, ResNet, ResNetStage, count_params_and_buffers, set_trainable};
@@ -61,7 +61,7 @@ pub fn is_diffusion_buffer(container: &str, field: &str) -> bool {
     container == SPATIAL_SOFTMAX_CONTAINER && field == "pos_grid"
 }
 
-/// `DiffusionRgbEncoder`: (crop, done by [`Diffusion::encoder_input`]) → ResNet trunk →
+/// `DiffusionRgbEncoder`: (resize and crop, done by [`Diffusion::encoder_input`]) → ResNet trunk →
 /// SpatialSoftmax → `out` Linear → ReLU ([`RgbEncoder::head`]).
 #[derive(Module, Debug)]
 pub struct RgbEncoder<B: Backend> {
@@ -433,7 +433,8 @@ impl<B: Backend> Diffusion<B> {
     }
 
     /// Encoder `e`'s input batch: shared encoder — all cameras stacked as lerobot's
-    /// `(b s n) c h w`; per-camera encoders — camera `e` as `(b s) c h w`; then cropped.
+    /// `(b s n) c h w`; per-camera encoders — camera `e` as `(b s) c h w`; then resized
+    /// (`resize_shape`) and cropped, in `DiffusionRgbEncoder.forward`'s order.
     pub fn encoder_input(&self, e: usize, images: &[Tensor<B, 5>], ctx: &DiffusionCtx) -> Tensor<B, 4> {
         assert_eq!(images.len(), self.config.num_cameras(), "DiffusionBatch.images: one tensor per camera");
         let [b, s, c, h, w] = images[0].dims();
@@ -444,7 +445,11 @@ impl<B: Backend> Diffusion<B> {
             }
             _ => images[e].clone().reshape([b * s, c, h, w]),
         };
-        match (self.config.crop_shape, self.crop_offset(e, ctx)) {
+        let x = match self.config.resize_shape {
+            Some(size) => resize_bilinear_antialias(x, size),
+            None => x,
+        };
+        match (self.config.effective_crop_shape(), self.crop_offset(e, ctx)) {
             (Some(shape), Some(offset)) => crop(x, shape, offset),
             _ => x,
         }
@@ -675,5 +680,49 @@ impl<B: Backend> Staged<B> for Diffusion<B> {
         let DiffusionState::Unet { unet } = state else { panic!("Diffusion: the plan ends in the UNet (stage plan bug)") };
         let action = input.batch.action.clone().expect("checked by enter");
         self.loss_from_prediction(unet.x, action, input.noise.clone(), input.batch.action_is_pad.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::Distribution;
+
+    use super::*;
+
+    /// `resize_shape` + `crop_ratio`: each camera is resized (torchvision `Resize`), then
+    /// cropped to `int(resize × ratio)` — centred in eval, at the given offsets in training —
+    /// and the SpatialSoftmax grid is sized for that crop.
+    #[test]
+    fn encoder_input_resizes_then_crops() {
+        let dev = Default::default();
+        let cfg = DiffusionConfig {
+            resize_shape: Some([40, 48]),
+            crop_ratio: 0.9,
+            down_dims: vec![16, 32],
+            diffusion_step_embed_dim: 8,
+            spatial_softmax_num_keypoints: 4,
+            horizon: 8,
+            n_action_steps: 4,
+            ..DiffusionConfig::default()
+        }
+        .with_robot_state(2)
+        .with_camera("observation.image", [3, 30, 30])
+        .with_action(2);
+        cfg.validate().unwrap();
+        let model = cfg.init::<Flex>(&dev);
+        let images = vec![Tensor::<Flex, 5>::random([2, 2, 3, 30, 30], Distribution::Uniform(0.0, 1.0), &dev)];
+        let resized = resize_bilinear_antialias(images[0].clone().reshape([4, 3, 30, 30]), [40, 48]);
+        let eval = model.encoder_input(0, &images, &DiffusionCtx::eval(Precision::F32));
+        assert_eq!(eval.dims(), [4, 3, 36, 43]);
+        // CenterCrop offsets: round((40 − 36) / 2), round((48 − 43) / 2) = 2, 2 (half to even).
+        assert_eq!(eval.into_data(), crop(resized.clone(), [36, 43], [2, 2]).into_data());
+        let train = model.encoder_input(0, &images, &DiffusionCtx::train(Precision::F32).with_crop_offsets(vec![[4, 0]]));
+        assert_eq!(train.into_data(), crop(resized, [36, 43], [4, 0]).into_data());
+        let cond = model.prepare_global_conditioning(
+            &DiffusionBatch { state: Tensor::zeros([2, 2, 2], &dev), images, env_state: None, action: None, action_is_pad: None },
+            &DiffusionCtx::eval(Precision::F32),
+        );
+        assert_eq!(cond.dims(), [2, cfg.global_cond_dim()]);
     }
 }

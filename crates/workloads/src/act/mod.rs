@@ -9,7 +9,8 @@ use std::path::Path;
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, is_act_buffer};
+use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
+use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, is_act_buffer};
 use vramlab_models::nn::Precision;
 use vramlab_models::policy::InvalidField;
 use vramlab_models::resnet::count_params_and_buffers;
@@ -30,9 +31,26 @@ fn invalid(e: InvalidField) -> WorkloadError {
 }
 
 impl ActPolicy {
+    /// `pretrained_backbone_weights` naming a local file: it must exist (unless `policy.path`
+    /// brings the whole model, backbone included).
+    pub fn check_backbone_weights(&self) -> Result<()> {
+        match self.config.backbone_weights() {
+            BackboneWeights::File(path) if self.pretrained.is_none() && !path.is_file() => Err(WorkloadError::invalid(
+                "policy.pretrained_backbone_weights",
+                format!("{}: no such file (expected a torchvision ResNet state dict as safetensors, made with: {BACKBONE_WEIGHTS_HOWTO})", path.display()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The config with the shorthand features (for random data). Defaults: ALOHA-like, 14-dim
     /// state and action, one 480×640 camera.
     pub fn resolve(&self) -> Result<ActConfig> {
+        if self.pretrained.is_some() && self.features.first_set().is_none() {
+            // A pretrained config brings its own features.
+            self.config.validate().map_err(invalid)?;
+            return Ok(self.config.clone());
+        }
         let f = &self.features;
         let (state, action) = (f.state_dim.unwrap_or(14), f.action_dim.unwrap_or(14));
         let (cams, shape) = (f.num_cameras.unwrap_or(1), f.camera_shape.unwrap_or([3, 480, 640]));
@@ -151,6 +169,16 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
     Ok(out)
 }
 
+/// lerobot's `pretrained_backbone_weights` as a local torchvision state dict: loaded into the
+/// backbone (lerobot loads torchvision's ImageNet weights there).
+fn load_backbone_weights<B: Backend>(mut model: Act<B>, path: &Path) -> Result<Act<B>> {
+    if let Some(bb) = model.backbone.take() {
+        let bb = vramlab_models::resnet::load_torchvision_weights(bb, path).map_err(|e| WorkloadError::invalid("policy.pretrained_backbone_weights", e.to_string()))?;
+        model.backbone = Some(bb);
+    }
+    Ok(model)
+}
+
 /// The model, data and optimizer preset of an ACT run.
 pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, ActTrain<B>, ActTrainBatch<B>>> {
     let c = &p.config;
@@ -165,10 +193,28 @@ pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B:
     };
     B::seed(device, cfg.seed);
     let mut model = ac.init::<B>(device);
+    if p.pretrained.is_none()
+        && let BackboneWeights::File(path) = ac.backbone_weights()
+    {
+        model = load_backbone_weights(model, path)?;
+    }
+    if let Some(dir) = &p.pretrained {
+        // lerobot's --policy.path: fine-tune from those weights.
+        model = vramlab_models::act::load_weights(model, &dir.join(vramlab_models::policy::WEIGHTS_FILE))?;
+    }
     if ac.freeze_backbone {
         model = model.with_frozen_backbone();
     }
     let data_desc = source.describe();
+    // torchvision reads weight names, not files: the checkpoint holds the loaded backbone, so
+    // its config.json says null (lerobot can read it back).
+    let saved = match ac.backbone_weights() {
+        BackboneWeights::File(_) => ActConfig { pretrained_backbone_weights: None, ..ac.clone() },
+        _ => ac.clone(),
+    };
+    let config_json = saved.to_json_string();
+    let config_value: serde_json::Value = serde_json::from_str(&config_json).map_err(|e| WorkloadError::invalid("policy", format!("config.json: {e}")))?;
+    let pretrained_files = crate::processors::files(&config_value, &source.stats())?;
     let mut loader = policy_loader(cfg, source);
     let (seed, dev) = (cfg.seed, device.clone());
     let acc = ac.clone();
@@ -176,7 +222,8 @@ pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B:
         policy: "act",
         model: ActTrain::<B> { act: model, precision: cfg.precision },
         // lerobot's layout, `"type": "act"` first, as on hub checkpoints.
-        config_json: ac.to_json_string(),
+        config_json,
+        pretrained_files,
         num_params: ac.num_params(),
         // The trainer sees the model under the wrapper's field `act`.
         optim: {
@@ -190,4 +237,51 @@ pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B:
             Ok(to_batch::<B>(h, &acc, seed, step, micro, &dev))
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex};
+    use vramlab_models::resnet::{ResNetConfig, ResNetNorm};
+
+    use super::*;
+
+    /// `policy.pretrained_backbone_weights=FILE.safetensors` (a torchvision ResNet18 state dict)
+    /// is what the training run's backbone starts from, and the checkpoint's config.json says
+    /// null (the weights travel in the checkpoint).
+    #[test]
+    fn backbone_starts_from_a_torchvision_state_dict() {
+        let dev = Default::default();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("resnet18.safetensors");
+        let source = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Flex>(&dev);
+        let tensors = vramlab_store::named_tensors::<Flex, _>(&source);
+        vramlab_store::write_safetensors(&tensors, &file).unwrap();
+        let flags = [
+            ("policy.type", "act"),
+            ("policy.pretrained_backbone_weights", file.to_str().unwrap()),
+            ("policy.dim_model", "16"),
+            ("policy.n_heads", "2"),
+            ("policy.dim_feedforward", "32"),
+            ("policy.chunk_size", "4"),
+            ("policy.n_action_steps", "4"),
+            ("policy.state_dim", "2"),
+            ("policy.action_dim", "2"),
+            ("policy.camera_shape", "3,32,32"),
+            ("dataset.type", "random"),
+            ("num_workers", "0"),
+        ];
+        let cfg = crate::config::load(None, &flags.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
+        cfg.validate().unwrap();
+        assert!(cfg.notes.is_empty(), "a local file: no warning: {:?}", cfg.notes);
+        let crate::Workload::Act(p) = &cfg.policy().unwrap().kind else { panic!("act") };
+        let setup = setup::<Autodiff<Flex>>(p, &cfg, &dev).unwrap();
+        let backbone = setup.model.act.backbone.as_ref().expect("a camera");
+        let loaded = vramlab_store::named_tensors::<Autodiff<Flex>, _>(backbone);
+        assert_eq!(loaded.len(), tensors.len());
+        for ((k, a), (_, b)) in loaded.iter().zip(&tensors) {
+            assert_eq!(a, b, "{k}");
+        }
+        assert!(setup.config_json.contains("\"pretrained_backbone_weights\": null"), "{}", setup.config_json);
+    }
 }

@@ -32,6 +32,11 @@ impl DiffusionPolicy {
     /// The config with the shorthand features (for random data). Defaults: PushT (state 2,
     /// action 2, one 96×96 camera).
     pub fn resolve(&self) -> Result<DiffusionConfig> {
+        if self.pretrained.is_some() && self.features.first_set().is_none() {
+            // A pretrained config brings its own features.
+            self.config.validate().map_err(invalid)?;
+            return Ok(self.config.clone());
+        }
         let f = &self.features;
         let cfg = self
             .config
@@ -107,8 +112,16 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
         out.push(("unet_eps".into(), model.unet.forward(x, &t, cond.clone(), precision).into_data()));
     }
     if let Some(noise) = inputs.float_opt::<B, 3>("initial_noise", actions, device)? {
-        // DDPM draws fresh noise per step: predict is deterministic only for DDIM.
-        let actions = model.generate_actions(&batch, noise, |_| None, &ctx);
+        // DDPM adds fresh noise at every denoising step: drawn here from a fixed seed (so
+        // predict is repeatable), where lerobot draws from torch's RNG — equal to lerobot's
+        // only in distribution. DDIM is deterministic and matches lerobot given the same
+        // initial noise.
+        let dims = noise.dims();
+        let step_noise = |k: usize| {
+            let v = crate::normal_vec(&mut vramlab_train::step_rng(0, k as u64, 0), dims.iter().product());
+            Some(Tensor::<B, 3>::from_data(TensorData::new(v, dims), device))
+        };
+        let actions = model.generate_actions(&batch, noise, step_noise, &ctx);
         out.push(("ddim_actions".into(), actions.into_data()));
     }
     Ok(out)
@@ -137,14 +150,23 @@ pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, devic
         }
     };
     B::seed(device, cfg.seed);
+    let mut model = dc.init(device);
+    if let Some(dir) = &p.pretrained {
+        // lerobot's --policy.path: fine-tune from those weights.
+        model = vramlab_models::diffusion::load_weights(model, &dir.join(vramlab_models::policy::WEIGHTS_FILE))?;
+    }
     let data_desc = source.describe();
+    let config_json = dc.to_json_string();
+    let config_value: serde_json::Value = serde_json::from_str(&config_json).map_err(|e| WorkloadError::invalid("policy", format!("config.json: {e}")))?;
+    let pretrained_files = crate::processors::files(&config_value, &source.stats())?;
     let mut loader = policy_loader(cfg, source);
     let (seed, dev) = (cfg.seed, device.clone());
     let dcc = dc.clone();
     Ok(TrainSetup {
         policy: "diffusion",
-        model: DiffusionTrain::<B> { model: dc.init(device), precision: cfg.precision },
-        config_json: dc.to_json_string(),
+        model: DiffusionTrain::<B> { model, precision: cfg.precision },
+        config_json,
+        pretrained_files,
         num_params: dc.num_params(),
         optim: dc.optimizer_preset(),
         data_desc,

@@ -64,6 +64,7 @@ pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &
         model: Vae3dTrain::<B> { vae: vc.init(device), precision: cfg.precision },
         // The reference JSON carries `"type": "vae3d"` (how `vramlab predict` tells the model).
         config_json: serde_json::to_string_pretty(&vc.to_reference_json()).expect("a VAE config serialises"),
+        pretrained_files: Vec::new(),
         num_params: vc.num_params(),
         optim: vc.optimizer_preset(),
         data_desc: format!("{} grid {:?}", kind.name(), cfg.dataset.grid),

@@ -1,0 +1,244 @@
+//! The checkpoint directory, laid out as lerobot 0.4.4 lays it out, and verified on resume.
+//!
+//! ```text
+//! <output_dir>/checkpoints/
+//! ├── 000500/
+//! │   ├── pretrained_model/      what a policy needs to run: config.json, model.safetensors,
+//! │   │                          train_config.json, the pre/post-processor files (the caller's)
+//! │   ├── training_state/        what training needs to continue: optimizer_state.safetensors,
+//! │   │                          optimizer_param_groups.json, scheduler_state.json,
+//! │   │                          training_step.json, and vramlab's trainer_state.json
+//! │   └── manifest.json          every file above with its size and SHA-256 (written last)
+//! └── last -> 000500             (a relative symbolic link, replaced atomically)
+//! ```
+//!
+//! A checkpoint is built under a temporary name (`.000500.tmp`) and renamed when complete, so
+//! a killed run never leaves a half-written `000500/`. [`newest_intact`] checks each
+//! checkpoint's files against its manifest, newest first, and skips (with a reason) any that
+//! was truncated or altered afterwards.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub const PRETRAINED_MODEL_DIR: &str = "pretrained_model";
+pub const TRAINING_STATE_DIR: &str = "training_state";
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const LAST_LINK: &str = "last";
+pub const MODEL_FILE: &str = "pretrained_model/model.safetensors";
+pub const OPTIMIZER_STATE_FILE: &str = "training_state/optimizer_state.safetensors";
+pub const OPTIMIZER_GROUPS_FILE: &str = "training_state/optimizer_param_groups.json";
+pub const SCHEDULER_STATE_FILE: &str = "training_state/scheduler_state.json";
+pub const TRAINING_STEP_FILE: &str = "training_state/training_step.json";
+pub const TRAINER_STATE_FILE: &str = "training_state/trainer_state.json";
+
+/// lerobot's step directory name: the step zero-padded to 6 digits (more when `total` needs).
+pub fn step_dir_name(step: u64, total: u64) -> String {
+    let width = total.to_string().len().max(6);
+    format!("{step:0width$}")
+}
+
+/// One file of a checkpoint as it was written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// `manifest.json`: the step and every file of the checkpoint (paths relative to its directory).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub step: u64,
+    pub files: BTreeMap<String, FileEntry>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {msg}")]
+    Bad { path: PathBuf, msg: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+/// Size and SHA-256 of a file, streamed.
+pub fn file_entry(path: &Path) -> Result<FileEntry, CheckpointError> {
+    let mut f = fs::File::open(path).map_err(io(path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(FileEntry { bytes, sha256 })
+}
+
+/// Every regular file under `dir` (relative paths with '/' separators), sorted.
+fn files_under(dir: &Path) -> Result<Vec<String>, CheckpointError> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).map_err(io(&d))? {
+            let path = entry.map_err(io(&d))?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                out.push(rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Write `manifest.json` for the files now in `dir` (call it last, before the final rename).
+pub fn write_manifest(dir: &Path, step: u64) -> Result<(), CheckpointError> {
+    let mut files = BTreeMap::new();
+    for rel in files_under(dir)?.into_iter().filter(|f| f != MANIFEST_FILE) {
+        files.insert(rel.clone(), file_entry(&dir.join(&rel))?);
+    }
+    let text = serde_json::to_string_pretty(&Manifest { step, files }).expect("a manifest serialises");
+    let path = dir.join(MANIFEST_FILE);
+    fs::write(&path, text).map_err(io(&path))
+}
+
+/// Check every file of the manifest (size, then hash). `Err` says what is wrong.
+pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
+    let path = dir.join(MANIFEST_FILE);
+    let bad = |msg: String| CheckpointError::Bad { path: dir.to_path_buf(), msg };
+    let text = fs::read_to_string(&path).map_err(|e| bad(format!("no readable {MANIFEST_FILE} ({e})")))?;
+    let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(format!("{MANIFEST_FILE} is not valid: {e}")))?;
+    for (rel, want) in &manifest.files {
+        let file = dir.join(rel);
+        let len = fs::metadata(&file).map_err(|e| bad(format!("{rel}: {e}")))?.len();
+        if len != want.bytes {
+            return Err(bad(format!("{rel} has {len} bytes, the manifest says {} (truncated or replaced)", want.bytes)));
+        }
+        if file_entry(&file)?.sha256 != want.sha256 {
+            return Err(bad(format!("{rel}: SHA-256 differs from the manifest (the file changed after it was written)")));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Complete checkpoint directories (named by their step; temporaries start with '.'), newest
+/// first.
+pub fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(root).map_err(io(root))? {
+        let entry = entry.map_err(io(root))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        if let Ok(step) = name.parse::<u64>()
+            && entry.path().is_dir()
+        {
+            dirs.push((step, entry.path()));
+        }
+    }
+    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(dirs)
+}
+
+/// A checkpoint that failed verification: where, and why.
+#[derive(Clone, Debug)]
+pub struct Skipped {
+    pub dir: PathBuf,
+    pub reason: String,
+}
+
+/// The newest checkpoint whose files match its manifest, and the newer ones skipped (with why).
+pub fn newest_intact(root: &Path) -> Result<(Option<(u64, PathBuf)>, Vec<Skipped>), CheckpointError> {
+    let mut skipped = Vec::new();
+    for (step, dir) in step_dirs(root)? {
+        match verify(&dir) {
+            Ok(_) => return Ok((Some((step, dir)), skipped)),
+            Err(CheckpointError::Bad { msg, .. }) => skipped.push(Skipped { dir, reason: msg }),
+            Err(e) => skipped.push(Skipped { dir, reason: e.to_string() }),
+        }
+    }
+    Ok((None, skipped))
+}
+
+/// Point `root/last` at `name` (relative link, swapped in with a rename). Where symbolic links
+/// cannot be made, `last` is left out: [`newest_intact`] does not need it.
+pub fn update_last_link(root: &Path, name: &str) -> Result<(), CheckpointError> {
+    #[cfg(unix)]
+    {
+        let tmp = root.join(".last.tmp");
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(name, &tmp).map_err(io(&tmp))?;
+        let last = root.join(LAST_LINK);
+        fs::rename(&tmp, &last).map_err(io(&last))?;
+    }
+    #[cfg(not(unix))]
+    let _ = (root, name);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(root: &Path, step: u64, model: &[u8]) -> PathBuf {
+        let dir = root.join(step_dir_name(step, 10));
+        fs::create_dir_all(dir.join(PRETRAINED_MODEL_DIR)).unwrap();
+        fs::write(dir.join(MODEL_FILE), model).unwrap();
+        write_manifest(&dir, step).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_truncated_or_altered_checkpoint_is_skipped_for_the_previous_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let first = checkpoint(root, 2, b"weights at step 2");
+        let second = checkpoint(root, 4, b"weights at step 4");
+        assert_eq!(newest_intact(root).unwrap().0.unwrap().1, second);
+
+        // Truncated: caught by the size.
+        fs::write(second.join(MODEL_FILE), b"weights").unwrap();
+        let (best, skipped) = newest_intact(root).unwrap();
+        assert_eq!(best.unwrap(), (2, first.clone()));
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].reason.contains("pretrained_model/model.safetensors has 7 bytes"), "{}", skipped[0].reason);
+
+        // Same size, other bytes: caught by the hash.
+        fs::write(second.join(MODEL_FILE), b"weights at step 5").unwrap();
+        let (_, skipped) = newest_intact(root).unwrap();
+        assert!(skipped[0].reason.contains("SHA-256"), "{}", skipped[0].reason);
+
+        // No manifest (killed before it was written, or an older layout).
+        fs::remove_file(first.join(MANIFEST_FILE)).unwrap();
+        let (best, skipped) = newest_intact(root).unwrap();
+        assert!(best.is_none() && skipped.len() == 2);
+    }
+
+    #[test]
+    fn names_and_last_link() {
+        assert_eq!(step_dir_name(5, 100), "000005");
+        assert_eq!(step_dir_name(5, 12_345_678), "00000005");
+        let tmp = tempfile::tempdir().unwrap();
+        checkpoint(tmp.path(), 2, b"a");
+        update_last_link(tmp.path(), "000002").unwrap();
+        update_last_link(tmp.path(), "000002").unwrap();
+        #[cfg(unix)]
+        assert_eq!(fs::read_link(tmp.path().join(LAST_LINK)).unwrap(), PathBuf::from("000002"));
+        // `last` is not a step directory.
+        assert_eq!(step_dirs(tmp.path()).unwrap().len(), 1);
+    }
+}

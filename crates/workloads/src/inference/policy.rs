@@ -1,0 +1,346 @@
+//! The policy side of one bench call, as lerobot 0.4.4's robot loop does it: preprocess the raw
+//! observation (uint8 HWC → float CHW in [0, 1], to the device, normalise), `select_action`,
+//! then unnormalise the action and bring it back to the host.
+//!
+//! `select_action` is lerobot's: ACT through [`ActPolicyRunner`] (action queue of
+//! `n_action_steps`, or the temporal ensembler that queries the model every call), Diffusion
+//! through [`DiffusionRunner`] (`DiffusionPolicy.select_action`: observation queues of
+//! `n_obs_steps`, action queue of `n_action_steps`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use burn::prelude::*;
+use burn::tensor::{Distribution, TensorData};
+use vramlab_models::act::{Act, ActBatch, ActCtx, ActPolicyRunner};
+use vramlab_models::diffusion::{Diffusion, DiffusionBatch, DiffusionCtx, SchedulerKind};
+use vramlab_models::nn::Precision;
+use vramlab_models::policy::{FeatureType, NormalizationMapping, NormalizationMode};
+
+use super::robot::{Frame, Observation};
+use crate::{Result, WorkloadError};
+
+/// The features a policy reads and writes, in the model's order.
+#[derive(Clone, Debug)]
+pub struct PolicyIo {
+    pub cameras: Vec<(String, [usize; 3])>,
+    pub state: Option<(String, usize)>,
+    pub env_state: Option<(String, usize)>,
+    pub action_dim: usize,
+    pub mapping: NormalizationMapping,
+}
+
+/// lerobot's normaliser statistics of a `pretrained_model/` dir: the state dicts of its
+/// `policy_preprocessor_step_<i>_normalizer_processor.safetensors` and
+/// `policy_postprocessor_step_<i>_unnormalizer_processor.safetensors` (`<feature>.<stat>`).
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub files: Vec<PathBuf>,
+    values: BTreeMap<String, TensorData>,
+}
+
+impl Stats {
+    /// The stats files in `dir` (none is not an error: vramlab checkpoints hold no stats).
+    pub fn read(dir: &Path) -> Result<Self> {
+        let entries = std::fs::read_dir(dir).map_err(|source| WorkloadError::Io { path: dir.to_path_buf(), source })?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                name.ends_with("_normalizer_processor.safetensors") || name.ends_with("_unnormalizer_processor.safetensors")
+            })
+            .collect();
+        files.sort();
+        let mut values = BTreeMap::new();
+        for f in &files {
+            values.extend(vramlab_store::read_safetensors(f)?);
+        }
+        Ok(Self { files, values })
+    }
+
+    /// One line for the report: where the statistics came from.
+    pub fn note(&self) -> String {
+        if self.files.is_empty() {
+            "no normaliser stats in the checkpoint: cameras normalised with ImageNet mean/std, state and action with \
+             mean 0 / std 1 (the same device operations as with dataset stats, so the latency is that of a real pipeline)"
+                .into()
+        } else {
+            let names: Vec<String> = self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+            format!("normaliser stats from {}", names.join(", "))
+        }
+    }
+
+    /// `key.stat` as `n` values (per channel for cameras), or an error naming the key.
+    fn get(&self, key: &str, stat: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.files.is_empty() {
+            return Ok(None);
+        }
+        let name = format!("{key}.{stat}");
+        let Some(data) = self.values.get(&name) else {
+            return Err(WorkloadError::file(self.files[0].clone(), format!("no `{name}` (the config's normalization_mapping needs it)")));
+        };
+        let v = data.clone().convert::<f32>().to_vec::<f32>().map_err(|e| WorkloadError::file(self.files[0].clone(), format!("`{name}`: {e:?}")))?;
+        if v.len() != n {
+            return Err(WorkloadError::file(self.files[0].clone(), format!("`{name}` has {} values, expected {n}", v.len())));
+        }
+        Ok(Some(v))
+    }
+}
+
+/// `x · scale + shift` on the device, broadcast over the batch (and pixels).
+struct Affine<B: Backend, const D: usize> {
+    scale: Tensor<B, D>,
+    shift: Tensor<B, D>,
+}
+
+impl<B: Backend, const D: usize> Affine<B, D> {
+    fn new((scale, shift): (Vec<f32>, Vec<f32>), shape: [usize; D], device: &B::Device) -> Self {
+        let t = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), device);
+        Self { scale: t(scale), shift: t(shift) }
+    }
+
+    fn apply(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        x * self.scale.clone() + self.shift.clone()
+    }
+}
+
+/// lerobot's eps in `(x − mean) / (std + eps)` and for a zero `max − min`.
+const EPS: f32 = 1e-8;
+const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// `(scale, shift)` of one feature's normalisation (`inverse`: unnormalisation), from the
+/// stats or, without stats, neutral values (ImageNet's for cameras); `None` for IDENTITY.
+fn affine(key: &str, kind: FeatureType, n: usize, mapping: &NormalizationMapping, stats: &Stats, inverse: bool) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+    let mode = mapping.get(&kind).copied().unwrap_or(NormalizationMode::Identity);
+    let (p, q) = match mode {
+        NormalizationMode::Identity => return Ok(None),
+        NormalizationMode::MeanStd => {
+            let neutral = if kind == FeatureType::Visual && n == 3 { (IMAGENET_MEAN.to_vec(), IMAGENET_STD.to_vec()) } else { (vec![0.0; n], vec![1.0; n]) };
+            match (stats.get(key, "mean", n)?, stats.get(key, "std", n)?) {
+                (Some(m), Some(s)) => (m, s),
+                _ => neutral,
+            }
+        }
+        NormalizationMode::MinMax => match (stats.get(key, "min", n)?, stats.get(key, "max", n)?) {
+            (Some(lo), Some(hi)) => (lo, hi),
+            _ => (vec![-1.0; n], vec![1.0; n]),
+        },
+    };
+    let pairs = p.iter().zip(&q);
+    Ok(Some(match (mode, inverse) {
+        // (x − mean) / (std + eps); inverse x · std + mean.
+        (NormalizationMode::MeanStd, false) => pairs.map(|(m, s)| (1.0 / (s + EPS), -m / (s + EPS))).unzip(),
+        (NormalizationMode::MeanStd, true) => (q.clone(), p.clone()),
+        // 2 (x − min) / d − 1 with d = max − min (eps where 0); inverse (y + 1) d / 2 + min.
+        (_, false) => pairs.map(|(lo, hi)| if hi - lo == 0.0 { EPS } else { hi - lo }).zip(&p).map(|(d, lo)| (2.0 / d, -2.0 * lo / d - 1.0)).unzip(),
+        (_, true) => pairs.map(|(lo, hi)| if hi - lo == 0.0 { EPS } else { hi - lo }).zip(&p).map(|(d, lo)| (d / 2.0, lo + d / 2.0)).unzip(),
+    }))
+}
+
+/// The pre- and post-processing around `select_action`, with its constants on the device.
+pub struct Processor<B: Backend> {
+    cameras: Vec<Option<Affine<B, 4>>>,
+    state: Option<Affine<B, 2>>,
+    env_state: Option<Affine<B, 2>>,
+    action: Option<Affine<B, 2>>,
+    device: B::Device,
+}
+
+/// A preprocessed observation on the device (batch of 1).
+#[derive(Clone, Debug)]
+pub struct DeviceObs<B: Backend> {
+    /// `[1, 3, h, w]` per camera.
+    pub images: Vec<Tensor<B, 4>>,
+    /// `[1, state_dim]`
+    pub state: Option<Tensor<B, 2>>,
+    /// `[1, env_dim]`
+    pub env_state: Option<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Processor<B> {
+    pub fn new(io: &PolicyIo, stats: &Stats, device: &B::Device) -> Result<Self> {
+        let m = &io.mapping;
+        let cameras = io
+            .cameras
+            .iter()
+            .map(|(k, [c, _, _])| Ok(affine(k, FeatureType::Visual, *c, m, stats, false)?.map(|a| Affine::new(a, [1, *c, 1, 1], device))))
+            .collect::<Result<_>>()?;
+        let vector = |f: &Option<(String, usize)>, kind| -> Result<Option<Affine<B, 2>>> {
+            let Some((k, d)) = f else { return Ok(None) };
+            Ok(affine(k, kind, *d, m, stats, false)?.map(|a| Affine::new(a, [1, *d], device)))
+        };
+        let (state, env_state) = (vector(&io.state, FeatureType::State)?, vector(&io.env_state, FeatureType::Env)?);
+        let a = io.action_dim;
+        let action = affine(vramlab_models::policy::ACTION, FeatureType::Action, a, m, stats, true)?.map(|p| Affine::new(p, [1, a], device));
+        Ok(Self { cameras, state, env_state, action, device: device.clone() })
+    }
+
+    /// lerobot's `prepare_observation_for_inference` + the normaliser step: frames to float
+    /// CHW in [0, 1] on the host, then to the device and normalised there.
+    pub fn observation(&self, obs: &Observation) -> DeviceObs<B> {
+        let images = obs
+            .frames
+            .iter()
+            .zip(&self.cameras)
+            .map(|(f, norm)| {
+                let x = Tensor::<B, 4>::from_data(TensorData::new(chw(f), [1, 3, f.height, f.width]), &self.device); // [1, 3, h, w]
+                norm.as_ref().map_or(x.clone(), |n| n.apply(x))
+            })
+            .collect();
+        let vector = |v: &Option<Vec<f32>>, norm: &Option<Affine<B, 2>>| {
+            v.as_ref().map(|v| {
+                let x = Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [1, v.len()]), &self.device); // [1, d]
+                norm.as_ref().map_or(x.clone(), |n| n.apply(x))
+            })
+        };
+        DeviceObs { images, state: vector(&obs.state, &self.state), env_state: vector(&obs.env_state, &self.env_state) }
+    }
+
+    /// The unnormaliser step and the copy to the host (which waits for the device).
+    pub fn action(&self, a: Tensor<B, 2>) -> Result<Vec<f32>> {
+        let a = self.action.as_ref().map_or(a.clone(), |n| n.apply(a));
+        a.into_data().convert::<f32>().to_vec::<f32>().map_err(|e| WorkloadError::Backend(format!("reading the action back: {e:?}")))
+    }
+}
+
+/// uint8 `[h, w, 3]` → f32 `[3, h, w]` in [0, 1].
+fn chw(f: &Frame) -> Vec<f32> {
+    let n = f.height * f.width;
+    let mut out = vec![0f32; 3 * n];
+    for (i, px) in f.rgb.chunks_exact(3).enumerate() {
+        for (c, &v) in px.iter().enumerate() {
+            out[c * n + i] = f32::from(v) / 255.0;
+        }
+    }
+    out
+}
+
+/// lerobot's `DiffusionPolicy.select_action` state: the last `n_obs_steps` observations (the
+/// first one repeated until the queue is full, as `populate_queues`) and the queued actions.
+pub struct DiffusionRunner<B: Backend> {
+    n_obs_steps: usize,
+    observations: VecDeque<DeviceObs<B>>,
+    actions: VecDeque<Tensor<B, 2>>,
+}
+
+impl<B: Backend> DiffusionRunner<B> {
+    pub fn new(n_obs_steps: usize) -> Self {
+        Self { n_obs_steps, observations: VecDeque::new(), actions: VecDeque::new() }
+    }
+
+    pub fn reset(&mut self) {
+        self.observations.clear();
+        self.actions.clear();
+    }
+
+    /// Queue `obs`; when no action is queued, sample a chunk of the model's `n_action_steps`
+    /// actions. Returns the next action `[1, action_dim]` and whether the model ran.
+    pub fn select_action(&mut self, model: &Diffusion<B>, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
+        while self.observations.len() + 1 < self.n_obs_steps {
+            self.observations.push_back(obs.clone());
+        }
+        self.observations.push_back(obs);
+        if self.observations.len() > self.n_obs_steps {
+            self.observations.pop_front();
+        }
+        let ran = self.actions.is_empty();
+        if ran {
+            let chunk = self.predict_action_chunk(model, precision); // [1, n_action_steps, a]
+            let [b, n, a] = chunk.dims();
+            self.actions.extend((0..n).map(|t| chunk.clone().narrow(1, t, 1).reshape([b, a])));
+        }
+        (self.actions.pop_front().expect("generate_actions returns n_action_steps >= 1 actions"), ran)
+    }
+
+    /// `predict_action_chunk`: the queued observations stacked on a time axis, sampled from
+    /// fresh Gaussian noise (and fresh variance noise per DDPM step, as `torch.randn` does).
+    fn predict_action_chunk(&self, model: &Diffusion<B>, precision: Precision) -> Tensor<B, 3> {
+        let stack2 = |f: &dyn Fn(&DeviceObs<B>) -> Tensor<B, 2>| Tensor::stack::<3>(self.observations.iter().map(f).collect(), 1); // [1, s, d]
+        let first = &self.observations[0];
+        let state = stack2(&|o| o.state.clone().expect("Diffusion Policy has observation.state"));
+        let env_state = first.env_state.as_ref().map(|_| stack2(&|o| o.env_state.clone().expect("every observation has the ENV input")));
+        let images = (0..first.images.len()).map(|c| Tensor::stack::<5>(self.observations.iter().map(|o| o.images[c].clone()).collect(), 1)).collect(); // [1, s, 3, h, w]
+        let batch = DiffusionBatch { state, images, env_state, action: None, action_is_pad: None };
+        let device = batch.state.device();
+        let shape = [1, model.config.horizon, model.config.action_dim()];
+        let noise = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let ddpm = model.noise_scheduler.kind == SchedulerKind::Ddpm;
+        let step_noise = |_| ddpm.then(|| Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device));
+        model.generate_actions(&batch, noise, step_noise, &DiffusionCtx::eval(precision))
+    }
+}
+
+/// A loaded policy with its `select_action` state.
+pub enum Runner<'m, B: Backend> {
+    Act { model: &'m Act<B>, runner: ActPolicyRunner<B> },
+    Diffusion { model: &'m Diffusion<B>, runner: DiffusionRunner<B> },
+}
+
+impl<B: Backend> Runner<'_, B> {
+    /// Call when the environment resets (empties the queues and the ensembler).
+    pub fn reset(&mut self) {
+        match self {
+            Runner::Act { runner, .. } => runner.reset(),
+            Runner::Diffusion { runner, .. } => runner.reset(),
+        }
+    }
+
+    /// `select_action` on a preprocessed observation: the action `[1, action_dim]` and
+    /// whether the model ran.
+    pub fn select_action(&mut self, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
+        match self {
+            Runner::Act { model, runner } => {
+                let mut ran = false;
+                let batch = ActBatch { state: obs.state, env_state: obs.env_state, images: obs.images, action: None, action_is_pad: None };
+                let action = runner.select_action_with(|| {
+                    ran = true;
+                    model.forward(&batch, &ActCtx::eval(precision)).actions
+                });
+                (action, ran)
+            }
+            Runner::Diffusion { model, runner } => runner.select_action(model, obs, precision),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(mode: NormalizationMode) -> NormalizationMapping {
+        [(FeatureType::State, mode), (FeatureType::Action, mode)].into()
+    }
+
+    fn stats(pairs: &[(&str, Vec<f32>)]) -> Stats {
+        let values = pairs.iter().map(|(k, v)| (k.to_string(), TensorData::new(v.clone(), [v.len()]))).collect();
+        Stats { files: vec![PathBuf::from("stats.safetensors")], values }
+    }
+
+    #[test]
+    fn affine_maps_match_lerobots_formulas_and_invert() {
+        let s = stats(&[("k.mean", vec![1.0, -2.0]), ("k.std", vec![2.0, 0.5]), ("k.min", vec![0.0, 4.0]), ("k.max", vec![10.0, 4.0])]);
+        for mode in [NormalizationMode::MeanStd, NormalizationMode::MinMax] {
+            let (a, b) = affine("k", FeatureType::State, 2, &mapping(mode), &s, false).unwrap().unwrap();
+            let (ia, ib) = affine("k", FeatureType::State, 2, &mapping(mode), &s, true).unwrap().unwrap();
+            let x = [3.0f32, 7.0];
+            let want = match mode {
+                NormalizationMode::MeanStd => [(3.0 - 1.0) / 2.0, (7.0 + 2.0) / 0.5],
+                _ => [2.0 * 3.0 / 10.0 - 1.0, 2.0 * (7.0 - 4.0) / EPS - 1.0],
+            };
+            for i in 0..2 {
+                let y = x[i] * a[i] + b[i];
+                assert!((y - want[i]).abs() <= 1e-5 * want[i].abs().max(1.0), "{mode:?} {i}: {y} vs {}", want[i]);
+                if mode == NormalizationMode::MeanStd || i == 0 {
+                    assert!((y * ia[i] + ib[i] - x[i]).abs() < 1e-5, "{mode:?} {i}: inverse");
+                }
+            }
+        }
+        assert!(affine("k", FeatureType::State, 2, &mapping(NormalizationMode::Identity), &s, false).unwrap().is_none());
+        let missing = affine("other", FeatureType::State, 2, &mapping(NormalizationMode::MeanStd), &s, false).unwrap_err().to_string();
+        assert!(missing.contains("other.mean"), "{missing}");
+        // Without stats cameras get ImageNet's mean/std.
+        let (a, b) = affine("cam", FeatureType::Visual, 3, &[(FeatureType::Visual, NormalizationMode::MeanStd)].into(), &Stats::default(), false).unwrap().unwrap();
+        assert!((0.485 * a[0] + b[0]).abs() < 1e-6 && (a[2] - 1.0 / 0.225).abs() < 1e-4);
+    }
+}
