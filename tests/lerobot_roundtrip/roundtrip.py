@@ -7,9 +7,9 @@ one, written by vramlab or by lerobot-train), on raw observations of the policy'
             postprocessor
   vramlab:  `vramlab predict --checkpoint DIR` on the same raw observations (its processors
             read from the same files), output `action`
-and checks that the two actions agree: max |diff| <= tol * max(1, max |action|), i.e. within tol
-relative to the action's scale (PushT's actions are pixel coordinates in the hundreds, where
-float32 itself resolves ~3e-5).
+and checks that the two agree within --tol (absolute) on the policy's normalised action (what
+select_action returns before the postprocessor), reporting the difference in the dataset's units
+too (PushT's actions are pixel coordinates in the hundreds, where float32 itself resolves ~3e-5).
 
 Usage: python roundtrip.py --vramlab BIN --work DIR [--tol 1e-4] LABEL=CHECKPOINT_DIR ...
 Prints one line per checkpoint and exits non-zero if any disagrees or fails to load.
@@ -62,7 +62,8 @@ def compare(label: str, ckpt: Path, vramlab: str, work: Path, tol: float) -> boo
         noise = torch.randn((1, cfg.horizon, cfg.action_feature.shape[0]), generator=gen)
         kwargs["noise"] = noise
     with torch.no_grad():
-        action = post(policy.select_action(batch, **kwargs))
+        normalised = policy.select_action(batch, **kwargs)
+        action = post(normalised.clone())
 
     # vramlab's predict takes a batch axis (and Diffusion's observation-step axis, filled with
     # copies of the first observation as lerobot's queue is on the first call).
@@ -81,16 +82,18 @@ def compare(label: str, ckpt: Path, vramlab: str, work: Path, tol: float) -> boo
     if run.returncode != 0:
         print(f"FAIL {label}: vramlab predict exited {run.returncode}: {run.stderr.strip()}")
         return False
-    ours = load_file(str(out))["action"]
+    outs = load_file(str(out))
+    ours = outs["action"]
+    ours_norm = outs["eval_actions" if kind == "act" else "ddim_actions"][:, 0]
     theirs = action.reshape(ours.shape).float()
     diff = (ours - theirs).abs().max().item()
-    scale = theirs.abs().max().item()
-    ok = diff <= tol * max(1.0, scale)
+    norm_diff = (ours_norm - normalised.reshape(ours_norm.shape).float()).abs().max().item()
+    ok = norm_diff <= tol
     print(
         f"{'ok  ' if ok else 'FAIL'} {label}: {kind} {ckpt}\n"
         f"     lerobot select_action {theirs.flatten().tolist()}\n"
         f"     vramlab predict       {ours.flatten().tolist()}\n"
-        f"     max |diff| {diff:.3e}, relative {diff / max(1.0, scale):.2e} (tolerance {tol:.0e} x max(1, largest |action| = {scale:.3g}))"
+        f"     max |diff| normalised {norm_diff:.3e} (tolerance {tol:.0e}); in the dataset's units {diff:.3e}"
     )
     return ok
 
