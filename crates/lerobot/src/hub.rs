@@ -97,7 +97,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
 }
 
 /// The environment of a hub lookup (paths, endpoint, offline switch, token).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HubEnv {
     /// The hub cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`).
     pub hub_cache: PathBuf,
@@ -111,6 +111,20 @@ pub struct HubEnv {
     pub token: Option<String>,
     /// Report downloads on stderr.
     pub progress: bool,
+}
+
+/// Everything but the token's value.
+impl std::fmt::Debug for HubEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubEnv")
+            .field("hub_cache", &self.hub_cache)
+            .field("lerobot_home", &self.lerobot_home)
+            .field("offline", &self.offline)
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("progress", &self.progress)
+            .finish()
+    }
 }
 
 impl HubEnv {
@@ -444,7 +458,8 @@ fn download(req: &HubRequest<'_>, revision: &str, env: &HubEnv, repo_cache: &Pat
         let dest = target.join(rel);
         let present = std::fs::metadata(&dest).is_ok_and(|m| m.is_file() && s.size.is_none_or(|size| m.len() == size));
         if !present {
-            if env.progress {
+            // One line per file, or about every 5% of a dataset of many files.
+            if env.progress && (n <= 50 || (i + 1).is_multiple_of(n / 20) || i + 1 == n) {
                 eprintln!("  [{}/{n}] {}{}", i + 1, s.rfilename, s.size.map(|b| format!(" ({})", megabytes(b))).unwrap_or_default());
             }
             let file_url = format!("{}/datasets/{repo_id}/resolve/{commit}/{}", env.endpoint, encode(&s.rfilename, true));
@@ -540,6 +555,7 @@ impl<'a> Client<'a> {
         HubError::Network { repo_id: self.repo_id.into(), url: url.into(), msg: msg.to_string(), cache: self.env.hub_cache.display().to_string() }
     }
 
+    #[cfg(feature = "hub")]
     fn status(&self, url: &str, status: u16) -> HubError {
         let hint = match status {
             401 | 403 => "the dataset is private or gated: accept its terms on the hub and set HF_TOKEN (or run `huggingface-cli login`)".to_string(),
