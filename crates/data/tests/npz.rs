@@ -236,7 +236,7 @@ fn dataset_sorted_batches_and_errors() {
         write(&tmp.path().join(name), &zip_bytes(&sparse_members(DIMS), true));
     }
     write(&tmp.path().join("notes.txt"), b"not a voxel file");
-    let ds = NpzVoxelDataset::open(&tmp.path(), None).unwrap();
+    let ds = NpzVoxelDataset::open(tmp.path(), None).unwrap();
     assert_eq!(ds.len(), 3);
     let names: Vec<_> = ds.files().iter().map(|p| p.file_name().unwrap().to_str().unwrap().to_string()).collect();
     assert_eq!(names, ["000000.npz", "000001.npz", "000002.npz"]);
@@ -248,17 +248,17 @@ fn dataset_sorted_batches_and_errors() {
 
     // A file with a different grid cannot be batched without a crop...
     write(&tmp.path().join("000003.npz"), &zip_bytes(&sparse_members([7, 6, 4]), true));
-    let ds = NpzVoxelDataset::open(&tmp.path(), None).unwrap();
+    let ds = NpzVoxelDataset::open(tmp.path(), None).unwrap();
     let e = err_text(ds.batch(&[0, 3]));
     assert!(e.contains("000003.npz") && e.contains("000000.npz"), "{e}");
     // ...but can with one.
-    let ds = NpzVoxelDataset::open(&tmp.path(), Some([2, 4, 4])).unwrap();
+    let ds = NpzVoxelDataset::open(tmp.path(), Some([2, 4, 4])).unwrap();
     let b = ds.batch(&[0, 1, 2, 3]).unwrap();
     assert_eq!(b.shape, [4, 4, 2, 4, 4]);
     assert_eq!(ds.batch(&[]).unwrap().shape, [0, 4, 2, 4, 4]);
 
     let empty = temp_dir("empty");
-    let e = err_text(NpzVoxelDataset::open(&empty.path(), None));
+    let e = err_text(NpzVoxelDataset::open(empty.path(), None));
     assert!(e.contains("no .npz or .npy") && e.contains(&empty.path().display().to_string()), "{e}");
     let e = err_text(NpzVoxelDataset::open(&empty.path().join("missing"), None));
     assert!(e.contains("missing") && e.contains("I/O error"), "{e}");

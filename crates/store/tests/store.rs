@@ -207,7 +207,7 @@ fn half_and_double_files_load_as_f32() {
         (Dtype::F64, |v| f64::from(v).to_le_bytes().to_vec()),
     ];
     for (dtype, encode) in encodings {
-        let path = tmp.path().join(&format!("{dtype:?}.safetensors"));
+        let path = tmp.path().join(format!("{dtype:?}.safetensors"));
         let raw: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> =
             tensors.iter().map(|(k, s, v)| (k.as_str(), dtype, s.clone(), v.iter().flat_map(|&x| encode(x)).collect())).collect();
         write_raw(&path, &raw);

@@ -150,7 +150,7 @@ pub fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
             dirs.push((step, entry.path()));
         }
     }
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
     Ok(dirs)
 }
 
@@ -161,17 +161,26 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// What [`newest_intact`] found.
+#[derive(Clone, Debug)]
+pub struct Intact {
+    /// The newest checkpoint whose files match its manifest: (step, directory).
+    pub newest: Option<(u64, PathBuf)>,
+    /// Newer checkpoints that did not, with why.
+    pub skipped: Vec<Skipped>,
+}
+
 /// The newest checkpoint whose files match its manifest, and the newer ones skipped (with why).
-pub fn newest_intact(root: &Path) -> Result<(Option<(u64, PathBuf)>, Vec<Skipped>), CheckpointError> {
+pub fn newest_intact(root: &Path) -> Result<Intact, CheckpointError> {
     let mut skipped = Vec::new();
     for (step, dir) in step_dirs(root)? {
         match verify(&dir) {
-            Ok(_) => return Ok((Some((step, dir)), skipped)),
+            Ok(_) => return Ok(Intact { newest: Some((step, dir)), skipped }),
             Err(CheckpointError::Bad { msg, .. }) => skipped.push(Skipped { dir, reason: msg }),
             Err(e) => skipped.push(Skipped { dir, reason: e.to_string() }),
         }
     }
-    Ok((None, skipped))
+    Ok(Intact { newest: None, skipped })
 }
 
 /// Point `root/last` at `name` (relative link, swapped in with a rename). Where symbolic links
@@ -208,24 +217,24 @@ mod tests {
         let root = tmp.path();
         let first = checkpoint(root, 2, b"weights at step 2");
         let second = checkpoint(root, 4, b"weights at step 4");
-        assert_eq!(newest_intact(root).unwrap().0.unwrap().1, second);
+        assert_eq!(newest_intact(root).unwrap().newest.unwrap().1, second);
 
         // Truncated: caught by the size.
         fs::write(second.join(MODEL_FILE), b"weights").unwrap();
-        let (best, skipped) = newest_intact(root).unwrap();
-        assert_eq!(best.unwrap(), (2, first.clone()));
+        let Intact { newest, skipped } = newest_intact(root).unwrap();
+        assert_eq!(newest.unwrap(), (2, first.clone()));
         assert_eq!(skipped.len(), 1);
         assert!(skipped[0].reason.contains("pretrained_model/model.safetensors has 7 bytes"), "{}", skipped[0].reason);
 
         // Same size, other bytes: caught by the hash.
         fs::write(second.join(MODEL_FILE), b"weights at step 5").unwrap();
-        let (_, skipped) = newest_intact(root).unwrap();
+        let skipped = newest_intact(root).unwrap().skipped;
         assert!(skipped[0].reason.contains("SHA-256"), "{}", skipped[0].reason);
 
         // No manifest (killed before it was written, or an older layout).
         fs::remove_file(first.join(MANIFEST_FILE)).unwrap();
-        let (best, skipped) = newest_intact(root).unwrap();
-        assert!(best.is_none() && skipped.len() == 2);
+        let Intact { newest, skipped } = newest_intact(root).unwrap();
+        assert!(newest.is_none() && skipped.len() == 2);
     }
 
     #[test]

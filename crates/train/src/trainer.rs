@@ -486,7 +486,7 @@ fn scheduler_state(cfg: &TrainConfig, optimizer_step: u64) -> Option<serde_json:
 /// ones that do not (a run killed while a disk filled up, a file truncated by a copy) are
 /// reported on stderr and skipped.
 pub fn resume_dir(ckpt_dir: &Path) -> Result<PathBuf, TrainError> {
-    let (best, skipped) = checkpoint::newest_intact(ckpt_dir)?;
+    let checkpoint::Intact { newest: best, skipped } = checkpoint::newest_intact(ckpt_dir)?;
     for s in &skipped {
         eprintln!("warning: --resume: skipping {}: {}", s.dir.display(), s.reason);
     }
@@ -504,7 +504,7 @@ pub fn resume_dir(ckpt_dir: &Path) -> Result<PathBuf, TrainError> {
 
 /// The step of the checkpoint `--resume` would continue from (0 when there is none).
 pub fn resume_step(ckpt_dir: &Path) -> Result<u64, TrainError> {
-    Ok(checkpoint::newest_intact(ckpt_dir)?.0.map_or(0, |(step, _)| step))
+    Ok(checkpoint::newest_intact(ckpt_dir)?.newest.map_or(0, |(step, _)| step))
 }
 
 /// Drop metric lines past `step` (a killed run may have logged steps after its last checkpoint).

@@ -400,7 +400,8 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<serde_jso
     };
     let ckpts = Path::new(out).join("checkpoints");
     // The trainer reports skipped checkpoints when it resumes; here only the choice matters.
-    let (newest, skipped) = vramlab_train::checkpoint::newest_intact(&ckpts).map_err(|e| WorkloadError::invalid("resume", e.to_string()))?;
+    let vramlab_train::checkpoint::Intact { newest, skipped } =
+        vramlab_train::checkpoint::newest_intact(&ckpts).map_err(|e| WorkloadError::invalid("resume", e.to_string()))?;
     let Some((_, dir)) = newest else {
         let why: Vec<String> = skipped.iter().map(|s| format!("{}: {}", s.dir.display(), s.reason)).collect();
         let msg = if why.is_empty() { format!("no checkpoint in {}", ckpts.display()) } else { format!("no intact checkpoint in {}: {}", ckpts.display(), why.join("; ")) };
