@@ -54,7 +54,8 @@ pub enum Command {
 /// The run config: a TOML file, the top-level flags below, and dotted overrides.
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// TOML config file (lerobot's name `--config_path` works too).
+    /// TOML config file, or lerobot's `train_config.json` (lerobot's name `--config_path` works
+    /// too).
     #[arg(long, visible_alias = "config_path", value_name = "FILE")]
     pub config: Option<PathBuf>,
     #[command(flatten)]
@@ -234,7 +235,7 @@ mod tests {
         let mut buf = Vec::new();
         clap_complete::generate(clap_complete::Shell::Bash, &mut Cli::command(), "vramlab", &mut buf);
         let script = String::from_utf8(buf).unwrap();
-        for word in ["train", "info", "sweep", "predict", "dataset", "--batch_size", "--gradient_checkpointing"] {
+        for word in ["train", "info", "sweep", "predict", "bench-inference", "dataset", "--batch_size", "--gradient_checkpointing"] {
             assert!(script.contains(word), "{word}");
         }
     }

@@ -18,6 +18,7 @@
 //! | `use_amp` | `lerobot-train` builds its `Accelerator` without `mixed_precision`, so training precision comes from `accelerate launch --mixed_precision`; eval/record wrap the policy in `torch.autocast` | `true` → `precision=bf16` (weights stay f32), with a note; with an explicit `--precision=f32` → error |
 //! | `pretrained_path` | set by lerobot from `--policy.path` | error: use `--policy.path=DIR` |
 //! | `use_peft` | LoRA adapters (PEFT) | `true` → error (full fine-tuning only) |
+//! | `input_features`, `output_features` | from the dataset (`make_policy`), a non-empty `input_features` kept as given | from the dataset always; a non-empty value → error (shapes without a dataset: the shorthands with `dataset.type=random`) |
 //! | `push_to_hub` | upload the final checkpoint | `true` → a note: vramlab does not upload |
 //! | `repo_id`, `private`, `tags`, `license` | Hub upload metadata | kept in `config.json`, no effect |
 //!
@@ -28,12 +29,12 @@
 //!
 //! | lerobot key | vramlab |
 //! |---|---|
-//! | `dataset.repo_id`, `root`, `revision`, `episodes` | same fields (`dataset.type = lerobot`) |
-//! | `dataset.image_transforms` | `enable`, `max_num_transforms`, `random_order`; each `tfs.<name>.weight` → `weights`; non-default `tfs` types/ranges → error |
+//! | `dataset.repo_id`, `root`, `revision`, `episodes` | same fields (`dataset.type = lerobot` when `repo_id` or `root` is set) |
+//! | `dataset.image_transforms` | `enable`, `max_num_transforms`, `random_order`; each `tfs.<name>.weight` → `weights` (a transform left out: 0); non-default `tfs` types/ranges → error |
 //! | `dataset.use_imagenet_stats` | `true` (what vramlab does); `false` → error |
 //! | `dataset.streaming` | `false`; `true` → error |
 //! | `dataset.video_backend` | ignored (vramlab decodes AV1 itself) |
-//! | `policy` | `policy.*` (its `input_features` / `output_features` dropped: lerobot's `make_policy` takes them from the dataset) |
+//! | `policy` | `policy.*`; its `input_features` / `output_features` dropped, noted (vramlab takes them from the dataset) |
 //! | `output_dir`, `job_name`, `resume`, `seed`, `num_workers`, `batch_size`, `steps`, `log_freq`, `save_freq` | same fields (`seed: null` → vramlab's 1000, noted) |
 //! | `use_policy_training_preset` | `true`: `optimizer` / `scheduler` ignored (lerobot replaces them with the policy's preset too); `false`: they map to `optimizer.*` / `scheduler.*` (Adam/AdamW; diffusers `cosine` / `constant` / `constant_with_warmup`; no scheduler → constant), anything else → error |
 //! | `env`, `eval`, `eval_freq` | ignored, noted when `env` is set (vramlab has no simulation evaluation) |
@@ -42,7 +43,8 @@
 //! | `peft`, `use_rabc`, `rename_map` | `null` / `false` / `{}`; otherwise → error |
 //! | `rabc_*`, `checkpoint_path` | ignored (only used with `use_rabc`; lerobot-internal) |
 //!
-//! Any other key is an error (lerobot rejects unknown keys too).
+//! Any other key is an error (lerobot rejects unknown keys too). The `train_config.json` that
+//! vramlab writes into its own checkpoints reads back the same way.
 
 use std::path::Path;
 
@@ -73,8 +75,9 @@ fn backend_of_device(device: &str) -> std::result::Result<(BackendKind, Option<u
 
 /// Act on the policy's generic lerobot keys (table above): set the run's backend, GPU and
 /// precision from `device` / `use_amp`, reject what vramlab cannot do, and return the notes
-/// to print at start (`note: …`, or `WARNING: …` for the ACT backbone's missing ImageNet weights). `tree` is the config tree the run
-/// was typed from: a top-level `backend` / `device` / `precision` in it was given explicitly.
+/// to print at start (`note: …`, or `WARNING: …` for the ACT backbone's missing ImageNet
+/// weights). `tree` is the config tree the run was typed from: a top-level `backend` /
+/// `device` / `precision` in it was given explicitly.
 pub fn apply_policy_keys(cfg: &mut RunConfig, tree: &Map<String, Value>) -> Result<Vec<String>> {
     let Some(policy) = cfg.policy.clone() else { return Ok(Vec::new()) };
     let raw = policy.raw();
@@ -124,6 +127,16 @@ pub fn apply_policy_keys(cfg: &mut RunConfig, tree: &Map<String, Value>) -> Resu
             );
         }
         Some(other) => return Err(WorkloadError::invalid("policy.use_amp", format!("expected true or false, found {other}"))),
+    }
+    for key in ["input_features", "output_features"] {
+        if raw.get(key).and_then(Value::as_object).is_some_and(|m| !m.is_empty()) {
+            return Err(WorkloadError::invalid(
+                &format!("policy.{key}"),
+                "vramlab takes the features from the dataset (its state, every camera in the dataset's order, its action); for other \
+                 shapes use dataset.type=random with policy.state_dim / action_dim / camera_shape / num_cameras"
+                    .into(),
+            ));
+        }
     }
     if raw.get("pretrained_path").is_some_and(|v| !v.is_null()) {
         return Err(WorkloadError::invalid(
@@ -192,7 +205,11 @@ impl Mapping<'_> {
     }
 
     fn dataset(&mut self, d: &Map<String, Value>) -> Result<()> {
-        self.set("dataset.type", json!("lerobot"))?;
+        // lerobot always names a dataset; vramlab's own train_config.json of a run on built-in
+        // or random data names none, and that run's data stays the policy's default.
+        if ["repo_id", "root"].iter().any(|k| d.get(*k).is_some_and(|v| !v.is_null())) {
+            self.set("dataset.type", json!("lerobot"))?;
+        }
         for (k, v) in d {
             let key = format!("dataset.{k}");
             match (k.as_str(), v) {
@@ -210,12 +227,13 @@ impl Mapping<'_> {
     fn image_transforms(&mut self, t: &Map<String, Value>) -> Result<()> {
         let enable = t.get("enable").and_then(Value::as_bool).unwrap_or(false);
         self.set("dataset.image_transforms.enable", json!(enable))?;
-        for k in ["max_num_transforms", "random_order"] {
+        // `weights`: vramlab's own train_config.json writes its transform weights directly.
+        for k in ["max_num_transforms", "random_order", "weights"] {
             if let Some(v) = t.get(k) {
                 self.set(&format!("dataset.image_transforms.{k}"), v.clone())?;
             }
         }
-        if let Some(k) = t.keys().find(|k| !["enable", "max_num_transforms", "random_order", "tfs"].contains(&k.as_str())) {
+        if let Some(k) = t.keys().find(|k| !["enable", "max_num_transforms", "random_order", "tfs", "weights"].contains(&k.as_str())) {
             return Err(self.err(&format!("dataset.image_transforms.{k}"), "unknown key"));
         }
         let Some(tfs) = t.get("tfs").filter(|_| enable) else { return Ok(()) };
@@ -293,6 +311,9 @@ pub fn train_config_tree(text: &str, path: &Path) -> Result<(Map<String, Value>,
         match (k.as_str(), v) {
             ("dataset", Value::Object(d)) => m.dataset(d)?,
             ("policy", Value::Object(p)) => {
+                if p.get("input_features").and_then(Value::as_object).is_some_and(|f| !f.is_empty()) {
+                    m.ignored.push("policy.input_features / output_features (taken from the dataset: its state, every camera, its action)".into());
+                }
                 let fields: Map<String, Value> = p.iter().filter(|(k, _)| !["input_features", "output_features"].contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
                 m.tree.insert("policy".into(), Value::Object(fields));
             }
@@ -389,6 +410,11 @@ mod tests {
         let c = load(&[("policy.type", "act"), ("policy.push_to_hub", "true"), ("policy.repo_id", "me/act")]).unwrap();
         assert!(c.notes.iter().any(|n| n.contains("push_to_hub")), "{:?}", c.notes);
         assert!(!load(&[("policy.type", "act"), ("policy.push_to_hub", "false")]).unwrap().notes.iter().any(|n| n.contains("push_to_hub")));
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("features.toml");
+        std::fs::write(&toml, "[policy]\ntype = \"act\"\n[policy.input_features.\"observation.state\"]\ntype = \"STATE\"\nshape = [2]\n").unwrap();
+        let e = crate::config::load(Some(&toml), &[]).unwrap_err().to_string();
+        assert!(e.contains("policy.input_features") && e.contains("dataset"), "{e}");
     }
 
     #[test]
@@ -469,8 +495,12 @@ mod tests {
         assert_eq!(tree["optimizer"]["type"], json!("adam"));
         assert_eq!((&tree["scheduler"]["type"], &tree["scheduler"]["warmup_steps"]), (&json!("constant"), &json!(100)));
         v["scheduler"] = Value::Null;
+        // As vramlab writes it for a run on built-in data: no dataset named, its own `weights`.
+        v["dataset"] = json!({"repo_id": null, "root": null, "image_transforms": {"enable": false, "weights": [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]}});
         let (tree, _) = train_config_tree(&v.to_string(), Path::new("t.json")).unwrap();
         assert_eq!((&tree["scheduler"]["type"], &tree["scheduler"]["warmup_steps"]), (&json!("constant"), &json!(0)));
+        assert_eq!(tree["dataset"].get("type"), None, "the policy's built-in data");
+        assert_eq!(tree["dataset"]["image_transforms"]["weights"], json!([1.0, 1.0, 1.0, 1.0, 1.0, 0.0]));
     }
 
     #[test]

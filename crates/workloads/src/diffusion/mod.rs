@@ -72,12 +72,13 @@ pub fn info<B: Backend>(dc: &DiffusionConfig, device: &B::Device) -> Result<Info
         0
     };
     let title = format!(
-        "diffusion: n_obs_steps {}, horizon {}, down_dims {:?}, diffusion_step_embed_dim {}, crop {:?}, cameras {:?}",
+        "diffusion: n_obs_steps {}, horizon {}, down_dims {:?}, diffusion_step_embed_dim {}, resize {:?}, crop {:?}, cameras {:?}",
         dc.n_obs_steps,
         dc.horizon,
         dc.down_dims,
         dc.diffusion_step_embed_dim,
-        dc.crop_shape,
+        dc.resize_shape,
+        dc.effective_crop_shape(),
         dc.image_features()
     );
     debug_assert_eq!(enc + unet, dc.num_params() as u64);
