@@ -5,7 +5,8 @@
 #   - ACT, lerobot's default model (ResNet18, dim_model 512, chunk_size 100, n_action_steps 100),
 #     one 480×640 camera, 14-dim state/action, at 30 fps: action queue and temporal ensembling;
 #   - Diffusion Policy, lerobot's defaults at PushT size (one 96×96 camera, state/action 2,
-#     n_obs_steps 2, horizon 16, n_action_steps 8, DDPM 100 steps), at PushT's 10 fps.
+#     n_obs_steps 2, horizon 16, n_action_steps 8, DDPM 100 steps), at PushT's 10 fps;
+#     24 calls, 3 of them sampling a chunk (~75 s each on 2 CPU cores).
 # BACKEND=flex (default) | wgpu | cuda (built with that feature). Writes
 # benches/results/inference/<backend>/{act,diffusion}/{latency.jsonl,summary.md}.
 set -euo pipefail
@@ -28,4 +29,4 @@ $bin bench-inference --checkpoint "$(newest "$work/act")" --backend="$backend" -
 
 $bin train --policy.type=diffusion "${common[@]}" --output_dir="$work/diffusion"
 $bin bench-inference --checkpoint "$(newest "$work/diffusion")" --backend="$backend" --fps=10 \
-  --calls="${DIFFUSION_CALLS:-80}" --warmup=2 --out "$out/diffusion"
+  --calls="${DIFFUSION_CALLS:-24}" --warmup=1 --out "$out/diffusion"

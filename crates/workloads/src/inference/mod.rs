@@ -142,6 +142,25 @@ fn policy_type(dir: &Path) -> Result<String> {
 
 /// Measure `req` on `backend` (device index `device`); `machine` goes into the report.
 pub fn bench(req: &BenchRequest, backend: BackendKind, device: usize, machine: Machine) -> Result<BenchReport> {
+    dispatch(backend, device, Default::default(), req.precision, BenchJob { req, backend, machine })
+}
+
+struct BenchJob<'a> {
+    req: &'a BenchRequest,
+    backend: BackendKind,
+    machine: Machine,
+}
+
+impl Job for BenchJob<'_> {
+    type Output = BenchReport;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
+        bench_on::<B::InnerBackend>(self.req, self.backend, self.machine, &device)
+    }
+}
+
+/// [`bench`] on backend `B` (`backend` names it in the report).
+pub fn bench_on<B: Backend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
     if !(req.fps.is_finite() && req.fps > 0.0) {
         return Err(WorkloadError::invalid("fps", format!("must be a positive number, got {}", req.fps)));
     }
@@ -151,45 +170,26 @@ pub fn bench(req: &BenchRequest, backend: BackendKind, device: usize, machine: M
     let dir = pretrained_dir(&req.checkpoint);
     let kind = policy_type(&dir)?;
     let stats = Stats::read(&dir)?;
-    let job = BenchJob { req, dir, kind, stats, backend, machine };
-    dispatch(backend, device, Default::default(), req.precision, job)
-}
-
-struct BenchJob<'a> {
-    req: &'a BenchRequest,
-    dir: PathBuf,
-    kind: String,
-    stats: Stats,
-    backend: BackendKind,
-    machine: Machine,
-}
-
-impl Job for BenchJob<'_> {
-    type Output = BenchReport;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
-        let Self { req, dir, kind, stats, backend, machine } = self;
-        let mut report = BenchReport {
-            checkpoint: dir.clone(),
-            policy: String::new(),
-            backend,
-            precision: req.precision,
-            fps: req.fps,
-            warmup: req.warmup,
-            machine,
-            normalisation: stats.note(),
-            notes: Vec::new(),
-            runs: Vec::new(),
-        };
-        match kind.as_str() {
-            "act" => bench_act::<B::InnerBackend>(req, &dir, &stats, &device, &mut report)?,
-            "diffusion" => bench_diffusion::<B::InnerBackend>(req, &dir, &stats, &device, &mut report)?,
-            other => {
-                return Err(WorkloadError::file(dir.join(CONFIG_FILE), format!("policy type `{other}` has no select_action to bench (supported: act, diffusion)")));
-            }
+    let mut report = BenchReport {
+        checkpoint: dir.clone(),
+        policy: String::new(),
+        backend,
+        precision: req.precision,
+        fps: req.fps,
+        warmup: req.warmup,
+        machine,
+        normalisation: String::new(),
+        notes: Vec::new(),
+        runs: Vec::new(),
+    };
+    match kind.as_str() {
+        "act" => bench_act::<B>(req, &dir, &stats, device, &mut report)?,
+        "diffusion" => bench_diffusion::<B>(req, &dir, &stats, device, &mut report)?,
+        other => {
+            return Err(WorkloadError::file(dir.join(CONFIG_FILE), format!("policy type `{other}` has no select_action to bench (supported: act, diffusion)")));
         }
-        Ok(report)
     }
+    Ok(report)
 }
 
 /// A config value the policy refuses, named as the bench flag that set it.
@@ -220,6 +220,7 @@ fn bench_act<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: 
         mapping: cfg.normalization_mapping.clone(),
     };
     let processor = Processor::<B>::new(&io, stats, device)?;
+    report.normalisation = stats.note(&processor.neutral);
     let mut modes = Vec::new();
     if req.modes != ModeChoice::Ensemble {
         modes.push(ActConfig { n_action_steps: req.n_action_steps.unwrap_or(cfg.n_action_steps), temporal_ensemble_coeff: None, ..cfg.clone() });
@@ -272,6 +273,7 @@ fn bench_diffusion<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, de
         mapping: cfg.normalization_mapping.clone(),
     };
     let processor = Processor::<B>::new(&io, stats, device)?;
+    report.normalisation = stats.note(&processor.neutral);
     let runner = Runner::Diffusion { model: &model, runner: policy::DiffusionRunner::new(cfg.n_obs_steps) };
     report.runs.push(run_mode(req, Mode::Queue { n_action_steps: cfg.n_action_steps }, &io, &processor, runner)?);
     if req.modes == ModeChoice::Both {
@@ -329,6 +331,11 @@ mod tests {
         }
     }
 
+    /// The bench on flex (`bench` itself dispatches, which needs the CLI's counting allocator).
+    fn run(req: &BenchRequest) -> Result<BenchReport> {
+        bench_on::<burn::backend::Flex>(req, BackendKind::Flex, Machine::read(), &Default::default())
+    }
+
     fn request(checkpoint: PathBuf) -> BenchRequest {
         BenchRequest {
             checkpoint,
@@ -354,7 +361,7 @@ mod tests {
             std::os::unix::fs::symlink(shared.join("oracle/act_small/pretrained_model").join(f), inner.join(f)).unwrap();
         }
         assert_eq!(pretrained_dir(step.path()), inner);
-        let report = bench(&request(step.path().to_path_buf()), BackendKind::Flex, 0, Machine::read()).unwrap();
+        let report = run(&request(step.path().to_path_buf())).unwrap();
         assert_eq!(report.runs.len(), 2);
         let (queue, ens) = (&report.runs[0], &report.runs[1]);
         assert_eq!(queue.mode, Mode::Queue { n_action_steps: 4 });
@@ -379,13 +386,13 @@ mod tests {
     fn diffusion_fixture_queues_observations_and_actions() {
         let Some(shared) = shared_dir() else { return };
         let req = BenchRequest { calls: 6, warmup: 1, n_action_steps: Some(3), ..request(shared.join("oracle/diffusion_small/pretrained_model")) };
-        let report = bench(&req, BackendKind::Flex, 0, Machine::read()).unwrap();
+        let report = run(&req).unwrap();
         assert_eq!(report.runs.len(), 1);
         let ran: Vec<bool> = report.runs[0].records.iter().map(|r| r.ran_model).collect();
         assert_eq!(ran, [true, false, false, true, false, false]);
-        let err = bench(&BenchRequest { temporal_ensemble_coeff: Some(0.01), ..req.clone() }, BackendKind::Flex, 0, Machine::read()).unwrap_err();
+        let err = run(&BenchRequest { temporal_ensemble_coeff: Some(0.01), ..req.clone() }).unwrap_err();
         assert!(err.to_string().contains("temporal_ensemble_coeff"), "{err}");
-        let err = bench(&BenchRequest { n_action_steps: Some(99), ..req }, BackendKind::Flex, 0, Machine::read()).unwrap_err();
+        let err = run(&BenchRequest { n_action_steps: Some(99), ..req }).unwrap_err();
         assert!(err.to_string().contains("n_action_steps"), "{err}");
     }
 }

@@ -58,32 +58,41 @@ impl Stats {
         Ok(Self { files, values })
     }
 
-    /// One line for the report: where the statistics came from.
-    pub fn note(&self) -> String {
+    /// One line for the report: where the statistics came from; `neutral`: the normalised
+    /// features that had none.
+    pub fn note(&self, neutral: &[String]) -> String {
+        let fallback = "normalised with neutral stats (ImageNet mean/std for cameras, mean 0 / std 1 otherwise): the \
+                        same device operations as with dataset stats, so the latency is that of a real pipeline";
         if self.files.is_empty() {
-            "no normaliser stats in the checkpoint: cameras normalised with ImageNet mean/std, state and action with \
-             mean 0 / std 1 (the same device operations as with dataset stats, so the latency is that of a real pipeline)"
-                .into()
-        } else {
-            let names: Vec<String> = self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
-            format!("normaliser stats from {}", names.join(", "))
+            return format!("no normaliser stats in the checkpoint: every feature {fallback}");
         }
+        let names: Vec<String> = self.files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+        let mut note = format!("normaliser stats from {}", names.join(", "));
+        if !neutral.is_empty() {
+            note += &format!("; without stats there ({}), {fallback}", neutral.join(", "));
+        }
+        note
     }
 
-    /// `key.stat` as `n` values (per channel for cameras), or an error naming the key.
-    fn get(&self, key: &str, stat: &str, n: usize) -> Result<Option<Vec<f32>>> {
-        if self.files.is_empty() {
-            return Ok(None);
-        }
-        let name = format!("{key}.{stat}");
-        let Some(data) = self.values.get(&name) else {
-            return Err(WorkloadError::file(self.files[0].clone(), format!("no `{name}` (the config's normalization_mapping needs it)")));
+    /// `key.<a>` and `key.<b>` as `n` values each (per channel for cameras); `None` when the
+    /// feature has no stats (lerobot's normaliser then passes it through), an error when only
+    /// one of them is there or a size is wrong.
+    fn pair(&self, key: &str, [a, b]: [&str; 2], n: usize) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        let err = |msg: String| WorkloadError::file(self.files.first().cloned().unwrap_or_default(), msg);
+        let get = |stat: &str| -> Result<Option<Vec<f32>>> {
+            let name = format!("{key}.{stat}");
+            let Some(data) = self.values.get(&name) else { return Ok(None) };
+            let v = data.clone().convert::<f32>().to_vec::<f32>().map_err(|e| err(format!("`{name}`: {e:?}")))?;
+            if v.len() != n {
+                return Err(err(format!("`{name}` has {} values, expected {n}", v.len())));
+            }
+            Ok(Some(v))
         };
-        let v = data.clone().convert::<f32>().to_vec::<f32>().map_err(|e| WorkloadError::file(self.files[0].clone(), format!("`{name}`: {e:?}")))?;
-        if v.len() != n {
-            return Err(WorkloadError::file(self.files[0].clone(), format!("`{name}` has {} values, expected {n}", v.len())));
+        match (get(a)?, get(b)?) {
+            (Some(p), Some(q)) => Ok(Some((p, q))),
+            (None, None) => Ok(None),
+            _ => Err(err(format!("`{key}` has only one of `{a}` / `{b}` (its normalization_mapping mode needs both)"))),
         }
-        Ok(Some(v))
     }
 }
 
@@ -110,22 +119,22 @@ const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// `(scale, shift)` of one feature's normalisation (`inverse`: unnormalisation), from the
-/// stats or, without stats, neutral values (ImageNet's for cameras); `None` for IDENTITY.
-fn affine(key: &str, kind: FeatureType, n: usize, mapping: &NormalizationMapping, stats: &Stats, inverse: bool) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+/// stats or, where the feature has none, neutral values (ImageNet's for cameras), then pushed
+/// to `neutral`; `None` for IDENTITY.
+fn affine(key: &str, kind: FeatureType, n: usize, mapping: &NormalizationMapping, stats: &Stats, inverse: bool, neutral: &mut Vec<String>) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
     let mode = mapping.get(&kind).copied().unwrap_or(NormalizationMode::Identity);
-    let (p, q) = match mode {
+    let (names, fallback) = match mode {
         NormalizationMode::Identity => return Ok(None),
-        NormalizationMode::MeanStd => {
-            let neutral = if kind == FeatureType::Visual && n == 3 { (IMAGENET_MEAN.to_vec(), IMAGENET_STD.to_vec()) } else { (vec![0.0; n], vec![1.0; n]) };
-            match (stats.get(key, "mean", n)?, stats.get(key, "std", n)?) {
-                (Some(m), Some(s)) => (m, s),
-                _ => neutral,
-            }
+        NormalizationMode::MeanStd if kind == FeatureType::Visual && n == 3 => (["mean", "std"], (IMAGENET_MEAN.to_vec(), IMAGENET_STD.to_vec())),
+        NormalizationMode::MeanStd => (["mean", "std"], (vec![0.0; n], vec![1.0; n])),
+        NormalizationMode::MinMax => (["min", "max"], (vec![-1.0; n], vec![1.0; n])),
+    };
+    let (p, q) = match stats.pair(key, names, n)? {
+        Some(pq) => pq,
+        None => {
+            neutral.push(key.to_string());
+            fallback
         }
-        NormalizationMode::MinMax => match (stats.get(key, "min", n)?, stats.get(key, "max", n)?) {
-            (Some(lo), Some(hi)) => (lo, hi),
-            _ => (vec![-1.0; n], vec![1.0; n]),
-        },
     };
     let pairs = p.iter().zip(&q);
     Ok(Some(match (mode, inverse) {
@@ -145,6 +154,8 @@ pub struct Processor<B: Backend> {
     env_state: Option<Affine<B, 2>>,
     action: Option<Affine<B, 2>>,
     device: B::Device,
+    /// Normalised features without stats in the checkpoint (neutral values used).
+    pub neutral: Vec<String>,
 }
 
 /// A preprocessed observation on the device (batch of 1).
@@ -160,20 +171,19 @@ pub struct DeviceObs<B: Backend> {
 
 impl<B: Backend> Processor<B> {
     pub fn new(io: &PolicyIo, stats: &Stats, device: &B::Device) -> Result<Self> {
-        let m = &io.mapping;
-        let cameras = io
-            .cameras
-            .iter()
-            .map(|(k, [c, _, _])| Ok(affine(k, FeatureType::Visual, *c, m, stats, false)?.map(|a| Affine::new(a, [1, *c, 1, 1], device))))
-            .collect::<Result<_>>()?;
-        let vector = |f: &Option<(String, usize)>, kind| -> Result<Option<Affine<B, 2>>> {
+        let (m, mut neutral) = (&io.mapping, Vec::new());
+        let mut cameras = Vec::new();
+        for (k, [c, _, _]) in &io.cameras {
+            cameras.push(affine(k, FeatureType::Visual, *c, m, stats, false, &mut neutral)?.map(|a| Affine::new(a, [1, *c, 1, 1], device)));
+        }
+        let mut vector = |f: &Option<(String, usize)>, kind| -> Result<Option<Affine<B, 2>>> {
             let Some((k, d)) = f else { return Ok(None) };
-            Ok(affine(k, kind, *d, m, stats, false)?.map(|a| Affine::new(a, [1, *d], device)))
+            Ok(affine(k, kind, *d, m, stats, false, &mut neutral)?.map(|a| Affine::new(a, [1, *d], device)))
         };
         let (state, env_state) = (vector(&io.state, FeatureType::State)?, vector(&io.env_state, FeatureType::Env)?);
         let a = io.action_dim;
-        let action = affine(vramlab_models::policy::ACTION, FeatureType::Action, a, m, stats, true)?.map(|p| Affine::new(p, [1, a], device));
-        Ok(Self { cameras, state, env_state, action, device: device.clone() })
+        let action = affine(vramlab_models::policy::ACTION, FeatureType::Action, a, m, stats, true, &mut neutral)?.map(|p| Affine::new(p, [1, a], device));
+        Ok(Self { cameras, state, env_state, action, device: device.clone(), neutral })
     }
 
     /// lerobot's `prepare_observation_for_inference` + the normaliser step: frames to float
@@ -319,10 +329,11 @@ mod tests {
 
     #[test]
     fn affine_maps_match_lerobots_formulas_and_invert() {
-        let s = stats(&[("k.mean", vec![1.0, -2.0]), ("k.std", vec![2.0, 0.5]), ("k.min", vec![0.0, 4.0]), ("k.max", vec![10.0, 4.0])]);
+        let s = stats(&[("k.mean", vec![1.0, -2.0]), ("k.std", vec![2.0, 0.5]), ("k.min", vec![0.0, 4.0]), ("k.max", vec![10.0, 4.0]), ("half.mean", vec![0.0])]);
+        let mut neutral = Vec::new();
         for mode in [NormalizationMode::MeanStd, NormalizationMode::MinMax] {
-            let (a, b) = affine("k", FeatureType::State, 2, &mapping(mode), &s, false).unwrap().unwrap();
-            let (ia, ib) = affine("k", FeatureType::State, 2, &mapping(mode), &s, true).unwrap().unwrap();
+            let (a, b) = affine("k", FeatureType::State, 2, &mapping(mode), &s, false, &mut neutral).unwrap().unwrap();
+            let (ia, ib) = affine("k", FeatureType::State, 2, &mapping(mode), &s, true, &mut neutral).unwrap().unwrap();
             let x = [3.0f32, 7.0];
             let want = match mode {
                 NormalizationMode::MeanStd => [(3.0 - 1.0) / 2.0, (7.0 + 2.0) / 0.5],
@@ -336,11 +347,16 @@ mod tests {
                 }
             }
         }
-        assert!(affine("k", FeatureType::State, 2, &mapping(NormalizationMode::Identity), &s, false).unwrap().is_none());
-        let missing = affine("other", FeatureType::State, 2, &mapping(NormalizationMode::MeanStd), &s, false).unwrap_err().to_string();
-        assert!(missing.contains("other.mean"), "{missing}");
-        // Without stats cameras get ImageNet's mean/std.
-        let (a, b) = affine("cam", FeatureType::Visual, 3, &[(FeatureType::Visual, NormalizationMode::MeanStd)].into(), &Stats::default(), false).unwrap().unwrap();
+        assert!(neutral.is_empty());
+        assert!(affine("k", FeatureType::State, 2, &mapping(NormalizationMode::Identity), &s, false, &mut neutral).unwrap().is_none());
+        let half = affine("half", FeatureType::State, 1, &mapping(NormalizationMode::MeanStd), &s, false, &mut neutral).unwrap_err().to_string();
+        assert!(half.contains("`half`") && half.contains("std"), "{half}");
+        // A feature without stats: neutral values (ImageNet's for cameras), reported.
+        let (a, b) = affine("other", FeatureType::State, 2, &mapping(NormalizationMode::MeanStd), &s, false, &mut neutral).unwrap().unwrap();
+        assert_eq!((a, b), (vec![1.0 / (1.0 + EPS); 2], vec![0.0; 2]));
+        let visual: NormalizationMapping = [(FeatureType::Visual, NormalizationMode::MeanStd)].into();
+        let (a, b) = affine("cam", FeatureType::Visual, 3, &visual, &Stats::default(), false, &mut neutral).unwrap().unwrap();
         assert!((0.485 * a[0] + b[0]).abs() < 1e-6 && (a[2] - 1.0 / 0.225).abs() < 1e-4);
+        assert_eq!(neutral, ["other", "cam"]);
     }
 }
