@@ -168,19 +168,30 @@ pub struct Intact {
     pub newest: Option<(u64, PathBuf)>,
     /// Newer checkpoints that did not, with why.
     pub skipped: Vec<Skipped>,
+    /// `newest` has no manifest: written by lerobot (which records none), so not verified.
+    pub unverified: bool,
 }
 
-/// The newest checkpoint whose files match its manifest, and the newer ones skipped (with why).
+/// lerobot writes no manifest; its checkpoints are recognised by `training_step.json`.
+fn is_lerobot_checkpoint(dir: &Path) -> bool {
+    !dir.join(MANIFEST_FILE).exists() && dir.join(TRAINING_STEP_FILE).exists() && !dir.join(TRAINER_STATE_FILE).exists()
+}
+
+/// The newest checkpoint whose files match its manifest (or, having none, was written by
+/// lerobot), and the newer ones skipped (with why).
 pub fn newest_intact(root: &Path) -> Result<Intact, CheckpointError> {
     let mut skipped = Vec::new();
     for (step, dir) in step_dirs(root)? {
+        if is_lerobot_checkpoint(&dir) {
+            return Ok(Intact { newest: Some((step, dir)), skipped, unverified: true });
+        }
         match verify(&dir) {
-            Ok(_) => return Ok(Intact { newest: Some((step, dir)), skipped }),
+            Ok(_) => return Ok(Intact { newest: Some((step, dir)), skipped, unverified: false }),
             Err(CheckpointError::Bad { msg, .. }) => skipped.push(Skipped { dir, reason: msg }),
             Err(e) => skipped.push(Skipped { dir, reason: e.to_string() }),
         }
     }
-    Ok(Intact { newest: None, skipped })
+    Ok(Intact { newest: None, skipped, unverified: false })
 }
 
 /// Point `root/last` at `name` (relative link, swapped in with a rename). Where symbolic links
@@ -221,7 +232,7 @@ mod tests {
 
         // Truncated: caught by the size.
         fs::write(second.join(MODEL_FILE), b"weights").unwrap();
-        let Intact { newest, skipped } = newest_intact(root).unwrap();
+        let Intact { newest, skipped, .. } = newest_intact(root).unwrap();
         assert_eq!(newest.unwrap(), (2, first.clone()));
         assert_eq!(skipped.len(), 1);
         assert!(skipped[0].reason.contains("pretrained_model/model.safetensors has 7 bytes"), "{}", skipped[0].reason);
@@ -233,8 +244,15 @@ mod tests {
 
         // No manifest (killed before it was written, or an older layout).
         fs::remove_file(first.join(MANIFEST_FILE)).unwrap();
-        let Intact { newest, skipped } = newest_intact(root).unwrap();
+        let Intact { newest, skipped, .. } = newest_intact(root).unwrap();
         assert!(newest.is_none() && skipped.len() == 2);
+
+        // lerobot's checkpoints carry no manifest: taken as they are, marked unverified.
+        fs::create_dir_all(first.join(TRAINING_STATE_DIR)).unwrap();
+        fs::write(first.join(TRAINING_STEP_FILE), "{\"step\": 2}").unwrap();
+        let found = newest_intact(root).unwrap();
+        assert_eq!(found.newest.unwrap().0, 2);
+        assert!(found.unverified);
     }
 
     #[test]

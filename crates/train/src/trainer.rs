@@ -249,8 +249,17 @@ impl<'a> Trainer<'a> {
         if cfg.resume {
             let dir = resume_dir(&ckpt_dir)?;
             let state_path = dir.join(checkpoint::TRAINER_STATE_FILE);
-            let text = fs::read_to_string(&state_path).map_err(io(&state_path))?;
-            state = serde_json::from_str(&text).map_err(|e| TrainError::State { path: state_path.clone(), msg: e.to_string() })?;
+            if state_path.exists() {
+                let text = fs::read_to_string(&state_path).map_err(io(&state_path))?;
+                state = serde_json::from_str(&text).map_err(|e| TrainError::State { path: state_path.clone(), msg: e.to_string() })?;
+            } else {
+                // lerobot's checkpoint: `training_step.json` only; one optimizer step per step.
+                let step_path = dir.join(checkpoint::TRAINING_STEP_FILE);
+                let text = fs::read_to_string(&step_path).map_err(io(&step_path))?;
+                let step = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["step"].as_u64());
+                let step = step.ok_or_else(|| TrainError::State { path: step_path.clone(), msg: "expected {\"step\": N}".into() })?;
+                (state.step, state.optimizer_step) = (step, step);
+            }
             model = model.load_weights(&dir.join(checkpoint::MODEL_FILE))?;
             let params = trainable_params::<B, M>(&model);
             optim.load(&dir.join(checkpoint::OPTIMIZER_STATE_FILE), &dir.join(checkpoint::OPTIMIZER_GROUPS_FILE), &params, state.optimizer_step, device)?;
@@ -486,9 +495,12 @@ fn scheduler_state(cfg: &TrainConfig, optimizer_step: u64) -> Option<serde_json:
 /// ones that do not (a run killed while a disk filled up, a file truncated by a copy) are
 /// reported on stderr and skipped.
 pub fn resume_dir(ckpt_dir: &Path) -> Result<PathBuf, TrainError> {
-    let checkpoint::Intact { newest: best, skipped } = checkpoint::newest_intact(ckpt_dir)?;
+    let checkpoint::Intact { newest: best, skipped, unverified } = checkpoint::newest_intact(ckpt_dir)?;
     for s in &skipped {
         eprintln!("warning: --resume: skipping {}: {}", s.dir.display(), s.reason);
+    }
+    if let (true, Some((_, dir))) = (unverified, &best) {
+        eprintln!("note: --resume: {} has no manifest.json (written by lerobot): its files are not verified", dir.display());
     }
     match best {
         Some((_, dir)) => {

@@ -366,10 +366,12 @@ pub fn load_tree(file: Option<&Path>, overrides: &[(String, String)]) -> Result<
 /// `train_config.json` ([`crate::lerobot_compat::train_config_tree`]), anything else TOML.
 fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Result<(serde_json::Map<String, Value>, Vec<String>), WorkloadError> {
     let mut notes = Vec::new();
-    let mut tree = match file {
-        None => resumed_run_config(overrides)?.unwrap_or_default(),
-        Some(_) => serde_json::Map::new(),
-    };
+    let mut tree = serde_json::Map::new();
+    if file.is_none()
+        && let Some((resumed, resume_notes)) = resumed_run_config(overrides)?
+    {
+        (tree, notes) = (resumed, resume_notes);
+    }
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })?;
         if path.extension().is_some_and(|e| e == "json") {
@@ -389,8 +391,11 @@ fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Resul
 
 /// `--resume --output_dir=DIR` without a config file: the run config saved in DIR's newest
 /// intact checkpoint, so no flag needs repeating (flags given now still apply on top, e.g.
-/// `--steps` to train longer). `None` when not resuming.
-fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<serde_json::Map<String, Value>>, WorkloadError> {
+/// `--steps` to train longer). A checkpoint written by lerobot has no vramlab run config: its
+/// `pretrained_model/train_config.json` is read as `--config_path` would read it. `None` when
+/// not resuming.
+type Noted = (serde_json::Map<String, Value>, Vec<String>);
+fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, WorkloadError> {
     let get = |name: &str| overrides.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     if !matches!(get("resume"), Some("true" | "1")) {
         return Ok(None);
@@ -400,7 +405,7 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<serde_jso
     };
     let ckpts = Path::new(out).join("checkpoints");
     // The trainer reports skipped checkpoints when it resumes; here only the choice matters.
-    let vramlab_train::checkpoint::Intact { newest, skipped } =
+    let vramlab_train::checkpoint::Intact { newest, skipped, .. } =
         vramlab_train::checkpoint::newest_intact(&ckpts).map_err(|e| WorkloadError::invalid("resume", e.to_string()))?;
     let Some((_, dir)) = newest else {
         let why: Vec<String> = skipped.iter().map(|s| format!("{}: {}", s.dir.display(), s.reason)).collect();
@@ -408,9 +413,16 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<serde_jso
         return Err(WorkloadError::invalid("resume", msg));
     };
     let path = dir.join(crate::training::RUN_CONFIG_FILE);
+    if !path.exists() {
+        let lerobot = dir.join("pretrained_model/train_config.json");
+        if lerobot.exists() {
+            let text = std::fs::read_to_string(&lerobot).map_err(|source| WorkloadError::Io { path: lerobot.clone(), source })?;
+            return crate::lerobot_compat::train_config_tree(&text, &lerobot).map(Some);
+        }
+    }
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
     match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(m)) => Ok(Some(m)),
+        Ok(Value::Object(m)) => Ok(Some((m, Vec::new()))),
         Ok(_) => Err(WorkloadError::ConfigFile { path, msg: "not a JSON object".into() }),
         Err(e) => Err(WorkloadError::ConfigFile { path, msg: e.to_string() }),
     }
