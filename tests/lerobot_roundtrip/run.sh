@@ -6,7 +6,8 @@
 #                      processors, and its `select_action` on raw observations must equal
 #                      `vramlab predict` on the same observations (Diffusion: DDIM, same noise).
 #   lerobot → vramlab: lerobot-train writes ACT and Diffusion checkpoints; the same comparison.
-#   Then vramlab fine-tunes from the lerobot checkpoint (--policy.path) and resumes its own run.
+#   Then vramlab fine-tunes from the lerobot checkpoint (--policy.path), resumes its own run,
+#   and resumes lerobot's run from lerobot's checkpoint.
 #
 # Usage: tests/lerobot_roundtrip/run.sh        (env: LEROBOT_VENV, WORK, DATA, TOL)
 set -euo pipefail
@@ -62,4 +63,9 @@ echo "== vramlab fine-tunes a lerobot checkpoint (--policy.path), then resumes i
   --dataset.type=lerobot --dataset.root="$DATA" --steps=2 --batch_size=2 --num_workers=0 \
   --output_dir="$WORK/finetune_act"
 "$bin" train --resume --output_dir="$WORK/finetune_act" --steps=4
+
+echo "== vramlab resumes lerobot's own run (weights, optimizer state, step, train_config.json)"
+cp -r "$WORK/lerobot_act" "$WORK/lerobot_act_resumed"
+"$bin" train --resume --output_dir="$WORK/lerobot_act_resumed" --steps=4
+[ "$(wc -l < "$WORK/lerobot_act_resumed/metrics.jsonl")" -eq 2 ] || { echo "error: expected steps 3 and 4 after resuming at step 2" >&2; exit 1; }
 echo "round trip: all checks passed"
