@@ -88,8 +88,18 @@ pub fn named_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Tenso
 
 /// Parameter names and shapes of a module (no data copied).
 pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
+    shapes::<B, M>(module, false)
+}
+
+/// Names and shapes of the parameters that train (require grad), in module order.
+pub fn trainable_param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
+    shapes::<B, M>(module, true)
+}
+
+fn shapes<B: Backend, M: Module<B>>(module: &M, trainable_only: bool) -> Vec<(String, Vec<usize>)> {
     struct Collect {
         path: PathStack,
+        trainable_only: bool,
         out: Vec<(String, Vec<usize>)>,
     }
     impl<B: Backend> ModuleVisitor<B> for Collect {
@@ -100,11 +110,12 @@ pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<us
             self.path.exit();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let key = self.path.current();
-            self.out.push((key, param.shape().dims::<D>().to_vec()));
+            if !self.trainable_only || param.is_require_grad() {
+                self.out.push((self.path.current(), param.shape().dims::<D>().to_vec()));
+            }
         }
     }
-    let mut c = Collect { path: PathStack::default(), out: Vec::new() };
+    let mut c = Collect { path: PathStack::default(), trainable_only, out: Vec::new() };
     module.visit(&mut c);
     c.out
 }

@@ -301,28 +301,9 @@ impl<B: AutodiffBackend> Optimizer<B> {
 
 /// The parameters of `module` that train (require grad), in module order, with their shapes:
 /// the order of torch's `named_parameters()` where the module declares its fields as the
-/// reference does.
+/// reference does (checked against lerobot for ACT and Diffusion).
 pub fn trainable_params<B: Backend, M: burn::module::Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
-    struct Collect {
-        path: PathStack,
-        out: Vec<(String, Vec<usize>)>,
-    }
-    impl<B: Backend> ModuleVisitor<B> for Collect {
-        fn enter_module(&mut self, name: &str, container: &str) {
-            self.path.enter(name, container);
-        }
-        fn exit_module(&mut self, _name: &str, _container: &str) {
-            self.path.exit();
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if param.is_require_grad() {
-                self.out.push((self.path.current(), param.shape().dims::<D>().to_vec()));
-            }
-        }
-    }
-    let mut c = Collect { path: PathStack::default(), out: Vec::new() };
-    module.visit(&mut c);
-    c.out
+    vramlab_store::trainable_param_shapes::<B, M>(module)
 }
 
 struct NormVisitor<'a, B: AutodiffBackend> {
