@@ -101,7 +101,7 @@ impl Job for InfoJob<'_> {
 }
 
 /// The `type` of a checkpoint directory's `config.json`.
-fn checkpoint_type(dir: &Path) -> Result<String> {
+pub(crate) fn checkpoint_type(dir: &Path) -> Result<String> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| WorkloadError::file(&path, format!("invalid JSON: {e}")))?;
@@ -149,10 +149,15 @@ pub fn predict(req: &PredictRequest, cfg: &RunConfig) -> Result<Vec<(String, Vec
     dispatch(cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, dir, out: &req.out, inputs, processors, precision: cfg.precision })
 }
 
-/// `dir/pretrained_model` when `dir` is a checkpoint step directory, else `dir`.
+/// The `pretrained_model/` a path names: `dir/pretrained_model/` (a checkpoint step
+/// directory), then `dir/last/pretrained_model/` (a run's `checkpoints/`), else `dir` itself
+/// (a `pretrained_model/` directory, or a fixture with the files directly in it).
 pub fn pretrained_dir(dir: &Path) -> PathBuf {
-    let inner = dir.join(vramlab_train::checkpoint::PRETRAINED_MODEL_DIR);
-    if inner.join("config.json").exists() { inner } else { dir.to_path_buf() }
+    let model = vramlab_train::checkpoint::PRETRAINED_MODEL_DIR;
+    [dir.join(model), dir.join(vramlab_train::checkpoint::LAST_LINK).join(model)]
+        .into_iter()
+        .find(|d| d.join(vramlab_models::policy::CONFIG_FILE).is_file())
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 struct PredictJob<'a> {

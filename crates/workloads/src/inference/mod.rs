@@ -122,24 +122,6 @@ pub struct BenchReport {
     pub runs: Vec<ModeRun>,
 }
 
-/// `dir/pretrained_model/` when it holds a `config.json` (vramlab's `checkpoints/<step>/`),
-/// then `dir/last/pretrained_model/` (a run's `checkpoints/`), else `dir` (a
-/// `pretrained_model/` dir, or an older step dir with the files directly).
-pub fn pretrained_dir(dir: &Path) -> PathBuf {
-    [dir.join("pretrained_model"), dir.join("last/pretrained_model")]
-        .into_iter()
-        .find(|d| d.join(CONFIG_FILE).is_file())
-        .unwrap_or_else(|| dir.to_path_buf())
-}
-
-/// The checkpoint's policy type (`"act"`, `"diffusion"`, …).
-fn policy_type(dir: &Path) -> Result<String> {
-    let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| WorkloadError::file(&path, format!("invalid JSON: {e}")))?;
-    v.get("type").and_then(|t| t.as_str()).map(str::to_string).ok_or_else(|| WorkloadError::file(&path, "field `type` is missing".into()))
-}
-
 /// Measure `req` on `backend` (device index `device`); `machine` goes into the report.
 pub fn bench(req: &BenchRequest, backend: BackendKind, device: usize, machine: Machine) -> Result<BenchReport> {
     dispatch(backend, device, Default::default(), req.precision, BenchJob { req, backend, machine })
@@ -167,8 +149,8 @@ pub fn bench_on<B: Backend>(req: &BenchRequest, backend: BackendKind, machine: M
     if req.calls == 0 {
         return Err(WorkloadError::invalid("calls", "must be at least 1".into()));
     }
-    let dir = pretrained_dir(&req.checkpoint);
-    let kind = policy_type(&dir)?;
+    let dir = crate::workload::pretrained_dir(&req.checkpoint);
+    let kind = crate::workload::checkpoint_type(&dir)?;
     let stats = Stats::read(&dir)?;
     let mut report = BenchReport {
         checkpoint: dir.clone(),
@@ -360,7 +342,7 @@ mod tests {
         for f in ["config.json", "model.safetensors"] {
             std::os::unix::fs::symlink(shared.join("oracle/act_small/pretrained_model").join(f), inner.join(f)).unwrap();
         }
-        assert_eq!(pretrained_dir(step.path()), inner);
+        assert_eq!(crate::workload::pretrained_dir(step.path()), inner);
         let report = run(&request(step.path().to_path_buf())).unwrap();
         assert_eq!(report.runs.len(), 2);
         let (queue, ens) = (&report.runs[0], &report.runs[1]);
