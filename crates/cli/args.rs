@@ -85,6 +85,13 @@ pub struct RunFlags {
     /// GPU index for wgpu / cuda [default: 0].
     #[arg(long, value_name = "N")]
     device: Option<String>,
+    /// wgpu/cuda: CubeCL autotune effort: minimal, balanced (CubeCL's default), extensive, full.
+    #[arg(long, value_name = "LEVEL")]
+    autotune: Option<String>,
+    /// wgpu/cuda: compiled-kernel and autotune cache [default: $VRAMLAB_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/vramlab/cubecl, else ~/.cache/vramlab/cubecl].
+    #[arg(long = "kernel_cache_dir", value_name = "DIR")]
+    kernel_cache_dir: Option<String>,
     /// f32 (default), bf16 or f16: compute precision (weights stay f32).
     #[arg(long, value_name = "P")]
     precision: Option<String>,

@@ -66,6 +66,99 @@ impl BackendKind {
     }
 }
 
+/// `--autotune`: how hard CubeCL searches kernel variants on first use of a shape (wgpu, cuda).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutotuneLevel {
+    Minimal,
+    Balanced,
+    Extensive,
+    Full,
+}
+
+impl AutotuneLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Balanced => "balanced",
+            Self::Extensive => "extensive",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// CubeCL's on-disk caches and autotune effort for the GPU backends (one setting per process:
+/// CubeCL's configuration is global).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Where compiled kernels (CUDA PTX) and autotune results are kept; `None`:
+    /// `$VRAMLAB_CACHE_DIR`, else `$XDG_CACHE_HOME/vramlab/cubecl`, else `~/.cache/vramlab/cubecl`.
+    pub kernel_cache_dir: Option<std::path::PathBuf>,
+    /// `None`: a `cubecl.toml` or `CUBECL_AUTOTUNE_LEVEL` if set, else CubeCL's `balanced`.
+    pub autotune: Option<AutotuneLevel>,
+}
+
+impl GpuOptions {
+    /// The cache directory these options name, with the per-user default.
+    pub fn cache_dir(&self) -> std::path::PathBuf {
+        use std::path::PathBuf;
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        self.kernel_cache_dir
+            .clone()
+            .or_else(|| env("VRAMLAB_CACHE_DIR"))
+            .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("vramlab/cubecl")))
+            .or_else(|| env("HOME").map(|h| h.join(".cache/vramlab/cubecl")))
+            .unwrap_or_else(|| PathBuf::from(".vramlab-cache/cubecl"))
+    }
+}
+
+/// Point CubeCL's kernel and autotune caches at [`GpuOptions::cache_dir`] and set the autotune
+/// level, before the first device is created; returns the line to print. A `cubecl.toml` (or
+/// `[cubecl]` in `burn.toml`) and the `CUBECL_*` variables still apply; these options win where
+/// given, and the cache directory replaces only CubeCL's defaults (no kernel cache; autotune
+/// results under `target/`). Once CubeCL has read its configuration it cannot change: later
+/// calls in the same process report what is in force.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
+    use burn::cubecl::config::autotune::AutotuneLevel as L;
+    use burn::cubecl::config::cache::CacheConfig;
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let describe = |c: &CubeClRuntimeConfig| {
+        let root = |c: &CacheConfig| c.root().display().to_string();
+        let level = match c.autotune.level {
+            L::Minimal => "minimal",
+            L::Balanced => "balanced",
+            L::Extensive => "extensive",
+            L::Full => "full",
+        };
+        let kernels = c.compilation.cache.as_ref().map_or("off".to_string(), root);
+        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; autotune level {level}", root(&c.autotune.cache))
+    };
+    if let Some(c) = CubeClRuntimeConfig::storage().lock().as_ref() {
+        return Ok(describe(c));
+    }
+    let dir = opts.cache_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| WorkloadError::Backend(format!("kernel_cache_dir {}: cannot create: {e}", dir.display())))?;
+    let mut c = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    if opts.kernel_cache_dir.is_some() || c.compilation.cache.is_none() {
+        c.compilation.cache = Some(CacheConfig::File(dir.clone()));
+    }
+    if opts.kernel_cache_dir.is_some() || matches!(c.autotune.cache, CacheConfig::Target) {
+        c.autotune.cache = CacheConfig::File(dir);
+    }
+    if let Some(level) = opts.autotune {
+        c.autotune.level = match level {
+            AutotuneLevel::Minimal => L::Minimal,
+            AutotuneLevel::Balanced => L::Balanced,
+            AutotuneLevel::Extensive => L::Extensive,
+            AutotuneLevel::Full => L::Full,
+        };
+    }
+    let line = describe(&c);
+    CubeClRuntimeConfig::set(c);
+    Ok(line)
+}
+
 /// Work to run on whichever backend the user picked.
 pub trait Job {
     type Output;
@@ -78,6 +171,8 @@ pub struct BackendInfo {
     pub backend: BackendKind,
     pub probe: String,
     pub peak_kind: vramlab_probe::PeakKind,
+    /// wgpu/cuda: where CubeCL keeps compiled kernels and autotune results, and its level.
+    pub kernel_cache: Option<String>,
 }
 
 /// Fails with a clear message when the device cannot compute in `precision`.
@@ -111,27 +206,29 @@ where
     }
 }
 
-/// Run `job` on backend `kind` (device index `index` for GPUs).
-pub fn dispatch<J: Job>(kind: BackendKind, index: usize, mode: CheckpointMode, precision: Precision, job: J) -> Result<J::Output> {
+/// Run `job` on backend `kind` (device index `index` for GPUs; `gpu`: CubeCL's caches).
+pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode: CheckpointMode, precision: Precision, job: J) -> Result<J::Output> {
     match kind.compiled()? {
         #[cfg(feature = "flex")]
         BackendKind::Flex => {
             use burn::backend::Flex;
-            let _ = index;
+            let _ = (index, gpu);
             let device = burn::backend::flex::FlexDevice;
             check_precision::<Flex>(&device, kind, precision)?;
             let probe = vramlab_probe::CpuProbe::new().map_err(|e| WorkloadError::Backend(e.to_string()))?;
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: None };
             run_with::<Flex, J>(job, device, mode, &probe, &info)
         }
         #[cfg(feature = "wgpu")]
         BackendKind::Wgpu => {
             use burn::backend::Wgpu;
             use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+            let cache = configure_cubecl(gpu)?;
+            eprintln!("vramlab: {cache}");
             let device = if index == 0 { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(index) };
             check_precision::<Wgpu>(&device, kind, precision)?;
             let probe = cubecl_probe::<WgpuRuntime, Wgpu>("cubecl-wgpu", device.clone());
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: Some(cache) };
             run_with::<Wgpu, J>(job, device, mode, &probe, &info)
         }
         #[cfg(feature = "cuda")]
@@ -139,10 +236,12 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, mode: CheckpointMode, p
             use burn::backend::Cuda;
             use burn::backend::cuda::CudaDevice;
             use burn::cubecl::cuda::CudaRuntime;
+            let cache = configure_cubecl(gpu)?;
+            eprintln!("vramlab: {cache}");
             let device = CudaDevice::new(index);
             check_precision::<Cuda>(&device, kind, precision)?;
             let probe = cubecl_probe::<CudaRuntime, Cuda>("cubecl-cuda", device.clone());
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind() };
+            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: Some(cache) };
             run_with::<Cuda, J>(job, device, mode, &probe, &info)
         }
         #[allow(unreachable_patterns)]

@@ -50,6 +50,12 @@ pub struct RunConfig {
     /// Device index for wgpu/cuda (0 = first).
     #[serde(default)]
     pub device: usize,
+    /// wgpu/cuda: CubeCL's autotune effort (`minimal`, `balanced`, `extensive`, `full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<crate::backend::AutotuneLevel>,
+    /// wgpu/cuda: where compiled kernels and autotune results persist across runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_cache_dir: Option<PathBuf>,
     #[serde(default, deserialize_with = "parsed_precision", serialize_with = "precision_name")]
     pub precision: Precision,
     #[serde(default, deserialize_with = "parsed_checkpointing", serialize_with = "checkpointing_name")]
@@ -448,6 +454,11 @@ pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunCo
 }
 
 impl RunConfig {
+    /// CubeCL's caches and autotune level for the GPU backends.
+    pub fn gpu_options(&self) -> crate::backend::GpuOptions {
+        crate::backend::GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune }
+    }
+
     /// The policy, or an error saying how to name one.
     pub fn policy(&self) -> Result<&PolicyConfig, WorkloadError> {
         self.policy.as_ref().ok_or_else(|| WorkloadError::invalid("policy.type", format!("required (--policy.type=…); valid: {}", PolicyConfig::NAMES)))

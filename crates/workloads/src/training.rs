@@ -219,6 +219,7 @@ where
     let summary_header = vec![
         ("policy".into(), format!("{policy} ({num_params} parameters) {compact_config}")),
         ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
+        ("kernel cache".into(), info.kernel_cache.clone().unwrap_or_else(|| "none (CPU backend)".into())),
         ("precision".into(), cfg.precision.name().into()),
         ("gradient_checkpointing".into(), cfg.gradient_checkpointing.to_string()),
         ("batch_size × grad_accum_steps".into(), format!("{} × {}", cfg.batch_size, cfg.grad_accum_steps)),

@@ -20,7 +20,8 @@ use crate::{Result, WorkloadError, act, diffusion, vae3d};
 pub fn train(cfg: RunConfig, observer: &mut dyn TrainObserver) -> Result<()> {
     cfg.validate()?;
     let (backend, device, mode, precision) = (cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision);
-    dispatch(backend, device, mode, precision, TrainJob { cfg, observer })
+    let gpu = cfg.gpu_options();
+    dispatch(backend, device, &gpu, mode, precision, TrainJob { cfg, observer })
 }
 
 struct TrainJob<'o> {
@@ -66,7 +67,7 @@ pub fn info(cfg: &RunConfig) -> Result<InfoReport> {
     if let Workload::Vae3d(p) = &cfg.policy()?.kind {
         p.config.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
     }
-    dispatch(cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision, InfoJob { cfg })
+    dispatch(cfg.backend, cfg.device, &cfg.gpu_options(), cfg.gradient_checkpointing, cfg.precision, InfoJob { cfg })
 }
 
 struct InfoJob<'a> {
@@ -146,7 +147,7 @@ pub fn predict(req: &PredictRequest, cfg: &RunConfig) -> Result<Vec<(String, Vec
     if let Some(p) = &processors {
         inputs.normalize(p)?;
     }
-    dispatch(cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, dir, out: &req.out, inputs, processors, precision: cfg.precision })
+    dispatch(cfg.backend, cfg.device, &cfg.gpu_options(), cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, dir, out: &req.out, inputs, processors, precision: cfg.precision })
 }
 
 /// The `pretrained_model/` a path names: `dir/pretrained_model/` (a checkpoint step

@@ -124,7 +124,7 @@ pub struct BenchReport {
 
 /// Measure `req` on `backend` (device index `device`); `machine` goes into the report.
 pub fn bench(req: &BenchRequest, backend: BackendKind, device: usize, machine: Machine) -> Result<BenchReport> {
-    dispatch(backend, device, Default::default(), req.precision, BenchJob { req, backend, machine })
+    dispatch(backend, device, &crate::backend::GpuOptions::default(), Default::default(), req.precision, BenchJob { req, backend, machine })
 }
 
 struct BenchJob<'a> {
