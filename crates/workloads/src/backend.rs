@@ -267,3 +267,25 @@ where
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_cache_dir_is_the_flag_else_a_per_user_default() {
+        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal) };
+        assert_eq!(flag.cache_dir(), std::path::PathBuf::from("/srv/kernels"));
+        let default = GpuOptions::default().cache_dir();
+        assert!(std::env::var_os("VRAMLAB_CACHE_DIR").is_some() || default.ends_with("vramlab/cubecl"), "{}", default.display());
+    }
+
+    #[test]
+    fn autotune_levels_are_cubecls_names() {
+        for (level, name) in [(AutotuneLevel::Minimal, "minimal"), (AutotuneLevel::Balanced, "balanced"), (AutotuneLevel::Extensive, "extensive"), (AutotuneLevel::Full, "full")] {
+            assert_eq!(serde_json::to_value(level).unwrap(), name);
+            assert_eq!(level.name(), name);
+        }
+        assert!(serde_json::from_value::<AutotuneLevel>(serde_json::json!("fast")).is_err());
+    }
+}
