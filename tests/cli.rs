@@ -166,6 +166,15 @@ fn info_prints_the_exact_act_counts() {
 }
 
 #[test]
+fn warmup_runs_one_step_and_leaves_nothing_behind() {
+    let o = vramlab(&["warmup", "--steps=50", "--save_freq=1"].iter().copied().chain(TINY).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("1 steps") && text(&o).contains("warmup: one step"), "{}", text(&o));
+    let scratch = text(&o).lines().find_map(|l| l.split("→ ").nth(1).map(|p| p.trim().to_string())).expect("the run's directory");
+    assert!(!Path::new(&scratch).exists(), "{scratch} was left behind");
+}
+
+#[test]
 fn killed_run_resumes_with_bit_identical_losses() {
     let full = tmp("full");
     let part = tmp("part");

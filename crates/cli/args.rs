@@ -31,6 +31,10 @@ pub enum Command {
     /// Train a workload, measuring memory every step (metrics.jsonl, summary.md, checkpoints).
     #[command(after_help = OVERRIDES_HELP)]
     Train(RunArgs),
+    /// One training step of a config in a scratch directory (removed after): fills the GPU
+    /// backends' kernel and autotune caches so the real run's first step is fast.
+    #[command(after_help = OVERRIDES_HELP)]
+    Warmup(RunArgs),
     /// Parameter counts per module and static bytes of a config, without training.
     #[command(after_help = OVERRIDES_HELP)]
     Info(RunArgs),
@@ -200,7 +204,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Erro
         }
     }
     let mut cli = Cli::try_parse_from(rest)?;
-    if !overrides.is_empty() && !matches!(cli.command, Command::Train(_) | Command::Info(_) | Command::Sweep(_) | Command::Predict(_)) {
+    if !overrides.is_empty() && !matches!(cli.command, Command::Train(_) | Command::Warmup(_) | Command::Info(_) | Command::Sweep(_) | Command::Predict(_)) {
         let (key, _) = &overrides[0];
         return Err(Cli::command().error(clap::error::ErrorKind::UnknownArgument, format!("--{key}: this command takes no config fields")));
     }

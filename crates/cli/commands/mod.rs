@@ -33,6 +33,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let overrides = &cli.overrides;
     match &cli.command {
         Command::Train(run) => train::run(run_config(run, overrides)?),
+        Command::Warmup(run) => train::warmup(run_config(run, overrides)?),
         Command::Info(run) => info::run(&run_config(run, overrides)?),
         Command::Sweep(run) => {
             let exe = std::env::current_exe().context("cannot find the vramlab executable")?;

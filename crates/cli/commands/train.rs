@@ -16,6 +16,21 @@ pub fn run(cfg: RunConfig) -> Result<()> {
     Ok(())
 }
 
+/// `vramlab warmup`: one training step of the config (its shapes, precision and toggles) in a
+/// scratch directory that is removed afterwards. On wgpu/cuda this compiles and autotunes every
+/// kernel that step needs into the kernel cache printed at start, so the first step of the
+/// real run is fast, and a container image can be pre-warmed.
+pub fn warmup(mut cfg: RunConfig) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("vramlab-warmup-{}", std::process::id()));
+    (cfg.steps, cfg.save_freq, cfg.resume, cfg.output_dir) = (1, 0, false, Some(scratch.clone()));
+    let t = std::time::Instant::now();
+    let result = run(cfg);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result?;
+    eprintln!("warmup: one step compiled, tuned and run in {:.1} s; later runs of this config reuse the kernel cache", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
 /// Progress bar on a terminal; plain log lines otherwise (CI logs).
 struct Progress {
     bar: Option<ProgressBar>,

@@ -81,11 +81,13 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
     let steady = if records.len() > 1 { &records[1..] } else { records };
     let max = |f: fn(&StepRecord) -> u64| steady.iter().map(f).max().unwrap_or(0);
     s.push_str(&format!(
-        "\n## Result\n\n| | value |\n|---|---|\n| steps | {} → {} |\n| loss | {:.6} → {:.6} |\n| median step time | {:.3} s |\n| median data wait | {:.4} s |\n",
+        "\n## Result\n\n| | value |\n|---|---|\n| steps | {} → {} |\n| loss | {:.6} → {:.6} |\n| step {} time (includes kernel compilation and autotuning on wgpu/cuda) | {:.3} s |\n| median step time (steps after the first) | {:.3} s |\n| median data wait | {:.4} s |\n",
         first.step,
         last.step,
         first.loss,
         last.loss,
+        first.step,
+        first.step_time_s,
         median_by(records, 1, |r| r.step_time_s),
         median_by(records, 1, |r| r.data_wait_s),
     ));
