@@ -517,3 +517,127 @@ fn help_per_subcommand_and_completions() {
     let o = vramlab(&["completions", "bash"]);
     assert!(o.status.success() && text(&o).contains("gradient_checkpointing"));
 }
+
+#[derive(serde::Deserialize)]
+struct FitTrial {
+    search: String,
+    status: String,
+    peak_bytes: Option<u64>,
+    toggles: FitToggles,
+}
+
+#[derive(serde::Deserialize)]
+struct FitToggles {
+    batch_size: u64,
+}
+
+/// The budget cap (the CPU stand-in for a GPU's capacity): a run whose peak is above it ends
+/// at the allocation that would cross it, with its own exit code and one clear line, and no
+/// checkpoint; the same run under a budget above its peak trains.
+#[test]
+fn a_memory_budget_ends_a_run_with_a_clean_out_of_memory() {
+    let free = tmp("budget-free");
+    let mut args: Vec<String> = TINY.iter().map(|s| s.to_string()).collect();
+    args.insert(0, "train".into());
+    // Measurement only: writing a checkpoint after the last step takes memory of its own.
+    args.extend(["--steps=2".into(), "--save_checkpoint=false".into()]);
+    let run = |dir: &Path, budget: Option<u64>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).arg(format!("--output_dir={}", dir.display()));
+        if let Some(b) = budget {
+            cmd.env("VRAMLAB_MEMORY_BUDGET", b.to_string());
+        }
+        cmd.output().unwrap()
+    };
+    let o = run(&free, None);
+    assert!(o.status.success(), "{}", text(&o));
+    let peak = records(&free).iter().map(|r| r.peak_step_bytes).max().unwrap();
+
+    let capped = tmp("budget-capped");
+    let o = run(&capped, Some(peak / 2));
+    assert_eq!(o.status.code(), Some(86), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("error: out of memory: an allocation of") && err.contains(&format!("budget of {} bytes", peak / 2)), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!capped.join("checkpoints/000002").exists(), "no checkpoint of an out-of-memory run");
+
+    let roomy = tmp("budget-roomy");
+    let o = run(&roomy, Some(peak + peak / 2));
+    assert!(o.status.success(), "a budget above the peak must not end the run: {}", text(&o));
+
+    let o = Command::new(BIN).args(&args).env("VRAMLAB_MEMORY_BUDGET", "lots").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("VRAMLAB_MEMORY_BUDGET"), "{}", text(&o));
+    for d in [free, capped, roomy] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// `fit` under a budget below the configured batch's peak: the configured batch runs out of
+/// memory, a smaller one fits, the recommendation's re-measured peak is within the budget, and
+/// a second `fit` in the same directory reuses every trial.
+#[test]
+fn fit_recommends_only_what_was_measured_to_fit() {
+    let probe = tmp("fit-probe");
+    let mut train: Vec<String> = vec!["train".into(), "--policy.type=vae3d".into(), "--policy.preset=ultra_lightweight".into(), "--dataset.grid=4,16,16".into()];
+    train.extend(["--batch_size=4".into(), "--steps=2".into(), format!("--output_dir={}", probe.display())]);
+    let o = Command::new(BIN).args(&train).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let peak4 = records(&probe).iter().map(|r| r.peak_step_bytes).max().unwrap();
+    let budget = peak4 * 9 / 10;
+
+    let dir = tmp("fit");
+    let args: Vec<String> = vec![
+        "fit".into(),
+        "--policy.type=vae3d".into(),
+        "--policy.preset=ultra_lightweight".into(),
+        "--dataset.grid=4,16,16".into(),
+        "--batch_size=4".into(),
+        "--max_batch=8".into(),
+        format!("--budget={budget}"),
+        format!("--output_dir={}", dir.display()),
+    ];
+    let o = Command::new(BIN).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.starts_with("vramlab train") && stdout.contains("--grad_accum_steps="), "{stdout}");
+    let trials: Vec<FitTrial> = std::fs::read_to_string(dir.join("fit.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let batch: Vec<&FitTrial> = trials.iter().filter(|t| t.search == "batch").collect();
+    assert!(batch.iter().any(|t| t.toggles.batch_size == 4 && t.status == "out_of_memory"), "batch 4 needs more than 0.9 × its peak");
+    assert!(batch.iter().any(|t| t.status == "fits" && t.toggles.batch_size < 4), "a smaller batch fits");
+    let verify: Vec<&FitTrial> = trials.iter().filter(|t| t.search == "verify").collect();
+    assert_eq!(verify.len(), 1);
+    assert_eq!(verify[0].status, "fits");
+    assert!(verify[0].peak_bytes.unwrap() <= budget);
+    for t in trials.iter().filter(|t| t.status == "fits") {
+        assert!(t.peak_bytes.unwrap() <= budget, "a fitting trial's measured peak is within the budget");
+    }
+    let md = std::fs::read_to_string(dir.join("fit.md")).unwrap();
+    assert!(md.contains("re-measured") && md.contains("out of memory"), "{md}");
+    assert!(dir.join("fit.csv").exists());
+
+    // Restartable: everything is kept, nothing runs again.
+    let o = Command::new(BIN).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("0 new trials"), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), stdout);
+    for d in [probe, dir] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// `estimate` on a model described on paper: the seed report's static total is reproduced and
+/// the per-GPU sharded totals are printed; flags that only training configs take are refused.
+#[test]
+fn estimate_reads_paper_descriptions() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/estimate/openvla_oft_7b_lora.toml");
+    let o = vramlab(&["estimate", &format!("--config={}", cfg.display())]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in ["23.57", "ZeRO-3", "DDP"] {
+        assert!(out.contains(needle), "{needle} missing:\n{out}");
+    }
+    let o = vramlab(&["estimate", &format!("--config={}", cfg.display()), "--batch_size=4"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("on paper"), "{}", text(&o));
+}

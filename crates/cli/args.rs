@@ -38,9 +38,17 @@ pub enum Command {
     /// Parameter counts per module and static bytes of a config, without training.
     #[command(after_help = OVERRIDES_HELP)]
     Info(RunArgs),
+    /// Peak training memory predicted from shapes alone (no allocation): parameters,
+    /// gradients, optimizer state, stored activations per module, workspace, and the phase.
+    #[command(after_help = OVERRIDES_HELP)]
+    Estimate(RunArgs),
     /// A grid of measured runs (--sweep.<field>=v1,v2,…), one process each → CSV + markdown.
     #[command(after_help = OVERRIDES_HELP)]
     Sweep(RunArgs),
+    /// The largest batch and the fastest settings that fit a memory budget, by short measured
+    /// runs (each capped at the budget on the CPU backend); recommends a command line.
+    #[command(after_help = OVERRIDES_HELP)]
+    Fit(FitArgs),
     /// Run a checkpoint on model-level inputs and write the outputs (port parity checks).
     Predict(PredictArgs),
     /// Per-call select_action latency of a policy checkpoint at a fixed rate (p50/p95/p99/max).
@@ -110,6 +118,13 @@ pub struct RunFlags {
     /// Checkpoint every N steps (0 = only at the end).
     #[arg(long = "save_freq", value_name = "N")]
     save_freq: Option<String>,
+    /// Write checkpoints (lerobot's `save_checkpoint`) [default: true]; false measures only.
+    #[arg(long = "save_checkpoint", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    save_checkpoint: Option<String>,
+    /// Record every allocation and free during these steps (e.g. 3 or 3,4) and export each as
+    /// a snapshot for https://pytorch.org/memory_viz (memory_timeline/step_<N>.pickle).
+    #[arg(long = "memory_timeline", value_name = "STEPS")]
+    memory_timeline: Option<String>,
     /// A log line every N steps besides the progress bar.
     #[arg(long = "log_freq", value_name = "N")]
     log_freq: Option<String>,
@@ -130,6 +145,24 @@ impl RunFlags {
         let serde_json::Value::Object(map) = serde_json::to_value(self).unwrap_or_default() else { return Vec::new() };
         map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_string()))).collect()
     }
+}
+
+#[derive(Args, Debug)]
+pub struct FitArgs {
+    /// The memory to fit in: 24GiB, 1.5GiB, 512MiB, 16GB (GiB/MiB binary, GB/MB decimal).
+    #[arg(long, value_name = "BYTES")]
+    pub budget: String,
+    /// Steps per trial: the first pays one-time costs, the median of the rest is the speed.
+    #[arg(long = "trial_steps", value_name = "N", default_value_t = 3)]
+    pub trial_steps: u64,
+    /// Upper end of the largest-batch search.
+    #[arg(long = "max_batch", value_name = "N", default_value_t = 1024)]
+    pub max_batch: u64,
+    /// Candidates the estimator puts above this many budgets are not run (0 = run all).
+    #[arg(long, value_name = "FACTOR", default_value_t = 1.25)]
+    pub prune: f64,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]
@@ -204,7 +237,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Erro
         }
     }
     let mut cli = Cli::try_parse_from(rest)?;
-    if !overrides.is_empty() && !matches!(cli.command, Command::Train(_) | Command::Warmup(_) | Command::Info(_) | Command::Sweep(_) | Command::Predict(_)) {
+    if !overrides.is_empty() && !matches!(cli.command, Command::Train(_) | Command::Warmup(_) | Command::Info(_) | Command::Estimate(_) | Command::Sweep(_) | Command::Fit(_) | Command::Predict(_)) {
         let (key, _) = &overrides[0];
         return Err(Cli::command().error(clap::error::ErrorKind::UnknownArgument, format!("--{key}: this command takes no config fields")));
     }

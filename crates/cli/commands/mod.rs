@@ -3,6 +3,9 @@
 
 mod bench_inference;
 mod dataset;
+mod estimate;
+mod fit;
+mod paper;
 mod info;
 mod train;
 
@@ -35,6 +38,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(run) => train::run(run_config(run, overrides)?),
         Command::Warmup(run) => train::warmup(run_config(run, overrides)?),
         Command::Info(run) => info::run(&run_config(run, overrides)?),
+        Command::Estimate(run) => match run.config.as_deref().filter(|f| paper::is_paper(f)) {
+            Some(file) => paper::run(file, &all_overrides(run, overrides)),
+            None => estimate::run(&run_config(run, overrides)?),
+        },
         Command::Sweep(run) => {
             let exe = std::env::current_exe().context("cannot find the vramlab executable")?;
             let all = all_overrides(run, overrides);
@@ -43,6 +50,7 @@ pub fn run(cli: Cli) -> Result<()> {
             vramlab_workloads::sweep::run(&spec)?;
             Ok(())
         }
+        Command::Fit(f) => fit::run(f, overrides),
         Command::Predict(p) => {
             let cfg = run_config(&p.run, overrides)?;
             let req = PredictRequest { checkpoint: p.checkpoint.clone(), inputs: p.inputs.clone(), out: p.out.clone() };

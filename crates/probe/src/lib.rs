@@ -13,6 +13,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+mod budget;
+pub use budget::{BUDGET_ENV, OUT_OF_MEMORY_EXIT_CODE, OUT_OF_MEMORY_MESSAGE, budget, set_budget};
+pub mod memory_viz;
+mod pickle;
+pub mod timeline;
+pub use timeline::scope;
+
 /// Memory at one instant, in bytes. `allocated` is what live tensors occupy (like
 /// `torch.cuda.memory_allocated`); `reserved` is what the allocator holds from the system or
 /// device (like `torch.cuda.memory_reserved`).
@@ -104,32 +111,43 @@ impl CountingAllocator {
 
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        budget::check(LIVE.load(Ordering::Relaxed), layout.size());
         // SAFETY: forwarded unchanged to the system allocator.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             Self::add(layout.size());
+            timeline::on_alloc(p, layout.size());
         }
         p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        budget::check(LIVE.load(Ordering::Relaxed), layout.size());
         // SAFETY: forwarded unchanged to the system allocator.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             Self::add(layout.size());
+            timeline::on_alloc(p, layout.size());
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // Recorded while the block is still ours, so no reuse of the address is recorded first.
+        timeline::on_free(ptr, layout.size());
         // SAFETY: forwarded unchanged to the system allocator.
         unsafe { System.dealloc(ptr, layout) };
         Self::sub(layout.size());
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        budget::check(LIVE.load(Ordering::Relaxed), new_size.saturating_sub(layout.size()));
+        timeline::on_free(ptr, layout.size());
         // SAFETY: forwarded unchanged to the system allocator.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             Self::sub(layout.size());
             Self::add(new_size);
+            timeline::on_alloc(p, new_size);
+        } else {
+            timeline::on_alloc(ptr, layout.size()); // the old block stays
         }
         p
     }

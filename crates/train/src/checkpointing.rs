@@ -82,6 +82,7 @@ where
     B: AutodiffBackend,
     M: TrainModel<B>,
 {
+    let forward_scope = crate::memory_timeline::scope("forward");
     let staged = model.model();
     let input = model.input(batch);
     let plan = staged.plan(&input);
@@ -92,11 +93,14 @@ where
     let mut saved = Vec::with_capacity(n);
     let mut state = stages::detach(staged.enter(&input));
     for &s in plan.iter().take(n.saturating_sub(1)) {
+        let _s = crate::memory_timeline::stage_scope("forward", &s);
         let next = stages::detach(frozen.model().stage(s, state.clone(), &input));
         saved.push(std::mem::replace(&mut state, next));
     }
     drop(frozen);
+    drop(forward_scope);
     hooks.forward_done();
+    let _backward = crate::memory_timeline::scope("backward");
 
     // Last stage, exit and the loss, with a graph.
     let mut acc = GradientsAccumulator::<M>::new();
@@ -116,6 +120,7 @@ where
     // Earlier stages in reverse: recompute with a graph, push the upstream gradient through.
     for (i, &s) in plan.iter().enumerate().take(n.saturating_sub(1)).rev() {
         let saved_in = saved.pop().expect("one saved state per stage but the last");
+        let _s = crate::memory_timeline::stage_scope("backward", &s);
         let need_input_grad = i > 0;
         let stage_in = if need_input_grad { stages::leaves(saved_in) } else { saved_in };
         let out = staged.stage(s, stage_in.clone(), &input);

@@ -9,9 +9,11 @@
 
 pub mod checkpoint;
 pub mod checkpointing;
+pub mod memory_timeline;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod plots;
 pub mod schedule;
 pub mod trainer;
 

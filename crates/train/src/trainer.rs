@@ -64,8 +64,17 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Save a checkpoint every `save_freq` steps (and always at the end); 0 = only at the end.
     pub save_freq: u64,
+    /// Write checkpoints at all (lerobot's `save_checkpoint`); `false` for measurement-only runs.
+    pub save_checkpoint: bool,
     pub output_dir: PathBuf,
     pub resume: bool,
+    /// Steps whose every heap allocation and free is written as a PyTorch memory snapshot,
+    /// `memory_timeline/step_<N>.pickle` ([`crate::memory_timeline`]); empty: none.
+    #[serde(default)]
+    pub memory_timeline: Vec<u64>,
+    /// Leave the events of smaller blocks out of those snapshots (0: every event).
+    #[serde(default)]
+    pub memory_timeline_min_bytes: u64,
 }
 
 /// What is saved next to the weights, to continue exactly.
@@ -199,8 +208,13 @@ impl<'a> Trainer<'a> {
         let mut records = Vec::new();
         let mut last_checkpoint = None;
         let mut interrupted = false;
+        let mut timelines = Vec::new();
         while state.step < cfg.steps {
+            let window = crate::memory_timeline::Window::start(&cfg.memory_timeline, state.step + 1, self.probe);
             let (new_model, record) = self.step(model, &mut optim, &mut state, data, p_bytes)?;
+            if let Some(w) = window {
+                timelines.push(w.finish(&cfg.output_dir, cfg.memory_timeline_min_bytes, &record)?);
+            }
             model = new_model;
             let line = serde_json::to_string(&record).unwrap_or_default();
             writeln!(metrics, "{line}").and_then(|_| metrics.flush()).map_err(io(&metrics_path))?;
@@ -210,7 +224,7 @@ impl<'a> Trainer<'a> {
             let step = state.step;
             let stop = self.stop.load(Ordering::Relaxed);
             let periodic = cfg.save_freq > 0 && step.is_multiple_of(cfg.save_freq);
-            if periodic || step == cfg.steps || stop {
+            if cfg.save_checkpoint && (periodic || step == cfg.steps || stop) {
                 last_checkpoint = Some(self.save_checkpoint::<B, M>(&model, &optim, &state)?);
             }
             if stop {
@@ -218,7 +232,9 @@ impl<'a> Trainer<'a> {
                 break;
             }
         }
-        let summary = summary_markdown(&format!("vramlab run: {}", cfg.output_dir.display()), &self.summary_header, &records);
+        let mut summary = summary_markdown(&format!("vramlab run: {}", cfg.output_dir.display()), &self.summary_header, &records);
+        summary.push_str(&crate::plots::write_memory_plots(&cfg.output_dir, &records));
+        summary.push_str(&crate::memory_timeline::summary_section(&timelines));
         let summary_path = cfg.output_dir.join("summary.md");
         fs::write(&summary_path, summary).map_err(io(&summary_path))?;
         Ok(TrainOutcome { model, records, last_checkpoint, interrupted })
@@ -298,7 +314,9 @@ impl<'a> Trainer<'a> {
         let mut parts_sum: Vec<(String, f64)> = Vec::new();
         for micro in 0..accum {
             let t_data = Instant::now();
+            let data_scope = crate::memory_timeline::scope("data");
             let batch = data(step, micro).map_err(|source| TrainError::Data { step, source })?;
+            drop(data_scope);
             data_wait += t_data.elapsed().as_secs_f64();
             let (parts, grads, mm) = self.forward_backward(&model, &batch, loss_scale)?;
             drop(batch);
@@ -326,10 +344,12 @@ impl<'a> Trainer<'a> {
         let grads = acc.grads();
         let g_bytes = grad_bytes::<B, M>(&model, &grads);
 
+        let opt_scope = crate::memory_timeline::scope("optimizer");
         self.probe.reset_peak();
         let t_opt = Instant::now();
         let (model, info) = optim.step(model, grads, loss_scale * accum as f64, lr_factor);
         let opt_peak = self.probe.peak();
+        drop(opt_scope);
         let opt_time = t_opt.elapsed().as_secs_f64();
         let skipped = match self.update_loss_scale(state, info.applied) {
             Ok(skipped) => skipped,
@@ -383,9 +403,10 @@ impl<'a> Trainer<'a> {
             let (parts, grads) = staged_forward_backward(model, batch, loss_scale as f32, &mut hooks);
             (parts, grads, hooks.fwd_peak, hooks.fwd_time)
         } else {
-            let parts = model.forward_loss(batch);
+            let parts = crate::memory_timeline::forward_loss(model, batch);
             let fwd_peak = self.probe.peak().allocated;
             let fwd_time = t0.elapsed().as_secs_f64();
+            let _backward = crate::memory_timeline::scope("backward");
             self.probe.reset_peak();
             let scaled = if loss_scale == 1.0 { parts.loss.clone() } else { parts.loss.clone() * loss_scale };
             let mut g = scaled.backward();

@@ -97,6 +97,7 @@ fn block_checkpointing_gives_the_same_gradients() {
 
 fn config(dir: PathBuf, steps: u64, resume: bool, mode: CheckpointMode) -> TrainConfig {
     TrainConfig {
+        save_checkpoint: true,
         steps,
         batch_size: 8,
         grad_accum_steps: 2,
@@ -108,6 +109,8 @@ fn config(dir: PathBuf, steps: u64, resume: bool, mode: CheckpointMode) -> Train
         save_freq: 3,
         output_dir: dir,
         resume,
+        memory_timeline: Vec::new(),
+        memory_timeline_min_bytes: 0,
     }
 }
 
@@ -271,4 +274,29 @@ fn optimizer_state_reads_back_in_torch_layout_with_or_without_param_names() {
     let err = optim.load(&state_dir.join("optimizer_state.safetensors"), &bare, &params, 2, &Default::default()).unwrap_err();
     assert!(err.to_string().contains("group 0 holds 2 parameters"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn memory_timeline_writes_a_labelled_snapshot_of_the_chosen_step() {
+    let has = |bytes: &[u8], s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+    for (mode, labels) in [
+        (CheckpointMode::Off, &["data", "forward/0", "forward/3", "forward/exit+loss", "backward", "optimizer"][..]),
+        (CheckpointMode::Blocks, &["data", "forward/0", "forward/2", "backward/2", "backward/0", "optimizer"][..]),
+    ] {
+        let dir = tmpdir(&format!("timeline-{mode}"));
+        let mut cfg = config(dir.clone(), 3, false, mode);
+        cfg.memory_timeline = vec![2];
+        train(cfg, Mlp::new(&Default::default())).unwrap();
+        let bytes = std::fs::read(dir.join("memory_timeline/step_2.pickle")).unwrap();
+        assert_eq!(&bytes[..2], [0x80, 4], "pickle protocol 4");
+        for label in labels {
+            assert!(has(&bytes, label), "{mode}: no event labelled {label}");
+        }
+        for other in [1, 3] {
+            assert!(!dir.join(format!("memory_timeline/step_{other}.pickle")).exists());
+        }
+        let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+        assert!(summary.contains("memory_timeline/step_2.pickle") && summary.contains("https://pytorch.org/memory_viz"), "{summary}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

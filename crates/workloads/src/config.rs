@@ -67,6 +67,18 @@ pub struct RunConfig {
     /// Checkpoint every N steps (0 = only at the end).
     #[serde(default)]
     pub save_freq: u64,
+    /// Write checkpoints (lerobot's `save_checkpoint`); `false` measures without saving.
+    #[serde(default = "d_true")]
+    pub save_checkpoint: bool,
+    /// Steps whose every heap allocation and free is written as a PyTorch memory snapshot,
+    /// `<output_dir>/memory_timeline/step_<N>.pickle` (for <https://pytorch.org/memory_viz>):
+    /// `3` or `3,4`; empty: none. The CPU heap's events: flex backend only.
+    #[serde(default, deserialize_with = "step_list", skip_serializing_if = "Vec::is_empty")]
+    pub memory_timeline: Vec<u64>,
+    /// Leave the events of blocks smaller than this out of those snapshots (0: every event;
+    /// most heap blocks are a few bytes of bookkeeping, and a step has tens of thousands).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_timeline_min_bytes: u64,
     /// Print a log line every N steps besides the progress bar (0 = bar only).
     #[serde(default)]
     pub log_freq: u64,
@@ -132,6 +144,20 @@ fn parsed_checkpointing<'de, D: Deserializer<'de>>(d: D) -> Result<CheckpointMod
 
 fn checkpointing_name<S: Serializer>(m: &CheckpointMode, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(m)
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// Step numbers: one (`--memory_timeline=3` is a number) or a list; "" is none.
+fn step_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    let bad = |v: &Value| D::Error::custom(format!("expected step numbers (3 or 3,4), found {v}"));
+    match Value::deserialize(d)? {
+        Value::String(s) if s.trim().is_empty() => Ok(Vec::new()),
+        Value::Array(items) => items.iter().map(|v| v.as_u64().ok_or_else(|| bad(v))).collect(),
+        v => v.as_u64().map(|s| vec![s]).ok_or_else(|| bad(&v)),
+    }
 }
 
 /// Where the training data comes from.
@@ -506,6 +532,12 @@ impl RunConfig {
         if self.prefetch_factor == 0 {
             return Err(WorkloadError::invalid("prefetch_factor", "must be at least 1".into()));
         }
+        if let Some(s) = self.memory_timeline.iter().find(|&&s| s == 0 || s > self.steps) {
+            return Err(WorkloadError::invalid("memory_timeline", format!("step {s} is not a step of this run (1..={})", self.steps)));
+        }
+        if !self.memory_timeline.is_empty() && self.backend != BackendKind::Flex {
+            return Err(WorkloadError::invalid("memory_timeline", format!("records the CPU heap's allocations: needs --backend=flex, not {}", self.backend)));
+        }
         let o = &self.optimizer;
         for (name, v) in [("optimizer.lr", o.lr), ("optimizer.lr_backbone", o.lr_backbone), ("optimizer.eps", o.eps)] {
             if v.is_some_and(|x| !(x > 0.0 && x.is_finite())) {
@@ -626,6 +658,20 @@ mod tests {
         assert_eq!(parse_value("(1,2,4)"), serde_json::json!([1, 2, 4]));
         assert_eq!(parse_value("[4]"), serde_json::json!([4]));
         assert_eq!(parse_value("runs/x"), Value::String("runs/x".into()));
+    }
+
+    #[test]
+    fn memory_timeline_takes_one_step_or_a_list_within_the_run() {
+        let steps = |v: &str| load(None, &ov(&[("policy.type", "vae3d"), ("memory_timeline", v)])).map(|c| c.memory_timeline);
+        assert_eq!(steps("2").unwrap(), [2]);
+        assert_eq!(steps("3,4").unwrap(), [3, 4]);
+        assert_eq!(steps("").unwrap(), Vec::<u64>::new());
+        assert!(steps("two").unwrap_err().to_string().contains("step numbers"));
+        let invalid = |pairs: &[(&str, &str)]| load(None, &ov(pairs)).and_then(|c| c.validate()).unwrap_err().to_string();
+        let err = invalid(&[("policy.type", "vae3d"), ("steps", "3"), ("memory_timeline", "4")]);
+        assert!(err.contains("memory_timeline") && err.contains("1..=3"), "{err}");
+        let err = invalid(&[("policy.type", "vae3d"), ("backend", "wgpu"), ("memory_timeline", "1")]);
+        assert!(err.contains("memory_timeline") && err.contains("flex"), "{err}");
     }
 
     #[test]

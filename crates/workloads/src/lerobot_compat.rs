@@ -39,7 +39,8 @@
 //! | `use_policy_training_preset` | `true`: `optimizer` / `scheduler` ignored (lerobot replaces them with the policy's preset too); `false`: they map to `optimizer.*` / `scheduler.*` (Adam/AdamW; diffusers `cosine` / `constant` / `constant_with_warmup`; no scheduler → constant), anything else → error |
 //! | `env`, `eval`, `eval_freq` | ignored, noted when `env` is set (vramlab has no simulation evaluation) |
 //! | `wandb` | ignored, noted when enabled (metrics go to `metrics.jsonl`) |
-//! | `save_checkpoint`, `tolerance_s` | ignored, noted when not lerobot's default |
+//! | `save_checkpoint` | `save_checkpoint` |
+//! | `tolerance_s` | ignored, noted when not lerobot's default |
 //! | `peft`, `use_rabc`, `rename_map` | `null` / `false` / `{}`; otherwise → error |
 //! | `rabc_*`, `checkpoint_path` | ignored (only used with `use_rabc`; lerobot-internal) |
 //!
@@ -319,7 +320,7 @@ pub fn train_config_tree(text: &str, path: &Path) -> Result<(Map<String, Value>,
             }
             ("seed", Value::Null) => notes.push("note: train_config.json: seed=null (lerobot: unseeded); vramlab always seeds, with 1000".into()),
             ("output_dir" | "job_name" | "policy", Value::Null) => {}
-            ("output_dir" | "job_name" | "resume" | "seed" | "num_workers" | "batch_size" | "steps" | "log_freq" | "save_freq", _) => {
+            ("output_dir" | "job_name" | "resume" | "seed" | "num_workers" | "batch_size" | "steps" | "log_freq" | "save_freq" | "save_checkpoint", _) => {
                 m.tree.insert(k.clone(), v.clone());
             }
             ("use_policy_training_preset", Value::Bool(_)) => {}
@@ -339,9 +340,8 @@ pub fn train_config_tree(text: &str, path: &Path) -> Result<(Map<String, Value>,
                     m.ignored.push("wandb (metrics go to metrics.jsonl)".into());
                 }
             }
-            ("save_checkpoint", Value::Bool(false)) => m.ignored.push("save_checkpoint=false (vramlab always writes the final checkpoint)".into()),
             ("tolerance_s", t) if t.as_f64() != Some(1e-4) => m.ignored.push(format!("tolerance_s={t} (vramlab indexes frames, it does not match timestamps)")),
-            ("save_checkpoint" | "tolerance_s", _) => {}
+            ("tolerance_s", _) => {}
             ("peft" | "use_rabc", Value::Null | Value::Bool(false)) => {}
             ("peft", _) => return Err(m.err(k, "PEFT (LoRA adapters) is not implemented by vramlab; set it to null")),
             ("use_rabc", _) => return Err(m.err(k, "reward-aligned behaviour cloning is not implemented by vramlab; set it to false")),

@@ -170,7 +170,8 @@ pub fn run(spec: &SweepSpec<'_>) -> Result<PathBuf> {
     }
     let names: Vec<&str> = axes.iter().map(|(a, _)| a.as_str()).collect();
     write_out(&out_dir.join("sweep.csv"), &csv(&names, &results))?;
-    write_out(&out_dir.join("sweep.md"), &markdown(&cfg, &spec.command_line, &axes, &results))?;
+    let pictures = write_plots(&out_dir, &axes, &results);
+    write_out(&out_dir.join("sweep.md"), &(markdown(&cfg, &spec.command_line, &axes, &results) + &pictures))?;
     eprintln!("wrote {} and {}", out_dir.join("sweep.csv").display(), out_dir.join("sweep.md").display());
     Ok(out_dir)
 }
@@ -286,6 +287,70 @@ fn markdown(cfg: &RunConfig, command_line: &str, axes: &[(String, Vec<String>)],
         }
     }
     md
+}
+
+/// `sweep_peak.svg` (peak allocated against the batch size, or else the first numeric axis,
+/// one line per setting of the other axes) and `sweep_breakdown.svg` (one stacked bar per
+/// point); returns the markdown showing those written. A picture that cannot be drawn or
+/// written is a warning, not a failed sweep.
+fn write_plots(out_dir: &Path, axes: &[(String, Vec<String>)], results: &[(&Point, Summary)]) -> String {
+    let short = |axis: &str| axis.rsplit('.').next().unwrap_or(axis).to_string();
+    let numeric = |(_, values): &&(String, Vec<String>)| values.iter().all(|v| v.parse::<f64>().is_ok());
+    let x_axis = axes
+        .iter()
+        .position(|(a, _)| short(a) == "batch_size")
+        .filter(|&i| numeric(&&axes[i]))
+        .or_else(|| axes.iter().position(|a| numeric(&a)));
+    // Series: the settings of the other axes (`axis=value, …`, or the values alone under a
+    // legend heading naming the axes when that would not fit on a legend line); x: the x
+    // axis' value, or the point's number.
+    let others_of = |p: &Point| p.settings.iter().enumerate().filter(|(j, _)| Some(*j) != x_axis).map(|(_, kv)| kv.clone()).collect::<Vec<_>>();
+    let values_only = results.iter().any(|(p, _)| others_of(p).iter().map(|(k, v)| format!("{}={v}, ", short(k))).collect::<String>().len() > 32);
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for (n, (p, s)) in results.iter().enumerate() {
+        if !s.ok {
+            continue;
+        }
+        let others: Vec<String> = others_of(p).iter().map(|(k, v)| if values_only { v.clone() } else { format!("{}={v}", short(k)) }).collect();
+        let key = if others.is_empty() || x_axis.is_none() { "peak allocated (step)".to_string() } else { others.join(", ") };
+        let x = x_axis.and_then(|i| p.settings[i].1.parse().ok()).unwrap_or((n + 1) as f64);
+        match series.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, pts)) => pts.push((x, s.peak_step as f64)),
+            None => series.push((key, vec![(x, s.peak_step as f64)])),
+        }
+    }
+    let x_label = x_axis.map_or_else(|| "point (row of the table)".to_string(), |i| short(&axes[i].0));
+    let legend_title = match (values_only, x_axis) {
+        (true, Some(_)) => axes.iter().enumerate().filter(|(j, _)| Some(*j) != x_axis).map(|(_, (a, _))| short(a)).collect::<Vec<_>>().join(", "),
+        _ => String::new(),
+    };
+    let peak = vramlab_plot::sweep_peak_vs_batch(&format!("vramlab sweep: peak allocated vs {x_label}"), &x_label, &legend_title, &series, None);
+    // Bars: `axis=value` a line each when short enough to read under a bar (on one line, turned
+    // upwards, at most 30 characters), else the values alone.
+    let labels: Vec<String> = results.iter().map(|(p, _)| p.settings.iter().map(|(k, v)| format!("{}={v}", short(k))).collect::<Vec<_>>().join("\n")).collect();
+    let values_long = labels.iter().any(|l| l.chars().count() > 30);
+    let points: Vec<(String, vramlab_plot::Breakdown)> = results
+        .iter()
+        .zip(labels)
+        .map(|((p, s), label)| {
+            let label = if values_long { p.settings.iter().map(|(_, v)| v.as_str()).collect::<Vec<_>>().join("\n") } else { label };
+            let label = if s.ok { label } else { format!("{label} (failed)") };
+            (label, vramlab_plot::Breakdown { parameters: s.params, gradients: s.grads, optimizer_state: s.optim, activations: s.activations, peak: s.peak_step })
+        })
+        .collect();
+    let x_desc = if values_long { axes.iter().map(|(a, _)| short(a)).collect::<Vec<_>>().join(", ") } else { String::new() };
+    let bars = vramlab_plot::stacked_bars("vramlab sweep: memory per point", &x_desc, &points);
+    let mut md = String::new();
+    for (file, alt, svg) in [("sweep_peak.svg", "peak allocated per setting", peak), ("sweep_breakdown.svg", "memory breakdown per point", bars)] {
+        let path = out_dir.join(file);
+        match svg.map_err(|e| e.to_string()).and_then(|t| std::fs::write(&path, t).map_err(|e| e.to_string())) {
+            Ok(()) => {
+                let _ = write!(md, "\n![{alt}]({file})\n");
+            }
+            Err(e) => eprintln!("warning: {}: {e} (the sweep's tables are written)", path.display()),
+        }
+    }
+    if md.is_empty() { md } else { format!("\n## Pictures\n{md}") }
 }
 
 /// Effect of one axis against its first value, all other settings equal.

@@ -64,8 +64,11 @@ pub fn train_config(cfg: &RunConfig, output_dir: PathBuf, preset: &OptimizerPres
         loss_scale: (cfg.precision == vramlab_models::nn::Precision::F16).then_some(65536.0),
         seed: cfg.seed,
         save_freq: cfg.save_freq,
+        save_checkpoint: cfg.save_checkpoint,
         output_dir,
         resume: cfg.resume,
+        memory_timeline: cfg.memory_timeline.clone(),
+        memory_timeline_min_bytes: cfg.memory_timeline_min_bytes,
     })
 }
 
@@ -174,7 +177,7 @@ fn lerobot_train_config(cfg: &RunConfig, config_json: &str, policy: &str, out: &
         "batch_size": cfg.batch_size,
         "steps": cfg.steps,
         "log_freq": cfg.log_freq,
-        "save_checkpoint": true,
+        "save_checkpoint": cfg.save_checkpoint,
         "save_freq": cfg.save_freq,
         "use_policy_training_preset": false,
         "optimizer": {

@@ -8,6 +8,7 @@
 //! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — checkpoint directories.
 
 pub mod config;
+pub mod estimate;
 pub mod load;
 pub mod model;
 

@@ -1,0 +1,34 @@
+//! `vramlab estimate --config configs/estimate/F.toml`: a model described on paper (a generic
+//! transformer / VLA, a `[paper]` table), estimated by `vramlab-estimate` without Burn.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use vramlab_estimate::paper;
+
+/// Whether `file` is a paper description rather than a training config.
+pub fn is_paper(file: &Path) -> bool {
+    std::fs::read_to_string(file).is_ok_and(|t| paper::is_paper_config(&t))
+}
+
+pub fn run(file: &Path, overrides: &[(String, String)]) -> Result<()> {
+    let mut out_dir = None;
+    for (k, v) in overrides {
+        match k.as_str() {
+            "output_dir" => out_dir = Some(v.clone()),
+            _ => bail!("--{k}: {} describes a model on paper; change it in the file (flags apply to training configs only)", file.display()),
+        }
+    }
+    let cfg = paper::PaperConfig::from_file(file)?;
+    let report = paper::report(&cfg);
+    let md = report.markdown();
+    print!("{md}");
+    if let Some(dir) = out_dir {
+        let dir = Path::new(&dir);
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let json = serde_json::to_string_pretty(&report).context("estimate to JSON")?;
+        std::fs::write(dir.join("estimate.json"), json).with_context(|| format!("cannot write {}", dir.join("estimate.json").display()))?;
+        std::fs::write(dir.join("estimate.md"), md).with_context(|| format!("cannot write {}", dir.join("estimate.md").display()))?;
+    }
+    Ok(())
+}

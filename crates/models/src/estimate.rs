@@ -1,0 +1,684 @@
+//! Shape-only accounting of what a forward pass allocates and what Burn's autodiff keeps for
+//! the backward: a model describes its training forward as a list of ops on symbolic buffers
+//! ([`Graph`]); nothing is allocated.
+//!
+//! The rules follow burn-autodiff 0.21's backward implementations (`ops/tensor.rs`,
+//! `ops/activation.rs`, `ops/module.rs`): an op *saves* the inputs its backward reads
+//! (`mul`/`div`/`matmul`/`conv`: both operands when the other one is tracked; `exp`,
+//! `sigmoid`, `relu`, `sqrt`, `square`: their input; `add`/`sub`/`mean`/`reshape`/`cast`:
+//! nothing), saved tensors share storage with the forward's tensors, and an op none of whose
+//! inputs requires a gradient is not recorded at all (a frozen backbone on data inputs keeps
+//! nothing). Composite layers (GroupNorm, LayerNorm, SiLU, softmax) are written here as the
+//! primitive ops the models compose them from.
+//!
+//! The graph is then replayed three ways ([`Graph::simulate`]): plain autodiff, block
+//! recomputation over the model's stage plan (each op carries its stage), and Burn's
+//! balanced checkpointing (saved outputs of memory-bound ops are recomputed from the nearest
+//! compute-bound ancestors). Parameters, optimizer state and data live outside the graph and
+//! are added by the caller (the workload's estimate).
+
+use serde::Serialize;
+
+use crate::nn::Precision;
+
+/// A symbolic tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buf(usize);
+
+/// Element width of a dtype in bytes.
+pub fn dtype_bytes(p: Precision) -> u64 {
+    match p {
+        Precision::F32 => 4,
+        Precision::Bf16 | Precision::F16 => 2,
+    }
+}
+
+#[derive(Clone, Debug)]
+struct BufInfo {
+    bytes: u64,
+    requires_grad: bool,
+    /// Op that produced it (None: data input or parameter).
+    producer: Option<usize>,
+    /// Parameters are counted by the caller, never here.
+    param: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    module: String,
+    stage: usize,
+    inputs: Vec<Buf>,
+    saves: Vec<Buf>,
+    out: Buf,
+    /// Whether Burn counts the op compute-bound (conv, matmul): balanced checkpointing keeps
+    /// its output instead of recomputing it.
+    compute_bound: bool,
+    fwd_workspace: u64,
+    bwd_workspace: u64,
+    /// f32 bytes of the trainable parameters whose gradient this op's backward produces.
+    param_grad: u64,
+    tracked: bool,
+}
+
+/// How the training pass is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    Off,
+    Blocks,
+    Balanced,
+}
+
+/// One module's share of the stored activations.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleRow {
+    pub module: String,
+    /// Bytes autodiff keeps for this module's backward (plain autodiff).
+    pub stored_bytes: u64,
+    /// Largest transient workspace of its ops (forward or backward).
+    pub workspace_bytes: u64,
+}
+
+/// The replay's result: activation-side bytes, on top of whatever the caller holds.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActivationPeaks {
+    /// Highest bytes during the forward (saved tensors, live temporaries, workspace).
+    pub forward_peak: u64,
+    /// Bytes held at the end of the forward (what the backward starts from).
+    pub forward_end: u64,
+    /// Highest bytes during the backward, *including* the parameter gradients produced so far.
+    pub backward_peak: u64,
+    /// Stored bytes (saved tensors) at the end of the forward.
+    pub stored: u64,
+    /// Parameter-gradient bytes present at the backward's peak.
+    pub grads_at_backward_peak: u64,
+    /// Module whose backward op set the backward peak.
+    pub backward_peak_module: String,
+    pub forward_peak_module: String,
+}
+
+/// A training forward, op by op, on symbolic buffers.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    bufs: Vec<BufInfo>,
+    ops: Vec<Op>,
+    module: String,
+    stage: usize,
+    /// Input bytes of every stage boundary after the first (kept by block recomputation).
+    boundaries: Vec<(usize, Vec<Buf>)>,
+}
+
+impl Graph {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Name the module the next ops belong to (rows of the report).
+    pub fn module(&mut self, name: impl Into<String>) {
+        self.module = name.into();
+    }
+
+    /// Start stage `i` of the model's plan; `state` is what block recomputation keeps as its
+    /// input (detached, no gradient graph).
+    pub fn stage(&mut self, i: usize, state: &[Buf]) {
+        self.stage = i;
+        self.boundaries.push((i, state.to_vec()));
+    }
+
+    pub fn bytes(&self, b: Buf) -> u64 {
+        self.bufs[b.0].bytes
+    }
+
+    /// (all parameter bytes, trainable parameter bytes), f32, from the weights the graph used.
+    pub fn param_bytes(&self) -> (u64, u64) {
+        let all = self.bufs.iter().filter(|b| b.param).map(|b| b.bytes).sum();
+        let trainable = self.bufs.iter().filter(|b| b.param && b.requires_grad).map(|b| b.bytes).sum();
+        (all, trainable)
+    }
+
+    /// The largest trainable parameter tensor (f32 bytes).
+    pub fn largest_trainable_param_bytes(&self) -> u64 {
+        self.bufs.iter().filter(|b| b.param && b.requires_grad).map(|b| b.bytes).max().unwrap_or(0)
+    }
+
+    fn push(&mut self, bytes: u64, requires_grad: bool, producer: Option<usize>, param: bool) -> Buf {
+        self.bufs.push(BufInfo { bytes, requires_grad, producer, param });
+        Buf(self.bufs.len() - 1)
+    }
+
+    /// A data tensor (no gradient) of `elems` elements of `width` bytes.
+    pub fn input(&mut self, elems: usize, width: u64) -> Buf {
+        self.push(elems as u64 * width, false, None, false)
+    }
+
+    /// A parameter of `elems` f32 elements as the op sees it in precision `p`: the f32 master
+    /// itself, or its in-graph cast (a new tensor, saved by the op using it).
+    pub fn weight(&mut self, elems: usize, trainable: bool, p: Precision) -> Buf {
+        let w = self.push(elems as u64 * 4, trainable, None, true);
+        if p == Precision::F32 { w } else { self.op("cast", &[w], &[], elems as u64 * dtype_bytes(p), false, 0, 0, 0) }
+    }
+
+    /// A generic op: `saves` ⊆ inputs are kept for the backward when the op is recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn op(&mut self, _kind: &str, inputs: &[Buf], saves: &[Buf], out_bytes: u64, compute_bound: bool, fwd_ws: u64, bwd_ws: u64, param_grad: u64) -> Buf {
+        let tracked = inputs.iter().any(|b| self.bufs[b.0].requires_grad);
+        let idx = self.ops.len();
+        let out = self.push(out_bytes, tracked, Some(idx), false);
+        self.ops.push(Op {
+            module: self.module.clone(),
+            stage: self.stage,
+            inputs: inputs.to_vec(),
+            saves: if tracked { saves.to_vec() } else { Vec::new() },
+            out,
+            compute_bound,
+            fwd_workspace: fwd_ws,
+            bwd_workspace: if tracked { bwd_ws } else { 0 },
+            param_grad: if tracked { param_grad } else { 0 },
+            tracked,
+        });
+        out
+    }
+
+    fn rg(&self, b: Buf) -> bool {
+        self.bufs[b.0].requires_grad
+    }
+
+    /// Element-wise op with no saved state (add, sub, scalar ops, cast, reshape copies).
+    pub fn elementwise(&mut self, inputs: &[Buf], out_bytes: u64) -> Buf {
+        self.op("elementwise", inputs, &[], out_bytes, false, 0, 0, 0)
+    }
+
+    /// `a * b` (broadcasting): each side is saved when the other needs a gradient.
+    pub fn mul(&mut self, a: Buf, b: Buf, out_bytes: u64) -> Buf {
+        let mut saves = Vec::new();
+        if self.rg(b) {
+            saves.push(a);
+        }
+        if self.rg(a) {
+            saves.push(b);
+        }
+        self.op("mul", &[a, b], &saves, out_bytes, false, 0, 0, 0)
+    }
+
+    /// `a / b`: saves both operands (the rhs gradient reads both).
+    pub fn div(&mut self, a: Buf, b: Buf, out_bytes: u64) -> Buf {
+        self.op("div", &[a, b], &[a, b], out_bytes, false, 0, 0, 0)
+    }
+
+    /// Unary op whose backward reads its input (exp, sigmoid, relu, sqrt, square, tanh, log).
+    pub fn unary_saving(&mut self, x: Buf, out_bytes: u64) -> Buf {
+        self.op("unary", &[x], &[x], out_bytes, false, 0, 0, 0)
+    }
+
+    /// A reduction to a small tensor (mean/sum over axes): saves nothing; compute-bound.
+    pub fn reduce(&mut self, x: Buf, out_bytes: u64) -> Buf {
+        self.op("reduce", &[x], &[], out_bytes, true, 0, 0, 0)
+    }
+
+    /// `to_f32` / `to_dtype` / `cast`: a new tensor unless the width is unchanged.
+    /// burn-autodiff marks `cast` compute-bound: balanced checkpointing keeps its output.
+    pub fn cast(&mut self, x: Buf, from: u64, to: u64) -> Buf {
+        if from == to { x } else { self.op("cast", &[x], &[], self.bytes(x) / from * to, true, 0, 0, 0) }
+    }
+
+    /// `silu(x) = x · sigmoid(x)`: keeps x and sigmoid(x).
+    pub fn silu(&mut self, x: Buf) -> Buf {
+        let n = self.bytes(x);
+        let s = self.unary_saving(x, n);
+        self.mul(x, s, n)
+    }
+
+    /// `mish(x) = x · tanh(softplus(x))`, softplus as `log(1 + exp(x))`.
+    pub fn mish(&mut self, x: Buf) -> Buf {
+        let n = self.bytes(x);
+        let e = self.unary_saving(x, n);
+        let e1 = self.elementwise(&[e], n);
+        let sp = self.unary_saving(e1, n);
+        let t = self.unary_saving(sp, n);
+        self.mul(x, t, n)
+    }
+
+    /// GroupNorm / LayerNorm as the models compose them: f32 statistics, `centered` and
+    /// `normed` kept (f32), affine, back to the input's dtype. `width`: input element bytes;
+    /// `stat_bytes`: bytes of the per-group statistics.
+    pub fn norm(&mut self, x: Buf, width: u64, affine: Option<(Buf, Buf)>, stat_bytes: u64) -> Buf {
+        let n32 = self.bytes(x) / width * 4;
+        let xf = self.cast(x, width, 4);
+        let mean = self.reduce(xf, stat_bytes);
+        let centered = self.elementwise(&[xf, mean], n32);
+        let sq = self.unary_saving(centered, n32);
+        let var = self.reduce(sq, stat_bytes);
+        let ve = self.elementwise(&[var], stat_bytes);
+        let sd = self.unary_saving(ve, stat_bytes);
+        let normed = self.div(centered, sd, n32);
+        let y = match affine {
+            Some((w, b)) => {
+                let y = self.mul(normed, w, n32);
+                self.elementwise(&[y, b], n32)
+            }
+            None => normed,
+        };
+        self.cast(y, 4, width)
+    }
+
+    /// Softmax over the last axis as Burn composes it: `exp(x − max)` and the sum are kept.
+    pub fn softmax(&mut self, x: Buf, sum_bytes: u64) -> Buf {
+        let n = self.bytes(x);
+        let shifted = self.elementwise(&[x], n);
+        let e = self.unary_saving(shifted, n);
+        let s = self.reduce(e, sum_bytes);
+        self.div(e, s, n)
+    }
+
+    /// `a @ b` (batched): saves both; no workspace on flex beyond the output.
+    pub fn matmul(&mut self, a: Buf, b: Buf, out_bytes: u64) -> Buf {
+        self.op("matmul", &[a, b], &[a, b], out_bytes, true, 0, self.bytes(a) + self.bytes(b), 0)
+    }
+
+    /// A linear layer `x @ Wᵀ + b` on `[lead, rows / lead, in]` → `[.., out]` (`lead` = 1 for
+    /// a 2-D input), params cast to precision `p`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(&mut self, x: Buf, lead: usize, rows: usize, din: usize, dout: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
+        let w = self.weight(din * dout, trainable, p);
+        let wd = dtype_bytes(p);
+        let out = (rows * dout) as u64 * wd;
+        let pg = if trainable { ((din + bias as usize) * dout) as u64 * 4 } else { 0 };
+        // burn's `linear_weight_backward` on a 3-D input multiplies `xᵀ @ grad` per leading
+        // index ([lead, in, out]: one weight-sized gradient per sample) before summing them;
+        // plus the transposed input's copy and the summed gradient.
+        let bwd = self.bytes(x) + (lead as u64 + 1) * (din * dout) as u64 * wd;
+        let y = self.op("linear", &[x, w], &[x, w], out, true, 0, bwd, pg);
+        if bias {
+            let b = self.weight(dout, trainable, p);
+            self.elementwise(&[y, b], out)
+        } else {
+            y
+        }
+    }
+
+    /// An N-d convolution (im2col + GEMM on flex). `in_spatial`/`out_spatial`: products of the
+    /// spatial sizes; `k`: kernel volume.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv(&mut self, x: Buf, batch: usize, cin: usize, cout: usize, k: usize, in_spatial: usize, out_spatial: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
+        let w = self.weight(cout * cin * k, trainable, p);
+        let wd = dtype_bytes(p);
+        let out = (batch * cout * out_spatial) as u64 * wd;
+        let x_bytes = (batch * cin * in_spatial) as u64 * wd;
+        let pg = if trainable { ((cin * k + bias as usize) * cout) as u64 * 4 } else { 0 };
+        // flex runs half-precision convolutions through f32: the input, weight and output
+        // (and, backward, the output gradient) are converted to f32 copies around an f32
+        // convolution, whose workspaces are f32 too.
+        let half = wd != 4;
+        let (x32, out32, w32) = ((batch * cin * in_spatial * 4) as u64, out / wd * 4, (cout * cin * k * 4) as u64);
+        let conv_copies = if half { x32 + w32 + out32 } else { 0 };
+        // Forward: an NHWC copy of the input and the flattened weight (the im2col itself is
+        // tiled); a 1×1 convolution is a GEMM on the input as it is.
+        let fwd = conv_copies + if k == 1 { 0 } else { x32 + w32 };
+        // Input gradient: flex's transposed convolution reuses one column buffer
+        // `[cin·k, out_spatial]` across the batch. Weight gradient: a convolution of the
+        // input by the output gradient, which copies both (NHWC input, flattened "kernel"),
+        // then the permuted result is copied back (2 weight-sized tensors).
+        let cols = (cin * k * out_spatial * 4) as u64;
+        let bwd_x = cols + if half { out32 + w32 + x32 } else { 0 };
+        let bwd_w = x32 + out32 + if half { x32 + out32 } else { 0 };
+        let _ = x_bytes;
+        let bwd = bwd_x.max(bwd_w) + 2 * w32;
+        let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
+        self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
+    }
+
+    /// Mean squared error reduced to a scalar (loss in f32).
+    pub fn mse(&mut self, pred: Buf, target: Buf) -> Buf {
+        let n = self.bytes(pred);
+        let d = self.elementwise(&[pred, target], n);
+        let sq = self.unary_saving(d, n);
+        self.reduce(sq, 4)
+    }
+
+    /// Per-module stored bytes (plain autodiff) and largest workspace, in forward order.
+    pub fn module_rows(&self) -> Vec<ModuleRow> {
+        let mut rows: Vec<ModuleRow> = Vec::new();
+        let mut counted = vec![false; self.bufs.len()];
+        for op in &self.ops {
+            let mut stored = 0;
+            for s in &op.saves {
+                let b = &self.bufs[s.0];
+                if !b.param && !counted[s.0] {
+                    counted[s.0] = true;
+                    stored += b.bytes;
+                }
+            }
+            let ws = op.fwd_workspace.max(op.bwd_workspace);
+            match rows.last_mut() {
+                Some(r) if r.module == op.module => {
+                    r.stored_bytes += stored;
+                    r.workspace_bytes = r.workspace_bytes.max(ws);
+                }
+                _ => rows.push(ModuleRow { module: op.module.clone(), stored_bytes: stored, workspace_bytes: ws }),
+            }
+        }
+        rows
+    }
+
+    /// Replay the graph under `mode`.
+    pub fn simulate(&self, mode: Recompute) -> ActivationPeaks {
+        match mode {
+            Recompute::Off => self.replay(&self.saved_sets(false)),
+            Recompute::Balanced => {
+                let (kept, recomputed): (Vec<Vec<Buf>>, Vec<u64>) = self.saved_and_recomputed(true).into_iter().unzip();
+                let mut peaks = empty_peaks();
+                self.replay_range_with(&kept, &recomputed, 0..self.ops.len(), 0, 0, 0, &mut peaks);
+                peaks
+            }
+            Recompute::Blocks => self.replay_blocks(),
+        }
+    }
+
+    /// For each op, the buffers its backward needs kept: its saves, or (balanced) the
+    /// compute-bound ancestors a memory-bound save is recomputed from.
+    fn saved_sets(&self, balanced: bool) -> Vec<Vec<Buf>> {
+        self.saved_and_recomputed(balanced).into_iter().map(|(kept, _)| kept).collect()
+    }
+
+    /// Per op: the buffers kept for its backward, and the bytes its backward recomputes
+    /// first (balanced checkpointing: the memory-bound chain back to kept tensors).
+    fn saved_and_recomputed(&self, balanced: bool) -> Vec<(Vec<Buf>, u64)> {
+        self.ops
+            .iter()
+            .map(|op| {
+                if !balanced {
+                    return (op.saves.clone(), 0);
+                }
+                let (mut out, mut recomputed) = (Vec::new(), 0u64);
+                let mut stack: Vec<Buf> = op.saves.clone();
+                let mut seen = Vec::new();
+                while let Some(b) = stack.pop() {
+                    if seen.contains(&b.0) || seen.len() > 64 {
+                        continue;
+                    }
+                    seen.push(b.0);
+                    let info = &self.bufs[b.0];
+                    match info.producer {
+                        Some(p) if !self.ops[p].compute_bound && self.ops[p].tracked => {
+                            recomputed += info.bytes;
+                            stack.extend(self.ops[p].inputs.iter().copied());
+                        }
+                        _ => out.push(b),
+                    }
+                }
+                (out, recomputed)
+            })
+            .collect()
+    }
+
+    /// Plain replay of ops `range` (forward, then backward in reverse), with `base` bytes
+    /// held throughout, `upstream` the gradient flowing into the range's output. Buffers made
+    /// outside the range (data, parameters, an earlier stage's output) are the caller's.
+    #[allow(clippy::too_many_arguments)]
+    fn replay_range(&self, saved: &[Vec<Buf>], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
+        self.replay_range_with(saved, &vec![0; self.ops.len()], range, base, upstream, grads_before, peaks)
+    }
+
+    /// [`Self::replay_range`] with `recomputed[i]` bytes rebuilt before op i's backward.
+    #[allow(clippy::too_many_arguments)]
+    fn replay_range_with(&self, saved: &[Vec<Buf>], recomputed: &[u64], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
+        let nb = self.bufs.len();
+        let inside = |b: Buf| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some_and(|p| range.contains(&p));
+        let mut last_use = vec![None::<usize>; nb];
+        for i in range.clone() {
+            for b in &self.ops[i].inputs {
+                last_use[b.0] = Some(i);
+            }
+        }
+        // The earliest op whose backward reads the buffer: it is freed after that backward.
+        let mut keep_until = vec![None::<usize>; nb];
+        for i in range.clone() {
+            for b in &saved[i] {
+                if inside(*b) {
+                    keep_until[b.0] = Some(keep_until[b.0].map_or(i, |k: usize| k.min(i)));
+                }
+            }
+        }
+        let last_op = range.end.saturating_sub(1);
+        let mut live = vec![false; nb];
+        let mut live_bytes = 0u64;
+        let (mut fwd_peak, mut fwd_module) = (0u64, String::new());
+        for i in range.clone() {
+            let op = &self.ops[i];
+            let out = self.bufs[op.out.0].bytes;
+            let here = base + live_bytes + out + op.fwd_workspace;
+            if here > fwd_peak {
+                (fwd_peak, fwd_module) = (here, op.module.clone());
+            }
+            let kept = keep_until[op.out.0].is_some() || last_use[op.out.0].is_some() || i == last_op;
+            if kept {
+                live[op.out.0] = true;
+                live_bytes += out;
+            }
+            for b in &op.inputs {
+                if inside(*b) && live[b.0] && last_use[b.0] == Some(i) && keep_until[b.0].is_none() {
+                    live[b.0] = false;
+                    live_bytes -= self.bufs[b.0].bytes;
+                }
+            }
+        }
+        if fwd_peak > peaks.forward_peak {
+            (peaks.forward_peak, peaks.forward_peak_module) = (fwd_peak, fwd_module);
+        }
+        peaks.forward_end = base + live_bytes;
+        peaks.stored = live_bytes;
+        // Backward, last op first: each op's output gradient is consumed, its inputs'
+        // gradients appear (or are summed into existing ones), its parameter gradients stay.
+        let mut grad = vec![0u64; nb];
+        let mut grad_bytes = upstream;
+        grad[self.ops[last_op].out.0] = upstream;
+        let mut pgrads = grads_before;
+        for i in range.clone().rev() {
+            let op = &self.ops[i];
+            if !op.tracked {
+                continue;
+            }
+            let needs = |b: &Buf| self.bufs[b.0].requires_grad && !self.bufs[b.0].param;
+            let new_grads: u64 = op.inputs.iter().filter(|b| needs(b)).map(|b| self.bufs[b.0].bytes).sum();
+            let here = base + live_bytes + grad_bytes + new_grads + op.bwd_workspace + recomputed[i] + pgrads + op.param_grad;
+            if here > peaks.backward_peak {
+                peaks.backward_peak = here;
+                peaks.grads_at_backward_peak = pgrads + op.param_grad;
+                peaks.backward_peak_module = op.module.clone();
+            }
+            pgrads += op.param_grad;
+            for b in op.inputs.iter().filter(|b| needs(b)) {
+                if grad[b.0] == 0 {
+                    grad[b.0] = self.bufs[b.0].bytes.max(1);
+                    grad_bytes += self.bufs[b.0].bytes;
+                }
+            }
+            grad_bytes -= grad[op.out.0].min(grad_bytes);
+            grad[op.out.0] = 0;
+            for b in &saved[i] {
+                if keep_until[b.0] == Some(i) && live[b.0] {
+                    live[b.0] = false;
+                    live_bytes -= self.bufs[b.0].bytes;
+                }
+            }
+        }
+    }
+
+    fn replay(&self, saved: &[Vec<Buf>]) -> ActivationPeaks {
+        let mut peaks = empty_peaks();
+        self.replay_range(saved, 0..self.ops.len(), 0, 0, 0, &mut peaks);
+        peaks
+    }
+
+    /// Block recomputation: a graph-free forward keeping stage inputs, then per stage in
+    /// reverse a recorded forward of that stage and its backward.
+    fn replay_blocks(&self) -> ActivationPeaks {
+        let saved = self.saved_sets(false);
+        let none: Vec<Vec<Buf>> = vec![Vec::new(); self.ops.len()];
+        let mut stages: Vec<usize> = self.ops.iter().map(|o| o.stage).collect();
+        stages.dedup();
+        let range_of = |s: usize| {
+            let start = self.ops.iter().position(|o| o.stage == s).unwrap_or(0);
+            let end = self.ops.iter().rposition(|o| o.stage == s).map_or(0, |e| e + 1);
+            start..end
+        };
+        let boundary = |s: usize| -> u64 { self.boundaries.iter().filter(|(i, _)| *i == s).flat_map(|(_, b)| b.iter()).filter(|b| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some()).map(|b| self.bufs[b.0].bytes).sum() };
+        // kept[k]: stage inputs held while stage k runs (inputs of stages 1..=k).
+        let kept: Vec<u64> = (0..stages.len()).map(|k| stages[1..=k.min(stages.len() - 1)].iter().take(k).map(|&t| boundary(t)).sum()).collect();
+        let mut peaks = empty_peaks();
+        for (k, &s) in stages.iter().enumerate() {
+            let mut sub = empty_peaks();
+            self.replay_range(&none, range_of(s), kept[k], 0, 0, &mut sub);
+            if sub.forward_peak > peaks.forward_peak {
+                (peaks.forward_peak, peaks.forward_peak_module) = (sub.forward_peak, sub.forward_peak_module);
+            }
+        }
+        let total_kept = kept.last().copied().unwrap_or(0) + stages.last().map_or(0, |_| 0);
+        (peaks.forward_end, peaks.stored) = (total_kept, total_kept);
+        let mut pgrads = 0u64;
+        for (k, &s) in stages.iter().enumerate().rev() {
+            let upstream = stages.get(k + 1).map_or(0, |&t| boundary(t));
+            let mut sub = empty_peaks();
+            self.replay_range(&saved, range_of(s), kept[k], upstream, pgrads, &mut sub);
+            let recompute_peak = sub.forward_peak + upstream + pgrads;
+            let (top, module, grads) = if sub.backward_peak >= recompute_peak {
+                (sub.backward_peak, sub.backward_peak_module, sub.grads_at_backward_peak)
+            } else {
+                (recompute_peak, sub.forward_peak_module, pgrads)
+            };
+            if top > peaks.backward_peak {
+                (peaks.backward_peak, peaks.backward_peak_module, peaks.grads_at_backward_peak) = (top, module, grads);
+            }
+            pgrads += self.ops[range_of(s)].iter().map(|o| o.param_grad).sum::<u64>();
+        }
+        peaks
+    }
+}
+
+/// A 2-D feature map `[n, c, h, w]` in the graph.
+#[derive(Clone, Copy, Debug)]
+pub struct Map2d {
+    pub buf: Buf,
+    pub n: usize,
+    pub c: usize,
+    pub hw: [usize; 2],
+}
+
+/// torchvision's ResNet-18 trunk (through `layer4`), as [`crate::resnet`] runs it: norms in
+/// f32 returned in the compute dtype, ReLU saving its input, max-pool keeping its indices.
+/// `group_norm`: Diffusion Policy's GroupNorm(C/16) (trainable) instead of the frozen
+/// batch norm. Stage boundaries (stem, layer1..4) start at `first_stage`. Returns the map
+/// and the bytes of frozen buffers (batch-norm statistics) that are not graph weights.
+pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_norm: bool, first_stage: usize, prefix: &str) -> (Map2d, u64) {
+    let w = dtype_bytes(p);
+    let mut frozen = 0u64;
+    let conv = |g: &mut Graph, x: Map2d, cout: usize, k: usize, stride: usize| {
+        let pad = k / 2;
+        let hw = [0, 1].map(|a| (x.hw[a] + 2 * pad - k) / stride + 1);
+        let buf = g.conv(x.buf, x.n, x.c, cout, k * k, x.hw[0] * x.hw[1], hw[0] * hw[1], false, trainable, p);
+        Map2d { buf, n: x.n, c: cout, hw }
+    };
+    let mut norm = |g: &mut Graph, x: Map2d| {
+        let elems = x.n * x.c * x.hw[0] * x.hw[1];
+        let buf = if group_norm {
+            let affine = (g.weight(x.c, trainable, Precision::F32), g.weight(x.c, trainable, Precision::F32));
+            g.norm(x.buf, w, Some(affine), (x.n * (x.c / 16) * 4) as u64)
+        } else {
+            // FrozenBatchNorm2d: weight, bias, running mean and var (none trainable).
+            frozen += 4 * 4 * x.c as u64;
+            let scale = g.input(x.c, 4);
+            let xf = g.cast(x.buf, w, 4);
+            let y = g.mul(xf, scale, (elems * 4) as u64);
+            let y = g.elementwise(&[y], (elems * 4) as u64);
+            g.cast(y, 4, w)
+        };
+        Map2d { buf, ..x }
+    };
+    let relu = |g: &mut Graph, x: Map2d| Map2d { buf: g.unary_saving(x.buf, g.bytes(x.buf)), ..x };
+    g.stage(first_stage, &[x.buf]);
+    g.module(format!("{prefix}stem"));
+    let xc = g.cast(x.buf, 4, w);
+    let mut h = conv(g, Map2d { buf: xc, ..x }, 64, 7, 2);
+    h = norm(g, h);
+    h = relu(g, h);
+    let hw = [0, 1].map(|a| (h.hw[a] + 2 - 3) / 2 + 1);
+    let out = (h.n * h.c * hw[0] * hw[1]) as u64;
+    let pooled = g.op("max_pool", &[h.buf], &[h.buf], out * w, false, out * 8, out * 8, 0);
+    h = Map2d { buf: pooled, hw, ..h };
+    for (layer, cout) in [64usize, 128, 256, 512].into_iter().enumerate() {
+        g.stage(first_stage + 1 + layer, &[h.buf]);
+        g.module(format!("{prefix}layer{}", layer + 1));
+        for block in 0..2 {
+            let stride = if layer > 0 && block == 0 { 2 } else { 1 };
+            let x = h;
+            let mut o = conv(g, x, cout, 3, stride);
+            o = norm(g, o);
+            o = relu(g, o);
+            o = conv(g, o, cout, 3, 1);
+            o = norm(g, o);
+            let skip = if stride != 1 || x.c != cout {
+                let s = conv(g, x, cout, 1, stride);
+                norm(g, s)
+            } else {
+                x
+            };
+            let sum = g.elementwise(&[o.buf, skip.buf], g.bytes(o.buf));
+            h = relu(g, Map2d { buf: sum, ..o });
+        }
+    }
+    (h, frozen)
+}
+
+fn empty_peaks() -> ActivationPeaks {
+    ActivationPeaks { forward_peak: 0, forward_end: 0, backward_peak: 0, stored: 0, grads_at_backward_peak: 0, backward_peak_module: String::new(), forward_peak_module: String::new() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frozen_inputs_keep_nothing() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 9, 100, 100, true, false, Precision::F32);
+        let s = g.silu(y);
+        let _ = g.reduce(s, 4);
+        assert_eq!(g.simulate(Recompute::Off).stored, 4, "only the loss scalar");
+    }
+
+    #[test]
+    fn silu_after_conv_keeps_its_input_and_sigmoid() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32); // 4000 B
+        let s = g.silu(y);
+        let _ = g.reduce(s, 4);
+        // By hand: x is the caller's (data); silu keeps y and sigmoid(y) (4000 B each) and
+        // the loss scalar (4 B) stays. Forward peak at the reduce: y, s, y·s and the scalar.
+        let p = g.simulate(Recompute::Off);
+        assert_eq!(p.stored, 2 * 4000 + 4);
+        assert_eq!(p.forward_peak, 3 * 4000 + 4);
+        // Backward peak at the mul: y, s, the scalar, grad(y·s) and the two new gradients
+        // grad(y), grad(s): 8004 + 4000 + 8000.
+        assert_eq!(p.backward_peak, 20_004);
+        assert_eq!(p.backward_peak_module, "");
+    }
+
+    #[test]
+    fn blocks_keep_only_stage_inputs_forward() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        g.stage(0, &[x]);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let y = g.silu(y);
+        g.stage(1, &[y]);
+        let z = g.conv(y, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let z = g.silu(z);
+        let _ = g.reduce(z, 4);
+        let plain = g.simulate(Recompute::Off);
+        let blocks = g.simulate(Recompute::Blocks);
+        assert_eq!(blocks.stored, 4000);
+        assert!(blocks.stored < plain.stored);
+    }
+}

@@ -1,0 +1,288 @@
+//! `vramlab estimate`: the peak memory of a training step predicted from shapes alone.
+//!
+//! Each model describes its training forward as a shape-only graph
+//! (`vramlab_models::<model>::estimate::training_graph`, rules in
+//! [`vramlab_models::estimate`]); this module adds what the trainer holds around it and says
+//! when the peak happens:
+//! - parameters: f32 master weights (frozen ones included), exact from the graph's weights;
+//! - gradients: one f32 tensor per trainable parameter, complete after the backward;
+//! - optimizer state: AdamW's two f32 moments per trainable parameter (present from the end
+//!   of step 1, so the steady-state figures — steps 2.. — include them);
+//! - the batch and a runtime baseline (flex's buffers retained after the first step);
+//! - per phase: forward = static + the graph's forward peak; backward = static + the graph's
+//!   backward peak (saved tensors not yet freed, activation gradients, parameter gradients so
+//!   far, the op's workspace); optimizer = static + all gradients + the update's temporaries;
+//! - accumulation: from the second micro-batch on, the accumulated gradients are live
+//!   through the forward and backward.
+
+use serde::Serialize;
+use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow, Recompute};
+use vramlab_models::nn::Precision;
+use vramlab_train::CheckpointMode;
+use vramlab_train::metrics::fmt_bytes;
+
+use crate::config::RunConfig;
+use crate::policy::Workload;
+use crate::{Result, WorkloadError};
+
+/// Bytes the flex runtime keeps allocated from the second step on, whatever the model
+/// (thread-pool and kernel scratch, autodiff bookkeeping): measured once, 3.4 MiB, on the
+/// VAE and ACT alike. An assumption of the estimate, listed in its report.
+pub const RUNTIME_BASELINE_BYTES: u64 = 3_565_000;
+
+/// The estimate of one config.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryEstimate {
+    pub model: String,
+    pub settings: Vec<(String, String)>,
+    pub param_bytes: u64,
+    pub trainable_param_bytes: u64,
+    pub grad_bytes: u64,
+    pub optimizer_state_bytes: u64,
+    pub batch_bytes: u64,
+    pub runtime_baseline_bytes: u64,
+    /// Stored activations at the end of the forward (saved tensors; stage inputs under
+    /// block recomputation).
+    pub stored_activation_bytes: u64,
+    /// Largest transient on top of the stored activations (forward or backward workspace,
+    /// activation gradients).
+    pub transient_bytes: u64,
+    pub peak_forward_bytes: u64,
+    pub peak_backward_bytes: u64,
+    pub peak_optimizer_bytes: u64,
+    /// The step's peak (steady state: steps after the first), its phase and module.
+    pub peak_step_bytes: u64,
+    pub peak_phase: String,
+    pub peak_module: String,
+    pub modules: Vec<ModuleRow>,
+    pub assumptions: Vec<String>,
+}
+
+struct Shapes {
+    model: String,
+    graph: Graph,
+    batch_bytes: u64,
+    /// Non-trainable parameters and buffers (f32) not seen in the graph's weights.
+    extra_frozen_bytes: u64,
+    /// The config's exact parameter count, where the model's config computes it.
+    num_params: Option<u64>,
+    notes: Vec<String>,
+}
+
+fn recompute(mode: CheckpointMode) -> Recompute {
+    match mode {
+        CheckpointMode::Off => Recompute::Off,
+        CheckpointMode::Blocks => Recompute::Blocks,
+        CheckpointMode::Balanced => Recompute::Balanced,
+    }
+}
+
+fn shapes(cfg: &RunConfig) -> Result<Shapes> {
+    let b = cfg.batch_size as usize;
+    let p = cfg.precision;
+    match &cfg.policy()?.kind {
+        Workload::Vae3d(v) => {
+            let vc = &v.config;
+            vc.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
+            let grid = cfg.dataset.grid;
+            let graph = vramlab_models::vae3d::estimate::training_graph(vc, b, grid, p);
+            let f = vc.downsample_factor();
+            let voxels = grid.iter().product::<usize>();
+            let latent = vc.latent_dim * (0..3).map(|a| grid[a] / f[a]).product::<usize>();
+            let batch_bytes = (b * (vc.in_channels * voxels + latent) * 4) as u64;
+            Ok(Shapes { model: format!("vae3d grid {grid:?}"), graph, batch_bytes, extra_frozen_bytes: 0, num_params: Some(vc.num_params() as u64), notes: Vec::new() })
+        }
+        Workload::Act(a) => {
+            let ac = a.resolve()?;
+            let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, b, p);
+            Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec!["features from policy.state_dim/action_dim/camera_shape/num_cameras (as --dataset.type=random)".into()] })
+        }
+        Workload::Diffusion(d) => {
+            let dc = d.resolve()?;
+            let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, b, p);
+            Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec!["features from policy.state_dim/action_dim/camera_shape (as --dataset.type=random)".into()] })
+        }
+    }
+}
+
+/// Predict the peak memory of `cfg`'s training step on flex, from shapes alone.
+pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
+    let s = shapes(cfg)?;
+    let (graph_params, graph_trainable) = s.graph.param_bytes();
+    // The config's exact count where it has one (the graph's weights may split or merge a
+    // parameter); frozen weights are the graph's non-trainable ones.
+    let param_bytes = s.num_params.map_or(graph_params, |n| 4 * n);
+    let trainable = param_bytes - (graph_params - graph_trainable);
+    let param_bytes = param_bytes + s.extra_frozen_bytes;
+    let grads = trainable;
+    let optim = 2 * trainable;
+    let accum = cfg.grad_accum_steps.max(1);
+    let peaks: ActivationPeaks = s.graph.simulate(recompute(cfg.gradient_checkpointing));
+    let base = param_bytes + optim + s.batch_bytes + RUNTIME_BASELINE_BYTES;
+    // From the second micro-batch on the accumulated gradients stay live; the backward then
+    // also sums each new gradient into them (one extra tensor at a time, the largest bounded).
+    let held_grads = if accum > 1 { grads } else { 0 };
+    let fwd = base + held_grads + peaks.forward_peak;
+    let bwd = base + held_grads + peaks.backward_peak;
+    // The update: global-norm squares and AdamW's new moments / weights, one tensor at a time.
+    let largest = s.graph.largest_trainable_param_bytes();
+    let opt = param_bytes + optim + grads + RUNTIME_BASELINE_BYTES + largest * 3 / 2;
+    let (peak, phase, module) = [(fwd, "forward", peaks.forward_peak_module.clone()), (bwd, "backward", peaks.backward_peak_module.clone()), (opt, "optimizer", "AdamW update".to_string())]
+        .into_iter()
+        .max_by_key(|x| x.0)
+        .unwrap_or((0, "forward", String::new()));
+    let mut settings = vec![
+        ("batch_size".to_string(), cfg.batch_size.to_string()),
+        ("grad_accum_steps".to_string(), accum.to_string()),
+        ("precision".to_string(), precision_name(cfg.precision).to_string()),
+        ("gradient_checkpointing".to_string(), cfg.gradient_checkpointing.to_string()),
+    ];
+    settings.push(("model".into(), s.model.clone()));
+    let mut assumptions = vec![
+        "flex (CPU) backend; Burn 0.21 autodiff save rules; saved tensors share storage with the forward's".to_string(),
+        format!("runtime baseline {} (flex buffers kept from the second step on)", fmt_bytes(RUNTIME_BASELINE_BYTES)),
+        "steady state: steps after the first (the optimizer state exists); step 1 peaks lower by the optimizer state".to_string(),
+        "optimizer: AdamW, two f32 moments per trainable parameter; update temporaries 1.5× the largest parameter tensor".to_string(),
+        "conv workspace on flex: forward NHWC input copy + flattened weight; backward column matrix of the input + input copy + output gradient".to_string(),
+    ];
+    assumptions.extend(s.notes);
+    Ok(MemoryEstimate {
+        model: s.model,
+        settings,
+        param_bytes,
+        trainable_param_bytes: trainable,
+        grad_bytes: grads,
+        optimizer_state_bytes: optim,
+        batch_bytes: s.batch_bytes,
+        runtime_baseline_bytes: RUNTIME_BASELINE_BYTES,
+        stored_activation_bytes: peaks.stored,
+        transient_bytes: peaks.backward_peak.saturating_sub(peaks.stored + peaks.grads_at_backward_peak).max(peaks.forward_peak.saturating_sub(peaks.stored)),
+        peak_forward_bytes: fwd,
+        peak_backward_bytes: bwd,
+        peak_optimizer_bytes: opt,
+        peak_step_bytes: peak,
+        peak_phase: phase.to_string(),
+        peak_module: module,
+        modules: s.graph.module_rows(),
+        assumptions,
+    })
+}
+
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "f32",
+        Precision::Bf16 => "bf16",
+        Precision::F16 => "f16",
+    }
+}
+
+impl MemoryEstimate {
+    /// The report: totals by category, stored activations per module, the peak and its phase.
+    pub fn markdown(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "# vramlab estimate: {}\n", self.model);
+        let set: Vec<String> = self.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(s, "Settings: {}\n", set.join(", "));
+        let _ = writeln!(s, "| category | bytes | MiB |\n|---|---:|---:|");
+        for (k, v) in [
+            ("parameters (f32)", self.param_bytes),
+            ("gradients (f32, trainable)", self.grad_bytes),
+            ("optimizer state (AdamW)", self.optimizer_state_bytes),
+            ("batch", self.batch_bytes),
+            ("runtime baseline", self.runtime_baseline_bytes),
+            ("stored activations", self.stored_activation_bytes),
+            ("transient workspace (max)", self.transient_bytes),
+        ] {
+            let _ = writeln!(s, "| {k} | {v} | {} |", fmt_bytes(v));
+        }
+        let _ = writeln!(s, "\n| phase | predicted peak |\n|---|---:|");
+        for (k, v) in [("forward", self.peak_forward_bytes), ("backward", self.peak_backward_bytes), ("optimizer", self.peak_optimizer_bytes)] {
+            let _ = writeln!(s, "| {k} | {} |", fmt_bytes(v));
+        }
+        let _ = writeln!(s, "\n**Predicted peak: {} ({} bytes), in the {} phase ({}).**\n", fmt_bytes(self.peak_step_bytes), self.peak_step_bytes, self.peak_phase, self.peak_module);
+        let _ = writeln!(s, "Stored activations per module (plain autodiff):\n\n| module | stored | largest workspace |\n|---|---:|---:|");
+        for r in &self.modules {
+            let _ = writeln!(s, "| {} | {} | {} |", r.module, fmt_bytes(r.stored_bytes), fmt_bytes(r.workspace_bytes));
+        }
+        let _ = writeln!(s, "\nAssumptions:");
+        for a in &self.assumptions {
+            let _ = writeln!(s, "- {a}");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn cfg(flags: &[&str]) -> RunConfig {
+        let ov: Vec<(String, String)> = flags
+            .iter()
+            .map(|f| {
+                let (k, v) = f.split_once('=').expect("key=value");
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        config::load(None, &ov).expect("config loads")
+    }
+
+    const VAE: &[&str] = &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=8,32,32"];
+    const ACT: &[&str] = &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,96,96", "policy.chunk_size=20", "policy.n_action_steps=20"];
+    const DIFFUSION: &[&str] = &["policy.type=diffusion", "dataset.type=random", "policy.down_dims=64,128,256", "policy.camera_shape=3,64,64", "policy.crop_shape=56,56"];
+
+    fn with(base: &[&str], extra: &[&str]) -> RunConfig {
+        cfg(&base.iter().chain(extra).copied().collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn graph_weights_are_exactly_the_models_parameters() {
+        // The graph's weights must total the config's exact count: a layer missing from (or
+        // added to) a model's graph shows here.
+        for base in [VAE, ACT, DIFFUSION] {
+            let s = shapes(&with(base, &[])).expect("shapes");
+            let (all, trainable) = s.graph.param_bytes();
+            let n = s.num_params.expect("exact count");
+            assert_eq!(all, 4 * n, "{base:?}");
+            assert_eq!(trainable, all, "{base:?}: nothing frozen");
+        }
+        let e = estimate(&with(VAE, &[])).expect("estimate");
+        assert_eq!((e.param_bytes, e.grad_bytes, e.optimizer_state_bytes), (4 * 694_788, 4 * 694_788, 8 * 694_788));
+    }
+
+    #[test]
+    fn frozen_backbone_has_no_gradients_or_moments() {
+        for base in [ACT, DIFFUSION] {
+            let free = estimate(&with(base, &[])).expect("estimate");
+            let frozen = estimate(&with(base, &["policy.freeze_backbone=true"])).expect("estimate");
+            assert_eq!(free.param_bytes, frozen.param_bytes);
+            // ResNet-18's 11,176,512 convolution weights (+ GroupNorm affine on Diffusion).
+            assert!(free.grad_bytes - frozen.grad_bytes >= 4 * 11_176_512, "{base:?}");
+            assert_eq!(frozen.optimizer_state_bytes, 2 * frozen.grad_bytes);
+            assert!(frozen.stored_activation_bytes < free.stored_activation_bytes);
+        }
+    }
+
+    #[test]
+    fn peaks_grow_with_batch_and_shrink_with_checkpointing() {
+        for base in [VAE, ACT, DIFFUSION] {
+            let at = |b: &str, extra: &[&str]| estimate(&with(base, &[&[b], extra].concat())).expect("estimate");
+            let (b1, b2, b4) = (at("batch_size=1", &[]), at("batch_size=2", &[]), at("batch_size=4", &[]));
+            assert!(b1.peak_step_bytes < b2.peak_step_bytes && b2.peak_step_bytes < b4.peak_step_bytes, "{base:?}");
+            assert!(b1.stored_activation_bytes < b2.stored_activation_bytes, "{base:?}");
+            let blocks = at("batch_size=4", &["gradient_checkpointing=blocks"]);
+            assert!(blocks.stored_activation_bytes < b4.stored_activation_bytes / 2, "{base:?}");
+            let half = at("batch_size=4", &["precision=bf16"]);
+            assert!(half.stored_activation_bytes < b4.stored_activation_bytes, "{base:?}");
+        }
+    }
+
+    #[test]
+    fn accumulation_keeps_the_gradients_through_the_next_forward() {
+        let one = estimate(&with(VAE, &["batch_size=1"])).expect("estimate");
+        let two = estimate(&with(VAE, &["batch_size=1", "grad_accum_steps=2"])).expect("estimate");
+        assert_eq!(two.peak_forward_bytes, one.peak_forward_bytes + one.grad_bytes);
+    }
+}

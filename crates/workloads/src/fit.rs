@@ -1,0 +1,698 @@
+//! `vramlab fit --budget=24GiB`: what fits a memory budget, and which of it is fastest, decided
+//! by short measured runs.
+//!
+//! Two searches, each trial a short `vramlab train` in its own process (like `sweep`), capped
+//! at the budget:
+//! 1. **Largest batch** with the toggles as configured: doubling from the configured batch
+//!    until a trial runs out of memory, then bisection between the last fit and the first
+//!    out-of-memory.
+//! 2. **Fastest toggle set** for the effective batch asked for (`batch_size ×
+//!    grad_accum_steps`): every combination of precision (f32, bf16), gradient checkpointing
+//!    (off, blocks) and a frozen vision backbone (where the policy has one), each at the
+//!    largest micro-batch dividing the effective batch that fits (the rest made up by
+//!    accumulation). Candidates the estimator puts well over the budget are not run.
+//!
+//! On the CPU backend the counting allocator enforces the budget as a cap: an allocation that
+//! would cross it ends the trial at once with a clean out-of-memory result
+//! ([`vramlab_probe::OUT_OF_MEMORY_EXIT_CODE`]). On wgpu/cuda a device out-of-memory error ends
+//! the trial the same way, and a trial whose measured peak exceeds the budget does not fit.
+//!
+//! The recommendation is re-measured in a fresh process before it is printed; a configuration
+//! whose measured peak exceeds the budget is never recommended. Every finished trial is one
+//! line of `fit.jsonl`: a killed `fit` started again with the same `--output_dir` keeps them.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+use vramlab_train::StepRecord;
+use vramlab_train::metrics::{fmt_bytes, median_by};
+
+use crate::backend::BackendKind;
+use crate::config::{self, RunConfig};
+use crate::training::timestamp;
+use crate::{Result, WorkloadError};
+
+/// `24GiB`, `1.5 GiB`, `512MiB`, `100MB`, `2e9`, `1000000` → bytes (GiB/MiB/KiB binary,
+/// GB/MB/KB decimal, a bare number is bytes).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.trim().parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0_f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    let bytes = v * mult;
+    (bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64).then_some(bytes.round() as u64)
+}
+
+/// What `fit` is asked.
+pub struct FitSpec<'a> {
+    /// `vramlab` itself: each trial is `exe train …` in its own process.
+    pub exe: &'a Path,
+    pub config_file: Option<&'a Path>,
+    /// Every flag of the command line (config fields, `output_dir` included).
+    pub overrides: &'a [(String, String)],
+    pub budget: u64,
+    /// Steps per trial: the first pays one-time costs, the median of the others is the speed.
+    pub trial_steps: u64,
+    /// Upper end of the largest-batch search.
+    pub max_batch: u64,
+    /// Estimator pruning: candidates estimated above `prune × budget` are not run.
+    pub prune: f64,
+    pub command_line: String,
+}
+
+/// The toggles of one candidate (values as config flags take them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Toggles {
+    pub batch_size: u64,
+    pub grad_accum_steps: u64,
+    pub precision: String,
+    pub gradient_checkpointing: String,
+    pub freeze_backbone: Option<bool>,
+}
+
+impl Toggles {
+    fn name(&self) -> String {
+        let mut n = format!("b{}x{}_{}_ckpt-{}", self.batch_size, self.grad_accum_steps, self.precision, self.gradient_checkpointing);
+        if self.freeze_backbone == Some(true) {
+            n.push_str("_frozen");
+        }
+        n
+    }
+
+    fn flags(&self) -> Vec<(String, String)> {
+        let mut f = vec![
+            ("batch_size".to_string(), self.batch_size.to_string()),
+            ("grad_accum_steps".to_string(), self.grad_accum_steps.to_string()),
+            ("precision".to_string(), self.precision.clone()),
+            ("gradient_checkpointing".to_string(), self.gradient_checkpointing.clone()),
+        ];
+        if let Some(b) = self.freeze_backbone {
+            f.push(("policy.freeze_backbone".to_string(), b.to_string()));
+        }
+        f
+    }
+
+    /// The settings as a person reads them.
+    pub fn describe(&self) -> String {
+        let mut d = format!("batch {} × accum {}, {}, checkpointing {}", self.batch_size, self.grad_accum_steps, self.precision, self.gradient_checkpointing);
+        if self.freeze_backbone == Some(true) {
+            d.push_str(", frozen backbone (not trained)");
+        }
+        d
+    }
+}
+
+/// How a trial ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Ran every step; its measured peak is within the budget.
+    Fits,
+    /// Ran, but its measured peak is above the budget (GPU backends, which have no cap).
+    OverBudget,
+    /// Ended by the budget cap or a device out-of-memory error.
+    OutOfMemory,
+    /// Not run: the estimator puts it well over the budget.
+    Pruned,
+    /// Failed for another reason (its error is kept).
+    Failed,
+}
+
+impl Status {
+    fn text(self) -> &'static str {
+        match self {
+            Status::Fits => "fits",
+            Status::OverBudget => "over budget",
+            Status::OutOfMemory => "out of memory",
+            Status::Pruned => "skipped (estimate)",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// One finished trial (a line of `fit.jsonl`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Trial {
+    pub name: String,
+    /// `batch` (largest-batch search), `toggles` (fastest toggle set) or `verify`.
+    pub search: String,
+    pub toggles: Toggles,
+    pub status: Status,
+    /// Highest allocated bytes over all steps (exact on the CPU backend).
+    pub peak_bytes: Option<u64>,
+    /// Highest reserved bytes over all steps (RSS on CPU; CubeCL pools on GPU).
+    pub reserved_bytes: Option<u64>,
+    /// Median optimizer-step time after the first step.
+    pub step_time_s: Option<f64>,
+    pub samples_per_s: Option<f64>,
+    /// The estimator's peak for this candidate, when it has one.
+    pub estimate_bytes: Option<u64>,
+    pub steps_done: u64,
+    pub message: String,
+}
+
+/// What `fit` found.
+pub struct FitOutcome {
+    pub output_dir: PathBuf,
+    pub largest_batch: Option<u64>,
+    pub recommended: Option<Trial>,
+    pub command: Option<String>,
+}
+
+/// The peak an estimator predicts for a config, if it can (pruning and ordering only).
+pub type Estimator<'a> = dyn Fn(&RunConfig) -> Option<u64> + 'a;
+
+struct Ctx<'a> {
+    spec: &'a FitSpec<'a>,
+    base: Vec<(String, String)>,
+    out: PathBuf,
+    done: Vec<Trial>,
+    backend: BackendKind,
+    estimate: &'a Estimator<'a>,
+    count: usize,
+}
+
+impl Ctx<'_> {
+    fn config_with(&self, t: &Toggles) -> Result<RunConfig> {
+        let mut o = self.base.clone();
+        o.extend(t.flags());
+        let cfg = config::load(self.spec.config_file, &o)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The trial for these toggles: kept from an earlier `fit` in this directory, or run now.
+    fn trial(&mut self, search: &str, t: &Toggles) -> Result<Trial> {
+        let name = format!("{search}-{}", t.name());
+        if let Some(done) = self.done.iter().find(|d| d.name == name) {
+            eprintln!("  {:<44} {} (kept from the earlier run)", t.describe(), line(done));
+            return Ok(done.clone());
+        }
+        let cfg = self.config_with(t)?;
+        let estimate = (self.estimate)(&cfg);
+        let budget = self.spec.budget;
+        let trial = match estimate {
+            Some(e) if search != "verify" && e as f64 > self.spec.prune * budget as f64 => Trial {
+                name,
+                search: search.into(),
+                toggles: t.clone(),
+                status: Status::Pruned,
+                peak_bytes: None,
+                reserved_bytes: None,
+                step_time_s: None,
+                samples_per_s: None,
+                estimate_bytes: Some(e),
+                steps_done: 0,
+                message: format!("estimated peak {} > {:.2} × budget", fmt_bytes(e), self.spec.prune),
+            },
+            _ => {
+                self.count += 1;
+                self.run(search, name, t, estimate)?
+            }
+        };
+        eprintln!("  {:<44} {}", t.describe(), line(&trial));
+        append_line(&self.out.join("fit.jsonl"), &trial)?;
+        self.done.push(trial.clone());
+        Ok(trial)
+    }
+
+    fn run(&self, search: &str, name: String, t: &Toggles, estimate: Option<u64>) -> Result<Trial> {
+        let dir = self.out.join("trials").join(&name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let steps = if search == "verify" { self.spec.trial_steps + 2 } else { self.spec.trial_steps };
+        let mut cmd = Command::new(self.spec.exe);
+        cmd.arg("train");
+        if let Some(c) = self.spec.config_file {
+            cmd.arg(format!("--config={}", c.display()));
+        }
+        for (k, v) in self.base.iter().chain(t.flags().iter()) {
+            cmd.arg(format!("--{k}={v}"));
+        }
+        cmd.args([format!("--steps={steps}"), "--save_checkpoint=false".into(), "--resume=false".into(), "--log_freq=0".into()]);
+        cmd.arg(format!("--output_dir={}", dir.display()));
+        if self.backend == BackendKind::Flex {
+            cmd.env(vramlab_probe::BUDGET_ENV, self.spec.budget.to_string());
+        }
+        let output = cmd.output().map_err(|source| WorkloadError::Io { path: self.spec.exe.to_path_buf(), source })?;
+        let records = read_records(&dir.join("metrics.jsonl"));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let peak = records.iter().map(|r| r.peak_step_bytes).max();
+        let reserved = records.iter().map(|r| r.peak_reserved_bytes).max();
+        let step_time = (records.len() > 1).then(|| median_by(&records, 1, |r| r.step_time_s));
+        let effective = (t.batch_size * t.grad_accum_steps) as f64;
+        let oom_line = stderr.lines().find(|l| l.starts_with(vramlab_probe::OUT_OF_MEMORY_MESSAGE) || is_device_oom(l));
+        let (status, message) = if output.status.code() == Some(vramlab_probe::OUT_OF_MEMORY_EXIT_CODE) || oom_line.is_some() {
+            let at = format!("during step {}", records.len() + 1);
+            (Status::OutOfMemory, format!("{at}: {}", oom_line.unwrap_or("device out of memory").trim()))
+        } else if !output.status.success() {
+            (Status::Failed, last_error(&stderr).unwrap_or_else(|| format!("exit status {}", output.status)))
+        } else if (records.len() as u64) < steps {
+            (Status::Failed, format!("ran {} of {steps} steps", records.len()))
+        } else {
+            // GPU backends have no cap: the device's reserved bytes are what must fit.
+            let measured = if self.backend == BackendKind::Flex { peak } else { reserved.max(peak) };
+            match measured {
+                Some(p) if p <= self.spec.budget => (Status::Fits, String::new()),
+                Some(p) => (Status::OverBudget, format!("measured peak {} > budget", fmt_bytes(p))),
+                None => (Status::Failed, "no step records".into()),
+            }
+        };
+        // A trial's own run directory is scratch: the line in fit.jsonl is its result.
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(Trial {
+            name,
+            search: search.into(),
+            toggles: t.clone(),
+            status,
+            // An out-of-memory trial's peak is the budget it crossed, not its finished steps'.
+            peak_bytes: peak.filter(|_| status != Status::OutOfMemory),
+            reserved_bytes: reserved,
+            step_time_s: step_time.filter(|_| status == Status::Fits || status == Status::OverBudget),
+            samples_per_s: step_time.filter(|s| *s > 0.0 && status == Status::Fits).map(|s| effective / s),
+            estimate_bytes: estimate,
+            steps_done: records.len() as u64,
+            message,
+        })
+    }
+}
+
+fn is_device_oom(l: &str) -> bool {
+    let l = l.to_ascii_lowercase();
+    l.contains("out of memory") || l.contains("outofmemory") || l.contains("out_of_memory")
+}
+
+fn last_error(stderr: &str) -> Option<String> {
+    let l = stderr.lines().rev().find(|l| l.starts_with("error:") || l.contains("panicked at"))?;
+    Some(match l.contains("panicked at") {
+        true => stderr.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
+        false => l.to_string(),
+    })
+}
+
+fn line(t: &Trial) -> String {
+    let mut s = t.status.text().to_string();
+    if let Some(p) = t.peak_bytes {
+        let _ = write!(s, " | peak {}", fmt_bytes(p));
+    }
+    if let Some(v) = t.samples_per_s {
+        let _ = write!(s, " | {v:.2} samples/s");
+    }
+    if !t.message.is_empty() && t.status != Status::Fits {
+        let _ = write!(s, " | {}", t.message);
+    }
+    s
+}
+
+fn read_records(path: &Path) -> Vec<StepRecord> {
+    std::fs::read_to_string(path).map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()).unwrap_or_default()
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkloadError + '_ {
+    move |source| WorkloadError::Io { path: path.to_path_buf(), source }
+}
+
+fn append_line(path: &Path, t: &Trial) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io(path))?;
+    let line = serde_json::to_string(t).expect("a trial serialises");
+    writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(io(path))
+}
+
+/// Write `text` to `path` whole or not at all (temporary file, then rename).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Trials an earlier `fit` in this directory finished (a torn last line is dropped).
+fn finished_trials(out: &Path) -> Vec<Trial> {
+    std::fs::read_to_string(out.join("fit.jsonl")).map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()).unwrap_or_default()
+}
+
+/// Run both searches, re-measure the recommendation, and write `fit.md`, `fit.csv` and
+/// `fit.svg`. Fails when nothing fits.
+pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
+    if spec.trial_steps < 2 {
+        return Err(WorkloadError::invalid("trial_steps", "at least 2: the first step pays one-time costs, the others give the speed".into()));
+    }
+    let cfg = config::load(spec.config_file, spec.overrides)?;
+    cfg.validate()?;
+    if !cfg.sweep.is_empty() {
+        return Err(WorkloadError::invalid("sweep", "fit chooses the settings itself; drop the --sweep.* flags".into()));
+    }
+    let base: Vec<(String, String)> = spec
+        .overrides
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "output_dir" | "batch_size" | "grad_accum_steps" | "precision" | "gradient_checkpointing" | "policy.freeze_backbone" | "steps" | "resume"))
+        .cloned()
+        .collect();
+    let out = cfg.output_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("fit-{}", timestamp())));
+    std::fs::create_dir_all(&out).map_err(io(&out))?;
+    let done = finished_trials(&out);
+    let asked = Toggles {
+        batch_size: cfg.batch_size,
+        grad_accum_steps: cfg.grad_accum_steps,
+        precision: cfg.precision.name().to_string(),
+        gradient_checkpointing: cfg.gradient_checkpointing.to_string(),
+        freeze_backbone: None,
+    };
+    let effective = cfg.batch_size * cfg.grad_accum_steps;
+    let mut ctx = Ctx { spec, base, out: out.clone(), done, backend: cfg.backend, estimate, count: 0 };
+    let budget_note = match cfg.backend {
+        BackendKind::Flex => "enforced as a cap on the allocated bytes (counting allocator, exact)",
+        _ => "compared with each trial's measured peak reserved bytes (no cap on GPU backends)",
+    };
+    eprintln!(
+        "vramlab fit: budget {} on {} ({budget_note}); effective batch {effective}; {} steps per trial → {}",
+        fmt_bytes(spec.budget),
+        cfg.backend,
+        spec.trial_steps,
+        out.display()
+    );
+    if !ctx.done.is_empty() {
+        eprintln!("  {} trials kept from the earlier run in this directory", ctx.done.len());
+    }
+
+    // 1. Largest micro-batch with the toggles as configured (no accumulation).
+    eprintln!("largest batch ({}, checkpointing {}):", asked.precision, asked.gradient_checkpointing);
+    let largest = largest_batch(&mut ctx, &asked)?;
+
+    // 2. Fastest toggle set at the effective batch asked for.
+    eprintln!("fastest settings for an effective batch of {effective}:");
+    let freeze_options: Vec<Option<bool>> = {
+        let frozen = Toggles { freeze_backbone: Some(true), ..asked.clone() };
+        if ctx.config_with(&frozen).is_ok() { vec![Some(false), Some(true)] } else { vec![None] }
+    };
+    let divisors: Vec<u64> = (1..=effective).rev().filter(|b| effective.is_multiple_of(*b)).collect();
+    for precision in ["f32", "bf16"] {
+        for ckpt in ["off", "blocks"] {
+            for &freeze in &freeze_options {
+                let set = |b: u64| Toggles { batch_size: b, grad_accum_steps: effective / b, precision: precision.into(), gradient_checkpointing: ckpt.into(), freeze_backbone: freeze };
+                if ctx.config_with(&set(effective)).is_err() {
+                    continue; // e.g. bf16 on a backend without it
+                }
+                // The largest micro-batch that fits is the fastest of this set (fewer, fuller
+                // passes); smaller ones are tried only after an out-of-memory.
+                for &b in &divisors {
+                    let t = ctx.trial("toggles", &set(b))?;
+                    if matches!(t.status, Status::Fits | Status::Failed) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    // 3. Recommend the fastest candidate that fits, re-measured in a fresh process.
+    let mut fitting: Vec<&Trial> = ctx.done.iter().filter(|t| t.search == "toggles" && t.status == Status::Fits && t.samples_per_s.is_some()).collect();
+    fitting.sort_by(|a, b| b.samples_per_s.partial_cmp(&a.samples_per_s).unwrap_or(std::cmp::Ordering::Equal));
+    let candidates: Vec<Toggles> = fitting.iter().map(|t| t.toggles.clone()).collect();
+    let mut recommended = None;
+    for t in candidates {
+        eprintln!("re-measuring the fastest candidate:");
+        let v = ctx.trial("verify", &t)?;
+        if v.status == Status::Fits {
+            recommended = Some(v);
+            break;
+        }
+        eprintln!("  did not hold on re-measurement; trying the next candidate");
+    }
+    let command = recommended.as_ref().map(|r| recommended_command(spec, &ctx.base, &r.toggles));
+    write_reports(&ctx, &cfg, largest, recommended.as_ref(), command.as_deref())?;
+    match (&recommended, &command) {
+        (Some(r), Some(c)) => {
+            if r.toggles.freeze_backbone == Some(true) {
+                let whole = ctx.done.iter().filter(|t| t.search == "toggles" && t.status == Status::Fits && t.toggles.freeze_backbone != Some(true)).max_by(|a, b| {
+                    a.samples_per_s.partial_cmp(&b.samples_per_s).unwrap_or(std::cmp::Ordering::Equal)
+                });
+                eprintln!("note: the recommendation freezes the vision backbone (it is no longer trained)");
+                if let Some(w) = whole {
+                    eprintln!("  fastest that trains everything: {} ({:.2} samples/s)\n  {}", w.toggles.describe(), w.samples_per_s.unwrap_or(0.0), recommended_command(spec, &ctx.base, &w.toggles));
+                }
+            }
+            eprintln!(
+                "recommended: {} — re-measured peak {} ≤ budget {} ({:.2} samples/s)\n  {c}",
+                r.toggles.describe(),
+                fmt_bytes(r.peak_bytes.unwrap_or(0)),
+                fmt_bytes(spec.budget),
+                r.samples_per_s.unwrap_or(0.0)
+            );
+        }
+        _ => {
+            return Err(WorkloadError::invalid(
+                "budget",
+                format!("nothing fits {} at an effective batch of {effective} (see {})", fmt_bytes(spec.budget), out.join("fit.md").display()),
+            ));
+        }
+    }
+    eprintln!("{} new trials; wrote {}", ctx.count, out.join("fit.md").display());
+    Ok(FitOutcome { output_dir: out, largest_batch: largest, recommended, command })
+}
+
+/// Doubling from the configured batch, then bisection: the largest batch (no accumulation)
+/// whose trial fits.
+fn largest_batch(ctx: &mut Ctx<'_>, asked: &Toggles) -> Result<Option<u64>> {
+    let at = |b: u64| Toggles { batch_size: b, grad_accum_steps: 1, ..asked.clone() };
+    let fits = |t: &Trial| t.status == Status::Fits;
+    let max = ctx.spec.max_batch.max(1);
+    let mut b = asked.batch_size.clamp(1, max);
+    let (mut lo, mut hi): (Option<u64>, Option<u64>) = (None, None); // last fit, first non-fit
+    loop {
+        let t = ctx.trial("batch", &at(b))?;
+        if t.status == Status::Failed {
+            return Err(WorkloadError::invalid("fit", format!("the trial at batch {b} failed: {}", t.message)));
+        }
+        if fits(&t) {
+            lo = Some(b);
+            if b >= max || hi.is_some() {
+                break;
+            }
+            b = (b * 2).min(max);
+        } else {
+            hi = Some(b);
+            if b == 1 || lo.is_some() {
+                break;
+            }
+            b /= 2;
+        }
+    }
+    let (Some(mut l), Some(mut h)) = (lo, hi) else { return Ok(lo) };
+    while h - l > 1 {
+        let mid = l + (h - l) / 2;
+        let t = ctx.trial("batch", &at(mid))?;
+        if fits(&t) { l = mid } else { h = mid }
+    }
+    Ok(Some(l))
+}
+
+fn recommended_command(spec: &FitSpec<'_>, base: &[(String, String)], t: &Toggles) -> String {
+    let mut c = String::from("vramlab train");
+    if let Some(f) = spec.config_file {
+        let _ = write!(c, " --config {}", f.display());
+    }
+    for (k, v) in base.iter().chain(t.flags().iter()) {
+        if k == "policy.freeze_backbone" && v == "false" {
+            continue;
+        }
+        let _ = write!(c, " --{k}={v}");
+    }
+    c
+}
+
+/// `fit.svg`: the toggle-set candidates (fastest first) against the budget line. A plot that
+/// cannot be drawn is a warning: the tables are the result.
+fn write_plot(ctx: &Ctx<'_>, rows: &[&Trial]) {
+    let cands: Vec<vramlab_plot::Candidate> = rows
+        .iter()
+        .map(|t| {
+            let g = &t.toggles;
+            let mut label = format!("b{}×{} {} ckpt-{}", g.batch_size, g.grad_accum_steps, g.precision, g.gradient_checkpointing);
+            if g.freeze_backbone == Some(true) {
+                label.push_str(" frozen");
+            }
+            vramlab_plot::Candidate {
+                label,
+                // Skipped by the estimate: its estimated peak; out of memory: unknown (over the line).
+                peak_bytes: t.peak_bytes.or(t.estimate_bytes.filter(|_| t.status == Status::Pruned)).unwrap_or(0),
+                fits: t.status == Status::Fits,
+                oom: t.status == Status::OutOfMemory,
+                samples_per_s: t.samples_per_s,
+            }
+        })
+        .collect();
+    if cands.is_empty() {
+        return;
+    }
+    let path = ctx.out.join("fit.svg");
+    match vramlab_plot::fit_candidates("vramlab fit: candidates against the budget", &cands, ctx.spec.budget) {
+        Ok(svg) => {
+            if let Err(e) = write_atomic(&path, svg.as_bytes()) {
+                eprintln!("warning: {e}");
+            }
+        }
+        Err(e) => eprintln!("warning: {}: {e}", path.display()),
+    }
+}
+
+fn mib(b: Option<u64>) -> String {
+    b.map_or("–".into(), |b| format!("{:.1}", b as f64 / (1024.0 * 1024.0)))
+}
+
+fn write_reports(ctx: &Ctx<'_>, cfg: &RunConfig, largest: Option<u64>, rec: Option<&Trial>, command: Option<&str>) -> Result<()> {
+    let spec = ctx.spec;
+    let mut md = String::new();
+    let _ = writeln!(md, "# vramlab fit\n\nCommand: `{}`\n", spec.command_line);
+    let cap = match cfg.backend {
+        BackendKind::Flex => "enforced in every trial as a cap on allocated bytes (the counting allocator: exact); a trial that crosses it ends at that allocation",
+        _ => "compared with each trial's peak reserved bytes (CubeCL pools); a device out-of-memory error ends a trial",
+    };
+    let _ = writeln!(md, "- **budget**: {} ({} bytes), {cap}", fmt_bytes(spec.budget), spec.budget);
+    let _ = writeln!(md, "- **backend**: {}; {} steps per trial (peak = max over all steps; speed = median of steps 2..N)", cfg.backend, spec.trial_steps);
+    let _ = writeln!(md, "- **largest batch** ({}, checkpointing {}, no accumulation): {}", cfg.precision.name(), cfg.gradient_checkpointing, largest.map_or("none fits".into(), |b| b.to_string()));
+    match (rec, command) {
+        (Some(r), Some(c)) => {
+            let _ = writeln!(
+                md,
+                "- **recommended** (fastest that fits, re-measured in a fresh process): {} — peak {} ≤ {}, {:.2} samples/s\n\n```\n{c}\n```\n",
+                r.toggles.describe(),
+                fmt_bytes(r.peak_bytes.unwrap_or(0)),
+                fmt_bytes(spec.budget),
+                r.samples_per_s.unwrap_or(0.0)
+            );
+        }
+        _ => {
+            let _ = writeln!(md, "- **recommended**: nothing fits this budget\n");
+        }
+    }
+    let _ = writeln!(md, "![candidates against the budget](fit.svg)\n");
+    let _ = writeln!(md, "## Candidates, fastest first\n");
+    let _ = writeln!(md, "| rank | settings | status | peak MiB | estimate MiB | s/step | samples/s | note |\n|---:|---|---|---:|---:|---:|---:|---|");
+    let mut rows: Vec<&Trial> = ctx.done.iter().filter(|t| t.search == "toggles").collect();
+    rows.sort_by(|a, b| {
+        let key = |t: &Trial| (t.status != Status::Fits, -(t.samples_per_s.unwrap_or(0.0)));
+        key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for (i, t) in rows.iter().enumerate() {
+        let rank = if t.status == Status::Fits { (i + 1).to_string() } else { "–".into() };
+        let _ = writeln!(
+            md,
+            "| {rank} | {} | {} | {} | {} | {} | {} | {} |",
+            t.toggles.describe(),
+            t.status.text(),
+            mib(t.peak_bytes),
+            mib(t.estimate_bytes),
+            t.step_time_s.map_or("–".into(), |s| format!("{s:.3}")),
+            t.samples_per_s.map_or("–".into(), |s| format!("{s:.2}")),
+            t.message.replace('|', "/")
+        );
+    }
+    let _ = writeln!(md, "\n## Largest-batch search\n\n| batch | status | peak MiB | estimate MiB | s/step | note |\n|---:|---|---:|---:|---:|---|");
+    let mut batch: Vec<&Trial> = ctx.done.iter().filter(|t| t.search == "batch").collect();
+    batch.sort_by_key(|t| t.toggles.batch_size);
+    for t in batch {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            t.toggles.batch_size,
+            t.status.text(),
+            mib(t.peak_bytes),
+            mib(t.estimate_bytes),
+            t.step_time_s.map_or("–".into(), |s| format!("{s:.3}")),
+            t.message.replace('|', "/")
+        );
+    }
+    write_atomic(&ctx.out.join("fit.md"), md.as_bytes())?;
+    write_plot(ctx, &rows);
+
+    let mut csv = String::from("search,batch_size,grad_accum_steps,precision,gradient_checkpointing,freeze_backbone,status,peak_bytes,reserved_bytes,estimate_bytes,step_time_s,samples_per_s,message\n");
+    for t in &ctx.done {
+        let o = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+        let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+        let g = &t.toggles;
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            t.search,
+            g.batch_size,
+            g.grad_accum_steps,
+            g.precision,
+            g.gradient_checkpointing,
+            g.freeze_backbone.map_or(String::new(), |b| b.to_string()),
+            t.status.text(),
+            o(t.peak_bytes),
+            o(t.reserved_bytes),
+            o(t.estimate_bytes),
+            f(t.step_time_s),
+            f(t.samples_per_s),
+            t.message.replace('"', "'")
+        );
+    }
+    write_atomic(&ctx.out.join("fit.csv"), csv.as_bytes())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("2GiB"), Some(2 << 30));
+        assert_eq!(parse_bytes("1.5 GiB"), Some(3 << 29));
+        assert_eq!(parse_bytes("100MiB"), Some(100 << 20));
+        assert_eq!(parse_bytes("24gb"), Some(24_000_000_000));
+        assert_eq!(parse_bytes("1000000"), Some(1_000_000));
+        assert_eq!(parse_bytes("2e9"), Some(2_000_000_000));
+        assert_eq!(parse_bytes("12 parsecs"), None);
+        assert_eq!(parse_bytes("-1GiB"), None);
+        assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn trial_names_and_flags_carry_every_toggle() {
+        let t = Toggles { batch_size: 4, grad_accum_steps: 2, precision: "bf16".into(), gradient_checkpointing: "blocks".into(), freeze_backbone: Some(true) };
+        assert_eq!(t.name(), "b4x2_bf16_ckpt-blocks_frozen");
+        let flags = t.flags();
+        assert!(flags.contains(&("policy.freeze_backbone".into(), "true".into())) && flags.contains(&("grad_accum_steps".into(), "2".into())));
+        let none = Toggles { freeze_backbone: None, ..t };
+        assert!(!none.flags().iter().any(|(k, _)| k == "policy.freeze_backbone"));
+    }
+
+    #[test]
+    fn a_torn_last_line_of_fit_jsonl_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trial {
+            name: "batch-b1x1_f32_ckpt-off".into(),
+            search: "batch".into(),
+            toggles: Toggles { batch_size: 1, grad_accum_steps: 1, precision: "f32".into(), gradient_checkpointing: "off".into(), freeze_backbone: None },
+            status: Status::Fits,
+            peak_bytes: Some(10),
+            reserved_bytes: None,
+            step_time_s: Some(0.1),
+            samples_per_s: Some(10.0),
+            estimate_bytes: None,
+            steps_done: 3,
+            message: String::new(),
+        };
+        append_line(&dir.path().join("fit.jsonl"), &t).unwrap();
+        std::fs::write(dir.path().join("fit.jsonl"), format!("{}{{\"name\":\"bat", std::fs::read_to_string(dir.path().join("fit.jsonl")).unwrap())).unwrap();
+        let kept = finished_trials(dir.path());
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].name, t.name);
+    }
+}
