@@ -267,6 +267,11 @@ fn sweep_writes_csv_and_markdown() {
     assert!(csv.lines().skip(1).all(|l| l.contains(",ok,")), "{csv}");
     let md = std::fs::read_to_string(dir.join("sweep.md")).unwrap();
     assert!(md.contains("Effect of `gradient_checkpointing`"), "{md}");
+    // The pictures: the sweep's, linked from sweep.md, and each point's run.
+    assert!(md.contains("](sweep_peak.svg)") && md.contains("](sweep_breakdown.svg)"), "{md}");
+    for f in ["sweep_peak.svg", "sweep_breakdown.svg", "points/gradient_checkpointing=off/memory.svg", "points/gradient_checkpointing=blocks/memory_breakdown.svg"] {
+        assert!(std::fs::read_to_string(dir.join(f)).is_ok_and(|s| s.contains("</svg>")), "{f}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

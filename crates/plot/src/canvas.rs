@@ -24,7 +24,7 @@ pub const Y_LABEL_AREA: u32 = 78;
 /// Margin around the plotting area, px.
 pub const MARGIN: u32 = 12;
 /// Longest label under the x axis once turned upwards, in characters.
-const MAX_ROTATED_CHARS: usize = 30;
+const MAX_ROTATED_CHARS: usize = 36;
 
 pub type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 pub type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;

@@ -9,7 +9,7 @@ use crate::{PlotError, Result, Unit};
 /// One candidate setting of a `fit` search.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
-    /// Shown under its bar (cut at 30 characters; long labels are turned upwards).
+    /// Shown under its bar (on up to three lines, or turned upwards and cut at 36 characters).
     pub label: String,
     /// Peak allocated bytes, measured or estimated. For an out-of-memory candidate, what was
     /// reached before it failed, or 0 when unknown (the bar then stands just over the budget).

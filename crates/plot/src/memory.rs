@@ -79,7 +79,8 @@ pub fn memory_per_step(title: &str, steps: &[StepMemory]) -> Result<String> {
     if steps.is_empty() {
         return Err(PlotError::Empty("steps"));
     }
-    let series: [(&str, fn(&StepMemory) -> u64, Swatch); 5] = [
+    type Series = (&'static str, fn(&StepMemory) -> u64, Swatch);
+    let series: [Series; 5] = [
         ("peak reserved", |s| s.peak_reserved, Swatch::Dashed(canvas::GREY)),
         ("peak allocated, step", |s| s.peak_step, Swatch::Line(BLACK, 5)),
         ("peak allocated, forward", |s| s.peak_forward, Swatch::Line(PALETTE[0], 2)),
@@ -160,7 +161,7 @@ pub fn stacked_breakdown(title: &str, steps: &[StepMemory]) -> Result<String> {
 /// One stacked bar per labelled point (e.g. a sweep's settings): parameters, gradients,
 /// optimizer state, activations and the rest of the peak, with the peak marked on each bar.
 /// Labels break at `\n` onto up to three lines when that fits, else are turned upwards (the
-/// breaks as ", ") and cut at 30 characters; `x_desc` names them under the axis (none when
+/// breaks as ", ") and cut at 36 characters; `x_desc` names them under the axis (none when
 /// empty).
 pub fn stacked_bars(title: &str, x_desc: &str, points: &[(String, Breakdown)]) -> Result<String> {
     bars(title, x_desc, points)

@@ -87,7 +87,7 @@ pub fn sweep_peak_vs_batch(title: &str, x_label: &str, legend_title: &str, serie
 /// Series `i`'s line: the palette's colours solid, then again dashed.
 fn series_style(i: usize) -> Swatch {
     let color = PALETTE[i % PALETTE.len()];
-    if (i / PALETTE.len()) % 2 == 0 { Swatch::Line(color, 2) } else { Swatch::Dashed(color) }
+    if (i / PALETTE.len()).is_multiple_of(2) { Swatch::Line(color, 2) } else { Swatch::Dashed(color) }
 }
 
 #[cfg(test)]

@@ -223,7 +223,7 @@ mod tests {
             &[0x8c, 1, b'b', b'q', 1, b'K', 0, b'K', 0, 0x86],
             &[0x8c, 1, b'c', b'q', 2, 0x89],
             &[0x8c, 1, b'd', b'q', 3, 0x88],
-            &[b'u', b'.'],
+            b"u.",
         ]
         .concat();
         assert_eq!(bytes, expected);

@@ -205,8 +205,9 @@ impl Ctx<'_> {
         let cfg = self.config_with(t)?;
         let estimate = (self.estimate)(&cfg);
         let budget = self.spec.budget;
-        let trial = match estimate {
-            Some(e) if search != "verify" && e as f64 > self.spec.prune * budget as f64 => Trial {
+        let calibrated = estimate.map(|e| self.calibrated(t, e));
+        let trial = match (estimate, calibrated) {
+            (Some(e), Some((c, how))) if search != "verify" && c > self.spec.prune * budget as f64 => Trial {
                 name,
                 search: search.into(),
                 toggles: t.clone(),
@@ -217,7 +218,7 @@ impl Ctx<'_> {
                 samples_per_s: None,
                 estimate_bytes: Some(e),
                 steps_done: 0,
-                message: format!("estimated peak {} > {:.2} × budget", fmt_bytes(e), self.spec.prune),
+                message: format!("estimated peak {}{how} > {:.2} × budget", fmt_bytes(c as u64), self.spec.prune),
             },
             _ => {
                 self.count += 1;
@@ -228,6 +229,26 @@ impl Ctx<'_> {
         append_line(&self.out.join("fit.jsonl"), &trial)?;
         self.done.push(trial.clone());
         Ok(trial)
+    }
+
+    /// The estimate scaled by measured ÷ estimated of the finished trial nearest to these
+    /// toggles (same precision, checkpointing and backbone first, then the closest batch), so
+    /// a systematic error of the estimator cannot prune what fits. Unscaled until a trial has
+    /// been measured.
+    fn calibrated(&self, t: &Toggles, estimate: u64) -> (f64, String) {
+        let same = |d: &Trial| d.toggles.precision == t.precision && d.toggles.gradient_checkpointing == t.gradient_checkpointing && d.toggles.freeze_backbone.unwrap_or(false) == t.freeze_backbone.unwrap_or(false);
+        let nearest = self
+            .done
+            .iter()
+            .filter(|d| matches!(d.status, Status::Fits | Status::OverBudget) && d.peak_bytes.is_some() && d.estimate_bytes.is_some_and(|e| e > 0))
+            .min_by_key(|d| (!same(d), d.toggles.batch_size.abs_diff(t.batch_size)));
+        match nearest {
+            Some(d) => {
+                let ratio = d.peak_bytes.unwrap_or(0) as f64 / d.estimate_bytes.unwrap_or(1) as f64;
+                (estimate as f64 * ratio, format!(" (estimate {} × {ratio:.2}, measured ÷ estimated at batch {})", fmt_bytes(estimate), d.toggles.batch_size))
+            }
+            None => (estimate as f64, String::new()),
+        }
     }
 
     fn run(&self, search: &str, name: String, t: &Toggles, estimate: Option<u64>) -> Result<Trial> {
@@ -563,7 +584,19 @@ fn write_reports(ctx: &Ctx<'_>, cfg: &RunConfig, largest: Option<u64>, rec: Opti
     };
     let _ = writeln!(md, "- **budget**: {} ({} bytes), {cap}", fmt_bytes(spec.budget), spec.budget);
     let _ = writeln!(md, "- **backend**: {}; {} steps per trial (peak = max over all steps; speed = median of steps 2..N)", cfg.backend, spec.trial_steps);
-    let _ = writeln!(md, "- **largest batch** ({}, checkpointing {}, no accumulation): {}", cfg.precision.name(), cfg.gradient_checkpointing, largest.map_or("none fits".into(), |b| b.to_string()));
+    let next = largest.and_then(|b| ctx.done.iter().find(|t| t.search == "batch" && t.toggles.batch_size == b + 1));
+    let bound = match next {
+        Some(t) if t.status == Status::Pruned => format!(" (batch {}: skipped, {})", t.toggles.batch_size, t.message),
+        Some(t) => format!(" (batch {}: {})", t.toggles.batch_size, t.status.text()),
+        None => format!(" (the search's upper end, --max_batch={})", spec.max_batch),
+    };
+    let _ = writeln!(
+        md,
+        "- **largest batch** ({}, checkpointing {}, no accumulation): {}",
+        cfg.precision.name(),
+        cfg.gradient_checkpointing,
+        largest.map_or("none fits".into(), |b| format!("{b}{bound}"))
+    );
     match (rec, command) {
         (Some(r), Some(c)) => {
             let _ = writeln!(

@@ -326,9 +326,9 @@ fn write_plots(out_dir: &Path, axes: &[(String, Vec<String>)], results: &[(&Poin
     };
     let peak = vramlab_plot::sweep_peak_vs_batch(&format!("vramlab sweep: peak allocated vs {x_label}"), &x_label, &legend_title, &series, None);
     // Bars: `axis=value` a line each when short enough to read under a bar (on one line, turned
-    // upwards, at most 30 characters), else the values alone.
+    // upwards, at most 36 characters), else the values alone, the axes named under them.
     let labels: Vec<String> = results.iter().map(|(p, _)| p.settings.iter().map(|(k, v)| format!("{}={v}", short(k))).collect::<Vec<_>>().join("\n")).collect();
-    let values_long = labels.iter().any(|l| l.chars().count() > 30);
+    let values_long = labels.iter().any(|l| l.chars().count() > 36);
     let points: Vec<(String, vramlab_plot::Breakdown)> = results
         .iter()
         .zip(labels)
