@@ -125,6 +125,9 @@ pub struct RunFlags {
     /// a snapshot for https://pytorch.org/memory_viz (memory_timeline/step_<N>.pickle).
     #[arg(long = "memory_timeline", value_name = "STEPS")]
     memory_timeline: Option<String>,
+    /// Leave blocks smaller than this out of the timeline file (not out of its peak) [default: 0].
+    #[arg(long = "memory_timeline_min_bytes", value_name = "BYTES")]
+    memory_timeline_min_bytes: Option<String>,
     /// A log line every N steps besides the progress bar.
     #[arg(long = "log_freq", value_name = "N")]
     log_freq: Option<String>,
