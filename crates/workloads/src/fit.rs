@@ -313,7 +313,8 @@ impl Ctx<'_> {
 
 fn is_device_oom(l: &str) -> bool {
     let l = l.to_ascii_lowercase();
-    l.contains("out of memory") || l.contains("outofmemory") || l.contains("out_of_memory")
+    // CubeCL: "An out-of-memory error happened during launch"; CUDA: CUDA_ERROR_OUT_OF_MEMORY.
+    ["out of memory", "out-of-memory", "outofmemory", "out_of_memory"].iter().any(|p| l.contains(p))
 }
 
 fn last_error(stderr: &str) -> Option<String> {
@@ -694,6 +695,13 @@ mod tests {
         assert_eq!(parse_bytes("12 parsecs"), None);
         assert_eq!(parse_bytes("-1GiB"), None);
         assert_eq!(parse_bytes(""), None);
+    }
+
+    #[test]
+    fn device_out_of_memory_messages_are_recognised() {
+        assert!(is_device_oom("An out-of-memory error happened during launch"));
+        assert!(is_device_oom("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"));
+        assert!(!is_device_oom("error: --policy.chunk_size: must be at least 1"));
     }
 
     #[test]

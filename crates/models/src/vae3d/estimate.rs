@@ -80,7 +80,7 @@ impl Builder<'_> {
         self.add(x, proj)
     }
 
-    fn layers(&mut self, mut h: Vol, level: usize, blocks: usize, out: usize, attn: bool, resample: Option<[usize; 3]>, up: bool) -> Vol {
+    fn layers(&mut self, mut h: Vol, blocks: usize, out: usize, attn: bool, resample: Option<[usize; 3]>, up: bool) -> Vol {
         for _ in 0..blocks {
             h = self.res(h, out);
         }
@@ -107,7 +107,6 @@ impl Builder<'_> {
                 h = self.conv(h, h.c, 3, s);
             }
         }
-        let _ = level;
         h
     }
 }
@@ -131,7 +130,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
         }
         let out = base * cfg.encoder_channel_mult[i];
         let resample = (i + 1 < levels).then(|| level_stride(i));
-        h = bld.layers(h, i, cfg.num_res_blocks, out, cfg.use_attention && i == levels - 1, resample, false);
+        h = bld.layers(h, cfg.num_res_blocks, out, cfg.use_attention && i == levels - 1, resample, false);
         ch = out;
     }
     bld.g.stage(stage, &[h.buf]);
@@ -182,7 +181,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
         bld.g.module(format!("decoder.up_blocks.{j}"));
         let out = base * cfg.decoder_channel_mult[j];
         let resample = (j + 1 < levels).then(|| level_stride(j));
-        h = bld.layers(h, j, cfg.num_res_blocks + 1, out, cfg.use_attention && j == 0, resample, true);
+        h = bld.layers(h, cfg.num_res_blocks + 1, out, cfg.use_attention && j == 0, resample, true);
         ch = out;
     }
     let _ = ch;
