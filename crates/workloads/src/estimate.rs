@@ -93,15 +93,30 @@ fn shapes(cfg: &RunConfig) -> Result<Shapes> {
             Ok(Shapes { model: format!("vae3d grid {grid:?}"), graph, batch_bytes, extra_frozen_bytes: 0, num_params: Some(vc.num_params() as u64), notes: Vec::new() })
         }
         Workload::Act(a) => {
-            let ac = a.resolve()?;
+            let data = crate::policy_data::dataset_features(cfg)?;
+            let ac = match &data {
+                Some(f) => a.resolve_for(f)?,
+                None => a.resolve()?,
+            };
             let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, b, p);
-            Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec!["features from policy.state_dim/action_dim/camera_shape/num_cameras (as --dataset.type=random)".into()] })
+            Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
         }
         Workload::Diffusion(d) => {
-            let dc = d.resolve()?;
+            let data = crate::policy_data::dataset_features(cfg)?;
+            let dc = match &data {
+                Some(f) => d.resolve_for(f)?,
+                None => d.resolve()?,
+            };
             let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, b, p);
-            Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec!["features from policy.state_dim/action_dim/camera_shape (as --dataset.type=random)".into()] })
+            Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
         }
+    }
+}
+
+fn features_note(data: &Option<crate::policy_data::DataFeatures>) -> String {
+    match data {
+        Some(f) => format!("features from the dataset's meta/info.json: state {:?}, action {}, cameras {:?}", f.state_dim, f.action_dim, f.cameras),
+        None => "features from policy.state_dim/action_dim/camera_shape/num_cameras (--dataset.type=random)".into(),
     }
 }
 

@@ -89,24 +89,7 @@ impl LeRobotPolicyData {
         data: DataOptions,
     ) -> Result<Self> {
         let ds = LeRobotDataset::open(root)?;
-        let feats = ds.features();
-        let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
-        let action_dim = vec_dim("action").ok_or_else(|| WorkloadError::file(root.join("meta/info.json"), "no `action` feature".into()))?;
-        let mut cameras = Vec::new();
-        let mut raw_hw = Vec::new();
-        for (k, f) in feats {
-            if matches!(f.kind(), FeatureKind::Video | FeatureKind::Image) {
-                // info.json stores cameras as [H, W, C].
-                let [h, w, c]: [usize; 3] = f
-                    .shape
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| WorkloadError::file(root.join("meta/info.json"), format!("camera `{k}` has shape {:?}, expected [H, W, C]", f.shape)))?;
-                let [oh, ow] = data.image_size.unwrap_or([h, w]);
-                cameras.push((k.clone(), [c, oh, ow]));
-                raw_hw.push([h, w]);
-            }
-        }
+        let (features, raw_hw) = features_of(ds.features(), data.image_size, root)?;
         let stats = ds.stats().ok_or_else(|| WorkloadError::file(root, "no stats (meta/stats.json or episodes_stats.jsonl)".into()))?;
         // lerobot's `use_imagenet_stats`: what the normaliser uses is what checkpoints store.
         let stats = vramlab_lerobot::normalize::with_imagenet_stats(ds.info(), stats);
@@ -128,7 +111,6 @@ impl LeRobotPolicyData {
         if sampler.is_empty() {
             return Err(WorkloadError::file(root, format!("no frame to sample (episodes shorter than drop_n_last_frames = {})", data.drop_n_last_frames)));
         }
-        let features = DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras };
         Ok(Self { ds, opts, norm, stats, sampler, window, features, raw_hw, data })
     }
 
@@ -332,6 +314,55 @@ pub fn norm_map(m: &vramlab_models::policy::NormalizationMapping) -> Result<vram
                 .ok_or_else(|| WorkloadError::invalid("policy.normalization_mapping", format!("{}: mode {} is not supported by the dataset normaliser", t.name(), mode.name())))
         })
         .collect()
+}
+
+/// The policy features of a dataset's `meta/info.json` features, cameras resized to
+/// `image_size` when given; also each camera's stored `[H, W]`.
+fn features_of(feats: &std::collections::BTreeMap<String, vramlab_lerobot::Feature>, image_size: Option<[usize; 2]>, root: &Path) -> Result<(DataFeatures, Vec<[usize; 2]>)> {
+    let vec_dim = |k: &str| feats.get(k).and_then(|f| f.shape.first().copied());
+    let action_dim = vec_dim("action").ok_or_else(|| WorkloadError::file(root.join("meta/info.json"), "no `action` feature".into()))?;
+    let mut cameras = Vec::new();
+    let mut raw_hw = Vec::new();
+    for (k, f) in feats {
+        if matches!(f.kind(), FeatureKind::Video | FeatureKind::Image) {
+            // info.json stores cameras as [H, W, C].
+            let [h, w, c]: [usize; 3] = f
+                .shape
+                .as_slice()
+                .try_into()
+                .map_err(|_| WorkloadError::file(root.join("meta/info.json"), format!("camera `{k}` has shape {:?}, expected [H, W, C]", f.shape)))?;
+            let [oh, ow] = image_size.unwrap_or([h, w]);
+            cameras.push((k.clone(), [c, oh, ow]));
+            raw_hw.push([h, w]);
+        }
+    }
+    Ok((DataFeatures { state_dim: vec_dim("observation.state"), action_dim, cameras }, raw_hw))
+}
+
+/// The features a run's policy gets from its data, from `meta/info.json` alone (no frame is
+/// read, nothing is generated): a LeRobot dataset's, or the built-in demonstrations' (their
+/// recorded copy, else what the simulator records: state 2, action 2, one 96×96 camera);
+/// `None` for `random` data (features from the policy flags).
+pub fn dataset_features(cfg: &RunConfig) -> Result<Option<DataFeatures>> {
+    let root = match cfg.dataset_type()? {
+        DatasetType::Random => return Ok(None),
+        DatasetType::Lerobot => cfg.lerobot_root()?,
+        DatasetType::Sim => {
+            let root = cfg.dataset.root.clone().unwrap_or_else(|| crate::sim::default_root(cfg.dataset.num_episodes));
+            if !root.join("meta/info.json").exists() {
+                let spec = vramlab_data::push::dataset_spec(crate::sim::IMAGE_SIZE);
+                let [h, w] = cfg.dataset.image_size.unwrap_or([spec.height, spec.width]);
+                let cameras = vec![(spec.camera_key, [3, h, w])];
+                return Ok(Some(DataFeatures { state_dim: Some(spec.state_dim), action_dim: spec.action_dim, cameras }));
+            }
+            root
+        }
+        other => return Err(WorkloadError::invalid("dataset.type", format!("`{}` is not robot-policy data", other.name()))),
+    };
+    let path = root.join("meta/info.json");
+    let text = std::fs::read(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
+    let info = vramlab_lerobot::Info::parse(&text, &path)?;
+    Ok(Some(features_of(&info.features, cfg.dataset.image_size, &root)?.0))
 }
 
 /// Open the robot-policy data of a run: a LeRobot dataset (`lerobot`: `dataset.root` or the

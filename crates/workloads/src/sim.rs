@@ -41,13 +41,21 @@ pub fn generate(root: &Path, episodes: usize, image_size: usize, on_episode: &mu
     Ok(Generated { episodes, solved, frames })
 }
 
+/// Camera size (square) of the built-in demonstrations recorded for training.
+pub const IMAGE_SIZE: usize = 96;
+
+/// Where the built-in demonstrations of `episodes` episodes are recorded by default.
+pub fn default_root(episodes: usize) -> PathBuf {
+    PathBuf::from(format!("datasets/generated/push_v30_{episodes}ep"))
+}
+
 /// The built-in demonstrations for training: `root`, or `datasets/generated/push_v30_<N>ep`,
 /// generated on first use.
 pub fn ensure_dataset(root: Option<&Path>, episodes: usize) -> Result<PathBuf> {
-    let root = root.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(format!("datasets/generated/push_v30_{episodes}ep")));
+    let root = root.map(Path::to_path_buf).unwrap_or_else(|| default_root(episodes));
     if !root.join("meta/info.json").exists() {
         eprintln!("built-in demonstrations: generating {} ({episodes} episodes)", root.display());
-        generate(&root, episodes, 96, &mut || {})?;
+        generate(&root, episodes, IMAGE_SIZE, &mut || {})?;
     }
     Ok(root)
 }
