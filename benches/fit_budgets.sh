@@ -8,13 +8,14 @@
 # Speeds are from 2 timed steps per trial on a shared machine: they rank, they do not benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release
+# BIN: an already built binary (default: build target/release/vramlab).
+if [ -z "${BIN:-}" ]; then cargo build --release; BIN=target/release/vramlab; fi
 out=benches/results/fit
 run() {
   local name=$1 config=$2 budget=$3
   rm -rf "$out/$name"
   mkdir -p "$out/$name"
-  target/release/vramlab fit --config "$config" --budget="$budget" --output_dir="$out/$name" 2>&1 | tee "$out/$name/log.txt"
+  "$BIN" fit --config "$config" --budget="$budget" --output_dir="$out/$name" 2>&1 | tee "$out/$name/log.txt"
   rm -rf "$out/$name/trials"
 }
 run vae3d_ultra_100MiB configs/vae3d_ultra.toml 100MiB

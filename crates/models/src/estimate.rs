@@ -11,6 +11,11 @@
 //! nothing). Composite layers (GroupNorm, LayerNorm, SiLU, softmax) are written here as the
 //! primitive ops the models compose them from.
 //!
+//! Half precision: the f32 master weights are cast in-graph; such a cast has depth 1 in
+//! Burn's tape (which runs steps deepest first), so its backward — the parameter gradient
+//! cast from the compute dtype to f32 — runs after the whole network's backward, and until
+//! then each parameter gradient is held in the compute dtype.
+//!
 //! The graph is then replayed three ways ([`Graph::simulate`]): plain autodiff, block
 //! recomputation over the model's stage plan (each op carries its stage), and Burn's
 //! balanced checkpointing (saved outputs of memory-bound ops are recomputed from the nearest
@@ -58,6 +63,22 @@ struct Op {
     /// f32 bytes of the trainable parameters whose gradient this op's backward produces.
     param_grad: u64,
     tracked: bool,
+    /// A tracked in-graph cast of a trainable parameter to the compute dtype: its backward
+    /// (the gradient cast back to f32) is deferred to the end of the backward, see
+    /// [`Graph::replay_range_with`].
+    param_cast: Option<ParamCast>,
+}
+
+/// A trainable parameter's in-graph cast (f32 master → compute dtype).
+#[derive(Clone, Copy, Debug)]
+struct ParamCast {
+    /// f32 bytes of the parameter (its gradient's final size).
+    f32_bytes: u64,
+    /// Compute-dtype element width.
+    width: u64,
+    /// Whether the compute-dtype gradient arrives as a strided view (a conv weight's
+    /// `swap_dims`, a linear weight's transpose), which flex's cast first copies contiguous.
+    strided_grad: bool,
 }
 
 /// How the training pass is run.
@@ -154,8 +175,23 @@ impl Graph {
     /// A parameter of `elems` f32 elements as the op sees it in precision `p`: the f32 master
     /// itself, or its in-graph cast (a new tensor, saved by the op using it).
     pub fn weight(&mut self, elems: usize, trainable: bool, p: Precision) -> Buf {
+        self.weight_cast(elems, trainable, p, false)
+    }
+
+    /// [`Self::weight`]; `strided_grad`: the consuming op hands the cast's output gradient
+    /// back as a strided view (conv and linear weights; not biases).
+    fn weight_cast(&mut self, elems: usize, trainable: bool, p: Precision, strided_grad: bool) -> Buf {
         let w = self.push(elems as u64 * 4, trainable, None, true);
-        if p == Precision::F32 { w } else { self.op("cast", &[w], &[], elems as u64 * dtype_bytes(p), false, 0, 0, 0) }
+        if p == Precision::F32 {
+            return w;
+        }
+        let width = dtype_bytes(p);
+        let out = self.op("cast", &[w], &[], elems as u64 * width, false, 0, 0, 0);
+        let op = self.ops.last_mut().expect("just pushed");
+        if op.tracked {
+            op.param_cast = Some(ParamCast { f32_bytes: elems as u64 * 4, width, strided_grad });
+        }
+        out
     }
 
     /// A generic op: `saves` ⊆ inputs are kept for the backward when the op is recorded.
@@ -175,6 +211,7 @@ impl Graph {
             bwd_workspace: if tracked { bwd_ws } else { 0 },
             param_grad: if tracked { param_grad } else { 0 },
             tracked,
+            param_cast: None,
         });
         out
     }
@@ -279,10 +316,13 @@ impl Graph {
     /// a 2-D input), params cast to precision `p`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(&mut self, x: Buf, lead: usize, rows: usize, din: usize, dout: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
-        let w = self.weight(din * dout, trainable, p);
+        let w = self.weight_cast(din * dout, trainable, p, true);
         let wd = dtype_bytes(p);
         let out = (rows * dout) as u64 * wd;
-        let pg = if trainable { ((din + bias as usize) * dout) as u64 * 4 } else { 0 };
+        // In f32 the op's backward produces the parameters' f32 gradients; in half precision
+        // it produces the gradients of their casts (activation-side buffers, compute dtype),
+        // which the casts' deferred backward turns into the f32 gradients.
+        let pg = if trainable && p == Precision::F32 { ((din + bias as usize) * dout) as u64 * 4 } else { 0 };
         // burn's `linear_weight_backward` on a 3-D input multiplies `xᵀ @ grad` per leading
         // index ([lead, in, out]: one weight-sized gradient per sample) before summing them;
         // plus the transposed input's copy and the summed gradient.
@@ -300,11 +340,12 @@ impl Graph {
     /// spatial sizes; `k`: kernel volume.
     #[allow(clippy::too_many_arguments)]
     pub fn conv(&mut self, x: Buf, batch: usize, cin: usize, cout: usize, k: usize, in_spatial: usize, out_spatial: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
-        let w = self.weight(cout * cin * k, trainable, p);
+        let w = self.weight_cast(cout * cin * k, trainable, p, true);
         let wd = dtype_bytes(p);
         let out = (batch * cout * out_spatial) as u64 * wd;
         let x_bytes = (batch * cin * in_spatial) as u64 * wd;
-        let pg = if trainable { ((cin * k + bias as usize) * cout) as u64 * 4 } else { 0 };
+        // f32: the f32 parameter gradients; half precision: those of the casts (see `linear`).
+        let pg = if trainable && p == Precision::F32 { ((cin * k + bias as usize) * cout) as u64 * 4 } else { 0 };
         // flex runs half-precision convolutions through f32: the input, weight and output
         // (and, backward, the output gradient) are converted to f32 copies around an f32
         // convolution, whose workspaces are f32 too.
@@ -476,7 +517,7 @@ impl Graph {
         let mut pgrads = grads_before;
         for i in range.clone().rev() {
             let op = &self.ops[i];
-            if !op.tracked {
+            if !op.tracked || op.param_cast.is_some() {
                 continue;
             }
             let needs = |b: &Buf| self.bufs[b.0].requires_grad && !self.bufs[b.0].param;
@@ -503,6 +544,56 @@ impl Graph {
                 }
             }
         }
+        // Burn's tape runs the backward steps by depth (a node's depth is one more than its
+        // deepest parent's), deepest first. A parameter's in-graph cast has depth 1 (the
+        // parameter is a depth-0 leaf), so every such cast runs last, after the whole network's
+        // backward: until then each parameter's gradient is held as the gradient of its cast,
+        // in the compute dtype (already in `grad_bytes`). The casts then run one by one in
+        // the order the tape was built (Burn's depth-first traversal from the loss, see
+        // `burn_visit_order`); flex's cast copies a strided gradient contiguous, converts
+        // through an f64 buffer and allocates the f32 result, then frees the compute-dtype
+        // gradient.
+        let mut pending: u64 = range.clone().filter_map(|i| self.ops[i].param_cast.map(|c| c.f32_bytes / 4 * c.width)).sum();
+        for i in self.burn_visit_order(range.clone()).into_iter().filter(|&i| self.ops[i].param_cast.is_some()) {
+            let (op, c) = (&self.ops[i], self.ops[i].param_cast.expect("filtered"));
+            let elems = c.f32_bytes / 4;
+            let copy = if c.strided_grad { elems * c.width } else { 0 };
+            let here = base + live_bytes + grad_bytes + recomputed[i] + pgrads + copy + 8 * elems + c.f32_bytes;
+            if here > peaks.backward_peak {
+                peaks.backward_peak = here;
+                peaks.grads_at_backward_peak = pgrads + pending + c.f32_bytes;
+                peaks.backward_peak_module = op.module.clone();
+            }
+            let g = elems * c.width;
+            grad_bytes -= g.min(grad_bytes);
+            pending -= g.min(pending);
+            pgrads += c.f32_bytes;
+        }
+    }
+
+    /// The order in which Burn's autodiff visits the tracked ops of `range` when it builds the
+    /// tape (`BreadthFirstSearch::traverse`, burn-autodiff 0.21): from the range's last op, a
+    /// stack of parent ids (the op's inputs that require a gradient, in argument order), the
+    /// last pushed popped first, each op visited once. Steps of equal depth run in this order.
+    fn burn_visit_order(&self, range: std::ops::Range<usize>) -> Vec<usize> {
+        let Some(root) = range.clone().next_back() else { return Vec::new() };
+        let mut visited = vec![false; self.ops.len()];
+        let parents = |i: usize| self.ops[i].inputs.iter().copied().filter(|b| self.bufs[b.0].requires_grad).collect::<Vec<Buf>>();
+        let mut order = vec![root];
+        visited[root] = true;
+        let mut stack = parents(root);
+        while let Some(b) = stack.pop() {
+            let Some(p) = self.bufs[b.0].producer else { continue };
+            if !range.contains(&p) || !self.ops[p].tracked || visited[p] {
+                continue;
+            }
+            visited[p] = true;
+            stack.extend(parents(p).into_iter().filter(|q| self.bufs[q.0].producer.is_none_or(|o| !visited[o])));
+            order.push(p);
+        }
+        // Ops the traversal does not reach from the root (none in a connected graph) last.
+        order.extend(range.filter(|&i| self.ops[i].tracked && !visited[i]));
+        order
     }
 
     fn replay(&self, saved: &[Vec<Buf>]) -> ActivationPeaks {
@@ -674,6 +765,24 @@ mod tests {
         // grad(y), grad(s): 8004 + 4000 + 8000.
         assert_eq!(p.backward_peak, 20_004);
         assert_eq!(p.backward_peak_module, "");
+    }
+
+    #[test]
+    fn half_precision_parameter_casts_run_last() {
+        // A bf16 linear (100×100 weight, no bias) on a data input, then a reduce. By hand:
+        // the weight's cast (20 000 B) is saved by the matmul; the linear's backward makes the
+        // cast's bf16 gradient (20 000 B) with its workspace (x + 2 weight-sized: 40 200 B):
+        // 4 + 200 + 20 000 + 20 000 + 40 200 = 80 404. The cast's backward (depth 1) runs
+        // after it, once the saved weight copy is freed: the bf16 gradient, its contiguous
+        // copy (20 000), the f64 buffer (80 000) and the f32 gradient (40 000) with the loss
+        // scalar: 160 004.
+        let mut g = Graph::new();
+        let x = g.input(100, 2);
+        let y = g.linear(x, 1, 1, 100, 100, false, true, Precision::Bf16);
+        let _ = g.reduce(y, 4);
+        let p = g.simulate(Recompute::Off);
+        assert_eq!(p.backward_peak, 160_004);
+        assert_eq!(p.grads_at_backward_peak, 60_000);
     }
 
     #[test]

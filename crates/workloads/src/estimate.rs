@@ -160,6 +160,9 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
         "optimizer: AdamW, two f32 moments per trainable parameter; update temporaries 1.5× the largest parameter tensor".to_string(),
         "conv workspace on flex: forward NHWC input copy + flattened weight; backward column matrix of the input + input copy + output gradient".to_string(),
     ];
+    if cfg.precision != Precision::F32 {
+        assumptions.push("half precision: parameter gradients held in the compute dtype until the end of the backward (Burn runs the weights' depth-1 casts last), then cast to f32 one at a time (flex: contiguous copy, f64 buffer, f32 result)".to_string());
+    }
     assumptions.extend(s.notes);
     Ok(MemoryEstimate {
         model: s.model,
