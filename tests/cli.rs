@@ -626,6 +626,12 @@ fn fit_recommends_only_what_was_measured_to_fit() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("0 new trials"), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), stdout);
+    // Trials measured under one budget are never reused under another.
+    let mut other = args.clone();
+    other[6] = format!("--budget={}", budget * 2);
+    let o = Command::new(BIN).args(&other).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("fit_request.json") && text(&o).contains("another request"), "{}", text(&o));
     for d in [probe, dir] {
         let _ = std::fs::remove_dir_all(d);
     }

@@ -361,6 +361,30 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
+/// What a `fit` directory was asked (`fit_request.json`): a later `fit` keeps its trials only
+/// when it asks the same (budget, steps per trial, config file, other flags); otherwise it is
+/// refused, so trials measured under another budget are never reused.
+fn check_request(out: &Path, spec: &FitSpec<'_>, base: &[(String, String)]) -> Result<()> {
+    let request = serde_json::json!({
+        "budget": spec.budget,
+        "trial_steps": spec.trial_steps,
+        "config_file": spec.config_file,
+        "flags": base,
+    });
+    let path = out.join("fit_request.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(earlier) if earlier == request => Ok(()),
+            Ok(earlier) => Err(WorkloadError::file(
+                &path,
+                format!("this directory holds a fit for another request ({earlier}); give another --output_dir, or the same budget, config and flags to continue it"),
+            )),
+            Err(e) => Err(WorkloadError::file(&path, format!("not valid JSON: {e}"))),
+        },
+        Err(_) => write_atomic(&path, serde_json::to_string_pretty(&request).expect("JSON values serialise").as_bytes()),
+    }
+}
+
 /// Trials an earlier `fit` in this directory finished (a torn last line is dropped).
 fn finished_trials(out: &Path) -> Vec<Trial> {
     std::fs::read_to_string(out.join("fit.jsonl")).map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()).unwrap_or_default()
@@ -385,6 +409,7 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
         .collect();
     let out = cfg.output_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("fit-{}", timestamp())));
     std::fs::create_dir_all(&out).map_err(io(&out))?;
+    check_request(&out, spec, &base)?;
     let done = finished_trials(&out);
     let asked = Toggles {
         batch_size: cfg.batch_size,
