@@ -721,6 +721,9 @@ mod tests {
     #[test]
     fn attention_preset_runs_and_keeps_shape() {
         let dev = Default::default();
+        // Seeded: weights and input are random, and the bf16 error depends on them.
+        let seed: u64 = std::env::var("VRAMLAB_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        <Tb as burn::tensor::backend::Backend>::seed(&dev, seed);
         let cfg = Vae3dConfig {
             base_channels: 8,
             encoder_channel_mult: vec![1, 2],
@@ -740,8 +743,14 @@ mod tests {
         // bf16: attention scores are cast to f32 for the softmax and back; outputs are f32.
         let half = model.forward(x, None, Precision::Bf16);
         assert_eq!(half.recon.dtype(), burn::tensor::DType::F32);
-        let scale = out.recon.clone().abs().max().into_scalar();
-        let err = (half.recon - out.recon).abs().max().into_scalar();
-        assert!(err <= 0.05 * scale + 1e-3, "bf16 recon error {err} vs scale {scale}");
+        // Relative RMS error: bf16 keeps ~3 significant digits per op, and this random,
+        // untrained network amplifies them (over seeds 0–9: 1.9–5.4 %). The bound catches a
+        // broken half-precision path, not rounding; the seed makes the test deterministic
+        // (VRAMLAB_TEST_SEED explores others). The unseeded max-abs check this replaces failed
+        // by chance once in CI (5.4 % of the max against a 5 % bound).
+        let rms = |t: Tensor<Tb, 5>| t.powf_scalar(2.0).mean().sqrt().into_scalar();
+        let rel = rms(half.recon - out.recon.clone()) / rms(out.recon);
+        println!("seed {seed}: bf16 recon relative RMS error {:.3} %", 100.0 * rel);
+        assert!(rel <= 0.08, "bf16 recon relative RMS error {rel}");
     }
 }
