@@ -23,7 +23,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 use vramlab_train::StepRecord;
@@ -31,6 +30,7 @@ use vramlab_train::metrics::{fmt_bytes, median_by};
 
 use crate::backend::BackendKind;
 use crate::config::{self, RunConfig};
+use crate::sweep::{last_error, read_jsonl, train_command};
 use crate::training::timestamp;
 use crate::{Result, WorkloadError};
 
@@ -255,21 +255,14 @@ impl Ctx<'_> {
         let dir = self.out.join("trials").join(&name);
         let _ = std::fs::remove_dir_all(&dir);
         let steps = if search == "verify" { self.spec.trial_steps + 2 } else { self.spec.trial_steps };
-        let mut cmd = Command::new(self.spec.exe);
-        cmd.arg("train");
-        if let Some(c) = self.spec.config_file {
-            cmd.arg(format!("--config={}", c.display()));
-        }
-        for (k, v) in self.base.iter().chain(t.flags().iter()) {
-            cmd.arg(format!("--{k}={v}"));
-        }
-        cmd.args([format!("--steps={steps}"), "--save_checkpoint=false".into(), "--resume=false".into(), "--log_freq=0".into()]);
-        cmd.arg(format!("--output_dir={}", dir.display()));
+        let mut flags: Vec<(String, String)> = self.base.iter().cloned().chain(t.flags()).collect();
+        flags.extend([("steps", steps.to_string()), ("save_checkpoint", "false".into()), ("resume", "false".into()), ("log_freq", "0".into())].map(|(k, v)| (k.to_string(), v)));
+        let mut cmd = train_command(self.spec.exe, self.spec.config_file, &flags, &dir);
         if self.backend == BackendKind::Flex {
             cmd.env(vramlab_probe::BUDGET_ENV, self.spec.budget.to_string());
         }
         let output = cmd.output().map_err(|source| WorkloadError::Io { path: self.spec.exe.to_path_buf(), source })?;
-        let records = read_records(&dir.join("metrics.jsonl"));
+        let records: Vec<StepRecord> = read_jsonl(&dir.join("metrics.jsonl"));
         let stderr = String::from_utf8_lossy(&output.stderr);
         let peak = records.iter().map(|r| r.peak_step_bytes).max();
         let reserved = records.iter().map(|r| r.peak_reserved_bytes).max();
@@ -317,14 +310,6 @@ fn is_device_oom(l: &str) -> bool {
     ["out of memory", "out-of-memory", "outofmemory", "out_of_memory"].iter().any(|p| l.contains(p))
 }
 
-fn last_error(stderr: &str) -> Option<String> {
-    let l = stderr.lines().rev().find(|l| l.starts_with("error:") || l.contains("panicked at"))?;
-    Some(match l.contains("panicked at") {
-        true => stderr.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
-        false => l.to_string(),
-    })
-}
-
 fn line(t: &Trial) -> String {
     let mut s = t.status.text().to_string();
     if let Some(p) = t.peak_bytes {
@@ -337,10 +322,6 @@ fn line(t: &Trial) -> String {
         let _ = write!(s, " | {}", t.message);
     }
     s
-}
-
-fn read_records(path: &Path) -> Vec<StepRecord> {
-    std::fs::read_to_string(path).map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()).unwrap_or_default()
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkloadError + '_ {
@@ -387,7 +368,7 @@ fn check_request(out: &Path, spec: &FitSpec<'_>, base: &[(String, String)]) -> R
 
 /// Trials an earlier `fit` in this directory finished (a torn last line is dropped).
 fn finished_trials(out: &Path) -> Vec<Trial> {
-    std::fs::read_to_string(out.join("fit.jsonl")).map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()).unwrap_or_default()
+    read_jsonl(&out.join("fit.jsonl"))
 }
 
 /// Run both searches, re-measure the recommendation, and write `fit.md`, `fit.csv` and

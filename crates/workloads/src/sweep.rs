@@ -72,10 +72,41 @@ fn summarize(records: &[StepRecord]) -> Summary {
     }
 }
 
-fn read_records(path: &Path) -> Vec<StepRecord> {
+/// The lines of a JSONL file that parse (a torn last line of a killed run is dropped); none
+/// when the file is missing.
+pub(crate) fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
     std::fs::read_to_string(path)
         .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
         .unwrap_or_default()
+}
+
+fn read_records(path: &Path) -> Vec<StepRecord> {
+    read_jsonl(path)
+}
+
+/// `exe train [--config=F] --k=v … --output_dir=DIR`: one measured run in its own process
+/// (later flags win over earlier ones).
+pub(crate) fn train_command(exe: &Path, config_file: Option<&Path>, flags: &[(String, String)], dir: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.arg("train");
+    if let Some(c) = config_file {
+        cmd.arg(format!("--config={}", c.display()));
+    }
+    for (k, v) in flags {
+        cmd.arg(format!("--{k}={v}"));
+    }
+    cmd.arg(format!("--output_dir={}", dir.display()));
+    cmd
+}
+
+/// The line that says why a child `vramlab` failed: its last `error:` line, or the message of
+/// its panic (on the line after the location).
+pub(crate) fn last_error(stderr: &str) -> Option<String> {
+    let l = stderr.lines().rev().find(|l| l.starts_with("error:") || l.contains("panicked at"))?;
+    Some(match l.contains("panicked at") {
+        true => stderr.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
+        false => l.to_string(),
+    })
 }
 
 /// A sweep: the base config (file + flags other than `sweep.*` and `output_dir`) and its axes.
@@ -184,29 +215,11 @@ fn write_out(path: &Path, text: &str) -> Result<()> {
 /// not a failed sweep.
 fn run_point(spec: &SweepSpec<'_>, base: &[(String, String)], p: &Point, dir: &Path) -> Result<Summary> {
     let _ = std::fs::remove_dir_all(dir);
-    let mut cmd = Command::new(spec.exe);
-    cmd.arg("train");
-    if let Some(c) = spec.config_file {
-        cmd.arg(format!("--config={}", c.display()));
-    }
-    for (k, v) in base.iter().chain(p.settings.iter()) {
-        cmd.arg(format!("--{k}={v}"));
-    }
-    cmd.arg(format!("--output_dir={}", dir.display()));
-    let output = cmd.output().map_err(|source| WorkloadError::Io { path: spec.exe.to_path_buf(), source })?;
+    let flags: Vec<(String, String)> = base.iter().chain(p.settings.iter()).cloned().collect();
+    let output = train_command(spec.exe, spec.config_file, &flags, dir).output().map_err(|source| WorkloadError::Io { path: spec.exe.to_path_buf(), source })?;
     let mut summary = summarize(&read_records(&dir.join("metrics.jsonl")));
     if !output.status.success() {
-        let err = String::from_utf8_lossy(&output.stderr);
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("error:") || l.contains("panicked at"))
-            .map(|l| match l.contains("panicked at") {
-                // The panic message is on the line after the location.
-                true => err.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
-                false => l.to_string(),
-            })
-            .unwrap_or_else(|| format!("exit status {}", output.status));
+        let last = last_error(&String::from_utf8_lossy(&output.stderr)).unwrap_or_else(|| format!("exit status {}", output.status));
         eprintln!("    {last}");
         summary.ok = false;
         summary.error = last;
