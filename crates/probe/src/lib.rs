@@ -4,7 +4,9 @@
 //! - [`CountingAllocator`]: a global allocator that counts live heap bytes and keeps the exact
 //!   high-water mark since the last reset. On CPU backends (flex) every tensor lives on the
 //!   heap, so this *is* the device memory. Install it in the binary with
-//!   `#[global_allocator] static A: CountingAllocator = CountingAllocator;`.
+//!   `#[global_allocator] static A: CountingAllocator = CountingAllocator;`. Bytes are counted
+//!   per [`Account`]: the model's figures leave out what the data loader holds (its workers and
+//!   prefetch queue), which is reported on its own.
 //! - [`SampledProbe`]: for devices whose runtime reports current usage but keeps no byte
 //!   high-water mark (CubeCL: wgpu, cuda). Its peak is the maximum over the samples taken at
 //!   the trainer's probe points, so it is a lower bound of the true peak; reports say so.
@@ -65,40 +67,147 @@ pub trait MemoryProbe: Send + Sync {
 // ---------------------------------------------------------------------------------------------
 // CPU: counting global allocator
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Whom an allocation is charged to. Every block carries its account in a small header, so a
+/// block freed on another thread (a batch built by a loader worker and dropped by the training
+/// thread) is taken off the account that allocated it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Account {
+    /// The model's work: tensors, autodiff graphs, optimizer state (every thread by default,
+    /// including a backend's compute threads).
+    Model = 0,
+    /// The data pipeline's host memory: decoding and batching in loader workers, batches
+    /// waiting in the prefetch queue. See [`charge_to`] and [`adopt`].
+    Loader = 1,
+}
+
+const ACCOUNTS: usize = 2;
+
+impl Account {
+    #[inline]
+    fn from_tag(tag: usize) -> Account {
+        if tag & 0xff == Account::Loader as usize { Account::Loader } else { Account::Model }
+    }
+}
+
+static LIVE: [AtomicUsize; ACCOUNTS] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static PEAK: [AtomicUsize; ACCOUNTS] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Global allocator wrapper around the system allocator that counts live bytes.
+thread_local! {
+    /// The account this thread's allocations are charged to (const-initialised, no destructor:
+    /// safe to read inside the allocator).
+    static CURRENT: std::cell::Cell<u8> = const { std::cell::Cell::new(Account::Model as u8) };
+}
+
+#[inline]
+fn current_account() -> Account {
+    Account::from_tag(CURRENT.try_with(|c| c.get() as usize).unwrap_or(0))
+}
+
+/// Charges this thread's allocations to `account` until the guard is dropped (then the
+/// previous account applies again). A loader wraps each batch it builds in
+/// `charge_to(Account::Loader)`.
+pub fn charge_to(account: Account) -> AccountGuard {
+    let previous = CURRENT.with(|c| c.replace(account as u8));
+    AccountGuard { previous, _not_send: std::marker::PhantomData }
+}
+
+/// Restores the thread's previous account when dropped (see [`charge_to`]).
+pub struct AccountGuard {
+    previous: u8,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for AccountGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.previous));
+    }
+}
+
+/// Moves the heap block of `v` to the calling thread's account: the consumer of a batch takes
+/// it over from the loader that built it, so the model's figures include its inputs whether
+/// they were built on a worker or on the training thread. A no-op when the counting allocator
+/// is not the global allocator or `v` owns no heap block.
+pub fn adopt<T>(v: &Vec<T>) {
+    let size = v.capacity() * std::mem::size_of::<T>();
+    if size == 0 || !CountingAllocator::is_installed() {
+        return;
+    }
+    let to = current_account();
+    // SAFETY: the counting allocator is the global allocator (it has served an allocation, and
+    // it cannot be swapped at run time), so the block of a non-empty `Vec` starts right after
+    // a header it wrote; `&Vec` keeps the block alive.
+    unsafe {
+        let tag = header(v.as_ptr() as *mut u8);
+        let from = Account::from_tag(*tag);
+        if from != to {
+            *tag = TAG_MAGIC | to as usize;
+            CountingAllocator::sub(from, size);
+            CountingAllocator::add(to, size);
+        }
+    }
+}
+
+/// Space in front of every block: its account tag sits in the last word before the block.
+const HEADER: usize = 16;
+const TAG_MAGIC: usize = 0x7a6d_0000;
+
+#[inline]
+fn prefix(align: usize) -> usize {
+    align.max(HEADER)
+}
+
+/// The tag word of the block at `user` (the address the program sees).
+#[inline]
+unsafe fn header(user: *mut u8) -> *mut usize {
+    // SAFETY (caller): `user` was returned by the counting allocator, which reserved `prefix`
+    // ≥ 16 bytes before it, and `user` is at least 16-byte aligned.
+    unsafe { user.sub(std::mem::size_of::<usize>()) as *mut usize }
+}
+
+/// Global allocator wrapper around the system allocator that counts live bytes per
+/// [`Account`] and keeps each account's high-water mark.
 pub struct CountingAllocator;
 
 impl CountingAllocator {
     #[inline]
-    fn add(size: usize) {
-        let live = LIVE.fetch_add(size, Ordering::Relaxed) + size;
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        if !INSTALLED.load(Ordering::Relaxed) {
-            INSTALLED.store(true, Ordering::Relaxed);
-        }
+    fn add(account: Account, size: usize) {
+        let i = account as usize;
+        let live = LIVE[i].fetch_add(size, Ordering::Relaxed) + size;
+        PEAK[i].fetch_max(live, Ordering::Relaxed);
     }
     #[inline]
-    fn sub(size: usize) {
-        LIVE.fetch_sub(size, Ordering::Relaxed);
+    fn sub(account: Account, size: usize) {
+        LIVE[account as usize].fetch_sub(size, Ordering::Relaxed);
     }
 
-    /// Live heap bytes now.
+    /// Live heap bytes of the model now.
     pub fn live() -> u64 {
-        LIVE.load(Ordering::Relaxed) as u64
+        Self::live_of(Account::Model)
     }
-    /// High-water mark of live bytes since the last [`CountingAllocator::reset_peak`].
+    /// High-water mark of the model's live bytes since the last [`CountingAllocator::reset_peak`].
     pub fn peak() -> u64 {
-        PEAK.load(Ordering::Relaxed) as u64
+        Self::peak_of(Account::Model)
     }
-    /// Start a new peak window at the current live bytes.
+    /// Start a new peak window for the model at its current live bytes.
     pub fn reset_peak() {
-        PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+        Self::reset_peak_of(Account::Model)
+    }
+    /// Live heap bytes charged to `account`.
+    pub fn live_of(account: Account) -> u64 {
+        LIVE[account as usize].load(Ordering::Relaxed) as u64
+    }
+    /// High-water mark of `account` since its last reset.
+    pub fn peak_of(account: Account) -> u64 {
+        PEAK[account as usize].load(Ordering::Relaxed) as u64
+    }
+    /// Start a new peak window for `account` at its current live bytes.
+    pub fn reset_peak_of(account: Account) {
+        let i = account as usize;
+        PEAK[i].store(LIVE[i].load(Ordering::Relaxed), Ordering::Relaxed);
     }
     pub fn allocations() -> u64 {
         ALLOCS.load(Ordering::Relaxed)
@@ -107,49 +216,81 @@ impl CountingAllocator {
     pub fn is_installed() -> bool {
         INSTALLED.load(Ordering::Relaxed)
     }
+
+    /// Allocate `layout` plus the header in front, charged to this thread's account.
+    #[inline]
+    unsafe fn alloc_with(layout: Layout, zeroed: bool) -> *mut u8 {
+        let account = current_account();
+        if account == Account::Model {
+            budget::check(LIVE[0].load(Ordering::Relaxed), layout.size());
+        }
+        let pre = prefix(layout.align());
+        let Ok(full) = Layout::from_size_align(layout.size().saturating_add(pre), layout.align()) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `full` has a non-zero size (it includes the header).
+        let base = unsafe { if zeroed { System.alloc_zeroed(full) } else { System.alloc(full) } };
+        if base.is_null() {
+            return base;
+        }
+        // SAFETY: `base` has `pre` bytes before the block, and `pre` is a multiple of the
+        // alignment, so `user` keeps it.
+        let user = unsafe { base.add(pre) };
+        unsafe { *header(user) = TAG_MAGIC | account as usize };
+        Self::add(account, layout.size());
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
+        timeline::on_alloc(user, layout.size());
+        user
+    }
 }
 
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        budget::check(LIVE.load(Ordering::Relaxed), layout.size());
-        // SAFETY: forwarded unchanged to the system allocator.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            Self::add(layout.size());
-            timeline::on_alloc(p, layout.size());
-        }
-        p
+        // SAFETY: as the system allocator's contract.
+        unsafe { Self::alloc_with(layout, false) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        budget::check(LIVE.load(Ordering::Relaxed), layout.size());
-        // SAFETY: forwarded unchanged to the system allocator.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            Self::add(layout.size());
-            timeline::on_alloc(p, layout.size());
-        }
-        p
+        // SAFETY: as the system allocator's contract.
+        unsafe { Self::alloc_with(layout, true) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // Recorded while the block is still ours, so no reuse of the address is recorded first.
         timeline::on_free(ptr, layout.size());
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) };
-        Self::sub(layout.size());
+        let pre = prefix(layout.align());
+        // SAFETY: `ptr` came from `alloc_with` with this layout: header and base are ours.
+        let account = unsafe {
+            let tag = *header(ptr);
+            debug_assert_eq!(tag & !0xff, TAG_MAGIC, "block without a counting-allocator header");
+            Account::from_tag(tag)
+        };
+        unsafe { System.dealloc(ptr.sub(pre), Layout::from_size_align_unchecked(layout.size() + pre, layout.align())) };
+        Self::sub(account, layout.size());
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        budget::check(LIVE.load(Ordering::Relaxed), new_size.saturating_sub(layout.size()));
-        timeline::on_free(ptr, layout.size());
-        // SAFETY: forwarded unchanged to the system allocator.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            Self::sub(layout.size());
-            Self::add(new_size);
-            timeline::on_alloc(p, new_size);
-        } else {
-            timeline::on_alloc(ptr, layout.size()); // the old block stays
+        let pre = prefix(layout.align());
+        // SAFETY: `ptr` came from `alloc_with` with this layout.
+        let account = unsafe { Account::from_tag(*header(ptr)) };
+        if account == Account::Model {
+            budget::check(LIVE[0].load(Ordering::Relaxed), new_size.saturating_sub(layout.size()));
         }
-        p
+        let Some(new_full) = new_size.checked_add(pre) else {
+            return std::ptr::null_mut();
+        };
+        timeline::on_free(ptr, layout.size());
+        // SAFETY: the whole block, header included, is resized; the header moves with it.
+        let base = unsafe { System.realloc(ptr.sub(pre), Layout::from_size_align_unchecked(layout.size() + pre, layout.align()), new_full) };
+        if base.is_null() {
+            timeline::on_alloc(ptr, layout.size()); // the old block stays
+            return base;
+        }
+        let user = unsafe { base.add(pre) };
+        Self::sub(account, layout.size());
+        Self::add(account, new_size);
+        timeline::on_alloc(user, new_size);
+        user
     }
 }
 
@@ -264,6 +405,7 @@ mod tests {
     // Tests in this module share the global counters: run the allocation checks in one test.
     #[test]
     fn counts_a_known_allocation_and_its_peak() {
+        let _serial = serial();
         let probe = CpuProbe::new().expect("installed in tests");
         probe.reset_peak();
         let before = probe.sample().allocated;
@@ -282,6 +424,83 @@ mod tests {
         assert!(probe.peak().allocated < before + (n as u64) / 2);
         assert_eq!(probe.peak_kind(), PeakKind::Exact);
         assert!(probe.allocation_count().unwrap_or(0) > 0);
+    }
+
+    #[test]
+    fn a_loader_thread_allocating_100_mib_leaves_the_model_peak_unchanged() {
+        let _serial = serial();
+        let n = 100 << 20;
+        CountingAllocator::reset_peak();
+        CountingAllocator::reset_peak_of(Account::Loader);
+        let model_before = CountingAllocator::live();
+        let loader_before = CountingAllocator::live_of(Account::Loader);
+        // A worker builds a 100 MiB batch while the model holds 8 MiB; the batch is then handed
+        // to this thread, which frees it: the free is taken off the loader's account.
+        let mine = std::hint::black_box(vec![1u8; 8 << 20]);
+        let batch = std::thread::spawn(move || {
+            let _loader = charge_to(Account::Loader);
+            std::hint::black_box(vec![2u8; n])
+        })
+        .join()
+        .unwrap();
+        assert!(CountingAllocator::live_of(Account::Loader) >= loader_before + n as u64);
+        drop(batch);
+        let model_peak = CountingAllocator::peak() - model_before;
+        assert!(model_peak >= 8 << 20 && model_peak < 9 << 20, "model peak grew by {model_peak}, expected 8 MiB");
+        assert!(CountingAllocator::peak_of(Account::Loader) >= loader_before + n as u64);
+        let loader_after = CountingAllocator::live_of(Account::Loader);
+        assert!(loader_after < loader_before + (1 << 20), "the loader's 100 MiB were freed: {loader_before} -> {loader_after}");
+        drop(mine);
+    }
+
+    #[test]
+    fn an_adopted_batch_moves_to_the_model_and_is_freed_from_it() {
+        let _serial = serial();
+        let n = 32 << 20;
+        let batch = std::thread::spawn(move || {
+            let _loader = charge_to(Account::Loader);
+            let mut v = Vec::with_capacity(n / 4);
+            v.resize(n / 4, 1.0f32);
+            v
+        })
+        .join()
+        .unwrap();
+        let (model, loader) = (CountingAllocator::live(), CountingAllocator::live_of(Account::Loader));
+        adopt(&batch);
+        assert_eq!(CountingAllocator::live(), model + n as u64);
+        assert_eq!(CountingAllocator::live_of(Account::Loader), loader - n as u64);
+        adopt(&batch); // already the model's: nothing moves
+        assert_eq!(CountingAllocator::live(), model + n as u64);
+        drop(batch);
+        assert!(CountingAllocator::live() < model + (1 << 20));
+        // Empty vectors own no block.
+        adopt(&Vec::<f32>::new());
+        adopt(&vec![(); 10]);
+    }
+
+    #[test]
+    fn blocks_keep_their_alignment_and_contents_through_realloc() {
+        let _serial = serial();
+        for align in [1usize, 8, 16, 64, 4096] {
+            let layout = Layout::from_size_align(100, align).unwrap();
+            unsafe {
+                let p = GLOBAL.alloc(layout);
+                assert_eq!(p as usize % align, 0);
+                for i in 0..100 {
+                    *p.add(i) = i as u8;
+                }
+                let q = GLOBAL.realloc(p, layout, 5000);
+                assert_eq!(q as usize % align, 0);
+                assert!((0..100).all(|i| *q.add(i) == i as u8));
+                GLOBAL.dealloc(q, Layout::from_size_align(5000, align).unwrap());
+            }
+        }
+    }
+
+    /// The counters are global: tests that measure them run one at a time.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        LOCK.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[test]

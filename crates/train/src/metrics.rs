@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 /// - `param_bytes`, `grad_bytes`, `optimizer_state_bytes`: sizes of those tensors.
 /// - `activation_bytes`: peak during forward minus live bytes before the forward (largest
 ///   micro-batch).
+/// - `loader_peak_bytes`: highest host bytes held by the data loader during the step (its
+///   workers' decoding and batching, batches waiting in the prefetch queue); exact, counted by
+///   the counting allocator apart from the model's figures above. Absent when the counting
+///   allocator is not installed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     pub step: u64,
@@ -40,6 +44,8 @@ pub struct StepRecord {
     pub loss_scale: Option<f64>,
     #[serde(default)]
     pub skipped: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub loader_peak_bytes: Option<u64>,
 }
 
 /// Human-readable bytes (MiB/GiB with one decimal).
@@ -105,6 +111,9 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
     ];
     for (k, v) in rows {
         s.push_str(&format!("| {k} | {v} | {} |\n", fmt_bytes(v)));
+    }
+    if let Some(v) = steady.iter().filter_map(|r| r.loader_peak_bytes).max() {
+        s.push_str(&format!("| data loader host memory (workers + prefetch queue; not in the rows above) | {v} | {} |\n", fmt_bytes(v)));
     }
     s
 }

@@ -78,6 +78,7 @@ mod tests {
             activation_bytes: 7 << 20,
             samples: 4,
             loss_scale: None,
+            loader_peak_bytes: None,
             skipped: false,
         }
     }

@@ -305,6 +305,10 @@ impl<'a> Trainer<'a> {
         let cfg = &self.config;
         let step = state.step + 1;
         let t_step = Instant::now();
+        let counting = vramlab_probe::CountingAllocator::is_installed();
+        if counting {
+            vramlab_probe::CountingAllocator::reset_peak_of(vramlab_probe::Account::Loader);
+        }
         let lr_factor = cfg.schedule.factor(state.optimizer_step);
         let loss_scale = state.loss_scale.unwrap_or(1.0);
         let accum = cfg.grad_accum_steps.max(1);
@@ -385,6 +389,7 @@ impl<'a> Trainer<'a> {
             samples: cfg.batch_size * accum,
             loss_scale: state.loss_scale,
             skipped,
+            loader_peak_bytes: counting.then(|| vramlab_probe::CountingAllocator::peak_of(vramlab_probe::Account::Loader)),
         };
         Ok((model, record))
     }

@@ -49,6 +49,18 @@ pub struct HostBatch {
     pub action_is_pad: Vec<bool>,
 }
 
+impl HostBatch {
+    /// Charge this batch's buffers to the calling thread (the trainer takes it over from the
+    /// loader: see [`vramlab_probe::adopt`]).
+    pub fn adopt(&self) {
+        vramlab_probe::adopt(&self.state);
+        self.images.iter().for_each(vramlab_probe::adopt);
+        vramlab_probe::adopt(&self.images);
+        vramlab_probe::adopt(&self.action);
+        vramlab_probe::adopt(&self.action_is_pad);
+    }
+}
+
 /// Loader and preprocessing settings from the run config.
 #[derive(Clone, Debug)]
 pub struct DataOptions {
@@ -267,13 +279,21 @@ impl PolicyLoader {
             // Random inputs are cheap: no worker threads.
             PolicySource::Random(_) => cfg.num_workers = 0,
         }
-        let make = Arc::new(move |k| source.host_batch(k));
+        // Building a batch (decoding, resizing, normalising) is the loader's memory, on a worker
+        // or, with `num_workers = 0`, on the training thread; the finished batch becomes the
+        // model's when `get` hands it over.
+        let make = Arc::new(move |k| {
+            let _loader = vramlab_probe::charge_to(vramlab_probe::Account::Loader);
+            source.host_batch(k)
+        });
         Self { prefetch: Prefetcher::new(cfg, make), grad_accum_steps: grad_accum_steps.max(1) }
     }
 
     /// The micro-batch `micro` of optimizer step `step` (1-based).
     pub fn get(&mut self, step: u64, micro: u64) -> Result<HostBatch> {
-        self.prefetch.get(step.saturating_sub(1) * self.grad_accum_steps + micro)
+        let batch = self.prefetch.get(step.saturating_sub(1) * self.grad_accum_steps + micro)?;
+        batch.adopt();
+        Ok(batch)
     }
 }
 

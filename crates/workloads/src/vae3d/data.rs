@@ -49,11 +49,18 @@ impl VoxelSource {
         }
     }
 
+    /// The grids of `indices`. Building them is charged to the loader's memory account; the
+    /// finished batch is the caller's (see [`vramlab_probe::adopt`]).
     pub fn batch(&self, indices: &[u64]) -> Result<VoxelBatch> {
-        match self {
-            Self::Synthetic(d) => Ok(d.batch(indices)),
-            Self::Npz(d) => Ok(d.batch(indices)?),
-        }
+        let vb = {
+            let _loader = vramlab_probe::charge_to(vramlab_probe::Account::Loader);
+            match self {
+                Self::Synthetic(d) => d.batch(indices),
+                Self::Npz(d) => d.batch(indices)?,
+            }
+        };
+        vramlab_probe::adopt(&vb.data);
+        Ok(vb)
     }
 }
 
