@@ -43,6 +43,8 @@ struct Rec {
     activation_bytes: u64,
     peak_step_bytes: u64,
     loss_scale: Option<f64>,
+    #[serde(default)]
+    loader_peak_bytes: Option<u64>,
 }
 
 fn records(dir: &Path) -> Vec<Rec> {
@@ -273,6 +275,47 @@ fn sweep_writes_csv_and_markdown() {
         assert!(std::fs::read_to_string(dir.join(f)).is_ok_and(|s| s.contains("</svg>")), "{f}");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The probe's figures against a known allocation pattern (the wgpu run is in `.ci/run`).
+#[test]
+fn probe_check_passes_on_the_counting_allocator() {
+    let o = vramlab(&["probe-check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("true high-water mark 70.00 MiB") && text(&o).contains("allocated peak 70.00 MiB (exact)"), "{}", text(&o));
+}
+
+/// The model's figures mean the same with and without loader workers: what the workers hold
+/// while decoding and batching is the loader's, reported as `loader_peak_bytes`.
+#[test]
+fn step_peaks_do_not_depend_on_the_number_of_loader_workers() {
+    let root = tmp("workers");
+    let tiny = [
+        "--policy.type=diffusion", "--dataset.type=sim", "--dataset.num_episodes=4", "--dataset.image_size=48,48",
+        "--policy.crop_shape=40,40", "--policy.down_dims=16,32", "--policy.diffusion_step_embed_dim=32", "--batch_size=4",
+        "--steps=4", "--save_checkpoint=false",
+    ];
+    let mut peaks = Vec::new();
+    for workers in [0, 3] {
+        let dir = root.join(format!("w{workers}"));
+        let mut args: Vec<String> = vec!["train".into()];
+        args.extend(tiny.iter().map(|s| s.to_string()));
+        args.push(format!("--dataset.root={}", root.join("push").display()));
+        args.push(format!("--num_workers={workers}"));
+        args.push(format!("--output_dir={}", dir.display()));
+        let o = Command::new(BIN).args(&args).output().unwrap();
+        assert!(o.status.success(), "{workers} workers: {}", text(&o));
+        let r = records(&dir);
+        assert_eq!(r.len(), 4);
+        assert!(r.iter().all(|r| r.loader_peak_bytes.unwrap_or(0) > 0), "{workers} workers: the loader's memory is reported");
+        peaks.push(r.iter().skip(1).map(|r| (r.peak_step_bytes, r.activation_bytes)).collect::<Vec<_>>());
+    }
+    for (a, b) in peaks[0].iter().zip(&peaks[1]) {
+        // Flex's worker threads may overlap their scratch buffers differently: 1 % slack.
+        assert!(a.0.abs_diff(b.0) * 100 <= a.0, "peak_step_bytes {} (0 workers) vs {} (3 workers)", a.0, b.0);
+        assert!(a.1.abs_diff(b.1) * 100 <= a.1, "activation_bytes {} (0 workers) vs {} (3 workers)", a.1, b.1);
+    }
+    let _ = std::fs::remove_dir_all(root);
 }
 
 /// A tiny ACT: trains, the loss falls, and block recomputation follows the same trajectory.

@@ -35,6 +35,9 @@ pub enum Command {
     /// backends' kernel and autotune caches so the real run's first step is fast.
     #[command(after_help = OVERRIDES_HELP)]
     Warmup(RunArgs),
+    /// Check the memory probe of a backend against a known allocation pattern (device buffers
+    /// whose true high-water mark is known): exact / lower-bound / upper-bound, per figure.
+    ProbeCheck(RunArgs),
     /// Parameter counts per module and static bytes of a config, without training.
     #[command(after_help = OVERRIDES_HELP)]
     Info(RunArgs),

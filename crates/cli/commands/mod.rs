@@ -38,6 +38,12 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(run) => train::run(run_config(run, overrides)?),
         Command::Warmup(run) => train::warmup(run_config(run, overrides)?),
         Command::Info(run) => info::run(&run_config(run, overrides)?),
+        Command::ProbeCheck(run) => {
+            let check = vramlab_workloads::probe_check::run(&run_config(run, overrides)?)?;
+            print!("{}", check.markdown());
+            anyhow::ensure!(check.passed(), "probe-check: the {} probe disagrees with the known pattern", check.backend);
+            Ok(())
+        }
         Command::Estimate(run) => match run.config.as_deref().filter(|f| paper::is_paper(f)) {
             Some(file) => paper::run(file, &all_overrides(run, overrides)),
             None => estimate::run(&run_config(run, overrides)?),

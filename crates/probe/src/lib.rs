@@ -15,9 +15,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+pub mod attribution;
 mod budget;
 pub use budget::{BUDGET_ENV, OUT_OF_MEMORY_EXIT_CODE, OUT_OF_MEMORY_MESSAGE, budget, set_budget};
 pub mod memory_viz;
+pub mod nvml;
 mod pickle;
 pub mod timeline;
 pub use timeline::scope;
@@ -25,15 +27,23 @@ pub use timeline::scope;
 /// Memory at one instant, in bytes. `allocated` is what live tensors occupy (like
 /// `torch.cuda.memory_allocated`); `reserved` is what the allocator holds from the system or
 /// device (like `torch.cuda.memory_reserved`).
+/// `device_used` is the whole device's used memory from the driver (NVML on NVIDIA: the number
+/// `nvidia-smi` shows, including other processes and the CUDA context), where it can be read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemSample {
     pub allocated: u64,
     pub reserved: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_used: Option<u64>,
 }
 
 impl MemSample {
     pub fn max(self, o: MemSample) -> MemSample {
-        MemSample { allocated: self.allocated.max(o.allocated), reserved: self.reserved.max(o.reserved) }
+        let device_used = match (self.device_used, o.device_used) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        MemSample { allocated: self.allocated.max(o.allocated), reserved: self.reserved.max(o.reserved), device_used }
     }
 }
 
@@ -57,7 +67,12 @@ pub trait MemoryProbe: Send + Sync {
     fn peak(&self) -> MemSample;
     /// Start a new peak window at the current usage.
     fn reset_peak(&self);
+    /// How the allocated peak relates to the true one.
     fn peak_kind(&self) -> PeakKind;
+    /// How the reserved peak relates to the true one.
+    fn reserved_kind(&self) -> PeakKind {
+        PeakKind::Sampled
+    }
     /// Number of allocations since start, where the probe can count them.
     fn allocation_count(&self) -> Option<u64> {
         None
@@ -147,6 +162,13 @@ pub fn adopt<T>(v: &Vec<T>) {
             *tag = TAG_MAGIC | to as usize;
             CountingAllocator::sub(from, size);
             CountingAllocator::add(to, size);
+            // The allocation timeline follows the model's account: the block enters or leaves it.
+            let p = v.as_ptr() as *mut u8;
+            if to == Account::Model {
+                timeline::on_alloc(p, size);
+            } else {
+                timeline::on_free(p, size);
+            }
         }
     }
 }
@@ -242,7 +264,9 @@ impl CountingAllocator {
         if !INSTALLED.load(Ordering::Relaxed) {
             INSTALLED.store(true, Ordering::Relaxed);
         }
-        timeline::on_alloc(user, layout.size());
+        if account == Account::Model {
+            timeline::on_alloc(user, layout.size());
+        }
         user
     }
 }
@@ -257,8 +281,6 @@ unsafe impl GlobalAlloc for CountingAllocator {
         unsafe { Self::alloc_with(layout, true) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // Recorded while the block is still ours, so no reuse of the address is recorded first.
-        timeline::on_free(ptr, layout.size());
         let pre = prefix(layout.align());
         // SAFETY: `ptr` came from `alloc_with` with this layout: header and base are ours.
         let account = unsafe {
@@ -266,6 +288,10 @@ unsafe impl GlobalAlloc for CountingAllocator {
             debug_assert_eq!(tag & !0xff, TAG_MAGIC, "block without a counting-allocator header");
             Account::from_tag(tag)
         };
+        // Recorded while the block is still ours, so no reuse of the address is recorded first.
+        if account == Account::Model {
+            timeline::on_free(ptr, layout.size());
+        }
         unsafe { System.dealloc(ptr.sub(pre), Layout::from_size_align_unchecked(layout.size() + pre, layout.align())) };
         Self::sub(account, layout.size());
     }
@@ -279,17 +305,24 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let Some(new_full) = new_size.checked_add(pre) else {
             return std::ptr::null_mut();
         };
-        timeline::on_free(ptr, layout.size());
+        let model = account == Account::Model;
+        if model {
+            timeline::on_free(ptr, layout.size());
+        }
         // SAFETY: the whole block, header included, is resized; the header moves with it.
         let base = unsafe { System.realloc(ptr.sub(pre), Layout::from_size_align_unchecked(layout.size() + pre, layout.align()), new_full) };
         if base.is_null() {
-            timeline::on_alloc(ptr, layout.size()); // the old block stays
+            if model {
+                timeline::on_alloc(ptr, layout.size()); // the old block stays
+            }
             return base;
         }
         let user = unsafe { base.add(pre) };
         Self::sub(account, layout.size());
         Self::add(account, new_size);
-        timeline::on_alloc(user, new_size);
+        if model {
+            timeline::on_alloc(user, new_size);
+        }
         user
     }
 }
@@ -330,11 +363,11 @@ impl MemoryProbe for CpuProbe {
         "cpu-counting-allocator".into()
     }
     fn sample(&self) -> MemSample {
-        MemSample { allocated: CountingAllocator::live(), reserved: self.rss() }
+        MemSample { allocated: CountingAllocator::live(), reserved: self.rss(), device_used: None }
     }
     fn peak(&self) -> MemSample {
         self.rss();
-        MemSample { allocated: CountingAllocator::peak(), reserved: self.rss_peak.load(Ordering::Relaxed) }
+        MemSample { allocated: CountingAllocator::peak(), reserved: self.rss_peak.load(Ordering::Relaxed), device_used: None }
     }
     fn reset_peak(&self) {
         CountingAllocator::reset_peak();
@@ -361,11 +394,19 @@ pub struct SampledProbe {
     name: String,
     sample: Box<SampleFn>,
     peak: Mutex<MemSample>,
+    reserved_exact: bool,
 }
 
 impl SampledProbe {
     pub fn new(name: impl Into<String>, sample: impl Fn() -> MemSample + Send + Sync + 'static) -> Self {
-        Self { name: name.into(), sample: Box::new(sample), peak: Mutex::new(MemSample::default()) }
+        Self { name: name.into(), sample: Box::new(sample), peak: Mutex::new(MemSample::default()), reserved_exact: false }
+    }
+
+    /// The sampled `reserved` never decreases while the probe is used (a pool that does not
+    /// give pages back), so its value when a window closes is the window's exact peak.
+    pub fn reserved_never_decreases(mut self) -> Self {
+        self.reserved_exact = true;
+        self
     }
 }
 
@@ -392,6 +433,9 @@ impl MemoryProbe for SampledProbe {
     }
     fn peak_kind(&self) -> PeakKind {
         PeakKind::Sampled
+    }
+    fn reserved_kind(&self) -> PeakKind {
+        if self.reserved_exact { PeakKind::Exact } else { PeakKind::Sampled }
     }
 }
 
@@ -508,7 +552,7 @@ mod tests {
         use std::sync::Arc;
         let v = Arc::new(AtomicU64::new(10));
         let v2 = v.clone();
-        let p = SampledProbe::new("fake", move || MemSample { allocated: v2.load(Ordering::Relaxed), reserved: 100 });
+        let p = SampledProbe::new("fake", move || MemSample { allocated: v2.load(Ordering::Relaxed), reserved: 100, device_used: None });
         p.reset_peak();
         v.store(50, Ordering::Relaxed);
         p.sample();

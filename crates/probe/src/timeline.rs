@@ -9,8 +9,10 @@
 //!
 //! The context of an event is the process-wide current scope ([`scope::enter`]), set from
 //! outside by whoever drives the work (the trainer sets `data`, `forward/<stage>`, `backward`,
-//! `optimizer`). The scope is global, not per thread: an event from another thread (a loader
-//! worker) carries the scope of the moment and is flagged [`Event::other_thread`].
+//! `optimizer`). The scope is global, not per thread: an event from another thread (a backend's
+//! compute thread) carries the scope of the moment and is flagged [`Event::other_thread`].
+//! Only the model's [`crate::Account`] is recorded: a data loader's blocks appear when the
+//! trainer adopts a finished batch ([`crate::adopt`]), as an allocation at that moment.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -248,6 +250,11 @@ pub mod scope {
         pub const NONE: ScopeId = ScopeId(0);
         pub fn index(self) -> usize {
             self.0 as usize
+        }
+        /// The id at `index` of a recording's labels (for tests building recordings by hand).
+        #[cfg(test)]
+        pub(crate) fn from_index(index: u32) -> ScopeId {
+            ScopeId(index)
         }
     }
 

@@ -100,7 +100,9 @@ impl Window {
         if rec.dropped > 0 {
             eprintln!("warning: --memory_timeline: step {}: {} events past the buffer's {CAPACITY} were not kept", self.step, rec.dropped);
         }
+        let attribution = vramlab_probe::attribution::attribute(&rec).markdown(self.step);
         Ok(TimelineFile {
+            attribution,
             step: self.step,
             path: rel,
             events: rec.events.len() as u64,
@@ -136,6 +138,34 @@ pub struct TimelineFile {
     pub replayed_peak: u64,
     /// The step's measured peak ([`StepRecord::peak_step_bytes`]).
     pub peak_step_bytes: u64,
+    /// The step's memory per phase and stage ([`vramlab_probe::attribution`]), markdown.
+    pub attribution: String,
+}
+
+/// File of the per-stage attribution of the recorded steps, next to `summary.md`.
+pub const ATTRIBUTION_FILE: &str = "memory_attribution.md";
+
+/// Write [`ATTRIBUTION_FILE`] for the recorded steps (nothing when there are none).
+pub fn write_attribution(output_dir: &Path, files: &[TimelineFile]) -> std::io::Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let mut s = String::from(
+        "# Memory attribution\n\nReplayed from the allocation timeline of each recorded step (exact, counting allocator, the model's \
+         account). Scopes: `data` (the batch), `forward/<stage>` (the model's stage plan), `forward/exit+loss`, `backward` \
+         (`backward/<stage>` under block recomputation), `optimizer`, `step` (between phases).\n\n\
+         - **allocated**: bytes allocated while the scope was current. **rise above entry**: highest live bytes while the scope \
+         was current minus live bytes when it was first entered (saved tensors plus transient workspaces such as im2col columns \
+         and casts). **net**: live bytes when it was last current minus on entry.\n\
+         - **kept at backward**: of the scope's blocks, what was still live when the backward began: what autodiff keeps for \
+         the backward (saved inputs, masks, statistics) plus the stage's output. `vramlab estimate` names the tensors behind \
+         these bytes, with their shapes, per module (a model of the same ops).\n\n",
+    );
+    for f in files {
+        s.push_str(&f.attribution);
+        s.push('\n');
+    }
+    std::fs::write(output_dir.join(ATTRIBUTION_FILE), s)
 }
 
 /// The `summary.md` section listing the snapshots ("" when there are none).
@@ -146,7 +176,8 @@ pub fn summary_section(files: &[TimelineFile]) -> String {
     let mut s = String::from(
         "\n## Memory timeline\n\nEvery heap allocation and free of these steps, labelled `data`, `forward/<stage>`, `backward`, \
          `optimizer` (`step`: between phases), as PyTorch memory snapshots: open them at <https://pytorch.org/memory_viz> \
-         (drag the file in), or `python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`.\n\n\
+         (drag the file in), or `python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`. Per stage: \
+         [`memory_attribution.md`](memory_attribution.md).\n\n\
          | step | file | events | written | dropped | size | peak replayed from the events | measured `peak_step_bytes` |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|\n",
     );

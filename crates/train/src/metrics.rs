@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 ///   workers' decoding and batching, batches waiting in the prefetch queue); exact, counted by
 ///   the counting allocator apart from the model's figures above. Absent when the counting
 ///   allocator is not installed.
+/// - `peak_device_used_bytes`: the device's used memory from the driver (NVML on CUDA: what
+///   `nvidia-smi` shows, all processes and the CUDA context included), maximum over the probe
+///   points of the step; absent where the driver cannot be asked.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     pub step: u64,
@@ -46,6 +49,8 @@ pub struct StepRecord {
     pub skipped: bool,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub loader_peak_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub peak_device_used_bytes: Option<u64>,
 }
 
 /// Human-readable bytes (MiB/GiB with one decimal).
@@ -111,6 +116,9 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
     ];
     for (k, v) in rows {
         s.push_str(&format!("| {k} | {v} | {} |\n", fmt_bytes(v)));
+    }
+    if let Some(v) = steady.iter().filter_map(|r| r.peak_device_used_bytes).max() {
+        s.push_str(&format!("| device used, NVML (what nvidia-smi shows; whole device, sampled) | {v} | {} |\n", fmt_bytes(v)));
     }
     if let Some(v) = steady.iter().filter_map(|r| r.loader_peak_bytes).max() {
         s.push_str(&format!("| data loader host memory (workers + prefetch queue; not in the rows above) | {v} | {} |\n", fmt_bytes(v)));

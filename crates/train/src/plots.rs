@@ -79,6 +79,7 @@ mod tests {
             samples: 4,
             loss_scale: None,
             loader_peak_bytes: None,
+            peak_device_used_bytes: None,
             skipped: false,
         }
     }

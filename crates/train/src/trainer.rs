@@ -146,6 +146,7 @@ struct MicroMeasure {
     fwd_peak: u64,
     bwd_peak: u64,
     reserved: u64,
+    device_used: Option<u64>,
     fwd_time: f64,
     bwd_time: f64,
 }
@@ -235,6 +236,7 @@ impl<'a> Trainer<'a> {
         let mut summary = summary_markdown(&format!("vramlab run: {}", cfg.output_dir.display()), &self.summary_header, &records);
         summary.push_str(&crate::plots::write_memory_plots(&cfg.output_dir, &records));
         summary.push_str(&crate::memory_timeline::summary_section(&timelines));
+        crate::memory_timeline::write_attribution(&cfg.output_dir, &timelines).map_err(io(&cfg.output_dir.join(crate::memory_timeline::ATTRIBUTION_FILE)))?;
         let summary_path = cfg.output_dir.join("summary.md");
         fs::write(&summary_path, summary).map_err(io(&summary_path))?;
         Ok(TrainOutcome { model, records, last_checkpoint, interrupted })
@@ -328,6 +330,7 @@ impl<'a> Trainer<'a> {
             m.fwd_peak = m.fwd_peak.max(mm.fwd_peak);
             m.bwd_peak = m.bwd_peak.max(mm.bwd_peak);
             m.reserved = m.reserved.max(mm.reserved);
+            m.device_used = m.device_used.max(mm.device_used);
             (m.fwd_time, m.bwd_time) = (m.fwd_time + mm.fwd_time, m.bwd_time + mm.bwd_time);
             activation = activation.max(mm.fwd_peak.saturating_sub(mm.live_before));
             acc.accumulate(&model, grads);
@@ -389,6 +392,7 @@ impl<'a> Trainer<'a> {
             samples: cfg.batch_size * accum,
             loss_scale: state.loss_scale,
             skipped,
+            peak_device_used_bytes: m.device_used.max(opt_peak.device_used),
             loader_peak_bytes: counting.then(|| vramlab_probe::CountingAllocator::peak_of(vramlab_probe::Account::Loader)),
         };
         Ok((model, record))
@@ -421,7 +425,7 @@ impl<'a> Trainer<'a> {
         };
         let bwd = self.probe.peak();
         let bwd_time = t0.elapsed().as_secs_f64() - fwd_time;
-        Ok((parts, grads, MicroMeasure { live_before, fwd_peak, bwd_peak: bwd.allocated, reserved: bwd.reserved, fwd_time, bwd_time }))
+        Ok((parts, grads, MicroMeasure { live_before, fwd_peak, bwd_peak: bwd.allocated, reserved: bwd.reserved, device_used: bwd.device_used, fwd_time, bwd_time }))
     }
 
     /// Dynamic loss scaling after an optimizer step (torch's GradScaler): an f16 overflow skips

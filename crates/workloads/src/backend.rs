@@ -171,8 +171,28 @@ pub struct BackendInfo {
     pub backend: BackendKind,
     pub probe: String,
     pub peak_kind: vramlab_probe::PeakKind,
+    /// How the reserved peak relates to the true one.
+    pub reserved_kind: vramlab_probe::PeakKind,
+    /// cuda: the driver's view of device memory (NVML), or why it is not available.
+    pub device_memory: Option<String>,
     /// wgpu/cuda: where CubeCL keeps compiled kernels and autotune results, and its level.
     pub kernel_cache: Option<String>,
+}
+
+impl BackendInfo {
+    fn new(backend: BackendKind, probe: &dyn MemoryProbe, kernel_cache: Option<String>, device_memory: Option<String>) -> Self {
+        Self { backend, probe: probe.name(), peak_kind: probe.peak_kind(), reserved_kind: probe.reserved_kind(), device_memory, kernel_cache }
+    }
+
+    /// One line for reports: what the allocated and reserved figures are.
+    pub fn memory_note(&self) -> String {
+        use vramlab_probe::PeakKind::{Exact, Sampled};
+        match (self.peak_kind, self.reserved_kind) {
+            (Exact, _) => "allocated: exact (counting allocator, model account); reserved: process RSS sampled at the probe points (a lower bound of the RSS peak)".into(),
+            (Sampled, Exact) => "allocated: max of CubeCL's `bytes_in_use` at the probe points, a lower bound; the true peak lies between it and reserved. Reserved: exact (CubeCL's pools give no page back during a run, so the value at the end of each phase is its peak)".into(),
+            (Sampled, Sampled) => "allocated and reserved: maxima over samples at the probe points (lower bounds)".into(),
+        }
+    }
 }
 
 /// Fails with a clear message when the device cannot compute in `precision`.
@@ -216,7 +236,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
             let device = burn::backend::flex::FlexDevice;
             check_precision::<Flex>(&device, kind, precision)?;
             let probe = vramlab_probe::CpuProbe::new().map_err(|e| WorkloadError::Backend(e.to_string()))?;
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: None };
+            let info = BackendInfo::new(kind, &probe, None, None);
             run_with::<Flex, J>(job, device, mode, &probe, &info)
         }
         #[cfg(feature = "wgpu")]
@@ -227,8 +247,8 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
             eprintln!("vramlab: {cache}");
             let device = if index == 0 { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(index) };
             check_precision::<Wgpu>(&device, kind, precision)?;
-            let probe = cubecl_probe::<WgpuRuntime, Wgpu>("cubecl-wgpu", device.clone());
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: Some(cache) };
+            let probe = cubecl_probe::<WgpuRuntime, Wgpu>("cubecl-wgpu", device.clone(), None);
+            let info = BackendInfo::new(kind, &probe, Some(cache), None);
             run_with::<Wgpu, J>(job, device, mode, &probe, &info)
         }
         #[cfg(feature = "cuda")]
@@ -240,8 +260,14 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
             eprintln!("vramlab: {cache}");
             let device = CudaDevice::new(index);
             check_precision::<Cuda>(&device, kind, precision)?;
-            let probe = cubecl_probe::<CudaRuntime, Cuda>("cubecl-cuda", device.clone());
-            let info = BackendInfo { backend: kind, probe: probe.name(), peak_kind: probe.peak_kind(), kernel_cache: Some(cache) };
+            let nvml = vramlab_probe::nvml::NvmlDevice::open(index);
+            let note = match &nvml {
+                Ok(d) => format!("NVML device {index} ({}): `peak_device_used_bytes` is the whole device's used memory (what nvidia-smi shows), sampled at the probe points", d.name().unwrap_or_default()),
+                Err(e) => format!("{e}: no device-level figure (nvidia-smi's number) in this run"),
+            };
+            eprintln!("vramlab: {note}");
+            let probe = cubecl_probe::<CudaRuntime, Cuda>("cubecl-cuda", device.clone(), nvml.ok());
+            let info = BackendInfo::new(kind, &probe, Some(cache), Some(note));
             run_with::<Cuda, J>(job, device, mode, &probe, &info)
         }
         #[allow(unreachable_patterns)]
@@ -249,11 +275,18 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
     }
 }
 
-/// CubeCL keeps usage per stream and no byte high-water mark: the probe synchronises the
-/// device and reads `bytes_in_use` (allocated) and `bytes_reserved` (pool pages) at each probe
-/// point of the trainer (before/after forward, after backward, after the optimizer).
+/// CubeCL keeps usage per stream (the calling thread's) and no byte high-water mark: the probe
+/// synchronises the device and reads `bytes_in_use` (allocated) and `bytes_reserved` (pool
+/// pages) at each probe point of the trainer (before/after forward, after backward, after the
+/// optimizer), and NVML's device-wide used memory where given.
+///
+/// `bytes_reserved` is exact as a peak: CubeCL 0.10's default pools (`SubSlices`, no
+/// `dealloc_period`) return pages only on an explicit `memory_cleanup`, which vramlab never
+/// calls during training, so reserved never decreases and its value when a phase ends is the
+/// phase's peak. `bytes_in_use` is the sum of the requested sizes of live buffers (CUDA pads
+/// rows to 512-byte pitches): its maximum over the probe points is a lower bound.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn cubecl_probe<R, B>(name: &str, device: R::Device) -> vramlab_probe::SampledProbe
+pub(crate) fn cubecl_probe<R, B>(name: &str, device: R::Device, nvml: Option<vramlab_probe::nvml::NvmlDevice>) -> vramlab_probe::SampledProbe
 where
     R: burn::cubecl::Runtime,
     B: Backend<Device = R::Device>,
@@ -261,11 +294,13 @@ where
     vramlab_probe::SampledProbe::new(name, move || {
         let _ = B::sync(&device);
         let client = R::client(&device);
+        let device_used = nvml.and_then(|d| d.memory()).map(|m| m.used);
         match client.memory_usage() {
-            Ok(u) => vramlab_probe::MemSample { allocated: u.bytes_in_use, reserved: u.bytes_reserved },
-            Err(_) => vramlab_probe::MemSample::default(),
+            Ok(u) => vramlab_probe::MemSample { allocated: u.bytes_in_use, reserved: u.bytes_reserved, device_used },
+            Err(_) => vramlab_probe::MemSample { device_used, ..Default::default() },
         }
     })
+    .reserved_never_decreases()
 }
 
 #[cfg(test)]

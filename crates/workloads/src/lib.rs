@@ -25,6 +25,7 @@ pub mod inputs;
 pub mod lerobot_compat;
 pub mod policy;
 pub mod policy_data;
+pub mod probe_check;
 pub mod processors;
 pub mod sim;
 pub mod sweep;

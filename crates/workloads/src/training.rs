@@ -219,9 +219,10 @@ where
     write_file(&out.join("run_config.json"), run_json.as_bytes())?;
     let o = &tcfg.optim;
     let compact_config = serde_json::from_str::<serde_json::Value>(&config_json).map(|v| v.to_string()).unwrap_or_default();
-    let summary_header = vec![
+    let mut summary_header = vec![
         ("policy".into(), format!("{policy} ({num_params} parameters) {compact_config}")),
         ("backend".into(), format!("{} (probe: {}, peak: {:?})", info.backend, info.probe, info.peak_kind)),
+        ("memory figures".into(), info.memory_note()),
         ("kernel cache".into(), info.kernel_cache.clone().unwrap_or_else(|| "none (CPU backend)".into())),
         ("precision".into(), cfg.precision.name().into()),
         ("gradient_checkpointing".into(), cfg.gradient_checkpointing.to_string()),
@@ -229,6 +230,9 @@ where
         ("optimizer".into(), format!("{:?} lr {} (groups {:?}), weight_decay {}, clip {:?}", o.kind, o.lr, o.groups, o.weight_decay, o.grad_clip_norm)),
         ("data".into(), data_desc),
     ];
+    if let Some(note) = &info.device_memory {
+        summary_header.insert(3, ("device memory (driver)".into(), note.clone()));
+    }
     let train_config = lerobot_train_config(cfg, &config_json, policy, &out, &tcfg);
     let mut builder = Trainer::builder(tcfg, probe)
         .checkpoint_file("pretrained_model/config.json", format!("{config_json}\n").into_bytes())
