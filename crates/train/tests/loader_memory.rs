@@ -134,7 +134,9 @@ fn a_loader_holding_100_mib_during_each_step_leaves_the_step_peaks_unchanged() {
             ("activation_bytes", p.activation_bytes, l.activation_bytes),
             ("live_before_forward_bytes", p.live_before_forward_bytes, l.live_before_forward_bytes),
         ] {
-            assert!(a.abs_diff(b) < 64 << 10, "step {}: {what} {a} without the loader, {b} with it", p.step);
+            // Flex's compute threads may overlap their scratch buffers differently from run to
+            // run (a few hundred KiB here): 1 MiB of slack against the loader's 100 MiB.
+            assert!(a.abs_diff(b) < 1 << 20, "step {}: {what} {a} without the loader, {b} with it", p.step);
         }
         let held = l.loader_peak_bytes.expect("counting allocator installed");
         assert!(held >= HELD as u64, "step {}: loader peak {held} < 100 MiB", l.step);
