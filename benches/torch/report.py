@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""The vramlab side and the report of the PyTorch-vs-vramlab benches (no torch needed).
+
+    report.py vramlab-args ROW                      # vramlab train flags of a row, one per line
+    report.py rows [SELECTION] [--tag cpu|gpu]      # row names (see rows.py)
+    report.py vramlab-record ROW RUN_DIR --backend B --device D [--warm-dir DIR] [--rc N --log F] [--out F]
+    report.py error-record ROW --backend B --rc N --log F [--device D] [--out F]
+    report.py slug TEXT                             # a directory-name slug
+    report.py torch-line PROBE_JSON                 # one line of versions from `baseline.py probe`
+    report.py table RAW.jsonl --out table.md --title T [--header-file F]
+
+vramlab's numbers come from its metrics.jsonl (one record per optimizer step): step time =
+median of `step_time_s - data_wait_s` over steps 3..N (PyTorch's clock also starts after its
+batch exists; the data wait is listed separately), step 1 = `step_time_s` of step 1, peaks =
+max of `peak_step_bytes` / `peak_reserved_bytes` over steps 3..N (the window in which PyTorch's
+peak statistics are reset). On flex, `peak_step_bytes` is exact (counting allocator) and
+`peak_reserved_bytes` is the process RSS sampled at the trainer's probe points; on cuda the
+allocated peak is sampled at probe points (a lower bound) and reserved is CubeCL's pool.
+"""
+
+from __future__ import annotations
+
+import sys
+
+sys.dont_write_bytecode = True
+
+import argparse
+import json
+import os
+import re
+import statistics
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rows as rowdefs  # noqa: E402
+
+MIB = 2**20
+
+
+def tail(path: Path | None, n: int = 12) -> str:
+    if not path or not Path(path).exists():
+        return ""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    # Progress bars redraw with \r: keep what the terminal would show last.
+    return "\n".join(l.rsplit("\r", 1)[-1] for l in lines[-n:]).strip()
+
+
+def emit(rec: dict, out: Path | None):
+    line = json.dumps(rec)
+    print(line)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+
+
+def vramlab_record(a) -> dict:
+    row = rowdefs.ROWS[a.row]
+    recs = read_metrics(a.run_dir)
+    base = {"name": row.name, "label": row.title, "kind": row.kind, "backend": a.backend, "device": a.device,
+            "vramlab": a.version, "batch": row.batch, "precision": row.precision, "ckpt": row.ckpt,
+            "run_dir": str(a.run_dir), "flags": row.vramlab_args(),
+            "loadavg_1min": [a.load_before, round(os.getloadavg()[0], 2)]}  # at start, at end
+    if a.rc not in (None, 0) or not recs:
+        why = "timed out" if a.rc in (124, 137) else f"exit status {a.rc}"
+        if not recs and a.rc in (None, 0):
+            why = "no metrics.jsonl"
+        return {**base, "error": why, "steps_done": len(recs), "tail": tail(a.log)}
+    timed = recs[2:] if len(recs) >= 3 else recs[-1:]
+    compute = [r["step_time_s"] - r.get("data_wait_s", 0.0) for r in timed]
+    rec = {
+        **base,
+        "steps": len(recs),
+        "timed_steps": f"{recs.index(timed[0]) + 1}..{len(recs)}",
+        "ms_step_median": 1000 * statistics.median(compute),
+        "ms_step_min": 1000 * min(compute),
+        "ms_step_wall_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
+        "ms_data_wait_median": 1000 * statistics.median(r.get("data_wait_s", 0.0) for r in timed),
+        "step1_s": recs[0]["step_time_s"],
+        "step_times_s": [round(r["step_time_s"], 6) for r in recs],
+        "peak_allocated_bytes": max(r["peak_step_bytes"] for r in timed),
+        "peak_allocated_exact": a.backend.endswith("flex"),
+        "peak_reserved_bytes": max(r["peak_reserved_bytes"] for r in timed),
+        # On flex the reserved figure is the process RSS (sampled at probe points).
+        "rss_peak_bytes": max(r["peak_reserved_bytes"] for r in recs) if a.backend.endswith("flex") else None,
+        "param_bytes": recs[-1].get("param_bytes"),
+        "loss_first": recs[0].get("loss"),
+        "loss_last": recs[-1].get("loss"),
+    }
+    if a.warm_dir:
+        warm = read_metrics(a.warm_dir)
+        if a.warm_rc not in (None, 0) or not warm:
+            rec["step1_warm_error"] = ("timed out" if a.warm_rc in (124, 137) else f"exit status {a.warm_rc}") + (
+                ": " + tail(a.warm_log, 3) if a.warm_log else "")
+        else:
+            rec["step1_warm_s"] = warm[0]["step_time_s"]
+    return rec
+
+
+def error_record(a) -> dict:
+    row = rowdefs.ROWS[a.row]
+    why = "timed out" if a.rc in (124, 137) else f"exit status {a.rc}"
+    return {"name": row.name, "label": row.title, "kind": row.kind, "backend": a.backend, "device": a.device,
+            "batch": row.batch, "precision": row.precision, "ckpt": row.ckpt, "error": why, "tail": tail(a.log)}
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return re.sub(r"-+", "-", s) or "unknown"
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def fmt_ms(v):
+    return "" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}")
+
+
+def fmt_mib(b):
+    return "" if b is None else (f"{b / MIB:,.0f}" if b >= 100 * MIB else f"{b / MIB:.1f}")
+
+
+def fmt_s(v):
+    return "" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")
+
+
+def ratio(a, b):
+    if a is None or b is None or not b:
+        return "n/a"
+    return f"{a / b:.2f}×"
+
+
+def err_cell(rec):
+    e = rec.get("error", "")
+    last = [l for l in rec.get("tail", "").splitlines() if l.strip()][-1:] or [""]
+    msg = (e + (": " + last[0] if last[0] else "")).replace("|", "\\|")
+    return msg[:160]
+
+
+def load(raw: Path) -> tuple[list[str], dict]:
+    """Rows in first-seen order; the last record per (row, side) wins."""
+    order, by = [], {}
+    for line in raw.read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        side = "torch" if r["backend"].startswith("torch") else "vramlab"
+        if r["name"] not in order:
+            order.append(r["name"])
+        by[(r["name"], side)] = r
+    return order, by
+
+
+def table(a) -> str:
+    order, by = load(a.raw)
+    order = [n for n in rowdefs.ROWS if n in order]  # the rows' canonical order
+    torch_recs = [by[(n, "torch")] for n in order if (n, "torch") in by]
+    on_cpu = all(r["backend"] == "torch-cpu" for r in torch_recs) if torch_recs else True
+    out = [f"# {a.title}", ""]
+    if a.header_file and Path(a.header_file).exists():
+        out += Path(a.header_file).read_text().rstrip().splitlines() + [""]
+
+    loads = [(n, s, by[(n, s)].get("loadavg_1min")) for n in order for s in ("torch", "vramlab")
+             if (n, s) in by and by[(n, s)].get("loadavg_1min")]
+    ncpu = os.cpu_count() or 1
+    busiest = max((max(l) for _, _, l in loads if all(x is not None for x in l)), default=0.0)
+    if on_cpu and busiest > ncpu + 1:
+        out += [f"**Warning: this run competed with other jobs** (1-min load average up to {busiest:.1f} on {ncpu} "
+                "logical CPUs, listed under the table). Multi-threaded steps then slow down by amounts that differ between "
+                "the two sides and from step to step; compare these ratios only with runs made under a similar load.", ""]
+    if on_cpu:
+        out += [
+            "| config | PyTorch ms/step | vramlab ms/step | **time ratio** | ratio of fastest steps | PyTorch peak RSS MiB "
+            "| vramlab peak RSS MiB | RSS ratio | vramlab peak allocated MiB (exact) | allocated ratio | PyTorch step 1 s "
+            "| vramlab step 1 s | step-1 ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    else:
+        out += [
+            "| config | PyTorch ms/step | vramlab ms/step | **time ratio** | ratio of fastest steps | PyTorch peak alloc MiB "
+            "| vramlab peak alloc MiB (sampled, ≥) | alloc ratio | PyTorch peak reserved MiB | vramlab peak reserved MiB "
+            "| reserved ratio | PyTorch step 1 s | vramlab step 1 s cold | cold ratio | vramlab step 1 s warm | warm ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    notes = []
+    for n in order:
+        row = rowdefs.ROWS[n]
+        t, v = by.get((n, "torch"), {}), by.get((n, "vramlab"), {})
+        label = f"{row.title} `{n}`"
+        cells_t_err = "error" in t or not t
+        cells_v_err = "error" in v or not v
+        if cells_t_err:
+            notes.append(f"- `{n}` PyTorch: {err_cell(t) if t else 'not run'}")
+        if cells_v_err:
+            notes.append(f"- `{n}` vramlab: {err_cell(v) if v else 'not run'}")
+        tg = (lambda k: None) if cells_t_err else t.get
+        vg = (lambda k: None) if cells_v_err else v.get
+        tms, vms = tg("ms_step_median"), vg("ms_step_median")
+        t_err_txt = "error" if cells_t_err and t else ("—" if cells_t_err else None)
+        v_err_txt = "error" if cells_v_err and v else ("—" if cells_v_err else None)
+        c = lambda x, err: err if err is not None else x  # noqa: E731
+        if on_cpu:
+            out.append("| " + " | ".join([
+                label,
+                c(fmt_ms(tms), t_err_txt), c(fmt_ms(vms), v_err_txt), f"**{ratio(vms, tms)}**",
+                ratio(vg("ms_step_min"), tg("ms_step_min")),
+                c(fmt_mib(tg("rss_peak_bytes")), t_err_txt), c(fmt_mib(vg("rss_peak_bytes")), v_err_txt),
+                ratio(vg("rss_peak_bytes"), tg("rss_peak_bytes")),
+                c(fmt_mib(vg("peak_allocated_bytes")), v_err_txt), "n/a",
+                c(fmt_s(tg("step1_s")), t_err_txt), c(fmt_s(vg("step1_s")), v_err_txt), ratio(vg("step1_s"), tg("step1_s")),
+            ]) + " |")
+        else:
+            warm = vg("step1_warm_s")
+            warm_txt = fmt_s(warm) if warm is not None else ("n/a" if vg("backend") is None or not str(vg("backend")).endswith("cuda") or cells_v_err else "error")
+            if v.get("step1_warm_error"):
+                notes.append(f"- `{n}` vramlab warm run: {v['step1_warm_error'][:160]}")
+            out.append("| " + " | ".join([
+                label,
+                c(fmt_ms(tms), t_err_txt), c(fmt_ms(vms), v_err_txt), f"**{ratio(vms, tms)}**",
+                ratio(vg("ms_step_min"), tg("ms_step_min")),
+                c(fmt_mib(tg("peak_allocated_bytes")) or "n/a", t_err_txt), c(fmt_mib(vg("peak_allocated_bytes")), v_err_txt),
+                ratio(vg("peak_allocated_bytes"), tg("peak_allocated_bytes")),
+                c(fmt_mib(tg("peak_reserved_bytes") or tg("rss_peak_bytes")), t_err_txt),
+                c(fmt_mib(vg("peak_reserved_bytes")), v_err_txt),
+                ratio(vg("peak_reserved_bytes"), tg("peak_reserved_bytes") or tg("rss_peak_bytes")),
+                c(fmt_s(tg("step1_s")), t_err_txt), c(fmt_s(vg("step1_s")), v_err_txt), ratio(vg("step1_s"), tg("step1_s")),
+                c(warm_txt, v_err_txt), ratio(warm, tg("step1_s")),
+            ]) + " |")
+    # Data wait inside vramlab's step (not in either step time above).
+    waits = [(n, by[(n, "vramlab")].get("ms_data_wait_median")) for n in order
+             if (n, "vramlab") in by and by[(n, "vramlab")].get("ms_data_wait_median") is not None]
+    if waits:
+        out += ["", "vramlab's median data wait per step (random-batch generation and upload inside its step, "
+                    "left out of its ms/step as PyTorch's batch is made before its clock starts): "
+                + ", ".join(f"`{n}` {w:.1f} ms" for n, w in waits) + "."]
+    losses = [(n, by[(n, s)].get("loss_first"), by[(n, s)].get("loss_last"), s) for n in order for s in ("torch", "vramlab")
+              if (n, s) in by and by[(n, s)].get("loss_first") is not None]
+    if losses:
+        out += ["", "Loss first → last step (sanity: both train, on different random inputs): "
+                + "; ".join(f"`{n}` {s} {l0:.3g} → {l1:.3g}" for n, l0, l1, s in losses) + "."]
+    if loads:
+        out += ["", f"1-min load average at the start → end of each run ({os.cpu_count()} logical CPUs here; a run itself "
+                    f"adds up to about {os.cpu_count()}, so figures well above that mean other jobs were competing for the CPUs): "
+                + "; ".join(f"`{n}` {s} {l[0]} → {l[1]}" for n, s, l in loads) + "."]
+    if notes:
+        out += ["", "Failed or missing runs:", ""] + notes
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("vramlab-args")
+    p.add_argument("row", choices=sorted(rowdefs.ROWS))
+    p = sub.add_parser("rows")
+    p.add_argument("selection", nargs="*")
+    p.add_argument("--tag", default="cpu")
+    p = sub.add_parser("vramlab-record")
+    p.add_argument("row", choices=sorted(rowdefs.ROWS))
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--backend", required=True)
+    p.add_argument("--device", default="")
+    p.add_argument("--version", default="")
+    p.add_argument("--rc", type=int)
+    p.add_argument("--log", type=Path)
+    p.add_argument("--load-before", type=float, help="1-min load average when the run started")
+    p.add_argument("--warm-dir", type=Path)
+    p.add_argument("--warm-rc", type=int)
+    p.add_argument("--warm-log", type=Path)
+    p.add_argument("--out", type=Path)
+    p = sub.add_parser("error-record")
+    p.add_argument("row", choices=sorted(rowdefs.ROWS))
+    p.add_argument("--backend", required=True)
+    p.add_argument("--device", default="")
+    p.add_argument("--rc", type=int, required=True)
+    p.add_argument("--log", type=Path)
+    p.add_argument("--out", type=Path)
+    p = sub.add_parser("slug")
+    p.add_argument("text", nargs="+")
+    p = sub.add_parser("torch-line")
+    p.add_argument("probe")
+    p = sub.add_parser("table")
+    p.add_argument("raw", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--title", required=True)
+    p.add_argument("--header-file", type=Path)
+    a = ap.parse_args()
+
+    if a.cmd == "vramlab-args":
+        print("\n".join(rowdefs.ROWS[a.row].vramlab_args()))
+    elif a.cmd == "rows":
+        print("\n".join(r.name for r in rowdefs.select(" ".join(a.selection), a.tag)))
+    elif a.cmd == "vramlab-record":
+        rec = vramlab_record(a)
+        emit(rec, a.out)
+        return 1 if "error" in rec else 0
+    elif a.cmd == "error-record":
+        emit(error_record(a), a.out)
+    elif a.cmd == "slug":
+        print(slug(" ".join(a.text)))
+    elif a.cmd == "torch-line":
+        try:
+            d = json.loads(a.probe)
+        except ValueError:
+            d = {}
+        av = d.get("av", "?")
+        av = av if av.startswith("PyAV") else f"PyAV stand-in ({av})"
+        print(f"torch {d.get('torch', '?')}, lerobot {d.get('lerobot', '?')}, {av}, python `{d.get('python', '?')}`")
+    elif a.cmd == "table":
+        text = table(a)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
