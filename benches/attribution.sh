@@ -13,7 +13,7 @@ if [ -z "$bin" ]; then cargo build --release; bin=target/release/vramlab; fi
 out=benches/results/attribution
 mkdir -p "$out"
 common=(--steps=2 --save_checkpoint=false --memory_timeline=2 --memory_timeline_min_bytes=1048576 --precision=f32)
-act=(--policy.type=act --dataset.type=random --dataset.num_scenes=8 --policy.state_dim=14 --policy.action_dim=14
+act=(--policy.type=act --policy.pretrained_backbone_weights=null --dataset.type=random --dataset.num_scenes=8 --policy.state_dim=14 --policy.action_dim=14
      --policy.chunk_size=100 --policy.n_action_steps=100 --batch_size=8)
 dif=(--policy.type=diffusion --dataset.type=random --dataset.num_scenes=8 --policy.state_dim=2 --policy.action_dim=2
      --policy.horizon=16 --batch_size=16)

@@ -2,7 +2,7 @@
 //! ResNet-18 backbone, transformer encoder and decoder, action head and loss, with the stage
 //! boundaries of [`super::model::ActStage`]. The residual stream is f32 (LayerNorm outputs);
 //! projections run in the compute dtype; attention scores and softmax in f32; dropout keeps
-//! its mask.
+//! its 1-byte mask.
 
 use super::config::ActConfig;
 use crate::estimate::{Buf, Graph, Map2d, dtype_bytes, resnet18};
@@ -21,10 +21,12 @@ impl Tx<'_> {
         if self.cfg.dropout <= 0.0 {
             return x;
         }
+        // x is f32 at every dropout site. The drop mask is a 1-byte bool tensor made on the
+        // host; `mask_fill` keeps it for the backward, the scaling keeps nothing.
         let n = self.g.bytes(x);
-        let mask = self.g.input(1, 0);
-        let mask = self.g.op("mask", &[mask], &[], n, false, 0, 0, 0);
-        self.g.mul(x, mask, n)
+        let mask = self.g.input((n / 4) as usize, 1);
+        let y = self.g.op("mask_fill", &[x, mask], &[mask], n, false, 0, 0, 0);
+        self.g.elementwise(&[y], n)
     }
 
     /// A linear layer on `[lead, rows / lead, din]` (lead 1: a 2-D input).

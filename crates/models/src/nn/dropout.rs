@@ -3,8 +3,6 @@
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-use super::to_dtype;
-
 /// Deterministic dropout masks, generated on the host from a seed.
 ///
 /// A mask element is a pure function of `(seed, site, element index)` (a SplitMix64 hash):
@@ -38,27 +36,32 @@ impl DropoutCtx {
         (block << 40) | ((layer as u64) << 8) | slot
     }
 
-    /// Keep-mask values (`0` or `1/(1−rate)`) for `n` elements of `site`.
-    pub fn mask_values(&self, site: u64, n: usize, rate: f64) -> Vec<f32> {
-        let keep_scale = (1.0 / (1.0 - rate)) as f32;
+    /// Which of `n` elements of `site` are dropped (`true`: set to 0).
+    pub fn drop_flags(&self, site: u64, n: usize, rate: f64) -> Vec<bool> {
         // Keep when a uniform u in [0, 1) is >= rate, as Bernoulli(1 - rate).
         let threshold = (rate * (1u64 << 53) as f64) as u64;
         let base = splitmix64(self.seed ^ splitmix64(site));
-        (0..n as u64)
-            .map(|i| if (splitmix64(base.wrapping_add(i)) >> 11) >= threshold { keep_scale } else { 0.0 })
-            .collect()
+        (0..n as u64).map(|i| (splitmix64(base.wrapping_add(i)) >> 11) < threshold).collect()
     }
 
-    /// `nn.Dropout(rate)` in training mode at `site`: `x · mask` (mask in x's dtype).
+    /// Keep-mask values (`0` or `1/(1−rate)`) for `n` elements of `site`.
+    pub fn mask_values(&self, site: u64, n: usize, rate: f64) -> Vec<f32> {
+        let keep_scale = (1.0 / (1.0 - rate)) as f32;
+        self.drop_flags(site, n, rate).into_iter().map(|drop| if drop { 0.0 } else { keep_scale }).collect()
+    }
+
+    /// `nn.Dropout(rate)` in training mode at `site`: dropped elements set to 0, the rest scaled
+    /// by `1/(1−rate)`. The mask is a bool tensor (1 byte per element), which is all the
+    /// backward keeps (`mask_fill`'s state), as PyTorch keeps a 1-byte mask; the scaling keeps
+    /// nothing. Same values as `x · mask_values` (`x · s` for kept elements, 0 otherwise).
     pub fn apply<B: Backend, const D: usize>(&self, x: Tensor<B, D>, site: u64, rate: f64) -> Tensor<B, D> {
         if rate <= 0.0 {
             return x;
         }
         let dims = x.dims();
         let n = dims.iter().product();
-        let mask = Tensor::<B, D>::from_data(TensorData::new(self.mask_values(site, n, rate), dims), &x.device());
-        let mask = to_dtype(mask, x.dtype());
-        x * mask
+        let drop = Tensor::<B, D, Bool>::from_data(TensorData::new(self.drop_flags(site, n, rate), dims), &x.device());
+        x.mask_fill(drop, 0.0).mul_scalar(1.0 / (1.0 - rate))
     }
 }
 
@@ -86,5 +89,29 @@ mod tests {
         assert!((kept - 0.75).abs() < 0.02, "kept fraction {kept}");
         assert!(a.iter().all(|v| *v == 0.0 || (*v - 4.0 / 3.0).abs() < 1e-6));
         assert_ne!(DropoutCtx::new(8).mask_values(DropoutCtx::site(1, 0, 2), 100, 0.25), a[..100].to_vec());
+    }
+
+    /// The bool-mask dropout gives the same values and gradients as multiplying by the f32
+    /// keep mask (what it replaced), and keeps only the 1-byte mask for the backward.
+    #[test]
+    fn bool_mask_dropout_equals_the_float_mask_product_with_its_gradient() {
+        type B = burn::backend::Autodiff<burn::backend::Flex>;
+        let dev = Default::default();
+        let ctx = DropoutCtx::new(11);
+        let site = DropoutCtx::site(2, 3, 1);
+        let (rate, dims) = (0.1, [4usize, 7, 33]);
+        let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| {
+            let x = x0.clone().detach().require_grad();
+            let y = f(x.clone());
+            let g = (y.clone() * w.clone()).sum().backward();
+            (y.into_data(), x.grad(&g).unwrap().into_data())
+        };
+        let (y_bool, g_bool) = run(&|x| ctx.apply(x, site, rate));
+        let n = dims.iter().product();
+        let (y_f32, g_f32) = run(&|x| x * Tensor::<B, 3>::from_data(TensorData::new(ctx.mask_values(site, n, rate), dims), &dev));
+        y_bool.assert_approx_eq::<f32>(&y_f32, burn::tensor::Tolerance::relative(1e-6));
+        g_bool.assert_approx_eq::<f32>(&g_f32, burn::tensor::Tolerance::relative(1e-6));
     }
 }
