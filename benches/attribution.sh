@@ -4,7 +4,7 @@
 # what it still held when the backward began, how far it rose above its entry), next to the
 # estimator's per-module rows for the same config (estimate.md). flex, f32, random inputs.
 # Batches are cut from the issue's rows (ACT 48 → 8, Diffusion 64 → 16) to run on a 2-core
-# machine; every stored activation scales with the batch.
+# machine, every stored activation scaling with the batch; ACT b48 240×320 is the issue's row.
 #   bash benches/attribution.sh            → benches/results/attribution/<config>/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +29,7 @@ run() {
 run vae_ultra_b2_8x32x32 --config=configs/vae3d_ultra.toml
 run act_b8_c100_96x96 "${act[@]}" --policy.camera_shape=3,96,96
 run act_b8_c100_240x320 "${act[@]}" --policy.camera_shape=3,240,320
+# Issue 11's own row (PyTorch on an H100: 3,860 MiB allocated), f32, batch 48.
+run act_b48_c100_240x320 "${act[@]}" --policy.camera_shape=3,240,320 --batch_size=48
 run diffusion_b16_h16_96x96_crop84 "${dif[@]}" --policy.camera_shape=3,96,96 --policy.crop_shape=84,84
 echo "wrote $out/*/memory_attribution.md"
