@@ -258,44 +258,46 @@ impl Graph {
         if from == to { x } else { self.op("cast", &[x], &[], self.bytes(x) / from * to, true, 0, 0, 0) }
     }
 
-    /// `silu(x) = x · sigmoid(x)`: keeps x and sigmoid(x).
-    pub fn silu(&mut self, x: Buf) -> Buf {
+    /// [`crate::nn::lean`]'s SiLU of `x` (elements of `width` bytes): one compute-bound node
+    /// that keeps only `x`. Workspaces: the f32 copy and `sigmoid(x)` forward; the backward's
+    /// f32 temporaries (`sigmoid`, `1 − s`, the product), plus f32 copies of `x` and the
+    /// output gradient when `width` < 4.
+    pub fn silu(&mut self, x: Buf, width: u64) -> Buf {
         let n = self.bytes(x);
-        let s = self.unary_saving(x, n);
-        self.mul(x, s, n)
+        let n32 = n / width * 4;
+        let casts = if width == 4 { 0 } else { n32 };
+        self.op("silu", &[x], &[x], n, true, n32 + casts, 3 * n32 + 2 * casts, 0)
     }
 
-    /// `mish(x) = x · tanh(softplus(x))`, softplus as `log(1 + exp(x))`.
-    pub fn mish(&mut self, x: Buf) -> Buf {
+    /// [`crate::nn::lean`]'s Mish: one node keeping `x`; softplus and tanh temporaries (3 f32
+    /// maps forward, 4 backward), plus f32 copies when `width` < 4.
+    pub fn mish(&mut self, x: Buf, width: u64) -> Buf {
         let n = self.bytes(x);
-        let e = self.unary_saving(x, n);
-        let e1 = self.elementwise(&[e], n);
-        let sp = self.unary_saving(e1, n);
-        let t = self.unary_saving(sp, n);
-        self.mul(x, t, n)
+        let n32 = n / width * 4;
+        let casts = if width == 4 { 0 } else { n32 };
+        self.op("mish", &[x], &[x], n, true, 3 * n32 + casts, 4 * n32 + 2 * casts, 0)
     }
 
-    /// GroupNorm / LayerNorm as the models compose them: f32 statistics, `centered` and
-    /// `normed` kept (f32), affine, back to the input's dtype. `width`: input element bytes;
-    /// `stat_bytes`: bytes of the per-group statistics.
-    pub fn norm(&mut self, x: Buf, width: u64, affine: Option<(Buf, Buf)>, stat_bytes: u64) -> Buf {
-        let n32 = self.bytes(x) / width * 4;
-        let xf = self.cast(x, width, 4);
-        let mean = self.reduce(xf, stat_bytes);
-        let centered = self.elementwise(&[xf, mean], n32);
-        let sq = self.unary_saving(centered, n32);
-        let var = self.reduce(sq, stat_bytes);
-        let ve = self.elementwise(&[var], stat_bytes);
-        let sd = self.unary_saving(ve, stat_bytes);
-        let normed = self.div(centered, sd, n32);
-        let y = match affine {
-            Some((w, b)) => {
-                let y = self.mul(normed, w, n32);
-                self.elementwise(&[y, b], n32)
-            }
-            None => normed,
-        };
-        self.cast(y, 4, width)
+    /// [`crate::nn::lean`]'s GroupNorm / LayerNorm (`silu`: with the fused SiLU): one node
+    /// that keeps its input (in its `width`) and the per-group mean and 1/std (`stat_bytes`
+    /// each); output in the input's width. Workspaces: forward, the f32 view, the centred and
+    /// scaled maps (2 f32 maps, plus the copy when `width` < 4); backward, `x̂`, the gradient
+    /// times the weight, its product with `x̂` and `dx` (4 f32 maps; 5 with the SiLU's
+    /// pre-activation), plus f32 copies of `x` and the output gradient when `width` < 4.
+    pub fn norm(&mut self, x: Buf, width: u64, affine: Option<(Buf, Buf)>, stat_bytes: u64, silu: bool) -> Buf {
+        let n = self.bytes(x);
+        let n32 = n / width * 4;
+        let casts = if width == 4 { 0 } else { n32 };
+        // The statistics come out of the forward untracked (no gradient of their own).
+        let stats = self.op("norm statistics", &[], &[], 2 * stat_bytes, true, 0, 0, 0);
+        let mut inputs = vec![x, stats];
+        let mut param_grad = 0;
+        if let Some((w, b)) = affine {
+            inputs.extend([w, b]);
+            param_grad = self.bytes(w) + self.bytes(b);
+        }
+        let bwd = (if silu { 5 } else { 4 }) * n32 + 2 * casts;
+        self.op("norm", &inputs, &[x, stats], n, true, 2 * n32 + casts, bwd, param_grad)
     }
 
     /// Softmax over the last axis as Burn composes it: `exp(x − max)` and the sum are kept.
@@ -684,7 +686,7 @@ pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_no
         let elems = x.n * x.c * x.hw[0] * x.hw[1];
         let buf = if group_norm {
             let affine = (g.weight(x.c, trainable, Precision::F32), g.weight(x.c, trainable, Precision::F32));
-            g.norm(x.buf, w, Some(affine), (x.n * (x.c / 16) * 4) as u64)
+            g.norm(x.buf, w, Some(affine), (x.n * (x.c / 16) * 4) as u64, false)
         } else {
             // FrozenBatchNorm2d: weight, bias, running mean and var (none trainable).
             frozen += 4 * 4 * x.c as u64;
@@ -744,26 +746,26 @@ mod tests {
         let mut g = Graph::new();
         let x = g.input(1000, 4);
         let y = g.conv(x, 1, 10, 10, 9, 100, 100, true, false, Precision::F32);
-        let s = g.silu(y);
+        let s = g.silu(y, 4);
         let _ = g.reduce(s, 4);
         assert_eq!(g.simulate(Recompute::Off).stored, 4, "only the loss scalar");
     }
 
     #[test]
-    fn silu_after_conv_keeps_its_input_and_sigmoid() {
+    fn silu_after_conv_keeps_only_its_input() {
         let mut g = Graph::new();
         let x = g.input(1000, 4);
         let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32); // 4000 B
-        let s = g.silu(y);
+        let s = g.silu(y, 4);
         let _ = g.reduce(s, 4);
-        // By hand: x is the caller's (data); silu keeps y and sigmoid(y) (4000 B each) and
-        // the loss scalar (4 B) stays. Forward peak at the reduce: y, s, y·s and the scalar.
+        // By hand: x is the caller's (data); the lean SiLU keeps y (4000 B) and the loss
+        // scalar (4 B) stays. Forward peak at the SiLU: y, its output and sigmoid(y).
         let p = g.simulate(Recompute::Off);
-        assert_eq!(p.stored, 2 * 4000 + 4);
-        assert_eq!(p.forward_peak, 3 * 4000 + 4);
-        // Backward peak at the mul: y, s, the scalar, grad(y·s) and the two new gradients
-        // grad(y), grad(s): 8004 + 4000 + 8000.
-        assert_eq!(p.backward_peak, 20_004);
+        assert_eq!(p.stored, 4000 + 4);
+        assert_eq!(p.forward_peak, 3 * 4000);
+        // Backward peak at the SiLU: y, the scalar, grad(s), the new grad(y) and three f32
+        // temporaries: 4004 + 4000 + 4000 + 12 000.
+        assert_eq!(p.backward_peak, 24_004);
         assert_eq!(p.backward_peak_module, "");
     }
 
@@ -791,10 +793,10 @@ mod tests {
         let x = g.input(1000, 4);
         g.stage(0, &[x]);
         let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
-        let y = g.silu(y);
+        let y = g.silu(y, 4);
         g.stage(1, &[y]);
         let z = g.conv(y, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
-        let z = g.silu(z);
+        let z = g.silu(z, 4);
         let _ = g.reduce(z, 4);
         let plain = g.simulate(Recompute::Off);
         let blocks = g.simulate(Recompute::Blocks);

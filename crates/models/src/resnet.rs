@@ -39,6 +39,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Initializer, PaddingConfig2d};
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::activation::relu;
 use burn::tensor::module::max_pool2d;
 use serde::{Deserialize, Serialize};
@@ -78,11 +79,11 @@ pub struct FrozenBatchNorm2d<B: Backend> {
     pub eps: f64,
 }
 
-fn buffer<B: Backend>(t: Tensor<B, 1>) -> Param<Tensor<B, 1>> {
+fn buffer<B: LeanBackend>(t: Tensor<B, 1>) -> Param<Tensor<B, 1>> {
     Param::from_tensor(t).set_require_grad(false)
 }
 
-impl<B: Backend> FrozenBatchNorm2d<B> {
+impl<B: LeanBackend> FrozenBatchNorm2d<B> {
     /// torchvision's initial state: weight 1, bias 0, running mean 0, running var 1.
     pub fn new(channels: usize, device: &B::Device) -> Self {
         Self {
@@ -118,7 +119,7 @@ pub enum Norm2d<B: Backend> {
     Group(GroupNorm<B>),
 }
 
-impl<B: Backend> Norm2d<B> {
+impl<B: LeanBackend> Norm2d<B> {
     pub fn new(kind: ResNetNorm, channels: usize, device: &B::Device) -> Self {
         match kind {
             ResNetNorm::FrozenBatchNorm => Norm2d::Frozen(FrozenBatchNorm2d::new(channels, device)),
@@ -155,7 +156,7 @@ pub struct BasicBlock<B: Backend> {
 }
 
 /// torchvision's convolutions: no bias, Kaiming-normal (fan_out, ReLU gain) initialisation.
-fn conv<B: Backend>(cin: usize, cout: usize, kernel: usize, stride: usize, dilation: usize, device: &B::Device) -> Conv2d<B> {
+fn conv<B: LeanBackend>(cin: usize, cout: usize, kernel: usize, stride: usize, dilation: usize, device: &B::Device) -> Conv2d<B> {
     // conv3x3: padding = dilation; conv1x1: 0; conv1 (7x7): 3.
     let pad = dilation * (kernel - 1) / 2;
     Conv2dConfig::new([cin, cout], [kernel, kernel])
@@ -167,7 +168,7 @@ fn conv<B: Backend>(cin: usize, cout: usize, kernel: usize, stride: usize, dilat
         .init(device)
 }
 
-impl<B: Backend> BasicBlock<B> {
+impl<B: LeanBackend> BasicBlock<B> {
     /// `dilation` applies to both 3×3 convolutions (torchvision's BasicBlock itself rejects
     /// dilation > 1, see [`ResNetConfig::replace_final_stride_with_dilation`]).
     pub fn new(cin: usize, cout: usize, stride: usize, dilation: usize, norm: ResNetNorm, device: &B::Device) -> Self {
@@ -251,7 +252,7 @@ impl ResNetConfig {
         }
     }
 
-    pub fn init<B: Backend>(&self, device: &B::Device) -> ResNet<B> {
+    pub fn init<B: LeanBackend>(&self, device: &B::Device) -> ResNet<B> {
         let mut cin = 64;
         let mut stages: Vec<Vec<BasicBlock<B>>> = (0..4)
             .map(|i| {
@@ -356,7 +357,7 @@ pub enum ResNetStage {
     Layer(usize),
 }
 
-impl<B: Backend> ResNet<B> {
+impl<B: LeanBackend> ResNet<B> {
     /// The stages: the stem, then `layer1` .. `layer4`. [`ResNet::forward`] is their fold.
     pub fn stages(&self) -> Vec<ResNetStage> {
         std::iter::once(ResNetStage::Stem).chain((0..self.layers().len()).map(ResNetStage::Layer)).collect()
@@ -431,7 +432,7 @@ pub fn is_frozen_bn_buffer(container: &str, _field: &str) -> bool {
 /// `(parameter elements, buffer elements)` of a module, where `is_buffer(container, field)`
 /// says which tensors PyTorch registers as buffers (`container` is Burn's
 /// `"Struct:<Name>"` of the struct holding the tensor, `field` its field name).
-pub fn count_params_and_buffers<B: Backend, M: Module<B>>(module: &M, is_buffer: impl Fn(&str, &str) -> bool) -> (usize, usize) {
+pub fn count_params_and_buffers<B: LeanBackend, M: Module<B>>(module: &M, is_buffer: impl Fn(&str, &str) -> bool) -> (usize, usize) {
     struct Count<F> {
         stack: Vec<(String, String)>,
         is_buffer: F,
@@ -465,7 +466,7 @@ pub fn count_params_and_buffers<B: Backend, M: Module<B>>(module: &M, is_buffer:
 /// `true` for the rest. Use after `AutodiffModule::from_inner` (which leaves everything
 /// `require_grad = false`) or to freeze / unfreeze parts. Paths leave enum variants out, as
 /// [`crate::weights`] names them.
-pub fn set_trainable<B: Backend, M: Module<B>>(module: M, is_buffer: impl Fn(&str, &str) -> bool, frozen_prefixes: &[&str]) -> M {
+pub fn set_trainable<B: LeanBackend, M: Module<B>>(module: M, is_buffer: impl Fn(&str, &str) -> bool, frozen_prefixes: &[&str]) -> M {
     struct Mark<'a, F> {
         path: crate::weights::PathStack,
         last: Vec<(String, String)>,
@@ -507,7 +508,7 @@ pub fn is_unused_torchvision_key(key: &str) -> bool {
 /// naming the file and the key. BatchNorm's `weight`/`bias`/`running_*` fill the
 /// FrozenBatchNorm2d buffers (what torchvision's `FrozenBatchNorm2d` loads too);
 /// `require_grad` flags are kept.
-pub fn load_torchvision_weights<B: Backend>(trunk: ResNet<B>, path: &std::path::Path) -> Result<ResNet<B>, crate::weights::WeightError> {
+pub fn load_torchvision_weights<B: LeanBackend>(trunk: ResNet<B>, path: &std::path::Path) -> Result<ResNet<B>, crate::weights::WeightError> {
     crate::weights::load_safetensors(trunk, path, |k| (!is_unused_torchvision_key(k)).then(|| k.to_string()))
 }
 

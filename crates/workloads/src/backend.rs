@@ -8,10 +8,9 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-use burn::prelude::Backend;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use vramlab_models::nn::Precision;
+use vramlab_models::nn::{LeanBackend, Precision};
 use vramlab_probe::MemoryProbe;
 use vramlab_train::CheckpointMode;
 
@@ -160,9 +159,14 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
 }
 
 /// Work to run on whichever backend the user picked.
+/// A backend a job trains on: Burn's autodiff over an inner backend, both with vramlab's lean
+/// normalisations and activations (`vramlab_models::nn::lean`).
+pub trait TrainBackend: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
+impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
+
 pub trait Job {
     type Output;
-    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<Self::Output>;
+    fn run<B: TrainBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<Self::Output>;
 }
 
 /// Facts about the backend in use, for reports.
@@ -196,7 +200,7 @@ impl BackendInfo {
 }
 
 /// Fails with a clear message when the device cannot compute in `precision`.
-pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, precision: Precision) -> Result<()> {
+pub fn check_precision<B: LeanBackend>(device: &B::Device, backend: BackendKind, precision: Precision) -> Result<()> {
     let dt: DType = precision.dtype().into();
     if B::supports_dtype(device, dt) {
         return Ok(());
@@ -216,7 +220,7 @@ pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, pre
 
 fn run_with<I, J>(job: J, device: I::Device, mode: CheckpointMode, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<J::Output>
 where
-    I: Backend,
+    I: LeanBackend,
     J: Job,
 {
     if mode == CheckpointMode::Balanced {
@@ -289,7 +293,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
 pub(crate) fn cubecl_probe<R, B>(name: &str, device: R::Device, nvml: Option<vramlab_probe::nvml::NvmlDevice>) -> vramlab_probe::SampledProbe
 where
     R: burn::cubecl::Runtime,
-    B: Backend<Device = R::Device>,
+    B: LeanBackend<Device = R::Device>,
 {
     vramlab_probe::SampledProbe::new(name, move || {
         let _ = B::sync(&device);

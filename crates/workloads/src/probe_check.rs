@@ -10,8 +10,8 @@
 //! - *reserved* never decreases and bounds the true peak from above (CubeCL's pools), so its
 //!   final value is the exact reserved peak.
 
+use crate::backend::TrainBackend;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_probe::{MemoryProbe, PeakKind};
 
 use crate::backend::{BackendInfo, Job, dispatch};
@@ -126,7 +126,7 @@ struct CheckJob;
 
 impl Job for CheckJob {
     type Output = ProbeCheck;
-    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<ProbeCheck> {
+    fn run<B: TrainBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<ProbeCheck> {
         // Warm the device (context, pools' bookkeeping) before the starting point.
         drop(Tensor::<B, 1>::full([1024], 1.0, &device));
         let base = probe.sample();

@@ -2,11 +2,11 @@
 //! policy's optimizer preset, the output directory, checkpoint files, and the summary header.
 //! What the user sees while it runs is the caller's [`TrainObserver`].
 
+use crate::backend::TrainBackend;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::policy::{LrSchedulerKind, OptimizerKind, OptimizerPreset};
 use vramlab_probe::MemoryProbe;
 use vramlab_train::trainer::BoxError;
@@ -208,7 +208,7 @@ pub fn run_training<B, M>(
     observer: &mut dyn TrainObserver,
 ) -> Result<()>
 where
-    B: AutodiffBackend,
+    B: TrainBackend,
     M: TrainModel<B>,
 {
     let TrainSetup { policy, model, config_json, pretrained_files, num_params, optim, data_desc, mut data } = setup;

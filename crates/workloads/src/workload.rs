@@ -1,11 +1,11 @@
 //! The commands' entry points. Each matches on the workload once and runs on the backend the
 //! run config names ([`crate::backend::dispatch`]).
 
+use crate::backend::TrainBackend;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::nn::Precision;
 use vramlab_probe::MemoryProbe;
 
@@ -32,7 +32,7 @@ struct TrainJob<'o> {
 impl Job for TrainJob<'_> {
     type Output = ();
 
-    fn run<B: AutodiffBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
+    fn run<B: TrainBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<()> {
         let Self { cfg, observer } = self;
         match &cfg.policy()?.kind {
             Workload::Vae3d(p) => run_training::<B, _>(&cfg, info, probe, &device, vae3d::setup::<B>(p, &cfg, &device)?, observer),
@@ -87,7 +87,7 @@ fn rows_by_top_module(shapes: &[(String, Vec<usize>)]) -> Vec<(String, u64, u64)
 impl Job for InfoJob<'_> {
     type Output = InfoReport;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<InfoReport> {
+    fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<InfoReport> {
         match &self.cfg.policy()?.kind {
             Workload::Vae3d(p) => {
                 let model = p.config.init::<B::InnerBackend>(&device);
@@ -173,7 +173,7 @@ struct PredictJob<'a> {
 impl Job for PredictJob<'_> {
     type Output = Vec<(String, Vec<usize>)>;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<Self::Output> {
+    fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<Self::Output> {
         let Self { kind, dir, out, mut inputs, processors, precision } = self;
         let dir = &dir;
         let outputs: Vec<(String, TensorData)> = match kind.as_str() {

@@ -39,7 +39,7 @@ impl Tx<'_> {
     fn layer_norm(&mut self, x: Buf, rows: usize) -> Buf {
         let d = self.cfg.dim_model;
         let affine = (self.g.weight(d, true, Precision::F32), self.g.weight(d, true, Precision::F32));
-        self.g.norm(x, 4, Some(affine), (rows * 4) as u64)
+        self.g.norm(x, 4, Some(affine), (rows * 4) as u64, false)
     }
 
     /// `nn.MultiheadAttention` with `l` queries over `s` keys (rows are `b·l`).

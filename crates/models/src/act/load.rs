@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use burn::prelude::*;
+use crate::nn::LeanBackend;
 
 use super::config::ActConfig;
 use super::model::Act;
@@ -38,7 +38,7 @@ pub fn model_key(file_key: &str) -> Option<String> {
 /// Read `dir/config.json` and `dir/model.safetensors` of any lerobot ACT `pretrained_model/`
 /// directory (or one written by [`save_pretrained`]). With `freeze_backbone` in the config
 /// the backbone comes back frozen.
-pub fn load_pretrained<B: Backend>(dir: &Path, device: &B::Device) -> Result<(ActConfig, Act<B>), ActLoadError> {
+pub fn load_pretrained<B: LeanBackend>(dir: &Path, device: &B::Device) -> Result<(ActConfig, Act<B>), ActLoadError> {
     let config = ActConfig::from_json_file(&dir.join(CONFIG_FILE))?;
     let model = load_weights(config.init(device), &dir.join(WEIGHTS_FILE))?;
     Ok((config, model))
@@ -46,19 +46,19 @@ pub fn load_pretrained<B: Backend>(dir: &Path, device: &B::Device) -> Result<(Ac
 
 /// Load a lerobot-named safetensors file into an already built model (`require_grad` flags
 /// are kept).
-pub fn load_weights<B: Backend>(model: Act<B>, path: &Path) -> Result<Act<B>, WeightError> {
+pub fn load_weights<B: LeanBackend>(model: Act<B>, path: &Path) -> Result<Act<B>, WeightError> {
     load_safetensors(model, path, model_key)
 }
 
 /// Write the model's tensors (parameters and buffers, f32) under lerobot's `model.` names.
-pub fn save_weights<B: Backend>(model: &Act<B>, path: &Path) -> Result<(), WeightError> {
+pub fn save_weights<B: LeanBackend>(model: &Act<B>, path: &Path) -> Result<(), WeightError> {
     let tensors: Vec<_> = named_tensors::<B, _>(model).into_iter().map(|(k, v)| (format!("{KEY_PREFIX}{k}"), v)).collect();
     write_safetensors(&tensors, path)
 }
 
 /// Write `dir/config.json` (lerobot format, `"type": "act"`) and `dir/model.safetensors`
 /// (lerobot key names). Creates `dir` if needed.
-pub fn save_pretrained<B: Backend>(config: &ActConfig, model: &Act<B>, dir: &Path) -> Result<(), ActLoadError> {
+pub fn save_pretrained<B: LeanBackend>(config: &ActConfig, model: &Act<B>, dir: &Path) -> Result<(), ActLoadError> {
     write_config_file(dir, &config.to_json_string())?;
     save_weights(model, &dir.join(WEIGHTS_FILE))?;
     Ok(())

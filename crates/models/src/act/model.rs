@@ -48,6 +48,7 @@ use burn::module::{Module, Param};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 
 use super::config::ActConfig;
@@ -74,7 +75,7 @@ pub struct LayerCtx<'a> {
 }
 
 impl LayerCtx<'_> {
-    fn drop<B: Backend, const D: usize>(&self, x: Tensor<B, D>, slot: u64) -> Tensor<B, D> {
+    fn drop<B: LeanBackend, const D: usize>(&self, x: Tensor<B, D>, slot: u64) -> Tensor<B, D> {
         dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
     }
 
@@ -83,7 +84,7 @@ impl LayerCtx<'_> {
     }
 }
 
-fn add_pos<B: Backend>(x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>) -> Tensor<B, 3> {
+fn add_pos<B: LeanBackend>(x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>) -> Tensor<B, 3> {
     match pos {
         Some(p) => x + p.clone(),
         None => x,
@@ -102,7 +103,7 @@ pub struct ActEncoderLayer<B: Backend> {
     pub pre_norm: bool,
 }
 
-impl<B: Backend> ActEncoderLayer<B> {
+impl<B: LeanBackend> ActEncoderLayer<B> {
     pub fn new(cfg: &ActConfig, device: &B::Device) -> Self {
         let (d, ff) = (cfg.dim_model, cfg.dim_feedforward);
         let mut self_attn = MultiheadAttention::new(d, cfg.n_heads, device);
@@ -150,7 +151,7 @@ pub struct ActEncoder<B: Backend> {
     pub norm: Option<LayerNorm<B>>,
 }
 
-impl<B: Backend> ActEncoder<B> {
+impl<B: LeanBackend> ActEncoder<B> {
     pub fn new(cfg: &ActConfig, num_layers: usize, device: &B::Device) -> Self {
         Self {
             layers: (0..num_layers).map(|_| ActEncoderLayer::new(cfg, device)).collect(),
@@ -180,7 +181,7 @@ pub struct ActDecoderLayer<B: Backend> {
     pub pre_norm: bool,
 }
 
-impl<B: Backend> ActDecoderLayer<B> {
+impl<B: LeanBackend> ActDecoderLayer<B> {
     pub fn new(cfg: &ActConfig, device: &B::Device) -> Self {
         let (d, ff) = (cfg.dim_model, cfg.dim_feedforward);
         let mut self_attn = MultiheadAttention::new(d, cfg.n_heads, device);
@@ -308,7 +309,7 @@ pub struct ActCtx<B: Backend> {
     pub dropout: Option<DropoutCtx>,
 }
 
-impl<B: Backend> ActCtx<B> {
+impl<B: LeanBackend> ActCtx<B> {
     /// Inference: `z = 0`, no dropout.
     pub fn eval(precision: Precision) -> Self {
         Self { precision, training: false, eps: None, dropout: None }
@@ -346,7 +347,7 @@ pub struct ActBatch<B: Backend> {
     pub action_is_pad: Option<Tensor<B, 2, Bool>>,
 }
 
-impl<B: Backend> ActBatch<B> {
+impl<B: LeanBackend> ActBatch<B> {
     pub fn batch_size(&self) -> usize {
         self.images
             .first()
@@ -425,7 +426,7 @@ vramlab_stages::tensor_bundle!(enum ActState {
     Actions { actions, posterior },
 });
 
-impl<B: Backend> ActState<B> {
+impl<B: LeanBackend> ActState<B> {
     fn unexpected(&self, stage: ActStage) -> ! {
         let name = match self {
             Self::Start {} => "Start",
@@ -497,7 +498,7 @@ impl ActConfig {
     /// PyTorch defaults elsewhere; the backbone gets torchvision's random init — lerobot's
     /// default ImageNet weights are not fetched). With `freeze_backbone` the backbone is
     /// frozen. Panics on an invalid config; call [`ActConfig::validate`] for an error instead.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Act<B> {
+    pub fn init<B: LeanBackend>(&self, device: &B::Device) -> Act<B> {
         if let Err(e) = self.validate() {
             panic!("invalid ActConfig: {e}");
         }
@@ -539,7 +540,7 @@ impl ActConfig {
     }
 }
 
-impl<B: Backend> Act<B> {
+impl<B: LeanBackend> Act<B> {
     fn layer_ctx<'a>(&self, ctx: &'a ActCtx<B>, block: u64, layer: usize) -> LayerCtx<'a> {
         LayerCtx {
             precision: ctx.precision,
@@ -709,7 +710,7 @@ impl<B: Backend> Act<B> {
     }
 }
 
-impl<B: Backend> Staged<B> for Act<B> {
+impl<B: LeanBackend> Staged<B> for Act<B> {
     type Input = ActInput<B>;
     type State = ActState<B>;
     type Output = ActOutput<B>;
@@ -799,7 +800,7 @@ impl<B: Backend> Staged<B> for Act<B> {
 }
 
 /// The backbone maps and posterior of a state before the encoder input (none yet at `Start`).
-fn into_backbone<B: Backend>(state: ActState<B>) -> (Vec<Tensor<B, 4>>, Option<Posterior<B>>) {
+fn into_backbone<B: LeanBackend>(state: ActState<B>) -> (Vec<Tensor<B, 4>>, Option<Posterior<B>>) {
     match state {
         ActState::Backbone { features, posterior } => (features, posterior),
         _ => (Vec::new(), None),

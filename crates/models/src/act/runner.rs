@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 
 use super::model::{Act, ActBatch, ActCtx};
@@ -28,7 +29,7 @@ pub struct TemporalEnsembler<B: Backend> {
     counts: Vec<usize>,
 }
 
-impl<B: Backend> TemporalEnsembler<B> {
+impl<B: LeanBackend> TemporalEnsembler<B> {
     pub fn new(coeff: f64, chunk_size: usize) -> Self {
         let weights: Vec<f32> = (0..chunk_size).map(|i| (-(coeff as f32) * i as f32).exp()).collect();
         let weights_cumsum = weights
@@ -83,7 +84,7 @@ pub struct ActPolicyRunner<B: Backend> {
     ensembler: Option<TemporalEnsembler<B>>,
 }
 
-impl<B: Backend> ActPolicyRunner<B> {
+impl<B: LeanBackend> ActPolicyRunner<B> {
     /// From the config's `n_action_steps`, `chunk_size` and `temporal_ensemble_coeff`.
     pub fn new(config: &super::ActConfig) -> Self {
         Self {

@@ -26,13 +26,13 @@ impl Unet<'_> {
     fn block(&mut self, x: Buf, cin: usize, cout: usize, len: usize) -> Buf {
         let h = self.conv(x, cin, cout, self.k, len, len);
         let affine = (self.g.weight(cout, true, Precision::F32), self.g.weight(cout, true, Precision::F32));
-        let h = self.g.norm(h, self.w, Some(affine), (self.b * self.groups * 4) as u64);
-        self.g.mish(h)
+        let h = self.g.norm(h, self.w, Some(affine), (self.b * self.groups * 4) as u64, false);
+        self.g.mish(h, self.w)
     }
 
     fn res(&mut self, x: Buf, cond: Buf, cin: usize, cout: usize, len: usize) -> Buf {
         let out = self.block(x, cin, cout, len);
-        let m = self.g.mish(cond);
+        let m = self.g.mish(cond, 4);
         let cc = if self.film_scale { 2 * cout } else { cout };
         let mc = self.g.cast(m, 4, self.w);
         let emb = self.g.linear(mc, 1, self.b, self.cond_dim, cc, true, true, self.p);
@@ -96,7 +96,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let t = g.input(b * e, 4);
     let tc = g.cast(t, 4, w);
     let t1 = g.linear(tc, 1, b, e, 4 * e, true, true, p);
-    let t1 = g.mish(t1);
+    let t1 = g.mish(t1, w);
     let t2 = g.linear(t1, 1, b, 4 * e, e, true, true, p);
     let t2 = g.cast(t2, w, 4);
     let cond = g.elementwise(&[t2, global], (b * cfg.cond_dim() * 4) as u64);

@@ -15,10 +15,11 @@ use burn::module::{Module, Param};
 use burn::nn::PaddingConfig1d;
 use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d};
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{relu, softmax};
+use burn::tensor::activation::softmax;
 
-use crate::nn::{GroupNorm, Linear, Precision, cast, conv1d_p, conv2d_p, to_dtype, to_f32};
+use crate::nn::{GroupNorm, Linear, Precision, cast, conv1d_p, conv2d_p, to_f32};
 
 /// `nn.GroupNorm`'s default epsilon.
 pub const GROUP_NORM_EPS: f64 = 1e-5;
@@ -26,12 +27,9 @@ pub const GROUP_NORM_EPS: f64 = 1e-5;
 /// `nn.Mish`: `x · tanh(softplus(x))`, computed in f32 (as PyTorch's kernel does for reduced
 /// precision inputs) with the overflow-free `softplus(x) = max(x, 0) + log1p(exp(−|x|))`;
 /// returned in the input's dtype.
-pub fn mish<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    let dtype = x.dtype();
-    let x = to_f32(x);
-    let softplus = relu(x.clone()) + x.clone().abs().neg().exp().log1p();
-    let y = x * softplus.tanh();
-    to_dtype(y, dtype)
+/// One autodiff node that keeps only its input ([`crate::nn::lean`]).
+pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    crate::nn::mish(x)
 }
 
 /// `DiffusionSinusoidalPosEmb(dim)` of integer timesteps, computed on the host with torch's
@@ -64,7 +62,7 @@ pub struct Conv1dBlock<B: Backend> {
     pub block: Vec<Conv1dBlockLayer<B>>,
 }
 
-impl<B: Backend> Conv1dBlock<B> {
+impl<B: LeanBackend> Conv1dBlock<B> {
     /// PyTorch initialisation (Conv1d default, GroupNorm 1 / 0).
     pub fn new(cin: usize, cout: usize, kernel: usize, n_groups: usize, device: &B::Device) -> Self {
         let pad = kernel / 2;
@@ -97,7 +95,7 @@ pub struct ConditionalResidualBlock1d<B: Backend> {
     pub use_film_scale_modulation: bool,
 }
 
-impl<B: Backend> ConditionalResidualBlock1d<B> {
+impl<B: LeanBackend> ConditionalResidualBlock1d<B> {
     pub fn new(cin: usize, cout: usize, cond_dim: usize, kernel: usize, n_groups: usize, film_scale: bool, device: &B::Device) -> Self {
         let cond_channels = if film_scale { 2 * cout } else { cout };
         Self {
@@ -171,7 +169,7 @@ pub struct SpatialSoftmax<B: Backend> {
     pub pos_grid: Param<Tensor<B, 2>>,
 }
 
-impl<B: Backend> SpatialSoftmax<B> {
+impl<B: LeanBackend> SpatialSoftmax<B> {
     pub fn new(in_channels: usize, h: usize, w: usize, num_kp: usize, device: &B::Device) -> Self {
         let nets = burn::nn::conv::Conv2dConfig::new([in_channels, num_kp], [1, 1]).init(device);
         let grid = Tensor::<B, 2>::from_data(TensorData::new(spatial_softmax_pos_grid(h, w), [h * w, 2]), device);
@@ -218,7 +216,7 @@ pub fn antialias_bilinear_weights(input: usize, output: usize) -> Vec<f32> {
 ///
 /// # Shapes
 /// - images: `[n, c, H, W]` → `[n, c, h, w]`
-pub fn resize_bilinear_antialias<B: Backend>(images: Tensor<B, 4>, [h, w]: [usize; 2]) -> Tensor<B, 4> {
+pub fn resize_bilinear_antialias<B: LeanBackend>(images: Tensor<B, 4>, [h, w]: [usize; 2]) -> Tensor<B, 4> {
     let [n, c, hh, ww] = images.dims();
     if [hh, ww] == [h, w] {
         return images;

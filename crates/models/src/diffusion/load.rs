@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use burn::prelude::*;
+use crate::nn::LeanBackend;
 
 use super::config::DiffusionConfig;
 use super::model::Diffusion;
@@ -85,7 +85,7 @@ pub fn file_key(model_key: &str) -> String {
 
 /// Read `dir/config.json` and `dir/model.safetensors` of a lerobot Diffusion Policy
 /// `pretrained_model/` directory (or one written by [`save_pretrained`]).
-pub fn load_pretrained<B: Backend>(dir: &Path, device: &B::Device) -> Result<(DiffusionConfig, Diffusion<B>), DiffusionLoadError> {
+pub fn load_pretrained<B: LeanBackend>(dir: &Path, device: &B::Device) -> Result<(DiffusionConfig, Diffusion<B>), DiffusionLoadError> {
     let config = DiffusionConfig::from_json_file(&dir.join(CONFIG_FILE))?;
     let model = load_weights(config.init(device), &dir.join(WEIGHTS_FILE))?;
     Ok((config, model))
@@ -93,19 +93,19 @@ pub fn load_pretrained<B: Backend>(dir: &Path, device: &B::Device) -> Result<(Di
 
 /// Load a lerobot-named safetensors file into an already built model (`require_grad` flags
 /// are kept).
-pub fn load_weights<B: Backend>(model: Diffusion<B>, path: &Path) -> Result<Diffusion<B>, WeightError> {
+pub fn load_weights<B: LeanBackend>(model: Diffusion<B>, path: &Path) -> Result<Diffusion<B>, WeightError> {
     load_safetensors(model, path, model_key)
 }
 
 /// Write the model's tensors (parameters and the `pos_grid` buffers, f32) under lerobot's names.
-pub fn save_weights<B: Backend>(model: &Diffusion<B>, path: &Path) -> Result<(), WeightError> {
+pub fn save_weights<B: LeanBackend>(model: &Diffusion<B>, path: &Path) -> Result<(), WeightError> {
     let tensors: Vec<_> = named_tensors::<B, _>(model).into_iter().map(|(k, v)| (file_key(&k), v)).collect();
     write_safetensors(&tensors, path)
 }
 
 /// Write `dir/config.json` (lerobot format, `"type": "diffusion"`) and `dir/model.safetensors`
 /// (lerobot key names). Creates `dir` if needed.
-pub fn save_pretrained<B: Backend>(config: &DiffusionConfig, model: &Diffusion<B>, dir: &Path) -> Result<(), DiffusionLoadError> {
+pub fn save_pretrained<B: LeanBackend>(config: &DiffusionConfig, model: &Diffusion<B>, dir: &Path) -> Result<(), DiffusionLoadError> {
     write_config_file(dir, &config.to_json_string())?;
     save_weights(model, &dir.join(WEIGHTS_FILE))?;
     Ok(())

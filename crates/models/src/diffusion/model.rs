@@ -43,6 +43,7 @@ use burn::module::Module;
 use burn::nn::PaddingConfig1d;
 use burn::nn::conv::{Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig};
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
@@ -70,7 +71,7 @@ pub struct RgbEncoder<B: Backend> {
     pub out: Linear<B>,
 }
 
-impl<B: Backend> RgbEncoder<B> {
+impl<B: LeanBackend> RgbEncoder<B> {
     /// SpatialSoftmax, `out`, ReLU on the backbone's feature map.
     ///
     /// # Shapes
@@ -126,14 +127,14 @@ pub struct ConditionalUnet1d<B: Backend> {
     pub diffusion_step_embed_dim: usize,
 }
 
-fn res_of<B: Backend>(layers: &[UnetLayer<B>], j: usize) -> &ConditionalResidualBlock1d<B> {
+fn res_of<B: LeanBackend>(layers: &[UnetLayer<B>], j: usize) -> &ConditionalResidualBlock1d<B> {
     match layers.get(j) {
         Some(UnetLayer::Res(r)) => r,
         _ => panic!("UNet level: entry {j} is not a residual block"),
     }
 }
 
-impl<B: Backend> ConditionalUnet1d<B> {
+impl<B: LeanBackend> ConditionalUnet1d<B> {
     pub fn new(cfg: &DiffusionConfig, device: &B::Device) -> Self {
         let (a, e, k, g, film) =
             (cfg.action_dim(), cfg.diffusion_step_embed_dim, cfg.kernel_size, cfg.n_groups, cfg.use_film_scale_modulation);
@@ -355,7 +356,7 @@ pub struct Diffusion<B: Backend> {
 impl DiffusionConfig {
     /// One `DiffusionRgbEncoder` (PyTorch / torchvision initialisation; frozen backbone with
     /// `freeze_backbone`).
-    fn init_rgb_encoder<B: Backend>(&self, device: &B::Device) -> RgbEncoder<B> {
+    fn init_rgb_encoder<B: LeanBackend>(&self, device: &B::Device) -> RgbEncoder<B> {
         let bb = self.backbone_config().expect("a camera");
         let [h, w] = self.feature_map_size().expect("a camera");
         let k = self.spatial_softmax_num_keypoints;
@@ -370,7 +371,7 @@ impl DiffusionConfig {
     /// Build the model with PyTorch's default initialisation (torchvision's for the trunk; no
     /// ImageNet weights). Panics on an invalid config; call [`DiffusionConfig::validate`] for an
     /// error instead.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Diffusion<B> {
+    pub fn init<B: LeanBackend>(&self, device: &B::Device) -> Diffusion<B> {
         if let Err(e) = self.validate() {
             panic!("invalid DiffusionConfig: {e}");
         }
@@ -386,13 +387,13 @@ impl DiffusionConfig {
 }
 
 /// `[n, c, H, W]` → `[n, c, h, w]` at `[top, left]`.
-pub fn crop<B: Backend>(images: Tensor<B, 4>, [h, w]: [usize; 2], [top, left]: [usize; 2]) -> Tensor<B, 4> {
+pub fn crop<B: LeanBackend>(images: Tensor<B, 4>, [h, w]: [usize; 2], [top, left]: [usize; 2]) -> Tensor<B, 4> {
     let [n, c, hh, ww] = images.dims();
     assert!(top + h <= hh && left + w <= ww, "crop {h}×{w} at ({top}, {left}) does not fit {hh}×{ww}");
     images.slice([0..n, 0..c, top..top + h, left..left + w])
 }
 
-impl<B: Backend> Diffusion<B> {
+impl<B: LeanBackend> Diffusion<B> {
     /// The RGB encoders (`0` without cameras).
     pub fn num_rgb_encoders(&self) -> usize {
         match &self.rgb_encoder {
@@ -633,7 +634,7 @@ pub enum DiffusionState<B: Backend> {
 }
 vramlab_stages::tensor_bundle!(enum DiffusionState { Encoders { maps }, Unet { unet } });
 
-impl<B: Backend> Staged<B> for Diffusion<B> {
+impl<B: LeanBackend> Staged<B> for Diffusion<B> {
     type Input = DiffusionInput<B>;
     type State = DiffusionState<B>;
     /// The loss `[1]` f32.

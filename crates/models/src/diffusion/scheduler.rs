@@ -16,6 +16,7 @@
 //! the DDPM step takes its variance noise.
 
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 
 use super::config::DiffusionConfig;
@@ -203,7 +204,7 @@ impl NoiseScheduler {
     }
 
     /// `x₀` and `ε` from the model output (before clipping).
-    fn split_prediction<B: Backend>(&self, model_output: Tensor<B, 3>, sample: Tensor<B, 3>, a_t: f32) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    fn split_prediction<B: LeanBackend>(&self, model_output: Tensor<B, 3>, sample: Tensor<B, 3>, a_t: f32) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let b_t = 1.0f32 - a_t;
         match self.prediction_type {
             PredictionType::Epsilon => {
@@ -217,7 +218,7 @@ impl NoiseScheduler {
         }
     }
 
-    fn clip<B: Backend>(&self, x0: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn clip<B: LeanBackend>(&self, x0: Tensor<B, 3>) -> Tensor<B, 3> {
         if self.clip_sample {
             let r = self.clip_sample_range;
             x0.clamp(-r, r)
@@ -232,7 +233,7 @@ impl NoiseScheduler {
     ///
     /// # Shapes
     /// - model_output, sample, variance_noise: `[b, horizon, action_dim]` → same (f32)
-    pub fn step<B: Backend>(&self, model_output: Tensor<B, 3>, t: usize, sample: Tensor<B, 3>, variance_noise: Option<Tensor<B, 3>>) -> Tensor<B, 3> {
+    pub fn step<B: LeanBackend>(&self, model_output: Tensor<B, 3>, t: usize, sample: Tensor<B, 3>, variance_noise: Option<Tensor<B, 3>>) -> Tensor<B, 3> {
         assert!(t < self.num_train_timesteps, "step: timestep {t} >= num_train_timesteps {}", self.num_train_timesteps);
         let (model_output, sample) = (to_f32(model_output), to_f32(sample));
         let prev_t = self.previous_timestep(t);
@@ -281,7 +282,7 @@ impl NoiseScheduler {
     ///
     /// # Shapes
     /// - original, noise: `[b, horizon, action_dim]`; timesteps: `b` entries → `[b, horizon, action_dim]`
-    pub fn add_noise<B: Backend>(&self, original: Tensor<B, 3>, noise: Tensor<B, 3>, timesteps: &[usize]) -> Tensor<B, 3> {
+    pub fn add_noise<B: LeanBackend>(&self, original: Tensor<B, 3>, noise: Tensor<B, 3>, timesteps: &[usize]) -> Tensor<B, 3> {
         let b = original.dims()[0];
         assert_eq!(timesteps.len(), b, "add_noise: one timestep per batch element");
         let device = original.device();

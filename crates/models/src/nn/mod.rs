@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 mod attention;
 mod conv;
 mod dropout;
+pub mod lean;
 mod linear;
 mod norm;
 
@@ -22,6 +23,7 @@ pub use attention::MultiheadAttention;
 pub use conv::{conv_transpose1d_p, conv1d_p, conv2d_p, conv3d_p};
 pub use dropout::{DropoutCtx, dropout};
 pub use linear::{Activation, Embedding, Linear, xavier_uniform};
+pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
 /// Compute precision of a forward pass. Parameters always stay f32.

@@ -3,6 +3,8 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 
+use super::lean::{self, LeanBackend, NormAct};
+#[cfg(test)]
 use super::{to_dtype, to_f32};
 
 /// `nn.LayerNorm`'s default epsilon.
@@ -16,7 +18,7 @@ pub struct LayerNorm<B: Backend> {
     pub eps: f64,
 }
 
-impl<B: Backend> LayerNorm<B> {
+impl<B: LeanBackend> LayerNorm<B> {
     pub fn new(d: usize, device: &B::Device) -> Self {
         Self {
             weight: Param::from_tensor(Tensor::ones([d], device)),
@@ -30,15 +32,7 @@ impl<B: Backend> LayerNorm<B> {
     /// # Shapes
     /// - x: `[..., d]` → `[..., d]` (f32)
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let x = to_f32(x);
-        let mean = x.clone().mean_dim(D - 1);
-        let centered = x - mean;
-        let var = centered.clone().square().mean_dim(D - 1);
-        let normed = centered / (var + self.eps).sqrt();
-        let d = self.weight.dims()[0];
-        let mut shape = [1usize; D];
-        shape[D - 1] = d;
-        normed * self.weight.val().reshape(shape) + self.bias.val().reshape(shape)
+        lean::layer_norm(x, self.weight.val(), self.bias.val(), self.eps)
     }
 }
 
@@ -52,7 +46,7 @@ pub struct GroupNorm<B: Backend> {
     pub eps: f64,
 }
 
-impl<B: Backend> GroupNorm<B> {
+impl<B: LeanBackend> GroupNorm<B> {
     pub fn new(num_groups: usize, channels: usize, eps: f64, device: &B::Device) -> Self {
         assert!(
             num_groups > 0 && channels.is_multiple_of(num_groups),
@@ -69,6 +63,34 @@ impl<B: Backend> GroupNorm<B> {
     /// # Shapes
     /// - x: `[batch, channels, ...]` (any rank D >= 3)
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_act(x, NormAct::None)
+    }
+
+    /// GroupNorm followed by `act`, one autodiff node (see [`lean`]).
+    pub fn forward_act<const D: usize>(&self, x: Tensor<B, D>, act: NormAct) -> Tensor<B, D> {
+        lean::group_norm(x, self.weight.val(), self.bias.val(), self.num_groups, self.eps, act)
+    }
+}
+
+/// The normalisations composed of Burn ops (what autodiff of primitive ops keeps); the
+/// reference for the hand-written backwards' gradient-equality tests.
+#[cfg(test)]
+pub(crate) mod composed {
+    use super::*;
+
+    pub fn layer_norm<B: Backend, const D: usize>(ln: &LayerNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+        let x = to_f32(x);
+        let mean = x.clone().mean_dim(D - 1);
+        let centered = x - mean;
+        let var = centered.clone().square().mean_dim(D - 1);
+        let normed = centered / (var + ln.eps).sqrt();
+        let d = ln.weight.dims()[0];
+        let mut shape = [1usize; D];
+        shape[D - 1] = d;
+        normed * ln.weight.val().reshape(shape) + ln.bias.val().reshape(shape)
+    }
+
+    pub fn group_norm<B: Backend, const D: usize>(gn: &GroupNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
         let in_dtype = x.dtype();
         let dims = x.dims();
         let (b, c) = (dims[0], dims[1]);
@@ -76,15 +98,15 @@ impl<B: Backend> GroupNorm<B> {
         // whole group (thousands to millions of elements) accumulates ~1e-5 relative f32
         // error on some backends (Flex), which GroupNorm amplifies on sparse inputs.
         let last = dims[D - 1];
-        let x = to_f32(x).reshape([b, self.num_groups, c / self.num_groups * dims[2..].iter().product::<usize>() / last, last]);
+        let x = to_f32(x).reshape([b, gn.num_groups, c / gn.num_groups * dims[2..].iter().product::<usize>() / last, last]);
         let mean = x.clone().mean_dim(3).mean_dim(2); // [b, g, 1, 1]
         let centered = x - mean;
         let var = centered.clone().square().mean_dim(3).mean_dim(2);
-        let normed = centered / (var + self.eps).sqrt();
+        let normed = centered / (var + gn.eps).sqrt();
         let normed = normed.reshape(dims);
         let mut affine_shape = [1usize; D];
         affine_shape[1] = c;
-        let y = normed * self.weight.val().reshape(affine_shape) + self.bias.val().reshape(affine_shape);
+        let y = normed * gn.weight.val().reshape(affine_shape) + gn.bias.val().reshape(affine_shape);
         to_dtype(y, in_dtype)
     }
 }

@@ -35,15 +35,20 @@ impl Builder<'_> {
         Vol { buf, c: cout, dhw }
     }
 
-    fn norm(&mut self, x: Vol) -> Vol {
+    fn norm_with(&mut self, x: Vol, silu: bool) -> Vol {
         let groups = group_count(x.c, 32);
         let affine = (self.g.weight(x.c, true, Precision::F32), self.g.weight(x.c, true, Precision::F32));
-        let buf = self.g.norm(x.buf, self.w, Some(affine), (self.b * groups * 4) as u64);
+        let buf = self.g.norm(x.buf, self.w, Some(affine), (self.b * groups * 4) as u64, silu);
         Vol { buf, ..x }
     }
 
-    fn silu(&mut self, x: Vol) -> Vol {
-        Vol { buf: self.g.silu(x.buf), ..x }
+    fn norm(&mut self, x: Vol) -> Vol {
+        self.norm_with(x, false)
+    }
+
+    /// GroupNorm with the fused SiLU (the model's `forward_act(h, NormAct::Silu)`).
+    fn norm_silu(&mut self, x: Vol) -> Vol {
+        self.norm_with(x, true)
     }
 
     fn add(&mut self, a: Vol, b: Vol) -> Vol {
@@ -51,11 +56,9 @@ impl Builder<'_> {
     }
 
     fn res(&mut self, x: Vol, cout: usize) -> Vol {
-        let h = self.norm(x);
-        let h = self.silu(h);
+        let h = self.norm_silu(x);
         let h = self.conv(h, cout, 3, [1; 3]);
-        let h = self.norm(h);
-        let h = self.silu(h);
+        let h = self.norm_silu(h);
         let h = self.conv(h, cout, 3, [1; 3]);
         let skip = if x.c != cout { self.conv(x, cout, 1, [1; 3]) } else { x };
         self.add(skip, h)
@@ -141,8 +144,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
         h = bld.attn(h);
     }
     h = bld.res(h, ch);
-    h = bld.norm(h);
-    h = bld.silu(h);
+    h = bld.norm_silu(h);
     h = bld.conv(h, 2 * cfg.latent_dim, 3, [1; 3]);
     let moments = bld.g.cast(h.buf, bld.w, 4);
     let lat = Vol { buf: moments, c: 2 * cfg.latent_dim, dhw: h.dhw };
@@ -187,8 +189,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     let _ = ch;
     bld.g.stage(stage, &[h.buf, lat.buf]);
     bld.g.module("decoder.head+loss");
-    h = bld.norm(h);
-    h = bld.silu(h);
+    h = bld.norm_silu(h);
     h = bld.conv(h, cfg.out_channels, 3, [1; 3]);
     let recon = bld.g.cast(h.buf, bld.w, 4);
     loss(&mut bld.g, cfg, x, recon, mean, logvar, batch * grid.iter().product::<usize>(), half);

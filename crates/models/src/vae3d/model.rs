@@ -25,11 +25,12 @@ use burn::module::Module;
 use burn::nn::PaddingConfig3d;
 use burn::nn::conv::{Conv3d, Conv3dConfig};
 use burn::prelude::*;
+use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{relu, silu, softmax};
+use burn::tensor::activation::{relu, softmax};
 
 use super::config::{Vae3dConfig, Vae3dLossKind, level_stride};
-use crate::nn::{GroupNorm, Precision, cast, conv3d_p, group_count, to_f32};
+use crate::nn::{GroupNorm, NormAct, Precision, cast, conv3d_p, group_count, to_f32};
 use crate::stages::Staged;
 
 /// `nn.GroupNorm`'s default epsilon (the reference's `GroupNorm32` does not override it).
@@ -40,7 +41,7 @@ const MAX_GROUPS: usize = 32;
 const LOGVAR_MIN: f64 = -30.0;
 const LOGVAR_MAX: f64 = 20.0;
 
-fn conv<B: Backend>(cin: usize, cout: usize, kernel: usize, stride: [usize; 3], device: &B::Device) -> Conv3d<B> {
+fn conv<B: LeanBackend>(cin: usize, cout: usize, kernel: usize, stride: [usize; 3], device: &B::Device) -> Conv3d<B> {
     let pad = kernel / 2; // "same" for odd kernels at stride 1, as the reference's padding=1 / 0
     Conv3dConfig::new([cin, cout], [kernel; 3])
         .with_stride(stride)
@@ -48,7 +49,7 @@ fn conv<B: Backend>(cin: usize, cout: usize, kernel: usize, stride: [usize; 3], 
         .init(device)
 }
 
-fn norm<B: Backend>(channels: usize, device: &B::Device) -> GroupNorm<B> {
+fn norm<B: LeanBackend>(channels: usize, device: &B::Device) -> GroupNorm<B> {
     // Largest divisor of C that is <= min(32, C): equal to the reference's min(32, C) whenever
     // that divides C; where it does not (48 channels), PyTorch would raise instead.
     GroupNorm::new(group_count(channels, MAX_GROUPS), channels, NORM_EPS, device)
@@ -65,7 +66,7 @@ pub struct ResBlock3d<B: Backend> {
     pub skip: Option<Conv3d<B>>,
 }
 
-impl<B: Backend> ResBlock3d<B> {
+impl<B: LeanBackend> ResBlock3d<B> {
     pub fn new(cin: usize, cout: usize, device: &B::Device) -> Self {
         Self {
             norm1: norm(cin, device),
@@ -79,10 +80,10 @@ impl<B: Backend> ResBlock3d<B> {
     /// # Shapes
     /// - x: `[batch, in, d, h, w]` → `[batch, out, d, h, w]`
     pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
-        let h = silu(self.norm1.forward(x.clone())); // [b, in, d, h, w]
+        let h = self.norm1.forward_act(x.clone(), NormAct::Silu); // [b, in, d, h, w]
         let h = conv3d_p(&self.conv1, h, p); // [b, out, d, h, w]
         // Dropout would sit here; only p = 0 is supported (Vae3dConfig::validate).
-        let h = silu(self.norm2.forward(h));
+        let h = self.norm2.forward_act(h, NormAct::Silu);
         let h = conv3d_p(&self.conv2, h, p); // [b, out, d, h, w]
         let skip = match &self.skip {
             Some(c) => conv3d_p(c, x, p), // [b, out, d, h, w]
@@ -98,7 +99,7 @@ pub struct Downsample3d<B: Backend> {
     pub conv: Conv3d<B>,
 }
 
-impl<B: Backend> Downsample3d<B> {
+impl<B: LeanBackend> Downsample3d<B> {
     /// # Shapes
     /// - x: `[batch, c, d, h, w]` → `[batch, c, ⌈d/s_d⌉, ⌈h/s_h⌉, ⌈w/s_w⌉]`
     pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
@@ -114,7 +115,7 @@ pub struct Upsample3d<B: Backend> {
     pub scale: [usize; 3],
 }
 
-impl<B: Backend> Upsample3d<B> {
+impl<B: LeanBackend> Upsample3d<B> {
     /// # Shapes
     /// - x: `[batch, c, d, h, w]` → `[batch, c, d·s_d, h·s_h, w·s_w]`
     pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
@@ -131,7 +132,7 @@ impl<B: Backend> Upsample3d<B> {
 ///
 /// # Shapes
 /// - x: `[batch, c, d, h, w]` → `[batch, c, d·scale[0], h·scale[1], w·scale[2]]`
-pub fn upsample_trilinear<B: Backend>(x: Tensor<B, 5>, scale: [usize; 3]) -> Tensor<B, 5> {
+pub fn upsample_trilinear<B: LeanBackend>(x: Tensor<B, 5>, scale: [usize; 3]) -> Tensor<B, 5> {
     let mut h = x;
     for (axis, &s) in scale.iter().enumerate() {
         if s != 1 {
@@ -142,7 +143,7 @@ pub fn upsample_trilinear<B: Backend>(x: Tensor<B, 5>, scale: [usize; 3]) -> Ten
 }
 
 /// Linear interpolation along `dim` by integer factor `scale` (align_corners = false).
-fn upsample_linear_axis<B: Backend>(x: Tensor<B, 5>, dim: usize, scale: usize) -> Tensor<B, 5> {
+fn upsample_linear_axis<B: LeanBackend>(x: Tensor<B, 5>, dim: usize, scale: usize) -> Tensor<B, 5> {
     let n_in = x.dims()[dim];
     let (i0, i1, lambda) = linear_source_indices(n_in, scale);
     let n_out = lambda.len();
@@ -189,7 +190,7 @@ pub struct SelfAttention3d<B: Backend> {
     pub num_heads: usize,
 }
 
-impl<B: Backend> SelfAttention3d<B> {
+impl<B: LeanBackend> SelfAttention3d<B> {
     pub fn new(channels: usize, num_heads: usize, device: &B::Device) -> Self {
         Self {
             norm: norm(channels, device),
@@ -235,7 +236,7 @@ pub enum VaeLayer<B: Backend> {
     Up(Upsample3d<B>),
 }
 
-impl<B: Backend> VaeLayer<B> {
+impl<B: LeanBackend> VaeLayer<B> {
     pub fn forward(&self, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
         match self {
             VaeLayer::Res(m) => m.forward(x, p),
@@ -246,12 +247,12 @@ impl<B: Backend> VaeLayer<B> {
     }
 }
 
-fn run_layers<'a, B: Backend>(layers: impl IntoIterator<Item = &'a VaeLayer<B>>, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
+fn run_layers<'a, B: LeanBackend>(layers: impl IntoIterator<Item = &'a VaeLayer<B>>, x: Tensor<B, 5>, p: Precision) -> Tensor<B, 5> {
     layers.into_iter().fold(x, |h, layer| layer.forward(h, p))
 }
 
 /// `nn.Sequential(ResBlock3D, SelfAttention3D or Identity, ResBlock3D)`.
-fn mid_block<B: Backend>(ch: usize, cfg: &Vae3dConfig, device: &B::Device) -> Vec<Option<VaeLayer<B>>> {
+fn mid_block<B: LeanBackend>(ch: usize, cfg: &Vae3dConfig, device: &B::Device) -> Vec<Option<VaeLayer<B>>> {
     vec![
         Some(VaeLayer::Res(ResBlock3d::new(ch, ch, device))),
         cfg.use_attention.then(|| VaeLayer::Attn(SelfAttention3d::new(ch, cfg.num_heads, device))),
@@ -369,7 +370,7 @@ impl Vae3dConfig {
     /// Build the model with PyTorch-like default initialisation (Kaiming-uniform convs,
     /// GroupNorm weight 1 / bias 0). Panics on an invalid config; call
     /// [`Vae3dConfig::validate`] first for an error instead.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> Vae3d<B> {
+    pub fn init<B: LeanBackend>(&self, device: &B::Device) -> Vae3d<B> {
         if let Err(e) = self.validate() {
             panic!("invalid Vae3dConfig: {e}");
         }
@@ -450,7 +451,7 @@ impl Vae3dConfig {
 ///
 /// # Shapes
 /// - x: `[a, b, c, d, e]` → `[1]`
-pub fn mean_all<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 1> {
+pub fn mean_all<B: LeanBackend>(x: Tensor<B, 5>) -> Tensor<B, 1> {
     x.mean_dim(4).mean_dim(3).mean_dim(2).mean_dim(1).mean_dim(0).reshape([1])
 }
 
@@ -458,14 +459,14 @@ pub fn mean_all<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 1> {
 ///
 /// # Shapes
 /// - moments: `[batch, 2·latent, d', h', w']` → two `[batch, latent, d', h', w']`
-pub fn split_moments<B: Backend>(moments: Tensor<B, 5>) -> (Tensor<B, 5>, Tensor<B, 5>) {
+pub fn split_moments<B: LeanBackend>(moments: Tensor<B, 5>) -> (Tensor<B, 5>, Tensor<B, 5>) {
     let latent = moments.dims()[1] / 2;
     let mean = moments.clone().narrow(1, 0, latent); // [b, latent, d', h', w']
     let logvar = moments.narrow(1, latent, latent).clamp(LOGVAR_MIN, LOGVAR_MAX);
     (mean, logvar)
 }
 
-impl<B: Backend> Vae3d<B> {
+impl<B: LeanBackend> Vae3d<B> {
     fn enc_levels(&self) -> usize {
         self.encoder.down_blocks.len()
     }
@@ -492,7 +493,7 @@ impl<B: Backend> Vae3d<B> {
             (Vae3dStage::Down(i), Vae3dState::Encoder { h }) => Vae3dState::Encoder { h: run_layers(&enc.down_blocks[i], h, p) },
             (Vae3dStage::Moments, Vae3dState::Encoder { h }) => {
                 let h = run_layers(enc.mid_block.iter().flatten(), h, p);
-                let h = silu(enc.norm_out.forward(h));
+                let h = enc.norm_out.forward_act(h, NormAct::Silu);
                 Vae3dState::Moments { moments: to_f32(conv3d_p(&enc.conv_out, h, p)) } // [b, 2·latent, d', h', w']
             }
             (Vae3dStage::Latent, Vae3dState::Moments { moments }) => {
@@ -511,7 +512,7 @@ impl<B: Backend> Vae3d<B> {
             (Vae3dStage::Mid, Vae3dState::Decoder { h, moments }) => Vae3dState::Decoder { h: run_layers(dec.mid_block.iter().flatten(), h, p), moments },
             (Vae3dStage::Up(j), Vae3dState::Decoder { h, moments }) => Vae3dState::Decoder { h: run_layers(&dec.up_blocks[j], h, p), moments },
             (Vae3dStage::Out, Vae3dState::Decoder { h, moments }) => {
-                let h = silu(dec.norm_out.forward(h));
+                let h = dec.norm_out.forward_act(h, NormAct::Silu);
                 Vae3dState::Decoder { h: to_f32(conv3d_p(&dec.conv_out, h, p)), moments } // [b, out, d, h, w]
             }
             (s, _) => panic!("Vae3d: stage {s:?} in the wrong state (stage plan bug)"),
@@ -624,7 +625,7 @@ impl<B: Backend> Vae3d<B> {
     }
 }
 
-impl<B: Backend> Staged<B> for Vae3d<B> {
+impl<B: LeanBackend> Staged<B> for Vae3d<B> {
     type Input = Vae3dInput<B>;
     type State = Vae3dState<B>;
     type Output = Vae3dOutput<B>;

@@ -5,10 +5,11 @@ pub mod train;
 
 pub use train::{ActTrain, ActTrainBatch, features_of, to_batch, window};
 
+use vramlab_models::nn::LeanBackend;
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
 use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, is_act_buffer};
 use vramlab_models::nn::Precision;
@@ -83,7 +84,7 @@ impl ActPolicy {
 }
 
 /// `vramlab info`: parameters per module (backbone, VAE encoder, encoder, decoder, the rest).
-pub fn info<B: Backend>(ac: &ActConfig, device: &B::Device) -> Result<InfoReport> {
+pub fn info<B: LeanBackend>(ac: &ActConfig, device: &B::Device) -> Result<InfoReport> {
     let mut model = ac.init::<B>(device);
     if ac.freeze_backbone {
         model = model.with_frozen_backbone();
@@ -107,7 +108,7 @@ pub fn info<B: Backend>(ac: &ActConfig, device: &B::Device) -> Result<InfoReport
 }
 
 /// Parameter rows: (module, parameters, trainable).
-fn info_rows<B: Backend>(model: &Act<B>) -> Vec<(String, u64, u64)> {
+fn info_rows<B: LeanBackend>(model: &Act<B>) -> Vec<(String, u64, u64)> {
     let count = |m: &dyn Fn() -> (usize, usize)| m().0 as u64;
     let backbone = model.backbone.as_ref().map_or(0, |b| count(&|| count_params_and_buffers::<B, _>(b, is_act_buffer)));
     let vae = model.vae_encoder.as_ref().map_or(0, |e| count(&|| count_params_and_buffers::<B, _>(e, is_act_buffer)));
@@ -129,7 +130,7 @@ fn info_rows<B: Backend>(model: &Act<B>) -> Vec<(String, u64, u64)> {
 /// fixture's tensor names: `eval_actions` (z = 0), and with actions given, the training pass
 /// with the VAE noise set to 0 (`train_actions_z_mu`, `vae_mu`, `vae_log_sigma_x2`, `loss`,
 /// `l1_loss`, `kld_loss`). Inputs are checked against the config first.
-pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
+pub fn predict<B: LeanBackend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
     let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device)?;
     let b = Dim::Any("B");
     let state = match cfg.robot_state_dim() {
@@ -171,7 +172,7 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
 
 /// lerobot's `pretrained_backbone_weights` as a local torchvision state dict: loaded into the
 /// backbone (lerobot loads torchvision's ImageNet weights there).
-fn load_backbone_weights<B: Backend>(mut model: Act<B>, path: &Path) -> Result<Act<B>> {
+fn load_backbone_weights<B: LeanBackend>(mut model: Act<B>, path: &Path) -> Result<Act<B>> {
     if let Some(bb) = model.backbone.take() {
         let bb = vramlab_models::resnet::load_torchvision_weights(bb, path).map_err(|e| WorkloadError::invalid("policy.pretrained_backbone_weights", e.to_string()))?;
         model.backbone = Some(bb);
@@ -180,7 +181,7 @@ fn load_backbone_weights<B: Backend>(mut model: Act<B>, path: &Path) -> Result<A
 }
 
 /// The model, data and optimizer preset of an ACT run.
-pub fn setup<'a, B: AutodiffBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, ActTrain<B>, ActTrainBatch<B>>> {
+pub fn setup<'a, B: TrainBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, ActTrain<B>, ActTrainBatch<B>>> {
     let c = &p.config;
     let spec = PolicyDataSpec { window: window(c.chunk_size), delta: c.delta_indices(), norm_map: norm_map(&c.normalization_mapping)?, drop_n_last_frames: 0 };
     let (ac, source) = match open_policy_data(cfg, &spec)? {

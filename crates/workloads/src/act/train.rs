@@ -2,11 +2,11 @@
 //! own ([`Act`]'s stage plan): the trainer folds over it, or recomputes it stage by stage
 //! (`--gradient_checkpointing=blocks`).
 
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::module::Module;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
 use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, ActInput, ActOutput};
 use vramlab_models::nn::Precision;
@@ -31,7 +31,7 @@ pub struct ActTrainBatch<B: Backend> {
     pub dropout_seed: u64,
 }
 
-impl<B: AutodiffBackend> TrainModel<B> for ActTrain<B> {
+impl<B: TrainBackend> TrainModel<B> for ActTrain<B> {
     type Batch = ActTrainBatch<B>;
     type Model = Act<B>;
 
@@ -156,9 +156,9 @@ mod tests {
     struct Probe(Act<Flex>, ActConfig);
 
     impl GradientProbe<Flex> for Probe {
-        fn gradients<A: AutodiffBackend<InnerBackend = Flex>>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
-            let model = ActTrain::<A> { act: Act::<A>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
-            let batch = to_batch::<A>(host_batch(&self.1), &self.1, 3, 1, 0, &Default::default());
+        fn gradients<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
+            let model = ActTrain::<burn::backend::Autodiff<Flex, C>> { act: Act::<burn::backend::Autodiff<Flex, C>>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
+            let batch = to_batch::<burn::backend::Autodiff<Flex, C>>(host_batch(&self.1), &self.1, 3, 1, 0, &Default::default());
             named_gradients(&model, &batch, mode)
         }
     }

@@ -5,10 +5,11 @@ pub mod train;
 
 pub use train::{DiffusionTrain, DiffusionTrainBatch, to_batch};
 
+use vramlab_models::nn::LeanBackend;
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
 use vramlab_models::nn::Precision;
 use vramlab_models::policy::InvalidField;
@@ -62,7 +63,7 @@ impl DiffusionPolicy {
 }
 
 /// `vramlab info`: parameters of the RGB encoder(s) and the UNet.
-pub fn info<B: Backend>(dc: &DiffusionConfig, device: &B::Device) -> Result<InfoReport> {
+pub fn info<B: LeanBackend>(dc: &DiffusionConfig, device: &B::Device) -> Result<InfoReport> {
     let (enc, unet) = (dc.rgb_encoder_num_params() as u64, dc.unet_num_params() as u64);
     // A frozen backbone: the ResNet trunk's parameters stop being trainable.
     let frozen: u64 = if dc.freeze_backbone {
@@ -89,7 +90,7 @@ pub fn info<B: Backend>(dc: &DiffusionConfig, device: &B::Device) -> Result<Info
 /// `global_cond`; with `x_t` + `timesteps`, `unet_eps`; with `initial_noise`, `ddim_actions`
 /// (the configured scheduler's sampling, DDIM in the fixture). Inputs are checked against the
 /// config first.
-pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
+pub fn predict<B: LeanBackend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
     let (cfg, model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device)?;
     let (b, s) = (Dim::Any("B"), Dim::Is(cfg.n_obs_steps));
     let state = inputs.float::<B, 3>("observation.state", [b, s, Dim::Is(cfg.state_dim())], device)?;
@@ -138,7 +139,7 @@ pub fn features_of(cfg: &DiffusionConfig) -> DataFeatures {
 }
 
 /// The model, data and optimizer preset of a Diffusion Policy run.
-pub fn setup<'a, B: AutodiffBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, DiffusionTrain<B>, DiffusionTrainBatch<B>>> {
+pub fn setup<'a, B: TrainBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, DiffusionTrain<B>, DiffusionTrainBatch<B>>> {
     let base = &p.config;
     let window = Window { obs_steps: Some(base.n_obs_steps), actions: base.horizon };
     let spec = PolicyDataSpec { window, delta: base.delta_indices(), norm_map: norm_map(&base.normalization_mapping)?, drop_n_last_frames: base.drop_n_last_frames };

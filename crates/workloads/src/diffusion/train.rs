@@ -2,11 +2,11 @@
 //! the model's own: lerobot's `compute_loss` as [`Diffusion`]'s stage plan, which the trainer
 //! folds over or recomputes stage by stage (`--gradient_checkpointing=blocks`).
 
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::module::Module;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
 use vramlab_models::diffusion::{Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, DiffusionInput};
 use vramlab_models::nn::Precision;
@@ -62,7 +62,7 @@ pub fn to_batch<B: Backend>(h: HostBatch, cfg: &DiffusionConfig, seed: u64, step
     }
 }
 
-impl<B: AutodiffBackend> TrainModel<B> for DiffusionTrain<B> {
+impl<B: TrainBackend> TrainModel<B> for DiffusionTrain<B> {
     type Batch = DiffusionTrainBatch<B>;
     type Model = Diffusion<B>;
 
@@ -138,9 +138,9 @@ mod tests {
     struct Probe(Diffusion<Flex>, DiffusionConfig);
 
     impl GradientProbe<Flex> for Probe {
-        fn gradients<A: AutodiffBackend<InnerBackend = Flex>>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
-            let model = DiffusionTrain::<A> { model: Diffusion::<A>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
-            let batch = to_batch::<A>(host_batch(&self.1), &self.1, 3, 1, 0, &Default::default());
+        fn gradients<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
+            let model = DiffusionTrain::<burn::backend::Autodiff<Flex, C>> { model: Diffusion::<burn::backend::Autodiff<Flex, C>>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
+            let batch = to_batch::<burn::backend::Autodiff<Flex, C>>(host_batch(&self.1), &self.1, 3, 1, 0, &Default::default());
             named_gradients(&model, &batch, mode)
         }
     }

@@ -13,11 +13,11 @@ pub mod policy;
 pub mod report;
 pub mod robot;
 
+use vramlab_models::nn::LeanBackend;
+use crate::backend::TrainBackend;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use burn::prelude::Backend;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::act::{ActConfig, ActPolicyRunner};
 use vramlab_models::diffusion::DiffusionConfig;
 use vramlab_models::nn::Precision;
@@ -136,13 +136,13 @@ struct BenchJob<'a> {
 impl Job for BenchJob<'_> {
     type Output = BenchReport;
 
-    fn run<B: AutodiffBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
+    fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
         bench_on::<B::InnerBackend>(self.req, self.backend, self.machine, &device)
     }
 }
 
 /// [`bench`] on backend `B` (`backend` names it in the report).
-pub fn bench_on<B: Backend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
+pub fn bench_on<B: LeanBackend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
     if !(req.fps.is_finite() && req.fps > 0.0) {
         return Err(WorkloadError::invalid("fps", format!("must be a positive number, got {}", req.fps)));
     }
@@ -179,7 +179,7 @@ fn invalid(e: vramlab_models::policy::InvalidField) -> WorkloadError {
     WorkloadError::invalid(e.field, e.msg)
 }
 
-fn bench_act<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
+fn bench_act<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
     let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device)?;
     let cams: Vec<String> = cfg.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
     report.policy = format!(
@@ -224,7 +224,7 @@ fn bench_act<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: 
     Ok(())
 }
 
-fn bench_diffusion<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
+fn bench_diffusion<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
     if req.modes == ModeChoice::Ensemble || req.temporal_ensemble_coeff.is_some() {
         return Err(WorkloadError::invalid("temporal_ensemble_coeff", "temporal ensembling is ACT's; lerobot's DiffusionPolicy has none".into()));
     }
@@ -266,7 +266,7 @@ fn bench_diffusion<B: Backend>(req: &BenchRequest, dir: &Path, stats: &Stats, de
 
 /// `warmup` calls, a reset (as at an episode start), then `calls` measured calls, each
 /// starting a period of 1/fps.
-fn run_mode<B: Backend>(req: &BenchRequest, mode: Mode, io: &PolicyIo, processor: &Processor<B>, mut runner: Runner<'_, B>) -> Result<ModeRun> {
+fn run_mode<B: LeanBackend>(req: &BenchRequest, mode: Mode, io: &PolicyIo, processor: &Processor<B>, mut runner: Runner<'_, B>) -> Result<ModeRun> {
     let period = Duration::from_secs_f64(1.0 / req.fps);
     let cams: Vec<[usize; 3]> = io.cameras.iter().map(|(_, s)| *s).collect();
     let mut robot = SyntheticRobot::new(&cams, io.state.as_ref().map(|s| s.1), io.env_state.as_ref().map(|s| s.1), req.seed);

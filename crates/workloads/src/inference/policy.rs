@@ -14,7 +14,7 @@ use burn::prelude::*;
 use burn::tensor::{Distribution, TensorData};
 use vramlab_models::act::{Act, ActBatch, ActCtx, ActPolicyRunner};
 use vramlab_models::diffusion::{Diffusion, DiffusionBatch, DiffusionCtx, SchedulerKind};
-use vramlab_models::nn::Precision;
+use vramlab_models::nn::{LeanBackend, Precision};
 use vramlab_models::policy::{FeatureType, NormalizationMapping, NormalizationMode};
 
 use super::robot::{Frame, Observation};
@@ -97,12 +97,12 @@ impl Stats {
 }
 
 /// `x · scale + shift` on the device, broadcast over the batch (and pixels).
-struct Affine<B: Backend, const D: usize> {
+struct Affine<B: LeanBackend, const D: usize> {
     scale: Tensor<B, D>,
     shift: Tensor<B, D>,
 }
 
-impl<B: Backend, const D: usize> Affine<B, D> {
+impl<B: LeanBackend, const D: usize> Affine<B, D> {
     fn new((scale, shift): (Vec<f32>, Vec<f32>), shape: [usize; D], device: &B::Device) -> Self {
         let t = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), device);
         Self { scale: t(scale), shift: t(shift) }
@@ -148,7 +148,7 @@ fn affine(key: &str, kind: FeatureType, n: usize, mapping: &NormalizationMapping
 }
 
 /// The pre- and post-processing around `select_action`, with its constants on the device.
-pub struct Processor<B: Backend> {
+pub struct Processor<B: LeanBackend> {
     cameras: Vec<Option<Affine<B, 4>>>,
     state: Option<Affine<B, 2>>,
     env_state: Option<Affine<B, 2>>,
@@ -160,7 +160,7 @@ pub struct Processor<B: Backend> {
 
 /// A preprocessed observation on the device (batch of 1).
 #[derive(Clone, Debug)]
-pub struct DeviceObs<B: Backend> {
+pub struct DeviceObs<B: LeanBackend> {
     /// `[1, 3, h, w]` per camera.
     pub images: Vec<Tensor<B, 4>>,
     /// `[1, state_dim]`
@@ -169,7 +169,7 @@ pub struct DeviceObs<B: Backend> {
     pub env_state: Option<Tensor<B, 2>>,
 }
 
-impl<B: Backend> Processor<B> {
+impl<B: LeanBackend> Processor<B> {
     pub fn new(io: &PolicyIo, stats: &Stats, device: &B::Device) -> Result<Self> {
         let (m, mut neutral) = (&io.mapping, Vec::new());
         let mut cameras = Vec::new();
@@ -228,13 +228,13 @@ fn chw(f: &Frame) -> Vec<f32> {
 
 /// lerobot's `DiffusionPolicy.select_action` state: the last `n_obs_steps` observations (the
 /// first one repeated until the queue is full, as `populate_queues`) and the queued actions.
-pub struct DiffusionRunner<B: Backend> {
+pub struct DiffusionRunner<B: LeanBackend> {
     n_obs_steps: usize,
     observations: VecDeque<DeviceObs<B>>,
     actions: VecDeque<Tensor<B, 2>>,
 }
 
-impl<B: Backend> DiffusionRunner<B> {
+impl<B: LeanBackend> DiffusionRunner<B> {
     pub fn new(n_obs_steps: usize) -> Self {
         Self { n_obs_steps, observations: VecDeque::new(), actions: VecDeque::new() }
     }
@@ -282,12 +282,12 @@ impl<B: Backend> DiffusionRunner<B> {
 }
 
 /// A loaded policy with its `select_action` state.
-pub enum Runner<'m, B: Backend> {
+pub enum Runner<'m, B: LeanBackend> {
     Act { model: &'m Act<B>, runner: ActPolicyRunner<B> },
     Diffusion { model: &'m Diffusion<B>, runner: DiffusionRunner<B> },
 }
 
-impl<B: Backend> Runner<'_, B> {
+impl<B: LeanBackend> Runner<'_, B> {
     /// Call when the environment resets (empties the queues and the ensembler).
     pub fn reset(&mut self) {
         match self {

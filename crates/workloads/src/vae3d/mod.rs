@@ -7,10 +7,11 @@ pub mod train;
 pub use data::VoxelSource;
 pub use train::{Vae3dBatch, Vae3dTrain, make_batch};
 
+use vramlab_models::nn::LeanBackend;
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::nn::Precision;
 use vramlab_models::vae3d::Vae3dConfig;
 
@@ -31,7 +32,7 @@ pub fn grid_mismatch(cfg: &Vae3dConfig, grid: [usize; 3]) -> Option<String> {
 
 /// `vramlab predict` for a VAE checkpoint: `mean`, `logvar`, `recon` (posterior mean, no
 /// sampling) and the reference loss terms for input `x`, checked against the config first.
-pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
+pub fn predict<B: LeanBackend>(dir: &Path, inputs: &mut Inputs, precision: Precision, device: &B::Device) -> Result<Vec<(String, TensorData)>> {
     let (cfg, model) = vramlab_models::vae3d::load_pretrained::<B>(dir, device)?;
     let any = |n| Dim::Any(n);
     let x: Tensor<B, 5> = inputs.float("x", [any("B"), Dim::Is(cfg.in_channels), any("D"), any("H"), any("W")], device)?;
@@ -52,7 +53,7 @@ pub fn predict<B: Backend>(dir: &Path, inputs: &mut Inputs, precision: Precision
 }
 
 /// The model, data and optimizer preset of a VAE run.
-pub fn setup<'a, B: AutodiffBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, Vae3dTrain<B>, Vae3dBatch<B>>> {
+pub fn setup<'a, B: TrainBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &B::Device) -> Result<TrainSetup<'a, Vae3dTrain<B>, Vae3dBatch<B>>> {
     let kind = cfg.dataset_type()?;
     let source = VoxelSource::open(&cfg.dataset, kind, cfg.seed)?;
     // Seed the backend before the weights are drawn: same seed, same initial model.

@@ -2,11 +2,11 @@
 //! model's own ([`Vae3d`]'s stage plan), folded over by the trainer or recomputed stage by
 //! stage (`--gradient_checkpointing=blocks`).
 
+use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::module::Module;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use rand::Rng;
 use vramlab_models::nn::Precision;
 use vramlab_models::vae3d::{Vae3d, Vae3dConfig, Vae3dInput, Vae3dOutput};
@@ -30,7 +30,7 @@ pub struct Vae3dBatch<B: Backend> {
     pub eps: Tensor<B, 5>,
 }
 
-impl<B: AutodiffBackend> TrainModel<B> for Vae3dTrain<B> {
+impl<B: TrainBackend> TrainModel<B> for Vae3dTrain<B> {
     type Batch = Vae3dBatch<B>;
     type Model = Vae3d<B>;
 
@@ -102,10 +102,10 @@ mod tests {
     struct Probe(Vae3d<Flex>, Vae3dConfig);
 
     impl GradientProbe<Flex> for Probe {
-        fn gradients<A: AutodiffBackend<InnerBackend = Flex>>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
-            let model = Vae3dTrain::<A> { vae: Vae3d::<A>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
+        fn gradients<C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy>(&self, mode: CheckpointMode) -> (f32, NamedGradients) {
+            let model = Vae3dTrain::<burn::backend::Autodiff<Flex, C>> { vae: Vae3d::<burn::backend::Autodiff<Flex, C>>::from_inner(self.0.clone()).set_trainable(), precision: Precision::F32 };
             let source = VoxelSource::open(&DatasetConfig { grid: [4, 16, 16], ..DatasetConfig::default() }, DatasetType::Voxels, 3).unwrap();
-            let batch = make_batch::<A>(&source, &self.1, 2, 3, 1, 0, &Default::default()).unwrap();
+            let batch = make_batch::<burn::backend::Autodiff<Flex, C>>(&source, &self.1, 2, 3, 1, 0, &Default::default()).unwrap();
             named_gradients(&model, &batch, mode)
         }
     }

@@ -1,0 +1,516 @@
+//! Normalisations and activations with hand-written backwards that keep only what PyTorch's
+//! autograd keeps.
+//!
+//! Built from Burn's primitive ops, autodiff keeps every op's inputs: a LayerNorm / GroupNorm
+//! written as `(x − mean) / sqrt(var + eps) · weight + bias` keeps the centred input *and* the
+//! normalised one (2 activation maps), and `silu(x) = x · sigmoid(x)` keeps `x` and
+//! `sigmoid(x)` (2 maps). PyTorch's `native_group_norm` / `native_layer_norm` keep the input
+//! plus per-group mean and 1/std, and its SiLU and Mish keep their input. [`LeanBackend`] gives
+//! each of these one autodiff node on `Autodiff<B, C>` with that state (1 map, in the input's
+//! dtype) and the analytic backward:
+//!
+//! - normalisation, over the `m` elements of a group (row, for LayerNorm), with
+//!   `x̂ = (x − μ)·r`, `r = 1/sqrt(var + eps)` and `g` the output gradient times `weight`:
+//!   `dx = r · (g − mean(g) − x̂ · mean(g · x̂))`, `dweight = Σ dy · x̂`, `dbias = Σ dy`;
+//! - SiLU: `dx = dy · s · (1 + x·(1 − s))`, `s = sigmoid(x)`;
+//! - Mish: `dx = dy · (tanh(sp) + x · (1 − tanh²(sp)) · sigmoid(x))`, `sp = softplus(x)`.
+//!
+//! GroupNorm can fuse a following SiLU ([`NormAct::Silu`], the 3D-VAE's `norm → silu`): the
+//! node then keeps only the norm's input and recomputes the pre-activation in the backward.
+//! Inner (non-autodiff) backends run the same forward, composed of Burn ops. Each backward is
+//! tested against plain autodiff of the composed forward (`tests` below).
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::activation::{relu, sigmoid};
+use burn::tensor::{DType, FloatDType, TensorMetadata, TensorPrimitive};
+
+/// Float primitive of backend `B`.
+pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// An activation fused into a normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormAct {
+    None,
+    Silu,
+}
+
+/// A Burn backend with vramlab's lean normalisations and activations. Implemented for the
+/// inner backends vramlab builds (forward only, composed of Burn ops) and for `Autodiff` of
+/// any of them (one node each, hand-written backward).
+pub trait LeanBackend: Backend {
+    /// GroupNorm (+ optional fused activation) of `x: [batch, channels, …]` (rank ≥ 3, any float
+    /// dtype), computed in f32, returned in `x`'s dtype. `weight`, `bias`: f32 `[channels]`.
+    fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self>;
+    /// LayerNorm of the last axis of `x: [..., d]`, computed and returned in f32.
+    fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self>;
+    /// SiLU, computed in f32, returned in `x`'s dtype.
+    fn lean_silu(x: Prim<Self>) -> Prim<Self>;
+    /// Mish, computed in f32, returned in `x`'s dtype.
+    fn lean_mish(x: Prim<Self>) -> Prim<Self>;
+}
+
+macro_rules! inner_lean_backend {
+    ($($ty:ty),*) => {$(
+        impl LeanBackend for $ty {
+            fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
+                forward_group_norm::<Self>(x, weight, bias, groups, eps, act).0
+            }
+            fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
+                forward_layer_norm::<Self>(x, weight, bias, eps).0
+            }
+            fn lean_silu(x: Prim<Self>) -> Prim<Self> {
+                forward_silu::<Self>(x)
+            }
+            fn lean_mish(x: Prim<Self>) -> Prim<Self> {
+                forward_mish::<Self>(x)
+            }
+        }
+    )*};
+}
+
+#[cfg(feature = "flex")]
+inner_lean_backend!(burn::backend::Flex);
+#[cfg(feature = "wgpu")]
+inner_lean_backend!(burn::backend::Wgpu);
+#[cfg(feature = "cuda")]
+inner_lean_backend!(burn::backend::Cuda);
+
+fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+fn p<B: Backend, const D: usize>(x: Tensor<B, D>) -> Prim<B> {
+    x.into_primitive().tensor()
+}
+
+/// `x` (any rank) viewed as a rank-`D` tensor of `shape`.
+fn view<B: Backend, const D: usize>(x: Prim<B>, shape: [usize; D]) -> Tensor<B, D> {
+    t(B::float_reshape(x, Shape::from(shape)))
+}
+
+fn dims_of<B: Backend>(x: &Prim<B>) -> Vec<usize> {
+    x.shape().to_vec()
+}
+
+/// A tensor of any rank back to `dims` (the caller's rank).
+fn unview<B: Backend, const D: usize>(x: Tensor<B, D>, dims: &[usize]) -> Prim<B> {
+    B::float_reshape(p(x), Shape::from(dims.to_vec()))
+}
+
+fn f32_of<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    if x.dtype() == DType::F32 { x } else { x.cast(FloatDType::F32) }
+}
+
+fn in_dtype<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    match dtype {
+        DType::F32 => y,
+        DType::F16 => y.cast(FloatDType::F16),
+        DType::BF16 => y.cast(FloatDType::BF16),
+        _ => y,
+    }
+}
+
+/// `[n, c, s…]` as `[n, groups, c/groups, s/last, last]`. Statistics reduce the last axis
+/// first, then the rest: one flat reduction over a whole group (up to millions of elements)
+/// accumulates ~1e-5 relative f32 error on some backends (Flex), which GroupNorm amplifies on
+/// sparse inputs.
+fn group_view(dims: &[usize], groups: usize) -> [usize; 5] {
+    let (n, c) = (dims[0], dims[1]);
+    let last = dims[dims.len() - 1].max(1);
+    let spatial: usize = dims[2..].iter().product();
+    [n, groups, c / groups, spatial / last, last]
+}
+
+fn group_mean<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 5> {
+    x.mean_dim(4).mean_dim(3).mean_dim(2)
+}
+
+/// Per-group mean and `1/sqrt(var + eps)` of an f32 `[n, g, cg, r, l]` view.
+fn group_stats<B: Backend>(x: &Tensor<B, 5>, eps: f64) -> (Tensor<B, 5>, Tensor<B, 5>) {
+    let mean = group_mean(x.clone());
+    let var = group_mean((x.clone() - mean.clone()).square());
+    (mean, (var + eps).sqrt().recip())
+}
+
+fn affine_view<B: Backend>(w: Prim<B>, groups: usize) -> Tensor<B, 5> {
+    let w = t::<B, 1>(w);
+    let c = w.dims()[0];
+    w.reshape([1, groups, c / groups, 1, 1])
+}
+
+/// Forward of [`LeanBackend::group_norm`]; also returns the per-group mean and 1/std (f32
+/// `[n, g, 1, 1, 1]`) that the backward keeps.
+fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let xg = f32_of(view::<B, 5>(x, group_view(&dims, groups)));
+    let (mean, rstd) = group_stats(&xg, eps);
+    let z = (xg - mean.clone()) * rstd.clone() * affine_view::<B>(weight, groups) + affine_view::<B>(bias, groups);
+    let y = match act {
+        NormAct::None => z,
+        NormAct::Silu => z.clone() * sigmoid(z),
+    };
+    (unview(in_dtype(y, dtype), &dims), p(mean), p(rstd))
+}
+
+fn forward_layer_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let d = dims[dims.len() - 1];
+    let x = f32_of(view::<B, 2>(x, [dims.iter().product::<usize>() / d, d]));
+    let mean = x.clone().mean_dim(1);
+    let xc = x - mean.clone();
+    let rstd = (xc.clone().square().mean_dim(1) + eps).sqrt().recip();
+    let y = xc * rstd.clone() * t::<B, 1>(weight).reshape([1, d]) + t::<B, 1>(bias).reshape([1, d]);
+    (unview(y, &dims), p(mean), p(rstd))
+}
+
+fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    // Overflow-free: max(x, 0) + log1p(exp(−|x|)).
+    relu(x.clone()) + x.abs().neg().exp().log1p()
+}
+
+fn forward_silu<B: Backend>(x: Prim<B>) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let x = f32_of(view::<B, 1>(x, [dims.iter().product()]));
+    unview(in_dtype(x.clone() * sigmoid(x), dtype), &dims)
+}
+
+fn forward_mish<B: Backend>(x: Prim<B>) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let x = f32_of(view::<B, 1>(x, [dims.iter().product()]));
+    unview(in_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
+}
+
+/// `dL/dz · silu'(z)`.
+fn silu_grad<B: Backend, const D: usize>(z: Tensor<B, D>, dy: Tensor<B, D>) -> Tensor<B, D> {
+    let s = sigmoid(z.clone());
+    dy * s.clone() * (z * (s.neg() + 1.0) + 1.0)
+}
+
+/// The normalisation backward over groups of a 5-D view (dims 2–4 reduced): returns `dx̂`'s
+/// image `dx` (f32), `dweight` and `dbias` summed into `[1, g, cg, 1, 1]`.
+fn norm_backward_5d<B: Backend>(xhat: Tensor<B, 5>, rstd: Tensor<B, 5>, g: Tensor<B, 5>, weight: Tensor<B, 5>) -> (Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>) {
+    let dweight = (g.clone() * xhat.clone()).sum_dim(4).sum_dim(3).sum_dim(0);
+    let dbias = g.clone().sum_dim(4).sum_dim(3).sum_dim(0);
+    let gh = g * weight;
+    let m1 = group_mean(gh.clone());
+    let m2 = group_mean(gh.clone() * xhat.clone());
+    let dx = (gh - m1 - xhat * m2) * rstd;
+    (dx, dweight, dbias)
+}
+
+#[derive(Debug)]
+struct GroupNormBackward;
+
+#[derive(Clone, Debug)]
+struct GroupNormState<B: Backend> {
+    x: Prim<B>,
+    mean: Prim<B>,
+    rstd: Prim<B>,
+    weight: Prim<B>,
+    bias: Prim<B>,
+    groups: usize,
+    act: NormAct,
+}
+
+impl<B: Backend> Backward<B, 3> for GroupNormBackward {
+    type State = GroupNormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let GroupNormState { x, mean, rstd, weight, bias, groups, act } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let dims = dims_of::<B>(&x);
+        let dtype = x.dtype();
+        let shape = group_view(&dims, groups);
+        let xhat = (f32_of(view::<B, 5>(x, shape)) - t::<B, 5>(mean)) * t::<B, 5>(rstd.clone());
+        let weight = affine_view::<B>(weight, groups);
+        let dy = f32_of(view::<B, 5>(dy, shape));
+        let g = match act {
+            NormAct::None => dy,
+            NormAct::Silu => {
+                let z = xhat.clone() * weight.clone() + affine_view::<B>(bias, groups);
+                silu_grad(z, dy)
+            }
+        };
+        let (dx, dweight, dbias) = norm_backward_5d(xhat, t::<B, 5>(rstd), g, weight);
+        let [node_x, node_w, node_b] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
+        }
+        let c = shape[1] * shape[2];
+        if let Some(node) = node_w {
+            grads.register::<B>(node.id, p(dweight.reshape([c])));
+        }
+        if let Some(node) = node_b {
+            grads.register::<B>(node.id, p(dbias.reshape([c])));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+#[derive(Clone, Debug)]
+struct LayerNormState<B: Backend> {
+    x: Prim<B>,
+    mean: Prim<B>,
+    rstd: Prim<B>,
+    weight: Prim<B>,
+}
+
+impl<B: Backend> Backward<B, 3> for LayerNormBackward {
+    type State = LayerNormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let LayerNormState { x, mean, rstd, weight } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let dims = dims_of::<B>(&x);
+        let dtype = x.dtype();
+        let d = dims[dims.len() - 1];
+        let rows = dims.iter().product::<usize>() / d;
+        let x = f32_of(view::<B, 2>(x, [rows, d]));
+        let rstd = t::<B, 2>(rstd);
+        let xhat = (x - t::<B, 2>(mean)) * rstd.clone();
+        let dy = f32_of(view::<B, 2>(dy, [rows, d]));
+        let w = t::<B, 1>(weight).reshape([1, d]);
+        let dweight = (dy.clone() * xhat.clone()).sum_dim(0).reshape([d]);
+        let dbias = dy.clone().sum_dim(0).reshape([d]);
+        let gh = dy * w;
+        let m1 = gh.clone().mean_dim(1);
+        let m2 = (gh.clone() * xhat.clone()).mean_dim(1);
+        let dx = (gh - m1 - xhat * m2) * rstd;
+        let [node_x, node_w, node_b] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
+        }
+        if let Some(node) = node_w {
+            grads.register::<B>(node.id, p(dweight));
+        }
+        if let Some(node) = node_b {
+            grads.register::<B>(node.id, p(dbias));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ActBackward;
+
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    Silu,
+    Mish,
+}
+
+impl<B: Backend> Backward<B, 1> for ActBackward {
+    type State = (Prim<B>, Act);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, act) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [node_x] = ops.parents;
+        let Some(node) = node_x else { return };
+        let dims = dims_of::<B>(&x);
+        let n = dims.iter().product::<usize>();
+        let dtype = x.dtype();
+        let x = f32_of(view::<B, 1>(x, [n]));
+        let dy = f32_of(view::<B, 1>(dy, [n]));
+        let dx = match act {
+            Act::Silu => silu_grad(x, dy),
+            Act::Mish => {
+                let th = softplus(x.clone()).tanh();
+                let d = th.clone() + x.clone() * (th.square().neg() + 1.0) * sigmoid(x);
+                dy * d
+            }
+        };
+        grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
+    }
+}
+
+impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
+    fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
+        match GroupNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (y, mean, rstd) = forward_group_norm::<B>(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), groups, eps, act);
+                let state = GroupNormState { x: x.primitive, mean, rstd, weight: weight.primitive, bias: bias.primitive, groups, act };
+                prep.finish(state, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_group_norm(x.primitive, weight.primitive, bias.primitive, groups, eps, act)),
+        }
+    }
+
+    fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
+        match LayerNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (y, mean, rstd) = forward_layer_norm::<B>(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), eps);
+                prep.finish(LayerNormState { x: x.primitive, mean, rstd, weight: weight.primitive }, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_layer_norm(x.primitive, weight.primitive, bias.primitive, eps)),
+        }
+    }
+
+    fn lean_silu(x: Prim<Self>) -> Prim<Self> {
+        match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = forward_silu::<B>(x.primitive.clone());
+                prep.finish((x.primitive, Act::Silu), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_silu(x.primitive)),
+        }
+    }
+
+    fn lean_mish(x: Prim<Self>) -> Prim<Self> {
+        match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = forward_mish::<B>(x.primitive.clone());
+                prep.finish((x.primitive, Act::Mish), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_mish(x.primitive)),
+        }
+    }
+}
+
+/// [`LeanBackend::silu`] on a tensor.
+pub fn silu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_silu(p(x)))
+}
+
+/// [`LeanBackend::mish`] on a tensor.
+pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_mish(p(x)))
+}
+
+pub(crate) fn group_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, groups: usize, eps: f64, act: NormAct) -> Tensor<B, D> {
+    t(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, act))
+}
+
+pub(crate) fn layer_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
+    t(B::lean_layer_norm(p(x), p(weight), p(bias), eps))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Param;
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+    use burn::tensor::activation::silu as burn_silu;
+    use burn::tensor::backend::AutodiffBackend;
+
+    use super::NormAct;
+    use crate::nn::norm::composed;
+    use crate::nn::{GroupNorm, LayerNorm};
+
+    type A = Autodiff<Flex>;
+
+    fn vals<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    /// max |a − b| / max |b|: the "≤ 1e-5 relative" for whole gradient tensors.
+    fn rel(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+
+    fn random<B: Backend, const D: usize>(dims: [usize; D], seed: u64) -> Tensor<B, D> {
+        B::seed(&Default::default(), seed);
+        Tensor::random(dims, Distribution::Normal(0.3, 1.5), &Default::default())
+    }
+
+    /// Gradients of `sum(f(x) · r)` w.r.t. x and the norm's weight and bias, for the lean and
+    /// the composed forward; asserts each pair within `tol`.
+    fn check<B: AutodiffBackend + super::LeanBackend, const D: usize>(
+        dims: [usize; D],
+        params: usize,
+        lean: impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>,
+        plain: impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>,
+        tol: f32,
+    ) {
+        let x0: Tensor<B, D> = random(dims, 1);
+        let w0: Tensor<B, 1> = random([params], 2) * 0.5 + 1.0;
+        let b0: Tensor<B, 1> = random([params], 3) * 0.5;
+        let r: Tensor<B, D> = random(dims, 4);
+        let run = |f: &dyn Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = f(x.clone(), w.clone(), b.clone());
+            let out = vals(y.clone());
+            let g = (y * r.clone()).sum().backward();
+            (out, vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap()))
+        };
+        let (lo, lx, lw, lb) = run(&lean);
+        let (po, px, pw, pb) = run(&plain);
+        for (name, a, b) in [("output", lo, po), ("dx", lx, px), ("dweight", lw, pw), ("dbias", lb, pb)] {
+            let e = rel(&a, &b);
+            assert!(e <= tol, "{name}: relative error {e:e} > {tol:e}");
+        }
+    }
+
+    fn gn<B: Backend>(w: Tensor<B, 1>, b: Tensor<B, 1>, groups: usize) -> GroupNorm<B> {
+        GroupNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), num_groups: groups, eps: 1e-5 }
+    }
+
+    fn lean_gn<B: super::LeanBackend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+        move |x, w, b| gn(w, b, groups).forward_act(x, act)
+    }
+
+    fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+        move |x, w, b| {
+            let y = composed::group_norm(&gn(w, b, groups), x);
+            if act == NormAct::Silu { burn_silu(y) } else { y }
+        }
+    }
+
+    #[test]
+    fn group_norm_backward_equals_autodiff_of_the_composed_forward() {
+        type Balanced = Autodiff<Flex, BalancedCheckpointing>;
+        for act in [NormAct::None, NormAct::Silu] {
+            check::<A, 5>([2, 8, 3, 4, 5], 8, lean_gn(4, act), plain_gn(4, act), 1e-5);
+            check::<A, 4>([3, 16, 6, 7], 16, lean_gn(4, act), plain_gn(4, act), 1e-5);
+            check::<A, 3>([2, 12, 9], 12, lean_gn(3, act), plain_gn(3, act), 1e-5);
+            check::<Balanced, 4>([2, 8, 5, 5], 8, lean_gn(2, act), plain_gn(2, act), 1e-5);
+        }
+    }
+
+    #[test]
+    fn layer_norm_backward_equals_autodiff_of_the_composed_forward() {
+        let ln = |w, b| LayerNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), eps: 1e-5 };
+        check::<A, 3>([3, 7, 16], 16, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+        check::<A, 2>([5, 64], 64, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+    }
+
+    #[test]
+    fn activation_backwards_equal_autodiff_of_the_composed_forward() {
+        // The affine parameters only scale and shift the input here, so the check also covers
+        // them; `params` = last axis.
+        let affine = |x: Tensor<A, 3>, w: Tensor<A, 1>, b: Tensor<A, 1>| x * w.reshape([1, 1, 6]) + b.reshape([1, 1, 6]);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::silu(affine(x, w, b)), move |x, w, b| burn_silu(affine(x, w, b)), 1e-5);
+        let mish_plain = |x: Tensor<A, 3>| {
+            let sp = burn::tensor::activation::relu(x.clone()) + x.clone().abs().neg().exp().log1p();
+            x * sp.tanh()
+        };
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::mish(affine(x, w, b) * 3.0), move |x, w, b| mish_plain(affine(x, w, b) * 3.0), 1e-5);
+    }
+
+    #[test]
+    fn lean_ops_keep_reduced_precision_inputs_in_their_dtype() {
+        use burn::tensor::{DType, FloatDType};
+        let x: Tensor<A, 4> = random([2, 8, 4, 4], 5).cast(FloatDType::BF16).require_grad();
+        let g = gn::<A>(Tensor::ones([8], &Default::default()), Tensor::zeros([8], &Default::default()), 4);
+        let y = g.forward_act(x.clone(), NormAct::Silu);
+        assert_eq!(y.dtype(), DType::BF16);
+        let grads = y.cast(FloatDType::F32).sum().backward();
+        assert_eq!(x.grad(&grads).unwrap().dtype(), DType::BF16);
+        let ln = LayerNorm::<A>::new(4, &Default::default());
+        assert_eq!(ln.forward(x.clone()).dtype(), DType::F32, "LayerNorm returns f32");
+        assert_eq!(super::mish(x).dtype(), DType::BF16);
+    }
+}
