@@ -698,7 +698,8 @@ pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_no
         };
         Map2d { buf, ..x }
     };
-    let relu = |g: &mut Graph, x: Map2d| Map2d { buf: g.unary_saving(x.buf, g.bytes(x.buf)), ..x };
+    // `nn::lean::relu` keeps its output, which the next convolution or pool keeps anyway.
+    let relu = |g: &mut Graph, x: Map2d| Map2d { buf: g.elementwise(&[x.buf], g.bytes(x.buf)), ..x };
     g.stage(first_stage, &[x.buf]);
     g.module(format!("{prefix}stem"));
     let xc = g.cast(x.buf, 4, w);

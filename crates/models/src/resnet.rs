@@ -40,7 +40,7 @@ use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Initializer, PaddingConfig2d};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
-use burn::tensor::activation::relu;
+use crate::nn::lean::relu;
 use burn::tensor::module::max_pool2d;
 use serde::{Deserialize, Serialize};
 

@@ -26,7 +26,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
-use burn::tensor::activation::{relu, sigmoid};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::{DType, FloatDType, TensorMetadata, TensorPrimitive};
 
 /// Float primitive of backend `B`.
@@ -52,6 +52,10 @@ pub trait LeanBackend: Backend {
     fn lean_silu(x: Prim<Self>) -> Prim<Self>;
     /// Mish, computed in f32, returned in `x`'s dtype.
     fn lean_mish(x: Prim<Self>) -> Prim<Self>;
+    /// ReLU that keeps its *output* for the backward (`dx = dy` where the output is > 0).
+    /// Burn's ReLU keeps its input; the output is what the next op (a convolution, a pool)
+    /// keeps anyway, so this node adds nothing of its own, as torchvision's in-place ReLU.
+    fn lean_relu(x: Prim<Self>) -> Prim<Self>;
 }
 
 macro_rules! inner_lean_backend {
@@ -68,6 +72,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_mish(x: Prim<Self>) -> Prim<Self> {
                 forward_mish::<Self>(x)
+            }
+            fn lean_relu(x: Prim<Self>) -> Prim<Self> {
+                <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
             }
         }
     )*};
@@ -171,7 +178,7 @@ fn forward_layer_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, ep
 
 fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     // Overflow-free: max(x, 0) + log1p(exp(−|x|)).
-    relu(x.clone()) + x.abs().neg().exp().log1p()
+    burn::tensor::activation::relu(x.clone()) + x.abs().neg().exp().log1p()
 }
 
 fn forward_silu<B: Backend>(x: Prim<B>) -> Prim<B> {
@@ -374,14 +381,43 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(B::lean_mish(x.primitive)),
         }
     }
+
+    fn lean_relu(x: Prim<Self>) -> Prim<Self> {
+        match ReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::relu(x.primitive);
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::relu(x.primitive)),
+        }
+    }
 }
 
-/// [`LeanBackend::silu`] on a tensor.
+#[derive(Debug)]
+struct ReluBackward;
+
+impl<B: Backend> Backward<B, 1> for ReluBackward {
+    type State = Prim<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_relu`] on a tensor.
+pub fn relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_relu(p(x)))
+}
+
+/// [`LeanBackend::lean_silu`] on a tensor.
 pub fn silu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     t(B::lean_silu(p(x)))
 }
 
-/// [`LeanBackend::mish`] on a tensor.
+/// [`LeanBackend::lean_mish`] on a tensor.
 pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     t(B::lean_mish(p(x)))
 }
@@ -498,6 +534,7 @@ mod tests {
             x * sp.tanh()
         };
         check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::mish(affine(x, w, b) * 3.0), move |x, w, b| mish_plain(affine(x, w, b) * 3.0), 1e-5);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
     }
 
     #[test]
