@@ -14,7 +14,7 @@ out=benches/results/attribution
 mkdir -p "$out"
 common=(--steps=2 --save_checkpoint=false --memory_timeline=2 --memory_timeline_min_bytes=1048576 --precision=f32)
 act=(--policy.type=act --policy.pretrained_backbone_weights=null --dataset.type=random --dataset.num_scenes=8 --policy.state_dim=14 --policy.action_dim=14
-     --policy.chunk_size=100 --policy.n_action_steps=100 --batch_size=8)
+     --policy.chunk_size=100 --policy.n_action_steps=100)
 dif=(--policy.type=diffusion --dataset.type=random --dataset.num_scenes=8 --policy.state_dim=2 --policy.action_dim=2
      --policy.horizon=16 --batch_size=16)
 run() {
@@ -27,8 +27,8 @@ run() {
   rm -rf "$d/memory_timeline" "$d/checkpoints"
 }
 run vae_ultra_b2_8x32x32 --config=configs/vae3d_ultra.toml
-run act_b8_c100_96x96 "${act[@]}" --policy.camera_shape=3,96,96
-run act_b8_c100_240x320 "${act[@]}" --policy.camera_shape=3,240,320
+run act_b8_c100_96x96 "${act[@]}" --batch_size=8 --policy.camera_shape=3,96,96
+run act_b8_c100_240x320 "${act[@]}" --batch_size=8 --policy.camera_shape=3,240,320
 # Issue 11's own row (PyTorch on an H100: 3,860 MiB allocated), f32, batch 48.
 run act_b48_c100_240x320 "${act[@]}" --policy.camera_shape=3,240,320 --batch_size=48
 run diffusion_b16_h16_96x96_crop84 "${dif[@]}" --policy.camera_shape=3,96,96 --policy.crop_shape=84,84

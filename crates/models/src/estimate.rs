@@ -358,14 +358,17 @@ impl Graph {
         // tiled); a 1×1 convolution is a GEMM on the input as it is.
         let fwd = conv_copies + if k == 1 { 0 } else { x32 + w32 };
         // Input gradient: flex's transposed convolution reuses one column buffer
-        // `[cin·k, out_spatial]` across the batch. Weight gradient (after it): a convolution
-        // of the input by the output gradient, which copies both (NHWC input, flattened
-        // "kernel"), gives an f32 result, then the permuted result is copied back in the
-        // compute dtype.
+        // `[cin·k, out_spatial]` across the batch. Weight gradient (first, `nn::lean`): per
+        // batch chunk (`conv_chunks`), a convolution of the input by the output gradient,
+        // which copies both (NHWC input, flattened "kernel"), gives an f32 result, then the
+        // permuted result is copied back in the compute dtype; with several chunks the
+        // running sum is one more weight-sized buffer.
         let cols = (cin * k * out_spatial * 4) as u64;
         let bwd_x = cols + if half { out32 + w32 + x32 } else { 0 };
-        let bwd_w = x32 + out32 + if half { x32 + out32 } else { 0 } + w32 + w32 / 4 * wd;
-        let _ = x_bytes;
+        let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
+        let largest = chunks.iter().map(|r| r.len()).max().unwrap_or(batch) as u64;
+        let copies = (x32 + out32 + if half { x32 + out32 } else { 0 }) * largest / batch.max(1) as u64;
+        let bwd_w = copies + w32 + w32 / 4 * wd + if chunks.len() > 1 { w32 } else { 0 };
         let bwd = bwd_x.max(bwd_w);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
         self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)

@@ -27,6 +27,10 @@ pub struct ScopeRow {
     pub kept_blocks: u64,
     /// The largest of those blocks, largest first (at most 4).
     pub largest_kept: Vec<u64>,
+    /// Of its blocks, bytes and count live at the step's peak, and the largest (at most 4).
+    pub at_peak: u64,
+    pub at_peak_blocks: u64,
+    pub largest_at_peak: Vec<u64>,
 }
 
 /// A recorded step, attributed.
@@ -54,9 +58,9 @@ pub fn attribute(rec: &Recording) -> Attribution {
     let mut entered_at: Vec<u64> = Vec::new();
     let mut blocks: HashMap<u64, Block> = HashMap::new();
     let mut live = rec.live_at_start as i128;
-    let (mut peak, mut peak_scope) = (rec.live_at_start, String::new());
+    let (mut peak, mut peak_scope, mut peak_event) = (rec.live_at_start, String::new(), None);
     let mut at_backward: Option<u64> = None;
-    for e in &rec.events {
+    for (i, e) in rec.events.iter().enumerate() {
         let label = rec.label(e.scope);
         let label = if label.is_empty() { "(no scope)" } else { label };
         if at_backward.is_none() && label.starts_with("backward") {
@@ -91,11 +95,35 @@ pub fn attribute(rec: &Recording) -> Attribution {
         if now > peak {
             peak = now;
             peak_scope = label.to_string();
+            peak_event = Some(i);
+        }
+    }
+    // Replay again up to the peak: which scopes' blocks make it up.
+    if let Some(end) = peak_event {
+        let mut live_blocks: HashMap<u64, (u64, &str)> = HashMap::new();
+        for e in &rec.events[..=end] {
+            match e.action {
+                Action::Alloc => {
+                    let label = rec.label(e.scope);
+                    live_blocks.insert(e.addr, (e.size, if label.is_empty() { "(no scope)" } else { label }));
+                }
+                Action::Free => {
+                    live_blocks.remove(&e.addr);
+                }
+            }
+        }
+        for (size, label) in live_blocks.into_values() {
+            let r = &mut rows[index[label]];
+            r.at_peak += size;
+            r.at_peak_blocks += 1;
+            r.largest_at_peak.push(size);
         }
     }
     for r in &mut rows {
         r.largest_kept.sort_unstable_by(|a, b| b.cmp(a));
         r.largest_kept.truncate(4);
+        r.largest_at_peak.sort_unstable_by(|a, b| b.cmp(a));
+        r.largest_at_peak.truncate(4);
     }
     Attribution { live_at_start: rec.live_at_start, live_at_backward: at_backward.unwrap_or(live.max(0) as u64), peak, peak_scope, rows }
 }
@@ -108,9 +136,9 @@ impl Attribution {
         let mut s = format!(
             "## Step {step}\n\n- live at the start of the step (parameters, optimizer state, anything held across steps): {} MiB\n\
              - live when the backward began: {} MiB, of which {} MiB allocated during this step (what autodiff keeps for the backward, the loss, the batch)\n\
-             - step peak: {} MiB, reached in `{}`\n\n\
-             | scope | allocated MiB | blocks | rise above entry MiB | net MiB | kept at backward MiB | kept blocks | largest kept blocks MiB |\n\
-             |---|---:|---:|---:|---:|---:|---:|---|\n",
+             - step peak: {} MiB, reached in `{}`; **live at peak**: the blocks live at that moment by the scope that allocated them (the rest of the peak was live before the step)\n\n\
+             | scope | allocated MiB | blocks | rise above entry MiB | net MiB | kept at backward MiB | kept blocks | largest kept blocks MiB | live at peak MiB | largest live at peak MiB |\n\
+             |---|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
             mib(self.live_at_start),
             mib(self.live_at_backward),
             mib(kept),
@@ -120,8 +148,9 @@ impl Attribution {
         for r in &self.rows {
             let net = if r.net < 0 { format!("−{}", mib(r.net.unsigned_abs())) } else { mib(r.net as u64) };
             let largest: Vec<String> = r.largest_kept.iter().map(|&b| mib(b)).collect();
+            let at_peak: Vec<String> = r.largest_at_peak.iter().map(|&b| mib(b)).collect();
             s.push_str(&format!(
-                "| `{}` | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.scope,
                 mib(r.allocated),
                 r.blocks,
@@ -129,7 +158,9 @@ impl Attribution {
                 net,
                 mib(r.kept_at_backward),
                 r.kept_blocks,
-                largest.join(", ")
+                largest.join(", "),
+                mib(r.at_peak),
+                at_peak.join(", ")
             ));
         }
         s
@@ -173,6 +204,9 @@ mod tests {
         assert_eq!((fb.kept_at_backward, fb.kept_blocks, fb.largest_kept.clone()), (2 * m, 1, vec![2 * m]));
         let bw = &a.rows[2];
         assert_eq!((bw.rise, bw.kept_at_backward), (6 * m, 0));
-        assert!(a.markdown(3).contains("| `forward/a` | 14.00 | 2 | 14.00 | 4.00 | 4.00 | 1 | 4.00 |"), "{}", a.markdown(3));
+        // At the peak (a's workspace live): a's 4 + 10.
+        assert_eq!((fa.at_peak, fa.at_peak_blocks, fa.largest_at_peak.clone()), (14 * m, 2, vec![10 * m, 4 * m]));
+        assert_eq!((fb.at_peak, bw.at_peak), (0, 0));
+        assert!(a.markdown(3).contains("| `forward/a` | 14.00 | 2 | 14.00 | 4.00 | 4.00 | 1 | 4.00 | 14.00 | 10.00, 4.00 |"), "{}", a.markdown(3));
     }
 }

@@ -27,6 +27,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
+use burn::tensor::ops::{ConvOptions, ModuleOps};
 use burn::tensor::{DType, FloatDType, TensorMetadata, TensorPrimitive};
 
 /// Float primitive of backend `B`.
@@ -56,6 +57,31 @@ pub trait LeanBackend: Backend {
     /// Burn's ReLU keeps its input; the output is what the next op (a convolution, a pool)
     /// keeps anyway, so this node adds nothing of its own, as torchvision's in-place ReLU.
     fn lean_relu(x: Prim<Self>) -> Prim<Self>;
+    /// `conv2d` whose weight gradient is summed over batch chunks of at most
+    /// [`CONV_WORKSPACE_BYTES`] of input plus output gradient (see [`conv_chunks`]).
+    fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
+    /// `conv3d`, weight gradient as [`LeanBackend::lean_conv2d`]'s.
+    fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self>;
+}
+
+/// The bound on the batch chunk a convolution's weight gradient is computed on: input plus
+/// output gradient bytes. Burn computes a weight gradient as a convolution of the input and the
+/// output gradient with batch and channels swapped, so it copies both (the swap is not
+/// contiguous) and unfolds the input: on the whole batch that is two activation-sized copies
+/// at once (225 MiB for ACT's stem output gradient at batch 48, 240×320). Chunking the batch
+/// bounds the copies, as cuDNN bounds its workspace; the chunks' gradients are summed (same
+/// values up to f32 summation order).
+pub const CONV_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Batch ranges for a weight gradient over `batch` samples of `per_sample` bytes (input plus
+/// output gradient): as few chunks as keep each at most [`CONV_WORKSPACE_BYTES`], at least one
+/// sample each.
+pub fn conv_chunks(batch: usize, per_sample: usize) -> Vec<std::ops::Range<usize>> {
+    let per_chunk = (CONV_WORKSPACE_BYTES / per_sample.max(1)).clamp(1, batch.max(1));
+    let n = batch.div_ceil(per_chunk);
+    // Even chunks (n of them) rather than full ones and a remainder.
+    let size = batch.div_ceil(n.max(1));
+    (0..n).map(|i| i * size..((i + 1) * size).min(batch)).filter(|r| !r.is_empty()).collect()
 }
 
 macro_rules! inner_lean_backend {
@@ -75,6 +101,12 @@ macro_rules! inner_lean_backend {
             }
             fn lean_relu(x: Prim<Self>) -> Prim<Self> {
                 <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
+            }
+            fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
+                <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
+            }
+            fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
+                <Self as ModuleOps<Self>>::conv3d(x, weight, bias, options)
             }
         }
     )*};
@@ -391,6 +423,118 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(B::relu(x.primitive)),
         }
     }
+
+    fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
+        conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv2d(x, w, b, o))
+    }
+
+    fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
+        conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv3d(x, w, b, o))
+    }
+}
+
+/// One convolution node on `Autodiff<B, C>`: keeps the input and the weight (as Burn's own
+/// convolution does); the backward is [`ConvBackward`]'s.
+fn conv_node<B: Backend, C: CheckpointStrategy, O: ConvRank<B>>(
+    x: Prim<Autodiff<B, C>>,
+    weight: Prim<Autodiff<B, C>>,
+    bias: Option<Prim<Autodiff<B, C>>>,
+    options: O,
+    forward: impl Fn(Prim<B>, Prim<B>, Option<Prim<B>>, O) -> Prim<B>,
+) -> Prim<Autodiff<B, C>> {
+    // Without a bias the third parent is the weight again with its gradient unused: use an
+    // untracked constant instead.
+    let bias_node = match &bias {
+        Some(b) => b.node.clone(),
+        None => {
+            let one = B::float_zeros(Shape::from([1]), &B::float_device(&x.primitive), FloatDType::F32.into());
+            <Autodiff<B, C> as burn::tensor::backend::AutodiffBackend>::from_inner(one).node
+        }
+    };
+    let prep = ConvBackward::<O>(std::marker::PhantomData).prepare::<C>([x.node.clone(), weight.node.clone(), bias_node]).compute_bound().stateful();
+    let bias_inner = bias.map(|b| b.primitive);
+    match prep {
+        OpsKind::Tracked(prep) => {
+            let y = forward(x.primitive.clone(), weight.primitive.clone(), bias_inner, options.clone());
+            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options }, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, bias_inner, options)),
+    }
+}
+
+/// A convolution's rank: the backend calls for 2-D and 3-D.
+trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+}
+
+impl<B: Backend> ConvRank<B> for ConvOptions<2> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::conv2d_x_backward(x, w, dy, o)
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::conv2d_weight_backward(x, w, dy, o)
+    }
+}
+
+impl<B: Backend> ConvRank<B> for ConvOptions<3> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::conv3d_x_backward(x, w, dy, o)
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::conv3d_weight_backward(x, w, dy, o)
+    }
+}
+
+#[derive(Debug)]
+struct ConvBackward<O>(std::marker::PhantomData<O>);
+
+#[derive(Clone, Debug)]
+struct ConvState<B: Backend, O> {
+    x: Prim<B>,
+    weight: Prim<B>,
+    options: O,
+}
+
+/// Rows `range` of dimension 0.
+fn batch_slice<B: Backend>(x: &Prim<B>, range: std::ops::Range<usize>) -> Prim<B> {
+    let dims = x.shape().to_vec();
+    let mut slices: Vec<burn::tensor::Slice> = dims.iter().map(|&d| burn::tensor::Slice::from(0..d)).collect();
+    slices[0] = burn::tensor::Slice::from(range);
+    B::float_slice(x.clone(), &slices)
+}
+
+impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
+    type State = ConvState<B, O>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let ConvState { x, weight, options } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [node_x, node_w, node_b] = ops.parents;
+        if let Some(node) = node_b {
+            // Sum over every axis but the channels.
+            let dims = dy.shape().to_vec();
+            let g = t::<B, 3>(B::float_reshape(dy.clone(), Shape::from(vec![dims[0], dims[1], dims[2..].iter().product()])));
+            grads.register::<B>(node.id, p(g.sum_dim(2).sum_dim(0).reshape([dims[1]])));
+        }
+        if let Some(node) = node_w {
+            let batch = x.shape()[0];
+            let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
+            let mut dw: Option<Prim<B>> = None;
+            for r in conv_chunks(batch, per_sample) {
+                let (xs, gs) = if r.len() == batch { (x.clone(), dy.clone()) } else { (batch_slice::<B>(&x, r.clone()), batch_slice::<B>(&dy, r)) };
+                let part = O::weight_backward(xs, weight.clone(), gs, options.clone());
+                dw = Some(match dw {
+                    None => part,
+                    Some(acc) => B::float_add(acc, part),
+                });
+            }
+            grads.register::<B>(node.id, dw.expect("batch ≥ 1"));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, O::x_backward(x, weight, dy, options));
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -405,6 +549,16 @@ impl<B: Backend> Backward<B, 1> for ReluBackward {
             grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
         }
     }
+}
+
+/// [`LeanBackend::lean_conv2d`] on tensors.
+pub fn conv2d<B: LeanBackend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, bias: Option<Tensor<B, 1>>, options: ConvOptions<2>) -> Tensor<B, 4> {
+    t(B::lean_conv2d(p(x), p(weight), bias.map(p), options))
+}
+
+/// [`LeanBackend::lean_conv3d`] on tensors.
+pub fn conv3d<B: LeanBackend>(x: Tensor<B, 5>, weight: Tensor<B, 5>, bias: Option<Tensor<B, 1>>, options: ConvOptions<3>) -> Tensor<B, 5> {
+    t(B::lean_conv3d(p(x), p(weight), bias.map(p), options))
 }
 
 /// [`LeanBackend::lean_relu`] on a tensor.
@@ -535,6 +689,55 @@ mod tests {
         };
         check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::mish(affine(x, w, b) * 3.0), move |x, w, b| mish_plain(affine(x, w, b) * 3.0), 1e-5);
         check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
+    }
+
+    #[test]
+    fn conv_chunks_cover_the_batch_within_the_bound() {
+        let mib = 1 << 20;
+        assert_eq!(super::conv_chunks(48, 4 * mib), vec![0..8, 8..16, 16..24, 24..32, 32..40, 40..48]);
+        assert_eq!(super::conv_chunks(12, 4 * mib), vec![0..6, 6..12]);
+        assert_eq!(super::conv_chunks(3, mib), vec![0..3]);
+        assert_eq!(super::conv_chunks(2, 100 * mib), vec![0..1, 1..2], "at least one sample per chunk");
+    }
+
+    /// Gradients of `sum(conv(x, w, b) · r)` for the lean node and Burn's convolution.
+    fn check_conv<const D: usize>(x: [usize; D], w: [usize; D], bias: bool, lean: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>, plain: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>) {
+        let x0: Tensor<A, D> = random(x, 11);
+        let w0: Tensor<A, D> = random(w, 12) * 0.2;
+        let b0: Tensor<A, 1> = random([w[0]], 13);
+        let run = |f: &dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = f(x.clone(), w.clone(), bias.then(|| b.clone()));
+            let r: Tensor<A, D> = random(y.dims(), 14);
+            let out = vals(y.clone());
+            let g = (y * r).sum().backward();
+            let gb = if bias { vals(b.grad(&g).unwrap()) } else { Vec::new() };
+            (out, vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), gb)
+        };
+        let (lo, lx, lw, lb) = run(&lean);
+        let (po, px, pw, pb) = run(&plain);
+        for (name, a, b) in [("output", lo, po), ("dx", lx, px), ("dweight", lw, pw), ("dbias", lb, pb)] {
+            if b.is_empty() {
+                continue;
+            }
+            let e = rel(&a, &b);
+            assert!(e <= 1e-5, "{name}: relative error {e:e}");
+        }
+    }
+
+    #[test]
+    fn conv_backward_equals_burns_including_chunked_weight_gradients() {
+        use burn::tensor::module::{conv2d, conv3d};
+        use burn::tensor::ops::ConvOptions;
+        let o2 = || ConvOptions::new([2, 1], [1, 1], [1, 1], 1);
+        check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
+        check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], false, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
+        let o3 = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
+        check_conv::<5>([2, 3, 4, 5, 6], [4, 3, 3, 3, 3], true, |x, w, b| super::conv3d(x, w, b, o3()), |x, w, b| conv3d(x, w, b, o3()));
+        // 2 MiB of input and 2 MiB of output gradient per sample: two chunks of 6.
+        assert_eq!(super::conv_chunks(12, 4 << 20).len(), 2);
+        let o = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+        check_conv::<4>([12, 2, 512, 512], [2, 2, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o()), |x, w, b| conv2d(x, w, b, o()));
     }
 
     #[test]
