@@ -357,14 +357,18 @@ impl Graph {
         // Forward: an NHWC copy of the input and the flattened weight (the im2col itself is
         // tiled); a 1×1 convolution is a GEMM on the input as it is.
         let fwd = conv_copies + if k == 1 { 0 } else { x32 + w32 };
-        // Input gradient: flex's transposed convolution reuses one column buffer
+        // Input gradient (strided): flex's transposed convolution reuses one column buffer
         // `[cin·k, out_spatial]` across the batch. Weight gradient (first, `nn::lean`): per
         // batch chunk (`conv_chunks`), a convolution of the input by the output gradient,
         // which copies both (NHWC input, flattened "kernel"), gives an f32 result, then the
         // permuted result is copied back in the compute dtype; with several chunks the
         // running sum is one more weight-sized buffer.
+        // Stride 1 (`nn::lean`): the input gradient is a forward convolution of the output
+        // gradient (its NHWC copy, the flipped weight and its flattened copy); strided: flex's
+        // transposed convolution and its column buffer.
+        let stride1 = out_spatial >= in_spatial;
         let cols = (cin * k * out_spatial * 4) as u64;
-        let bwd_x = cols + if half { out32 + w32 + x32 } else { 0 };
+        let bwd_x = if stride1 && k > 1 { out32 + 2 * w32 } else { cols } + if half { out32 + w32 + x32 } else { 0 };
         let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
         let largest = chunks.iter().map(|r| r.len()).max().unwrap_or(batch) as u64;
         let copies = (x32 + out32 + if half { x32 + out32 } else { 0 }) * largest / batch.max(1) as u64;

@@ -470,7 +470,10 @@ trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static {
 
 impl<B: Backend> ConvRank<B> for ConvOptions<2> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        B::conv2d_x_backward(x, w, dy, o)
+        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(pad) => B::conv2d(dy, flipped_weight::<B>(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
+            None => B::conv2d_x_backward(x, w, dy, o),
+        }
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         B::conv2d_weight_backward(x, w, dy, o)
@@ -479,11 +482,35 @@ impl<B: Backend> ConvRank<B> for ConvOptions<2> {
 
 impl<B: Backend> ConvRank<B> for ConvOptions<3> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        B::conv3d_x_backward(x, w, dy, o)
+        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(pad) => B::conv3d(dy, flipped_weight::<B>(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
+            None => B::conv3d_x_backward(x, w, dy, o),
+        }
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         B::conv3d_weight_backward(x, w, dy, o)
     }
+}
+
+/// The input gradient of a stride-1, ungrouped convolution is the *forward* convolution of
+/// the output gradient with the flipped, in/out-swapped kernel and padding `d·(k−1) − p`
+/// (exactly the input's size). Burn computes it as a transposed convolution, which on flex
+/// unfolds into one `[cin·k, output positions]` column buffer per sample (905 MiB for a
+/// 16-channel 3×3×3 convolution on a 32×128×128 grid) and loops over the batch on one
+/// thread; the forward convolution is tiled and parallel. `None`: use Burn's (strided,
+/// grouped, or padding beyond the kernel's reach).
+fn flipped_padding(kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Vec<usize>> {
+    if groups != 1 || stride.iter().any(|&s| s != 1) {
+        return None;
+    }
+    kernel.iter().zip(padding).zip(dilation).map(|((&k, &p), &d)| (d * (k - 1)).checked_sub(p)).collect()
+}
+
+/// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis.
+fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
+    let rank = w.shape().num_dims();
+    let axes: Vec<usize> = (2..rank).collect();
+    B::float_flip(B::float_swap_dims(w, 0, 1), &axes)
 }
 
 #[derive(Debug)]
@@ -729,8 +756,14 @@ mod tests {
     fn conv_backward_equals_burns_including_chunked_weight_gradients() {
         use burn::tensor::module::{conv2d, conv3d};
         use burn::tensor::ops::ConvOptions;
+        // Strided: Burn's input gradient; stride 1 (same, valid, dilated, 7×7): the flipped
+        // forward convolution.
         let o2 = || ConvOptions::new([2, 1], [1, 1], [1, 1], 1);
         check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
+        for (pad, dil, k) in [([1, 1], [1, 1], 3), ([0, 0], [1, 1], 3), ([2, 1], [2, 1], 3), ([3, 3], [1, 1], 7), ([1, 0], [1, 1], 3)] {
+            let o = move || ConvOptions::new([1, 1], pad, dil, 1);
+            check_conv::<4>([2, 3, 11, 10], [4, 3, k, k], true, move |x, w, b| super::conv2d(x, w, b, o()), move |x, w, b| conv2d(x, w, b, o()));
+        }
         check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], false, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
         let o3 = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
         check_conv::<5>([2, 3, 4, 5, 6], [4, 3, 3, 3, 3], true, |x, w, b| super::conv3d(x, w, b, o3()), |x, w, b| conv3d(x, w, b, o3()));
