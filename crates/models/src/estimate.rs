@@ -325,10 +325,11 @@ impl Graph {
         // it produces the gradients of their casts (activation-side buffers, compute dtype),
         // which the casts' deferred backward turns into the f32 gradients.
         let pg = if trainable && p == Precision::F32 { ((din + bias as usize) * dout) as u64 * 4 } else { 0 };
-        // burn's `linear_weight_backward` on a 3-D input multiplies `xᵀ @ grad` per leading
-        // index ([lead, in, out]: one weight-sized gradient per sample) before summing them;
-        // plus the transposed input's copy and the summed gradient.
-        let bwd = self.bytes(x) + (lead as u64 + 1) * (din * dout) as u64 * wd;
+        // `nn::linear_rows` flattens the input to rows, so the weight gradient is one matmul
+        // (not one per leading index, as burn's `linear` on a 3-D input): the transposed
+        // input's copy and the gradient.
+        let _ = lead;
+        let bwd = self.bytes(x) + (din * dout) as u64 * wd;
         let y = self.op("linear", &[x, w], &[x, w], out, true, 0, bwd, pg);
         if bias {
             let b = self.weight(dout, trainable, p);
@@ -781,8 +782,8 @@ mod tests {
     fn half_precision_parameter_casts_run_last() {
         // A bf16 linear (100×100 weight, no bias) on a data input, then a reduce. By hand:
         // the weight's cast (20 000 B) is saved by the matmul; the linear's backward makes the
-        // cast's bf16 gradient (20 000 B) with its workspace (x + 2 weight-sized: 40 200 B):
-        // 4 + 200 + 20 000 + 20 000 + 40 200 = 80 404. The cast's backward (depth 1) runs
+        // cast's bf16 gradient (20 000 B) with its workspace (x + 1 weight-sized: 20 200 B):
+        // 4 + 200 + 20 000 + 20 000 + 20 200 = 60 404. The cast's backward (depth 1) runs
         // after it, once the saved weight copy is freed: the bf16 gradient, its contiguous
         // copy (20 000), the f64 buffer (80 000) and the f32 gradient (40 000) with the loss
         // scalar: 160 004.

@@ -289,8 +289,9 @@ mod tests {
             let at = |b: &str, extra: &[&str]| estimate(&with(base, &[&[b], extra].concat())).expect("estimate");
             let (b1, b2, b4) = (at("batch_size=1", &[]), at("batch_size=2", &[]), at("batch_size=4", &[]));
             // Non-decreasing: at small batches the peak may be the optimizer's, which the batch
-            // does not change (Diffusion at batch 1 and 2 here).
-            assert!(b1.peak_step_bytes <= b2.peak_step_bytes && b2.peak_step_bytes <= b4.peak_step_bytes && b1.peak_step_bytes < b4.peak_step_bytes, "{base:?}");
+            // does not change (ACT and Diffusion up to batch 4 here); growing beyond.
+            assert!(b1.peak_step_bytes <= b2.peak_step_bytes && b2.peak_step_bytes <= b4.peak_step_bytes, "{base:?}");
+            assert!(b4.peak_step_bytes < at("batch_size=32", &[]).peak_step_bytes, "{base:?}");
             assert!(b1.stored_activation_bytes < b2.stored_activation_bytes, "{base:?}");
             let blocks = at("batch_size=4", &["gradient_checkpointing=blocks"]);
             assert!(blocks.stored_activation_bytes < b4.stored_activation_bytes / 2, "{base:?}: {} vs {}", blocks.stored_activation_bytes, b4.stored_activation_bytes);

@@ -3,8 +3,8 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
-use burn::tensor::module::linear;
 
+use super::linear::linear_rows;
 use super::{DropoutCtx, Linear, Precision, cast, to_f32, xavier_uniform};
 
 /// `nn.MultiheadAttention(d, heads)` (batch_first = False in PyTorch; here tensors are
@@ -39,7 +39,7 @@ impl<B: Backend> MultiheadAttention<B> {
         let dt = p.dtype();
         let w = self.in_proj_weight.val().narrow(0, i * d, d); // [d, d]
         let b = self.in_proj_bias.val().narrow(0, i * d, d); // [d]
-        linear(cast(x, dt), cast(w, dt).transpose(), Some(cast(b, dt)))
+        linear_rows(cast(x, dt), cast(w, dt).transpose(), Some(cast(b, dt)))
     }
 
     /// PyTorch's `multi_head_attention_forward` (the `need_weights` path): project, split heads,
