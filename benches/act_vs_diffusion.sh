@@ -16,7 +16,7 @@ out=benches/results/act_vs_diffusion
 mkdir -p "$out/points"
 sizes=("$@")
 [ $# -eq 0 ] && sizes=(96x96 240x320)
-common=(--dataset.type=random --dataset.num_scenes=8 --steps=3 --save_freq=0 --precision=f32 --policy.state_dim=2 --policy.action_dim=2)
+common=(--dataset.type=random --dataset.num_scenes=8 --steps=3 --save_freq=0 --save_checkpoint=false --precision=f32 --policy.state_dim=2 --policy.action_dim=2)
 for s in "${sizes[@]}"; do
   h=${s%x*}; w=${s#*x}
   ch=$((h * 7 / 8)); cw=$((w * 7 / 8))

@@ -1,5 +1,5 @@
-//! Normalisations and activations with hand-written backwards that keep only what PyTorch's
-//! autograd keeps.
+//! Normalisations, activations and convolutions with hand-written backwards that keep only
+//! what PyTorch's autograd keeps (and make no larger temporaries than it does).
 //!
 //! Built from Burn's primitive ops, autodiff keeps every op's inputs: a LayerNorm / GroupNorm
 //! written as `(x − mean) / sqrt(var + eps) · weight + bias` keeps the centred input *and* the
@@ -17,8 +17,12 @@
 //!
 //! GroupNorm can fuse a following SiLU ([`NormAct::Silu`], the 3D-VAE's `norm → silu`): the
 //! node then keeps only the norm's input and recomputes the pre-activation in the backward.
-//! Inner (non-autodiff) backends run the same forward, composed of Burn ops. Each backward is
-//! tested against plain autodiff of the composed forward (`tests` below).
+//! ReLU keeps its output instead of its input ([`LeanBackend::lean_relu`]); 2-D and 3-D
+//! convolutions keep what Burn's keep but compute the weight gradient over bounded batch chunks
+//! and a stride-1 input gradient as a forward convolution ([`LeanBackend::lean_conv2d`],
+//! [`flipped_padding`]). Inner (non-autodiff) backends run the same forward, composed of Burn
+//! ops. Each backward is tested against plain autodiff of the composed forward, or Burn's own
+//! node (`tests` below).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -154,42 +158,53 @@ fn in_dtype<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor
     }
 }
 
-/// `[n, c, s…]` as `[n, groups, c/groups, s/last, last]`. Statistics reduce the last axis
-/// first, then the rest: one flat reduction over a whole group (up to millions of elements)
-/// accumulates ~1e-5 relative f32 error on some backends (Flex), which GroupNorm amplifies on
-/// sparse inputs.
-fn group_view(dims: &[usize], groups: usize) -> [usize; 5] {
+/// The two views of `[n, c, s…]` GroupNorm works in, both free reshapes of the contiguous
+/// input: statistics over `[n, groups, c/groups · s/last, last]` (the last axis reduced first,
+/// then the rest: one flat reduction over a whole group, up to millions of elements,
+/// accumulates ~1e-5 relative f32 error on some backends (flex), which GroupNorm amplifies on
+/// sparse inputs), and the per-channel affine over `[n, c, s]` (3-D broadcasts take flex's
+/// fast paths; 5-D ones with a `[1, g, c/g, 1, 1]` weight went through its strided iterator).
+#[derive(Clone, Copy)]
+struct GroupViews {
+    stats: [usize; 4],
+    channels: [usize; 3],
+}
+
+fn group_views(dims: &[usize], groups: usize) -> GroupViews {
     let (n, c) = (dims[0], dims[1]);
     let last = dims[dims.len() - 1].max(1);
     let spatial: usize = dims[2..].iter().product();
-    [n, groups, c / groups, spatial / last, last]
+    GroupViews { stats: [n, groups, c / groups * spatial / last, last], channels: [n, c, spatial] }
 }
 
-fn group_mean<B: Backend>(x: Tensor<B, 5>) -> Tensor<B, 5> {
-    x.mean_dim(4).mean_dim(3).mean_dim(2)
+fn group_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    x.mean_dim(3).mean_dim(2)
 }
 
-/// Per-group mean and `1/sqrt(var + eps)` of an f32 `[n, g, cg, r, l]` view.
-fn group_stats<B: Backend>(x: &Tensor<B, 5>, eps: f64) -> (Tensor<B, 5>, Tensor<B, 5>) {
+/// Per-group mean and `1/sqrt(var + eps)` (`[n, g, 1, 1]`) of an f32 statistics view.
+fn group_stats<B: Backend>(x: &Tensor<B, 4>, eps: f64) -> (Tensor<B, 4>, Tensor<B, 4>) {
     let mean = group_mean(x.clone());
     let var = group_mean((x.clone() - mean.clone()).square());
     (mean, (var + eps).sqrt().recip())
 }
 
-fn affine_view<B: Backend>(w: Prim<B>, groups: usize) -> Tensor<B, 5> {
+/// A per-channel `[c]` parameter as `[1, c, 1]`.
+fn channel_view<B: Backend>(w: Prim<B>) -> Tensor<B, 3> {
     let w = t::<B, 1>(w);
     let c = w.dims()[0];
-    w.reshape([1, groups, c / groups, 1, 1])
+    w.reshape([1, c, 1])
 }
 
-/// Forward of [`LeanBackend::group_norm`]; also returns the per-group mean and 1/std (f32
-/// `[n, g, 1, 1, 1]`) that the backward keeps.
+/// Forward of [`LeanBackend::lean_group_norm`]; also returns the per-group mean and 1/std
+/// (f32 `[n, g, 1, 1]`) that the backward keeps.
 fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
     let dims = dims_of::<B>(&x);
     let dtype = x.dtype();
-    let xg = f32_of(view::<B, 5>(x, group_view(&dims, groups)));
+    let v = group_views(&dims, groups);
+    let xg = f32_of(view::<B, 4>(x, v.stats));
     let (mean, rstd) = group_stats(&xg, eps);
-    let z = (xg - mean.clone()) * rstd.clone() * affine_view::<B>(weight, groups) + affine_view::<B>(bias, groups);
+    let xhat = ((xg - mean.clone()) * rstd.clone()).reshape(v.channels);
+    let z = xhat * channel_view::<B>(weight) + channel_view::<B>(bias);
     let y = match act {
         NormAct::None => z,
         NormAct::Silu => z.clone() * sigmoid(z),
@@ -233,16 +248,18 @@ fn silu_grad<B: Backend, const D: usize>(z: Tensor<B, D>, dy: Tensor<B, D>) -> T
     dy * s.clone() * (z * (s.neg() + 1.0) + 1.0)
 }
 
-/// The normalisation backward over groups of a 5-D view (dims 2–4 reduced): returns `dx̂`'s
-/// image `dx` (f32), `dweight` and `dbias` summed into `[1, g, cg, 1, 1]`.
-fn norm_backward_5d<B: Backend>(xhat: Tensor<B, 5>, rstd: Tensor<B, 5>, g: Tensor<B, 5>, weight: Tensor<B, 5>) -> (Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>) {
-    let dweight = (g.clone() * xhat.clone()).sum_dim(4).sum_dim(3).sum_dim(0);
-    let dbias = g.clone().sum_dim(4).sum_dim(3).sum_dim(0);
-    let gh = g * weight;
+/// GroupNorm's backward from `x̂` and `g` (the gradient at the affine's output) in the channel
+/// view: `dx` (f32, channel view), `dweight`, `dbias` (`[c]`).
+fn group_norm_backward<B: Backend>(xhat: Tensor<B, 3>, rstd: Tensor<B, 4>, g: Tensor<B, 3>, weight: Tensor<B, 3>, v: GroupViews) -> (Tensor<B, 3>, Tensor<B, 1>, Tensor<B, 1>) {
+    let c = v.channels[1];
+    let dweight = (g.clone() * xhat.clone()).sum_dim(2).sum_dim(0).reshape([c]);
+    let dbias = g.clone().sum_dim(2).sum_dim(0).reshape([c]);
+    let gh = (g * weight).reshape(v.stats);
+    let xhat = xhat.reshape(v.stats);
     let m1 = group_mean(gh.clone());
     let m2 = group_mean(gh.clone() * xhat.clone());
     let dx = (gh - m1 - xhat * m2) * rstd;
-    (dx, dweight, dbias)
+    (dx.reshape(v.channels), dweight, dbias)
 }
 
 #[derive(Debug)]
@@ -267,28 +284,28 @@ impl<B: Backend> Backward<B, 3> for GroupNormBackward {
         let dy = grads.consume::<B>(&ops.node);
         let dims = dims_of::<B>(&x);
         let dtype = x.dtype();
-        let shape = group_view(&dims, groups);
-        let xhat = (f32_of(view::<B, 5>(x, shape)) - t::<B, 5>(mean)) * t::<B, 5>(rstd.clone());
-        let weight = affine_view::<B>(weight, groups);
-        let dy = f32_of(view::<B, 5>(dy, shape));
+        let v = group_views(&dims, groups);
+        let rstd = t::<B, 4>(rstd);
+        let xhat = ((f32_of(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
+        let weight = channel_view::<B>(weight);
+        let dy = f32_of(view::<B, 3>(dy, v.channels));
         let g = match act {
             NormAct::None => dy,
             NormAct::Silu => {
-                let z = xhat.clone() * weight.clone() + affine_view::<B>(bias, groups);
+                let z = xhat.clone() * weight.clone() + channel_view::<B>(bias);
                 silu_grad(z, dy)
             }
         };
-        let (dx, dweight, dbias) = norm_backward_5d(xhat, t::<B, 5>(rstd), g, weight);
+        let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
         let [node_x, node_w, node_b] = ops.parents;
         if let Some(node) = node_x {
             grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
         }
-        let c = shape[1] * shape[2];
         if let Some(node) = node_w {
-            grads.register::<B>(node.id, p(dweight.reshape([c])));
+            grads.register::<B>(node.id, p(dweight));
         }
         if let Some(node) = node_b {
-            grads.register::<B>(node.id, p(dbias.reshape([c])));
+            grads.register::<B>(node.id, p(dbias));
         }
     }
 }
