@@ -464,7 +464,7 @@ fn conv_node<B: Backend, C: CheckpointStrategy, O: ConvRank<B>>(
     let bias_node = match &bias {
         Some(b) => b.node.clone(),
         None => {
-            let one = B::float_zeros(Shape::from([1]), &B::float_device(&x.primitive), FloatDType::F32.into());
+            let one = B::float_zeros(Shape::from([1]), &B::float_device(&x.primitive), FloatDType::F32);
             <Autodiff<B, C> as burn::tensor::backend::AutodiffBackend>::from_inner(one).node
         }
     };
@@ -744,12 +744,14 @@ mod tests {
         assert_eq!(super::conv_chunks(2, 100 * mib), vec![0..1, 1..2], "at least one sample per chunk");
     }
 
+    type ConvFn<'a, const D: usize> = dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D> + 'a;
+
     /// Gradients of `sum(conv(x, w, b) · r)` for the lean node and Burn's convolution.
     fn check_conv<const D: usize>(x: [usize; D], w: [usize; D], bias: bool, lean: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>, plain: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>) {
         let x0: Tensor<A, D> = random(x, 11);
         let w0: Tensor<A, D> = random(w, 12) * 0.2;
         let b0: Tensor<A, 1> = random([w[0]], 13);
-        let run = |f: &dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>| {
+        let run = |f: &ConvFn<'_, D>| {
             let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
             let y = f(x.clone(), w.clone(), bias.then(|| b.clone()));
             let r: Tensor<A, D> = random(y.dims(), 14);
