@@ -8,6 +8,7 @@ use std::fmt;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+use burn::prelude::Backend;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::nn::{LeanBackend, Precision};
@@ -158,12 +159,12 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
     Ok(line)
 }
 
-/// Work to run on whichever backend the user picked.
 /// A backend a job trains on: Burn's autodiff over an inner backend, both with vramlab's lean
-/// normalisations and activations (`vramlab_models::nn::lean`).
+/// autodiff nodes (`vramlab_models::nn::lean`).
 pub trait TrainBackend: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
 impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
 
+/// Work to run on whichever backend the user picked.
 pub trait Job {
     type Output;
     fn run<B: TrainBackend>(self, device: B::Device, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<Self::Output>;
@@ -200,7 +201,7 @@ impl BackendInfo {
 }
 
 /// Fails with a clear message when the device cannot compute in `precision`.
-pub fn check_precision<B: LeanBackend>(device: &B::Device, backend: BackendKind, precision: Precision) -> Result<()> {
+pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, precision: Precision) -> Result<()> {
     let dt: DType = precision.dtype().into();
     if B::supports_dtype(device, dt) {
         return Ok(());
@@ -293,7 +294,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
 pub(crate) fn cubecl_probe<R, B>(name: &str, device: R::Device, nvml: Option<vramlab_probe::nvml::NvmlDevice>) -> vramlab_probe::SampledProbe
 where
     R: burn::cubecl::Runtime,
-    B: LeanBackend<Device = R::Device>,
+    B: Backend<Device = R::Device>,
 {
     vramlab_probe::SampledProbe::new(name, move || {
         let _ = B::sync(&device);
