@@ -66,6 +66,11 @@ pub trait LeanBackend: Backend {
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
     /// `conv3d`, weight gradient as [`LeanBackend::lean_conv2d`]'s.
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self>;
+    /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
+    /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
+    /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
+    /// Burn does; chunks would add kernel launches; neither choice is measured on a GPU).
+    fn conv_workspace_bytes() -> Option<usize>;
 }
 
 /// The bound on the batch chunk a convolution's weight gradient is computed on: input plus
@@ -81,7 +86,11 @@ pub const CONV_WORKSPACE_BYTES: usize = 32 << 20;
 /// output gradient): as few chunks as keep each at most [`CONV_WORKSPACE_BYTES`], at least one
 /// sample each.
 pub fn conv_chunks(batch: usize, per_sample: usize) -> Vec<std::ops::Range<usize>> {
-    let per_chunk = (CONV_WORKSPACE_BYTES / per_sample.max(1)).clamp(1, batch.max(1));
+    conv_chunks_within(batch, per_sample, CONV_WORKSPACE_BYTES)
+}
+
+fn conv_chunks_within(batch: usize, per_sample: usize, bound: usize) -> Vec<std::ops::Range<usize>> {
+    let per_chunk = (bound / per_sample.max(1)).clamp(1, batch.max(1));
     let n = batch.div_ceil(per_chunk);
     // Even chunks (n of them) rather than full ones and a remainder.
     let size = batch.div_ceil(n.max(1));
@@ -89,8 +98,11 @@ pub fn conv_chunks(batch: usize, per_sample: usize) -> Vec<std::ops::Range<usize
 }
 
 macro_rules! inner_lean_backend {
-    ($($ty:ty),*) => {$(
+    ($ty:ty, $workspace:expr) => {
         impl LeanBackend for $ty {
+            fn conv_workspace_bytes() -> Option<usize> {
+                $workspace
+            }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 forward_group_norm::<Self>(x, weight, bias, groups, eps, act).0
             }
@@ -113,15 +125,15 @@ macro_rules! inner_lean_backend {
                 <Self as ModuleOps<Self>>::conv3d(x, weight, bias, options)
             }
         }
-    )*};
+    };
 }
 
 #[cfg(feature = "flex")]
-inner_lean_backend!(burn::backend::Flex);
+inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES));
 #[cfg(feature = "wgpu")]
-inner_lean_backend!(burn::backend::Wgpu);
+inner_lean_backend!(burn::backend::Wgpu, None);
 #[cfg(feature = "cuda")]
-inner_lean_backend!(burn::backend::Cuda);
+inner_lean_backend!(burn::backend::Cuda, None);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -445,6 +457,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv2d(x, w, b, o))
     }
 
+    fn conv_workspace_bytes() -> Option<usize> {
+        B::conv_workspace_bytes()
+    }
+
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
         conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv3d(x, w, b, o))
     }
@@ -452,7 +468,7 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
 /// One convolution node on `Autodiff<B, C>`: keeps the input and the weight (as Burn's own
 /// convolution does); the backward is [`ConvBackward`]'s.
-fn conv_node<B: Backend, C: CheckpointStrategy, O: ConvRank<B>>(
+fn conv_node<B: LeanBackend, C: CheckpointStrategy, O: ConvRank<B>>(
     x: Prim<Autodiff<B, C>>,
     weight: Prim<Autodiff<B, C>>,
     bias: Option<Prim<Autodiff<B, C>>>,
@@ -473,7 +489,7 @@ fn conv_node<B: Backend, C: CheckpointStrategy, O: ConvRank<B>>(
     match prep {
         OpsKind::Tracked(prep) => {
             let y = forward(x.primitive.clone(), weight.primitive.clone(), bias_inner, options.clone());
-            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options }, y)
+            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options, chunk_bytes: B::conv_workspace_bytes() }, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, bias_inner, options)),
     }
@@ -538,6 +554,8 @@ struct ConvState<B: Backend, O> {
     x: Prim<B>,
     weight: Prim<B>,
     options: O,
+    /// [`LeanBackend::conv_workspace_bytes`] of the inner backend.
+    chunk_bytes: Option<usize>,
 }
 
 /// Rows `range` of dimension 0.
@@ -552,7 +570,7 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     type State = ConvState<B, O>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let ConvState { x, weight, options } = ops.state;
+        let ConvState { x, weight, options, chunk_bytes } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let [node_x, node_w, node_b] = ops.parents;
         if let Some(node) = node_b {
@@ -565,7 +583,11 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
             let batch = x.shape()[0];
             let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
             let mut dw: Option<Prim<B>> = None;
-            for r in conv_chunks(batch, per_sample) {
+            let chunks = match chunk_bytes {
+                Some(bound) => conv_chunks_within(batch, per_sample, bound),
+                None => vec![0..batch],
+            };
+            for r in chunks {
                 let (xs, gs) = if r.len() == batch { (x.clone(), dy.clone()) } else { (batch_slice::<B>(&x, r.clone()), batch_slice::<B>(&dy, r)) };
                 let part = O::weight_backward(xs, weight.clone(), gs, options.clone());
                 dw = Some(match dw {
