@@ -314,10 +314,10 @@ impl Graph {
         self.op("matmul", &[a, b], &[a, b], out_bytes, true, 0, self.bytes(a) + self.bytes(b), 0)
     }
 
-    /// A linear layer `x @ Wᵀ + b` on `[lead, rows / lead, in]` → `[.., out]` (`lead` = 1 for
-    /// a 2-D input), params cast to precision `p`.
+    /// A linear layer `x @ Wᵀ + b` on `rows` rows of `in` (`nn::linear_rows` flattens any
+    /// leading axes) → `[rows, out]`, params cast to precision `p`.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear(&mut self, x: Buf, lead: usize, rows: usize, din: usize, dout: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
+    pub fn linear(&mut self, x: Buf, rows: usize, din: usize, dout: usize, bias: bool, trainable: bool, p: Precision) -> Buf {
         let w = self.weight_cast(din * dout, trainable, p, true);
         let wd = dtype_bytes(p);
         let out = (rows * dout) as u64 * wd;
@@ -328,7 +328,6 @@ impl Graph {
         // `nn::linear_rows` flattens the input to rows, so the weight gradient is one matmul
         // (not one per leading index, as burn's `linear` on a 3-D input): the transposed
         // input's copy and the gradient.
-        let _ = lead;
         let bwd = self.bytes(x) + (din * dout) as u64 * wd;
         let y = self.op("linear", &[x, w], &[x, w], out, true, 0, bwd, pg);
         if bias {
@@ -789,7 +788,7 @@ mod tests {
         // scalar: 160 004.
         let mut g = Graph::new();
         let x = g.input(100, 2);
-        let y = g.linear(x, 1, 1, 100, 100, false, true, Precision::Bf16);
+        let y = g.linear(x, 1, 100, 100, false, true, Precision::Bf16);
         let _ = g.reduce(y, 4);
         let p = g.simulate(Recompute::Off);
         assert_eq!(p.backward_peak, 160_004);

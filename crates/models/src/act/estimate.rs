@@ -29,10 +29,10 @@ impl Tx<'_> {
         self.g.elementwise(&[y], n)
     }
 
-    /// A linear layer on `[lead, rows / lead, din]` (lead 1: a 2-D input).
-    fn linear(&mut self, x: Buf, lead: usize, rows: usize, din: usize, dout: usize) -> Buf {
+    /// A linear layer on `rows` rows of `din`.
+    fn linear(&mut self, x: Buf, rows: usize, din: usize, dout: usize) -> Buf {
         let xc = self.g.cast(x, 4, self.w);
-        let y = self.g.linear(xc, lead, rows, din, dout, true, true, self.p);
+        let y = self.g.linear(xc, rows, din, dout, true, true, self.p);
         self.g.cast(y, self.w, 4)
     }
 
@@ -59,21 +59,21 @@ impl Tx<'_> {
         let attn = self.g.cast(attn, 4, w);
         let out = self.g.matmul(attn, vh, (b * h * l * d / h) as u64 * w);
         let out = self.g.elementwise(&[out], (b * l * d) as u64 * w); // swap + reshape copy
-        let out = self.g.linear(out, b, b * l, d, d, true, true, self.p);
+        let out = self.g.linear(out, b * l, d, d, true, true, self.p);
         self.g.cast(out, w, 4)
     }
 
     fn linear_part(&mut self, x: Buf, rows: usize, d: usize) -> Buf {
         let xc = self.g.cast(x, 4, self.w);
-        self.g.linear(xc, self.b, rows, d, d, true, true, self.p)
+        self.g.linear(xc, rows, d, d, true, true, self.p)
     }
 
     fn ffn(&mut self, x: Buf, rows: usize) -> Buf {
         let (d, f) = (self.cfg.dim_model, self.cfg.dim_feedforward);
-        let h = self.linear(x, self.b, rows, d, f);
+        let h = self.linear(x, rows, d, f);
         let h = self.g.unary_saving(h, self.g.bytes(h)); // relu / gelu keep their input
         let h = self.dropout(h);
-        self.linear(h, self.b, rows, f, d)
+        self.linear(h, rows, f, d)
     }
 
     /// Post-norm encoder layer (lerobot's default `pre_norm=False`) on `[b, s, d]`.
@@ -135,8 +135,8 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         let s = 2 + chunk;
         let cls = tx.g.weight(d, true, Precision::F32);
         let cls = tx.g.elementwise(&[cls], (b * d * 4) as u64);
-        let st = if state_dim > 0 { Some(tx.linear(state, 1, b, state_dim, d)) } else { None };
-        let act = tx.linear(actions, b, b * chunk, action_dim, d);
+        let st = if state_dim > 0 { Some(tx.linear(state, b, state_dim, d)) } else { None };
+        let act = tx.linear(actions, b * chunk, action_dim, d);
         let mut parts = vec![cls, act];
         parts.extend(st);
         let mut x = tx.g.elementwise(&parts, (b * s * d * 4) as u64);
@@ -151,7 +151,7 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         stage += 1;
         tx.g.module("vae_encoder.posterior");
         let cls_out = tx.g.elementwise(&[x], (b * d * 4) as u64);
-        let lat = tx.linear(cls_out, 1, b, d, 2 * cfg.latent_dim);
+        let lat = tx.linear(cls_out, b, d, 2 * cfg.latent_dim);
         posterior = Some(lat);
     }
     // Backbone over all cameras at once; frozen backbone on data keeps nothing.
@@ -180,10 +180,10 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         let eps = tx.g.input(b * cfg.latent_dim, 4);
         let z = tx.g.mul(sd, eps, half);
         let z = tx.g.elementwise(&[mu, z], half);
-        parts.push(tx.linear(z, 1, b, cfg.latent_dim, d));
+        parts.push(tx.linear(z, b, cfg.latent_dim, d));
     }
     if state_dim > 0 {
-        parts.push(tx.linear(state, 1, b, state_dim, d));
+        parts.push(tx.linear(state, b, state_dim, d));
     }
     for m in &maps {
         let hw = m.hw[0] * m.hw[1];
@@ -216,7 +216,7 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
     tx.g.stage(stage, &[q]);
     tx.g.module("action_head+loss");
     let q = tx.layer_norm(q, b * chunk);
-    let out = tx.linear(q, b, b * chunk, d, action_dim);
+    let out = tx.linear(q, b * chunk, d, action_dim);
     let n = (b * chunk * action_dim * 4) as u64;
     let diff = tx.g.elementwise(&[actions, out], n);
     let err = tx.g.unary_saving(diff, n);

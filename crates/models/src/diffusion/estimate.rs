@@ -35,7 +35,7 @@ impl Unet<'_> {
         let m = self.g.mish(cond, 4);
         let cc = if self.film_scale { 2 * cout } else { cout };
         let mc = self.g.cast(m, 4, self.w);
-        let emb = self.g.linear(mc, 1, self.b, self.cond_dim, cc, true, true, self.p);
+        let emb = self.g.linear(mc, self.b, self.cond_dim, cc, true, true, self.p);
         let n = self.g.bytes(out);
         let out = if self.film_scale {
             let scale = self.g.elementwise(&[emb], (self.b * cout) as u64 * self.w);
@@ -87,7 +87,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
         let grid = g.input(hw * 2, 4);
         let xy = g.matmul(att, grid, (m.n * kp * 2 * 4) as u64);
         let xyc = g.cast(xy, 4, w);
-        let o = g.linear(xyc, 1, m.n, 2 * kp, 2 * kp, true, true, p);
+        let o = g.linear(xyc, m.n, 2 * kp, 2 * kp, true, true, p);
         let o = g.unary_saving(o, g.bytes(o));
         cond_parts.push(g.cast(o, w, 4));
     }
@@ -95,9 +95,9 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let e = cfg.diffusion_step_embed_dim;
     let t = g.input(b * e, 4);
     let tc = g.cast(t, 4, w);
-    let t1 = g.linear(tc, 1, b, e, 4 * e, true, true, p);
+    let t1 = g.linear(tc, b, e, 4 * e, true, true, p);
     let t1 = g.mish(t1, w);
-    let t2 = g.linear(t1, 1, b, 4 * e, e, true, true, p);
+    let t2 = g.linear(t1, b, 4 * e, e, true, true, p);
     let t2 = g.cast(t2, w, 4);
     let cond = g.elementwise(&[t2, global], (b * cfg.cond_dim() * 4) as u64);
     let noisy = g.input(b * horizon * a, 4);

@@ -26,11 +26,8 @@ pub const GROUP_NORM_EPS: f64 = 1e-5;
 
 /// `nn.Mish`: `x · tanh(softplus(x))`, computed in f32 (as PyTorch's kernel does for reduced
 /// precision inputs) with the overflow-free `softplus(x) = max(x, 0) + log1p(exp(−|x|))`;
-/// returned in the input's dtype.
-/// One autodiff node that keeps only its input ([`crate::nn::lean`]).
-pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    crate::nn::mish(x)
-}
+/// returned in the input's dtype; one autodiff node that keeps only its input.
+pub use crate::nn::mish;
 
 /// `DiffusionSinusoidalPosEmb(dim)` of integer timesteps, computed on the host with torch's
 /// f32 operations: `f_i = exp(i · −ln(10000)/(dim/2 − 1))`, `[sin(t·f), cos(t·f)]`

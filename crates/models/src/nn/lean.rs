@@ -27,12 +27,15 @@
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::ops::{ConvOptions, ModuleOps};
-use burn::tensor::{DType, FloatDType, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
+
+use super::{to_dtype, to_f32};
 
 /// Float primitive of backend `B`.
 pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
@@ -157,19 +160,6 @@ fn unview<B: Backend, const D: usize>(x: Tensor<B, D>, dims: &[usize]) -> Prim<B
     B::float_reshape(p(x), Shape::from(dims.to_vec()))
 }
 
-fn f32_of<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dtype() == DType::F32 { x } else { x.cast(FloatDType::F32) }
-}
-
-fn in_dtype<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    match dtype {
-        DType::F32 => y,
-        DType::F16 => y.cast(FloatDType::F16),
-        DType::BF16 => y.cast(FloatDType::BF16),
-        _ => y,
-    }
-}
-
 /// The two views of `[n, c, s…]` GroupNorm works in, both free reshapes of the contiguous
 /// input: statistics over `[n, groups, c/groups · s/last, last]` (the last axis reduced first,
 /// then the rest: one flat reduction over a whole group, up to millions of elements,
@@ -213,7 +203,7 @@ fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, gr
     let dims = dims_of::<B>(&x);
     let dtype = x.dtype();
     let v = group_views(&dims, groups);
-    let xg = f32_of(view::<B, 4>(x, v.stats));
+    let xg = to_f32(view::<B, 4>(x, v.stats));
     let (mean, rstd) = group_stats(&xg, eps);
     let xhat = ((xg - mean.clone()) * rstd.clone()).reshape(v.channels);
     let z = xhat * channel_view::<B>(weight) + channel_view::<B>(bias);
@@ -221,13 +211,13 @@ fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, gr
         NormAct::None => z,
         NormAct::Silu => z.clone() * sigmoid(z),
     };
-    (unview(in_dtype(y, dtype), &dims), p(mean), p(rstd))
+    (unview(to_dtype(y, dtype), &dims), p(mean), p(rstd))
 }
 
 fn forward_layer_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
     let dims = dims_of::<B>(&x);
     let d = dims[dims.len() - 1];
-    let x = f32_of(view::<B, 2>(x, [dims.iter().product::<usize>() / d, d]));
+    let x = to_f32(view::<B, 2>(x, [dims.iter().product::<usize>() / d, d]));
     let mean = x.clone().mean_dim(1);
     let xc = x - mean.clone();
     let rstd = (xc.clone().square().mean_dim(1) + eps).sqrt().recip();
@@ -243,15 +233,15 @@ fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 fn forward_silu<B: Backend>(x: Prim<B>) -> Prim<B> {
     let dims = dims_of::<B>(&x);
     let dtype = x.dtype();
-    let x = f32_of(view::<B, 1>(x, [dims.iter().product()]));
-    unview(in_dtype(x.clone() * sigmoid(x), dtype), &dims)
+    let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
+    unview(to_dtype(x.clone() * sigmoid(x), dtype), &dims)
 }
 
 fn forward_mish<B: Backend>(x: Prim<B>) -> Prim<B> {
     let dims = dims_of::<B>(&x);
     let dtype = x.dtype();
-    let x = f32_of(view::<B, 1>(x, [dims.iter().product()]));
-    unview(in_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
+    let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
+    unview(to_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
 }
 
 /// `dL/dz · silu'(z)`.
@@ -272,6 +262,23 @@ fn group_norm_backward<B: Backend>(xhat: Tensor<B, 3>, rstd: Tensor<B, 4>, g: Te
     let m2 = group_mean(gh.clone() * xhat.clone());
     let dx = (gh - m1 - xhat * m2) * rstd;
     (dx.reshape(v.channels), dweight, dbias)
+}
+
+/// Register a normalisation's gradients with whichever of its parents (input, weight, bias:
+/// their node ids, `None` when untracked) needs one; `dx` goes back to the input's `dims` and
+/// `dtype`.
+#[allow(clippy::too_many_arguments)]
+fn register_norm_grads<B: Backend, const D: usize>(grads: &mut Gradients, parents: [Option<NodeId>; 3], dx: Tensor<B, D>, dims: &[usize], dtype: DType, dweight: Tensor<B, 1>, dbias: Tensor<B, 1>) {
+    let [id_x, id_w, id_b] = parents;
+    if let Some(id) = id_x {
+        grads.register::<B>(id, unview(to_dtype(dx, dtype), dims));
+    }
+    if let Some(id) = id_w {
+        grads.register::<B>(id, p(dweight));
+    }
+    if let Some(id) = id_b {
+        grads.register::<B>(id, p(dbias));
+    }
 }
 
 #[derive(Debug)]
@@ -298,9 +305,9 @@ impl<B: Backend> Backward<B, 3> for GroupNormBackward {
         let dtype = x.dtype();
         let v = group_views(&dims, groups);
         let rstd = t::<B, 4>(rstd);
-        let xhat = ((f32_of(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
+        let xhat = ((to_f32(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
         let weight = channel_view::<B>(weight);
-        let dy = f32_of(view::<B, 3>(dy, v.channels));
+        let dy = to_f32(view::<B, 3>(dy, v.channels));
         let g = match act {
             NormAct::None => dy,
             NormAct::Silu => {
@@ -309,16 +316,7 @@ impl<B: Backend> Backward<B, 3> for GroupNormBackward {
             }
         };
         let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
-        let [node_x, node_w, node_b] = ops.parents;
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
-        }
-        if let Some(node) = node_w {
-            grads.register::<B>(node.id, p(dweight));
-        }
-        if let Some(node) = node_b {
-            grads.register::<B>(node.id, p(dbias));
-        }
+        register_norm_grads::<B, 3>(grads, ops.parents.map(|n| n.map(|n| n.id)), dx, &dims, dtype, dweight, dbias);
     }
 }
 
@@ -343,10 +341,10 @@ impl<B: Backend> Backward<B, 3> for LayerNormBackward {
         let dtype = x.dtype();
         let d = dims[dims.len() - 1];
         let rows = dims.iter().product::<usize>() / d;
-        let x = f32_of(view::<B, 2>(x, [rows, d]));
+        let x = to_f32(view::<B, 2>(x, [rows, d]));
         let rstd = t::<B, 2>(rstd);
         let xhat = (x - t::<B, 2>(mean)) * rstd.clone();
-        let dy = f32_of(view::<B, 2>(dy, [rows, d]));
+        let dy = to_f32(view::<B, 2>(dy, [rows, d]));
         let w = t::<B, 1>(weight).reshape([1, d]);
         let dweight = (dy.clone() * xhat.clone()).sum_dim(0).reshape([d]);
         let dbias = dy.clone().sum_dim(0).reshape([d]);
@@ -354,16 +352,7 @@ impl<B: Backend> Backward<B, 3> for LayerNormBackward {
         let m1 = gh.clone().mean_dim(1);
         let m2 = (gh.clone() * xhat.clone()).mean_dim(1);
         let dx = (gh - m1 - xhat * m2) * rstd;
-        let [node_x, node_w, node_b] = ops.parents;
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
-        }
-        if let Some(node) = node_w {
-            grads.register::<B>(node.id, p(dweight));
-        }
-        if let Some(node) = node_b {
-            grads.register::<B>(node.id, p(dbias));
-        }
+        register_norm_grads::<B, 2>(grads, ops.parents.map(|n| n.map(|n| n.id)), dx, &dims, dtype, dweight, dbias);
     }
 }
 
@@ -387,8 +376,8 @@ impl<B: Backend> Backward<B, 1> for ActBackward {
         let dims = dims_of::<B>(&x);
         let n = dims.iter().product::<usize>();
         let dtype = x.dtype();
-        let x = f32_of(view::<B, 1>(x, [n]));
-        let dy = f32_of(view::<B, 1>(dy, [n]));
+        let x = to_f32(view::<B, 1>(x, [n]));
+        let dy = to_f32(view::<B, 1>(dy, [n]));
         let dx = match act {
             Act::Silu => silu_grad(x, dy),
             Act::Mish => {
@@ -397,7 +386,7 @@ impl<B: Backend> Backward<B, 1> for ActBackward {
                 dy * d
             }
         };
-        grads.register::<B>(node.id, unview(in_dtype(dx, dtype), &dims));
+        grads.register::<B>(node.id, unview(to_dtype(dx, dtype), &dims));
     }
 }
 
@@ -475,21 +464,16 @@ fn conv_node<B: LeanBackend, C: CheckpointStrategy, O: ConvRank<B>>(
     options: O,
     forward: impl Fn(Prim<B>, Prim<B>, Option<Prim<B>>, O) -> Prim<B>,
 ) -> Prim<Autodiff<B, C>> {
-    // Without a bias the third parent is the weight again with its gradient unused: use an
-    // untracked constant instead.
-    let bias_node = match &bias {
-        Some(b) => b.node.clone(),
-        None => {
-            let one = B::float_zeros(Shape::from([1]), &B::float_device(&x.primitive), FloatDType::F32);
-            <Autodiff<B, C> as burn::tensor::backend::AutodiffBackend>::from_inner(one).node
-        }
-    };
+    // Without a bias the third parent slot repeats the weight's node (no new tensor or node
+    // per call); the backward registers a bias gradient only when the state says there is one.
+    let has_bias = bias.is_some();
+    let bias_node = bias.as_ref().map_or_else(|| weight.node.clone(), |b| b.node.clone());
     let prep = ConvBackward::<O>(std::marker::PhantomData).prepare::<C>([x.node.clone(), weight.node.clone(), bias_node]).compute_bound().stateful();
     let bias_inner = bias.map(|b| b.primitive);
     match prep {
         OpsKind::Tracked(prep) => {
             let y = forward(x.primitive.clone(), weight.primitive.clone(), bias_inner, options.clone());
-            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options, chunk_bytes: B::conv_workspace_bytes() }, y)
+            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options, has_bias, chunk_bytes: B::conv_workspace_bytes() }, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, bias_inner, options)),
     }
@@ -554,6 +538,8 @@ struct ConvState<B: Backend, O> {
     x: Prim<B>,
     weight: Prim<B>,
     options: O,
+    /// Whether the third parent is a bias (else it repeats the weight).
+    has_bias: bool,
     /// [`LeanBackend::conv_workspace_bytes`] of the inner backend.
     chunk_bytes: Option<usize>,
 }
@@ -570,10 +556,10 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     type State = ConvState<B, O>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let ConvState { x, weight, options, chunk_bytes } = ops.state;
+        let ConvState { x, weight, options, has_bias, chunk_bytes } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let [node_x, node_w, node_b] = ops.parents;
-        if let Some(node) = node_b {
+        if let Some(node) = node_b.filter(|_| has_bias) {
             // Sum over every axis but the channels.
             let dims = dy.shape().to_vec();
             let g = t::<B, 3>(B::float_reshape(dy.clone(), Shape::from(vec![dims[0], dims[1], dims[2..].iter().product()])));
@@ -583,11 +569,8 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
             let batch = x.shape()[0];
             let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
             let mut dw: Option<Prim<B>> = None;
-            let chunks = match chunk_bytes {
-                Some(bound) => conv_chunks_within(batch, per_sample, bound),
-                None => vec![0..batch],
-            };
-            for r in chunks {
+            // No bound: one chunk, the whole batch.
+            for r in conv_chunks_within(batch, per_sample, chunk_bytes.unwrap_or(usize::MAX)) {
                 let (xs, gs) = if r.len() == batch { (x.clone(), dy.clone()) } else { (batch_slice::<B>(&x, r.clone()), batch_slice::<B>(&dy, r)) };
                 let part = O::weight_backward(xs, weight.clone(), gs, options.clone());
                 dw = Some(match dw {
@@ -764,6 +747,7 @@ mod tests {
         assert_eq!(super::conv_chunks(12, 4 * mib), vec![0..6, 6..12]);
         assert_eq!(super::conv_chunks(3, mib), vec![0..3]);
         assert_eq!(super::conv_chunks(2, 100 * mib), vec![0..1, 1..2], "at least one sample per chunk");
+        assert_eq!(super::conv_chunks_within(48, 4 * mib, usize::MAX), vec![0..48], "no bound: the whole batch");
     }
 
     type ConvFn<'a, const D: usize> = dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D> + 'a;

@@ -97,12 +97,12 @@ impl Stats {
 }
 
 /// `x · scale + shift` on the device, broadcast over the batch (and pixels).
-struct Affine<B: LeanBackend, const D: usize> {
+struct Affine<B: Backend, const D: usize> {
     scale: Tensor<B, D>,
     shift: Tensor<B, D>,
 }
 
-impl<B: LeanBackend, const D: usize> Affine<B, D> {
+impl<B: Backend, const D: usize> Affine<B, D> {
     fn new((scale, shift): (Vec<f32>, Vec<f32>), shape: [usize; D], device: &B::Device) -> Self {
         let t = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, shape), device);
         Self { scale: t(scale), shift: t(shift) }
@@ -148,7 +148,7 @@ fn affine(key: &str, kind: FeatureType, n: usize, mapping: &NormalizationMapping
 }
 
 /// The pre- and post-processing around `select_action`, with its constants on the device.
-pub struct Processor<B: LeanBackend> {
+pub struct Processor<B: Backend> {
     cameras: Vec<Option<Affine<B, 4>>>,
     state: Option<Affine<B, 2>>,
     env_state: Option<Affine<B, 2>>,
@@ -160,7 +160,7 @@ pub struct Processor<B: LeanBackend> {
 
 /// A preprocessed observation on the device (batch of 1).
 #[derive(Clone, Debug)]
-pub struct DeviceObs<B: LeanBackend> {
+pub struct DeviceObs<B: Backend> {
     /// `[1, 3, h, w]` per camera.
     pub images: Vec<Tensor<B, 4>>,
     /// `[1, state_dim]`
@@ -169,7 +169,7 @@ pub struct DeviceObs<B: LeanBackend> {
     pub env_state: Option<Tensor<B, 2>>,
 }
 
-impl<B: LeanBackend> Processor<B> {
+impl<B: Backend> Processor<B> {
     pub fn new(io: &PolicyIo, stats: &Stats, device: &B::Device) -> Result<Self> {
         let (m, mut neutral) = (&io.mapping, Vec::new());
         let mut cameras = Vec::new();
@@ -228,7 +228,7 @@ fn chw(f: &Frame) -> Vec<f32> {
 
 /// lerobot's `DiffusionPolicy.select_action` state: the last `n_obs_steps` observations (the
 /// first one repeated until the queue is full, as `populate_queues`) and the queued actions.
-pub struct DiffusionRunner<B: LeanBackend> {
+pub struct DiffusionRunner<B: Backend> {
     n_obs_steps: usize,
     observations: VecDeque<DeviceObs<B>>,
     actions: VecDeque<Tensor<B, 2>>,
@@ -282,7 +282,7 @@ impl<B: LeanBackend> DiffusionRunner<B> {
 }
 
 /// A loaded policy with its `select_action` state.
-pub enum Runner<'m, B: LeanBackend> {
+pub enum Runner<'m, B: Backend> {
     Act { model: &'m Act<B>, runner: ActPolicyRunner<B> },
     Diffusion { model: &'m Diffusion<B>, runner: DiffusionRunner<B> },
 }
