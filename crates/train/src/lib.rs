@@ -13,6 +13,7 @@ pub mod memory_timeline;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod optim_kernels;
 pub mod plots;
 pub mod schedule;
 pub mod trainer;
@@ -21,6 +22,7 @@ pub use checkpointing::CheckpointMode;
 pub use metrics::StepRecord;
 pub use model::{LossParts, ModelInput, ModelOutput, TrainModel};
 pub use optim::{OptimConfig, OptimError, OptimKind, Optimizer, ParamGroup};
+pub use optim_kernels::OptimKernels;
 /// The stage-chain traits a [`TrainModel`]'s model implements (re-exported for adapters).
 pub use vramlab_stages::{self as stages, Staged, TensorBundle};
 pub use schedule::{LrSchedule, ScheduleKind};

@@ -19,6 +19,8 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use vramlab_store::{PathStack, WeightError};
 
+use crate::optim_kernels::{AdamUpdate, Decay, OptimKernels, SqSum};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimKind {
@@ -137,11 +139,14 @@ impl<B: AutodiffBackend> Optimizer<B> {
         mut grads: GradientsParams,
         grad_scale: f64,
         lr_factor: f64,
-    ) -> (M, StepInfo) {
+    ) -> (M, StepInfo)
+    where
+        B::InnerBackend: OptimKernels,
+    {
         // Global norm over all gradients, computed on device, read once.
-        let mut norm = NormVisitor::<B> { grads: &grads, sum: None };
+        let mut norm = NormVisitor::<B> { grads: &mut grads, host: 0.0, device: None };
         module.visit(&mut norm);
-        let sq = norm.sum.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0);
+        let sq = norm.host + norm.device.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0);
         let grad_norm = sq.sqrt() / grad_scale;
         if !grad_norm.is_finite() {
             return (module, StepInfo { grad_norm, applied: false });
@@ -307,18 +312,26 @@ pub fn trainable_params<B: Backend, M: burn::module::Module<B>>(module: &M) -> V
 }
 
 struct NormVisitor<'a, B: AutodiffBackend> {
-    grads: &'a GradientsParams,
-    sum: Option<Tensor<B::InnerBackend, 1>>,
+    grads: &'a mut GradientsParams,
+    host: f64,
+    device: Option<Tensor<B::InnerBackend, 1>>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for NormVisitor<'_, B> {
+impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleVisitor<B> for NormVisitor<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            let s = g.cast(burn::tensor::FloatDType::F32).square().sum();
-            self.sum = Some(match self.sum.take() {
-                Some(acc) => acc + s,
-                None => s,
-            });
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            // The kernel may hand the gradient back re-laid out for the update.
+            let (g, s) = B::InnerBackend::grad_sq_sum(g);
+            self.grads.register::<B::InnerBackend, D>(param.id, g);
+            match s {
+                SqSum::Host(s) => self.host += s,
+                SqSum::Device(s) => {
+                    self.device = Some(match self.device.take() {
+                        Some(acc) => acc + s,
+                        None => s,
+                    })
+                }
+            }
         }
     }
 }
@@ -331,7 +344,7 @@ struct AdamMapper<'a, B: AutodiffBackend> {
     path: PathStack,
 }
 
-impl<B: AutodiffBackend> ModuleMapper<B> for AdamMapper<'_, B> {
+impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleMapper<B> for AdamMapper<'_, B> {
     fn enter_module(&mut self, name: &str, container: &str) {
         self.path.enter(name, container);
     }
@@ -350,30 +363,16 @@ impl<B: AutodiffBackend> ModuleMapper<B> for AdamMapper<'_, B> {
         let (id, tensor, mapper) = param.consume();
         let require_grad = tensor.is_require_grad();
         let p = tensor.inner();
-        let shape = p.shape();
-        let n = shape.num_elements();
-        let mut p = p.reshape([n]);
-        let mut g = grad.reshape([n]);
-        if self.coef != 1.0 {
-            g = g * self.coef;
-        }
-        match cfg.kind {
-            OptimKind::Adam if cfg.weight_decay != 0.0 => g = g + p.clone() * cfg.weight_decay,
-            OptimKind::AdamW if cfg.weight_decay != 0.0 => p = p.clone() * (1.0 - lr * cfg.weight_decay),
-            _ => {}
-        }
-        let st = self.opt.state.remove(&name);
-        let (m, v) = match st {
-            Some(s) => (s.m * b1 + g.clone() * (1.0 - b1), s.v * b2 + g.square() * (1.0 - b2)),
-            None => (g.clone() * (1.0 - b1), g.square() * (1.0 - b2)),
+        let decay = match cfg.kind {
+            _ if cfg.weight_decay == 0.0 => Decay::None,
+            OptimKind::Adam => Decay::L2(cfg.weight_decay),
+            OptimKind::AdamW => Decay::Decoupled(1.0 - lr * cfg.weight_decay),
         };
-        // torch: denom = sqrt(v) / sqrt(bc2) + eps; p -= lr / bc1 * m / denom
-        let bc1 = 1.0 - b1.powi(t);
-        let bc2 = 1.0 - b2.powi(t);
-        let denom = v.clone().sqrt() / bc2.sqrt() + cfg.eps;
-        let p = p - m.clone() / denom * (lr / bc1);
+        let h = AdamUpdate { b1, b2, eps: cfg.eps, lr, bc1: 1.0 - b1.powi(t), bc2: 1.0 - b2.powi(t), coef: self.coef, decay };
+        let moments = self.opt.state.remove(&name).map(|s| (s.m, s.v));
+        let (p, m, v) = B::InnerBackend::adam_update(p, grad, moments, &h);
         self.opt.state.insert(name, MomentState { m, v });
-        let mut value = Tensor::<B, D>::from_inner(p.reshape(shape));
+        let mut value = Tensor::<B, D>::from_inner(p);
         if require_grad {
             value = value.require_grad();
         }

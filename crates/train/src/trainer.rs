@@ -11,6 +11,8 @@ use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
+
+use crate::optim_kernels::OptimKernels;
 use serde::{Deserialize, Serialize};
 use vramlab_probe::MemoryProbe;
 
@@ -195,7 +197,7 @@ impl<'a> Trainer<'a> {
         on_step: &mut dyn FnMut(&StepRecord),
     ) -> Result<TrainOutcome<M>, TrainError>
     where
-        B: AutodiffBackend,
+        B: AutodiffBackend<InnerBackend: OptimKernels>,
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let cfg = &self.config;
@@ -247,7 +249,7 @@ impl<'a> Trainer<'a> {
     /// back to the resumed step.
     fn start_or_resume<B, M>(&self, mut model: M, optim: &mut Optimizer<B>, device: &B::Device) -> Result<(M, TrainerState), TrainError>
     where
-        B: AutodiffBackend,
+        B: AutodiffBackend<InnerBackend: OptimKernels>,
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let cfg = &self.config;
@@ -301,7 +303,7 @@ impl<'a> Trainer<'a> {
         p_bytes: u64,
     ) -> Result<(M, StepRecord), TrainError>
     where
-        B: AutodiffBackend,
+        B: AutodiffBackend<InnerBackend: OptimKernels>,
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let cfg = &self.config;
@@ -401,7 +403,7 @@ impl<'a> Trainer<'a> {
     /// Forward and backward of one micro-batch (plain, or block-recomputed), measured.
     fn forward_backward<B, M>(&self, model: &M, batch: &M::Batch, loss_scale: f64) -> Result<(LossParts<B>, GradientsParams, MicroMeasure), TrainError>
     where
-        B: AutodiffBackend,
+        B: AutodiffBackend<InnerBackend: OptimKernels>,
         M: TrainModel<B> + AutodiffModule<B>,
     {
         let live_before = self.probe.sample().allocated;

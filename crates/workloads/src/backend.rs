@@ -12,6 +12,7 @@ use burn::prelude::Backend;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 use vramlab_models::nn::{LeanBackend, Precision};
+use vramlab_train::OptimKernels;
 use vramlab_probe::MemoryProbe;
 use vramlab_train::CheckpointMode;
 
@@ -160,9 +161,10 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
 }
 
 /// A backend a job trains on: Burn's autodiff over an inner backend, both with vramlab's lean
-/// autodiff nodes (`vramlab_models::nn::lean`).
-pub trait TrainBackend: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
-impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: LeanBackend> + LeanBackend {}
+/// autodiff nodes (`vramlab_models::nn::lean`), the inner one with the optimizer's kernels
+/// (`vramlab_train::optim_kernels`).
+pub trait TrainBackend: AutodiffBackend<InnerBackend: LeanBackend + OptimKernels> + LeanBackend {}
+impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: LeanBackend + OptimKernels> + LeanBackend {}
 
 /// Work to run on whichever backend the user picked.
 pub trait Job {
@@ -221,7 +223,7 @@ pub fn check_precision<B: Backend>(device: &B::Device, backend: BackendKind, pre
 
 fn run_with<I, J>(job: J, device: I::Device, mode: CheckpointMode, probe: &dyn MemoryProbe, info: &BackendInfo) -> Result<J::Output>
 where
-    I: LeanBackend,
+    I: LeanBackend + OptimKernels,
     J: Job,
 {
     if mode == CheckpointMode::Balanced {
