@@ -6,7 +6,7 @@
 use burn::nn::conv::{Conv1d, Conv2d, Conv3d, ConvTranspose1d};
 use burn::nn::{PaddingConfig1d, PaddingConfig2d, PaddingConfig3d};
 use burn::prelude::*;
-use burn::tensor::module::{conv_transpose1d, conv1d};
+use burn::tensor::module::conv_transpose1d;
 use burn::tensor::ops::{ConvOptions, ConvTransposeOptions};
 
 use super::lean::{self, LeanBackend};
@@ -14,14 +14,14 @@ use super::{Precision, cast};
 
 /// `conv` applied in precision `p` (input, weight, bias cast in-graph). Symmetric explicit
 /// padding or `Valid`.
-pub fn conv1d_p<B: Backend>(conv: &Conv1d<B>, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
+pub fn conv1d_p<B: LeanBackend>(conv: &Conv1d<B>, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
     let dt = p.dtype();
     let pad = match &conv.padding {
         PaddingConfig1d::Explicit(l, r) if l == r => *l,
         PaddingConfig1d::Valid => 0,
         other => panic!("conv1d_p: unsupported padding {other:?} (models build symmetric explicit padding)"),
     };
-    conv1d(
+    lean::conv1d(
         cast(x, dt),
         cast(conv.weight.val(), dt),
         conv.bias.as_ref().map(|b| cast(b.val(), dt)),

@@ -31,6 +31,7 @@ use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::ops::{ConvOptions, ModuleOps};
 use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
@@ -69,6 +70,12 @@ pub trait LeanBackend: Backend {
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
     /// `conv3d`, weight gradient as [`LeanBackend::lean_conv2d`]'s.
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self>;
+    /// 1-D convolution (on flex one GEMM over the whole batch, `nn::flex_conv`).
+    fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self>;
+    /// The input gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
+    fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
+    /// The weight gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
+    fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
     /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
@@ -100,9 +107,49 @@ fn conv_chunks_within(batch: usize, per_sample: usize, bound: usize) -> Vec<std:
     (0..n).map(|i| i * size..((i + 1) * size).min(batch)).filter(|r| !r.is_empty()).collect()
 }
 
+/// Burn's own 1-D convolution kernels.
+mod burn_conv1d {
+    use super::*;
+    pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d(x, w, b, o)
+    }
+    pub fn x_backward<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d_x_backward(x, w, dy, o)
+    }
+    pub fn weight_backward<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d_weight_backward(x, w, dy, o)
+    }
+}
+
+/// Flex: the whole-batch GEMM kernels of `nn::flex_conv` where they apply, else Burn's.
+#[cfg(feature = "flex")]
+mod gemm_conv1d {
+    use super::super::flex_conv as fc;
+    use super::*;
+    type F = burn::backend::Flex;
+    pub fn forward<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<1>) -> Prim<F> {
+        if fc::handles(&x, &w, &o) { fc::conv1d(x, w, b, &o) } else { burn_conv1d::forward::<F>(x, w, b, o) }
+    }
+    pub fn x_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
+        if fc::handles(&x, &w, &o) { fc::conv1d_x_backward(x, w, dy, &o) } else { burn_conv1d::x_backward::<F>(x, w, dy, o) }
+    }
+    pub fn weight_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
+        if fc::handles(&x, &w, &o) { fc::conv1d_weight_backward(x, w, dy, &o) } else { burn_conv1d::weight_backward::<F>(x, w, dy, o) }
+    }
+}
+
 macro_rules! inner_lean_backend {
-    ($ty:ty, $workspace:expr) => {
+    ($ty:ty, $workspace:expr, $conv1d:ident) => {
         impl LeanBackend for $ty {
+            fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
+                $conv1d::forward::<Self>(x, weight, bias, options)
+            }
+            fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+                $conv1d::x_backward::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+                $conv1d::weight_backward::<Self>(x, weight, dy, options)
+            }
             fn conv_workspace_bytes() -> Option<usize> {
                 $workspace
             }
@@ -132,11 +179,11 @@ macro_rules! inner_lean_backend {
 }
 
 #[cfg(feature = "flex")]
-inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES));
+inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), gemm_conv1d);
 #[cfg(feature = "wgpu")]
-inner_lean_backend!(burn::backend::Wgpu, None);
+inner_lean_backend!(burn::backend::Wgpu, None, burn_conv1d);
 #[cfg(feature = "cuda")]
-inner_lean_backend!(burn::backend::Cuda, None);
+inner_lean_backend!(burn::backend::Cuda, None, burn_conv1d);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -453,6 +500,17 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
         conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv3d(x, w, b, o))
     }
+
+    fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
+        conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv1d(x, w, b, o))
+    }
+    // Plain kernels on the inner tensors: the gradient of a gradient is not tracked.
+    fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv1d_x_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+    fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv1d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
 }
 
 /// One convolution node on `Autodiff<B, C>`: keeps the input and the weight (as Burn's own
@@ -479,10 +537,19 @@ fn conv_node<B: LeanBackend, C: CheckpointStrategy, O: ConvRank<B>>(
     }
 }
 
-/// A convolution's rank: the backend calls for 2-D and 3-D.
+/// A convolution's rank: the backend calls for 1-D, 2-D and 3-D.
 trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+}
+
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv1d_x_backward(x, w, dy, o)
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv1d_weight_backward(x, w, dy, o)
+    }
 }
 
 impl<B: Backend> ConvRank<B> for ConvOptions<2> {
@@ -598,6 +665,11 @@ impl<B: Backend> Backward<B, 1> for ReluBackward {
             grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
         }
     }
+}
+
+/// [`LeanBackend::lean_conv1d`] on tensors.
+pub fn conv1d<B: LeanBackend>(x: Tensor<B, 3>, weight: Tensor<B, 3>, bias: Option<Tensor<B, 1>>, options: ConvOptions<1>) -> Tensor<B, 3> {
+    t(B::lean_conv1d(p(x), p(weight), bias.map(p), options))
 }
 
 /// [`LeanBackend::lean_conv2d`] on tensors.
@@ -796,6 +868,30 @@ mod tests {
         assert_eq!(super::conv_chunks(12, 4 << 20).len(), 2);
         let o = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
         check_conv::<4>([12, 2, 512, 512], [2, 2, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o()), |x, w, b| conv2d(x, w, b, o()));
+    }
+
+    /// The 1-D convolution (on flex: one GEMM over the batch, col2im input gradient) against
+    /// Burn's: same-padded k5 and k3 as Diffusion's UNet, strided k3 (its downsampling), 1×1,
+    /// dilated, unpadded, without bias, and one whose batch chunks the weight gradient.
+    #[test]
+    fn conv1d_backward_equals_burns() {
+        use burn::tensor::module::conv1d;
+        use burn::tensor::ops::ConvOptions;
+        for (x, w, stride, pad, dil, bias) in [
+            ([3, 6, 16], [5, 6, 5], 1, 2, 1, true),
+            ([2, 4, 8], [4, 4, 3], 1, 1, 1, true),
+            ([3, 4, 9], [6, 4, 3], 2, 1, 1, true),
+            ([2, 8, 4], [3, 8, 1], 1, 0, 1, true),
+            ([2, 3, 11], [4, 3, 3], 1, 2, 2, false),
+            ([2, 3, 10], [4, 3, 3], 1, 0, 1, true),
+            ([3, 5, 7], [2, 5, 5], 3, 1, 1, false),
+        ] {
+            let o = move || ConvOptions::new([stride], [pad], [dil], 1);
+            check_conv::<3>(x, w, bias, move |x, w, b| super::conv1d(x, w, b, o()), move |x, w, b| conv1d(x, w, b, o()));
+        }
+        // 2 MiB of input and output gradient per sample: chunks of the batch.
+        let o = || ConvOptions::new([1], [2], [1], 1);
+        check_conv::<3>([24, 4, 65536], [4, 4, 5], true, |x, w, b| super::conv1d(x, w, b, o()), |x, w, b| conv1d(x, w, b, o()));
     }
 
     #[test]

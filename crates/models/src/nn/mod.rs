@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 mod attention;
 mod conv;
 mod dropout;
+#[cfg(feature = "flex")]
+mod flex_conv;
 pub mod lean;
 mod linear;
 mod norm;
