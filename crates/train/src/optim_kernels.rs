@@ -140,6 +140,12 @@ mod flex {
             self.run * (CHUNK / self.run).max(1)
         }
 
+        /// Elements `first..first + len` straight from storage when the layout is one contiguous run.
+        fn slice(&self, first: usize, len: usize) -> Option<&'a [f32]> {
+            let start = self.start as usize + first;
+            self.outer_shape.is_empty().then(|| &self.src[start..start + len])
+        }
+
         /// Fills `out` with the elements from logical index `first` (a multiple of the run).
         fn read(&self, first: usize, out: &mut [f32]) {
             let k = self.outer_shape.len();
@@ -204,6 +210,30 @@ mod flex {
         t.dtype() == DType::F32
     }
 
+    /// An update's scalars, as f32.
+    struct Consts {
+        b1: f32,
+        nb1: f32,
+        b2: f32,
+        nb2: f32,
+        sbc2: f32,
+        eps: f32,
+        step: f32,
+    }
+
+    /// The update of one chunk; `prep(p, g)` applies the gradient scaling and weight decay.
+    #[inline(always)]
+    fn update<const FIRST: bool>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: impl Fn(f32, f32) -> (f32, f32)) {
+        for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+            let (pi, gi) = prep(*p, g);
+            let (mi, vi) = if FIRST { (gi * k.nb1, gi * gi * k.nb2) } else { (*m * k.b1 + gi * k.nb1, *v * k.b2 + gi * gi * k.nb2) };
+            let denom = vi.sqrt() / k.sbc2 + k.eps;
+            *p = pi - mi / denom * k.step;
+            *m = mi;
+            *v = vi;
+        }
+    }
+
     impl OptimKernels for Flex {
         fn grad_sq_sum<const D: usize>(g: Tensor<Flex, D>) -> (Tensor<Flex, D>, SqSum<Flex>) {
             let g = prim(g);
@@ -250,36 +280,36 @@ mod flex {
             let f = |x: f64| x as f32;
             let (coef, b1, nb1, b2, nb2) = (f(h.coef), f(h.b1), f(1.0 - h.b1), f(h.b2), f(1.0 - h.b2));
             let (sbc2, eps, step) = (f(h.bc2.sqrt()), f(h.eps), f(h.lr / h.bc1));
-            let scale = h.coef != 1.0;
-            let decay = match h.decay {
-                Decay::None => Decay::None,
-                Decay::L2(wd) => Decay::L2(f(wd) as f64),
-                Decay::Decoupled(keep) => Decay::Decoupled(f(keep) as f64),
-            };
+            let k = Consts { b1, nb1, b2, nb2, sbc2, eps, step };
             let reader = Reader::new(&g);
             let chunk = reader.chunk();
             let (ps, ms, vs) = (p.storage_mut::<f32>(), m.storage_mut::<f32>(), v.storage_mut::<f32>());
-            ps.par_chunks_mut(chunk).zip(ms.par_chunks_mut(chunk)).zip(vs.par_chunks_mut(chunk)).enumerate().for_each_init(Vec::new, |gbuf, (task, ((pc, mc), vc))| {
-                gbuf.resize(pc.len(), 0.0);
-                reader.read(task * chunk, gbuf);
-                for i in 0..pc.len() {
-                    let mut gi = gbuf[i];
-                    if scale {
-                        gi *= coef;
-                    }
-                    let mut pi = pc[i];
-                    match decay {
-                        Decay::L2(wd) => gi += pi * wd as f32,
-                        Decay::Decoupled(keep) => pi *= keep as f32,
-                        Decay::None => {}
-                    }
-                    let (mi, vi) = if first { (gi * nb1, gi * gi * nb2) } else { (mc[i] * b1 + gi * nb1, vc[i] * b2 + gi * gi * nb2) };
-                    let denom = vi.sqrt() / sbc2 + eps;
-                    pc[i] = pi - mi / denom * step;
-                    mc[i] = mi;
-                    vc[i] = vi;
-                }
-            });
+            let work = ps.par_chunks_mut(chunk).zip(ms.par_chunks_mut(chunk)).zip(vs.par_chunks_mut(chunk)).enumerate();
+            // One monomorphic loop per (scaling, decay) case, so each vectorizes without branches.
+            macro_rules! run {
+                ($prep:expr) => {
+                    work.for_each_init(Vec::new, |gbuf, (task, ((pc, mc), vc))| {
+                        let gc = match reader.slice(task * chunk, pc.len()) {
+                            Some(gc) => gc,
+                            None => {
+                                gbuf.resize(pc.len(), 0.0);
+                                reader.read(task * chunk, gbuf);
+                                &gbuf[..]
+                            }
+                        };
+                        if first { update::<true>(pc, mc, vc, gc, &k, $prep) } else { update::<false>(pc, mc, vc, gc, &k, $prep) }
+                    })
+                };
+            }
+            let scale = h.coef != 1.0;
+            match (scale, h.decay) {
+                (false, Decay::None) => run!(|p, g| (p, g)),
+                (true, Decay::None) => run!(|p, g| (p, g * coef)),
+                (false, Decay::L2(wd)) => run!(|p, g| (p, g + p * f(wd))),
+                (true, Decay::L2(wd)) => run!(|p, g| (p, g * coef + p * f(wd))),
+                (false, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g)),
+                (true, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g * coef)),
+            }
             (tensor(p), tensor(m), tensor(v))
         }
     }
