@@ -101,10 +101,9 @@ impl<B: LeanBackend> FrozenBatchNorm2d<B> {
     /// - x: `[batch, channels, h, w]` → same
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let in_dtype = x.dtype();
-        let c = self.weight.dims()[0];
         let scale = self.weight.val() * (self.running_var.val() + self.eps).sqrt().recip(); // [c]
         let shift = self.bias.val() - self.running_mean.val() * scale.clone(); // [c]
-        let y = to_f32(x) * scale.reshape([1, c, 1, 1]) + shift.reshape([1, c, 1, 1]);
+        let y = crate::nn::lean::channel_affine(to_f32(x), scale, Some(shift));
         to_dtype(y, in_dtype)
     }
 }

@@ -1,4 +1,11 @@
-//! 1-D convolution on flex as one GEMM over the whole batch.
+//! Flex kernels behind `nn::lean`: the per-channel affine (frozen batch norm), and 1-D
+//! convolution as one GEMM over the whole batch.
+//!
+//! The channel affine: flex's broadcast multiply and add of `x: [n, c, h, w]` by `[1, c, 1, 1]`
+//! walk `x` element by element through a generic strided iterator (6–8 % of an ACT CPU step in
+//! the forward alone); here each `(sample, channel)` plane is one vectorized loop.
+//!
+//! The 1-D convolution:
 //!
 //! Flex runs a convolution as one GEMM per sample: `[cout, cin·k] × [cin·k, length]`. For
 //! Diffusion Policy's UNet (up to 2048 channels, lengths 16 → 4) that re-reads a weight of up
@@ -26,6 +33,54 @@ fn f32_data(t: &T) -> std::borrow::Cow<'_, [f32]> {
 
 fn tensor(data: Vec<f32>, shape: Vec<usize>) -> T {
     T::from_data(burn::tensor::TensorData::new(data, shape))
+}
+
+/// `x · scale + shift` per channel (f32, `x` contiguous), or `None` for the other cases.
+pub fn channel_affine(x: &T, scale: &T, shift: Option<&T>) -> Option<T> {
+    let all_f32 = x.dtype() == DType::F32 && scale.dtype() == DType::F32 && shift.is_none_or(|b| b.dtype() == DType::F32);
+    let xs = x.as_slice::<f32>().filter(|_| all_f32)?;
+    let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
+    if dims.len() < 2 {
+        return None;
+    }
+    let (c, plane) = (dims[1], dims[2..].iter().product::<usize>());
+    let scale = f32_data(scale);
+    let shift = shift.map(f32_data);
+    let mut y = vec![0f32; xs.len()];
+    if plane > 0 {
+        y.par_chunks_mut(plane).zip(xs.par_chunks(plane)).enumerate().for_each(|(i, (out, inp))| {
+            let s = scale[i % c];
+            match &shift {
+                Some(b) => {
+                    let b = b[i % c];
+                    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s + b);
+                }
+                None => out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s),
+            }
+        });
+    }
+    Some(tensor(y, dims))
+}
+
+/// `w: [cout, cin, k…]` (f32) → contiguous `[cin, cout, k…]` with every kernel axis flipped:
+/// flipping all kernel axes of a row-major kernel reverses its flattened order. Flex would copy
+/// the permuted, negatively strided view element by element through its index iterator.
+pub fn flipped_weight(w: &T) -> Option<T> {
+    let ws = w.as_slice::<f32>().filter(|_| w.dtype() == DType::F32)?;
+    let dims: Vec<usize> = w.layout().shape().iter().copied().collect();
+    let (cout, cin, k) = (dims[0], dims[1], dims[2..].iter().product::<usize>());
+    let mut out = vec![0f32; ws.len()];
+    if k > 0 {
+        out.par_chunks_mut(cout * k).enumerate().for_each(|(ci, block)| {
+            for (co, dst) in block.chunks_mut(k).enumerate() {
+                let src = &ws[(co * cin + ci) * k..][..k];
+                dst.iter_mut().zip(src.iter().rev()).for_each(|(d, &s)| *d = s);
+            }
+        });
+    }
+    let mut shape = dims;
+    shape.swap(0, 1);
+    Some(tensor(out, shape))
 }
 
 /// Whether the GEMM path handles this convolution.

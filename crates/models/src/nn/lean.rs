@@ -76,6 +76,14 @@ pub trait LeanBackend: Backend {
     fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
     /// The weight gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
     fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
+    /// `x · scale + shift` per channel of `x: [batch, channels, …]`, `scale`/`shift`: `[channels]`
+    /// in `x`'s dtype. On autodiff the node keeps only `scale` when `scale` and `shift` are
+    /// constants (frozen batch norm); otherwise it is the composed ops. flex: one pass over `x`
+    /// (its broadcast multiply and add walk `x` through a generic strided iterator).
+    fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self>;
+    /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
+    /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
+    fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
     /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
@@ -107,9 +115,23 @@ fn conv_chunks_within(batch: usize, per_sample: usize, bound: usize) -> Vec<std:
     (0..n).map(|i| i * size..((i + 1) * size).min(batch)).filter(|r| !r.is_empty()).collect()
 }
 
-/// Burn's own 1-D convolution kernels.
+/// Burn's own kernels (1-D convolution), and the channel affine composed of Burn ops.
 mod burn_conv1d {
     use super::*;
+    pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
+        super::flipped_weight::<B>(w)
+    }
+    pub fn channel_affine<B: Backend>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
+        let dims = dims_of::<B>(&x);
+        let mut bshape = vec![1; dims.len()];
+        bshape[1] = dims[1];
+        let bc = |v: Prim<B>| B::float_reshape(v, Shape::from(bshape.clone()));
+        let y = B::float_mul(x, bc(scale));
+        match shift {
+            Some(b) => B::float_add(y, bc(b)),
+            None => y,
+        }
+    }
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
     }
@@ -121,12 +143,21 @@ mod burn_conv1d {
     }
 }
 
-/// Flex: the whole-batch GEMM kernels of `nn::flex_conv` where they apply, else Burn's.
+/// Flex: the kernels of `nn::flex_conv` where they apply, else Burn's.
 #[cfg(feature = "flex")]
 mod gemm_conv1d {
     use super::super::flex_conv as fc;
     use super::*;
     type F = burn::backend::Flex;
+    pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
+        fc::flipped_weight(&w).unwrap_or_else(|| burn_conv1d::flipped_weight::<F>(w))
+    }
+    pub fn channel_affine<B>(x: Prim<F>, scale: Prim<F>, shift: Option<Prim<F>>) -> Prim<F> {
+        match fc::channel_affine(&x, &scale, shift.as_ref()) {
+            Some(y) => y,
+            None => burn_conv1d::channel_affine::<F>(x, scale, shift),
+        }
+    }
     pub fn forward<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<1>) -> Prim<F> {
         if fc::handles(&x, &w, &o) { fc::conv1d(x, w, b, &o) } else { burn_conv1d::forward::<F>(x, w, b, o) }
     }
@@ -141,6 +172,12 @@ mod gemm_conv1d {
 macro_rules! inner_lean_backend {
     ($ty:ty, $workspace:expr, $conv1d:ident) => {
         impl LeanBackend for $ty {
+            fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
+                $conv1d::channel_affine::<Self>(x, scale, shift)
+            }
+            fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
+                $conv1d::flipped_weight::<Self>(w)
+            }
             fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
                 $conv1d::forward::<Self>(x, weight, bias, options)
             }
@@ -489,6 +526,24 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         }
     }
 
+    fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_flipped_weight(w.primitive))
+    }
+
+    fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
+        let constant = scale.node.requirement.is_none() && shift.as_ref().is_none_or(|b| b.node.requirement.is_none());
+        if !constant {
+            return burn_conv1d::channel_affine::<Self>(x, scale, shift);
+        }
+        match AffineBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_channel_affine(x.primitive, scale.primitive.clone(), shift.map(|b| b.primitive));
+                prep.finish(scale.primitive, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine(x.primitive, scale.primitive, shift.map(|b| b.primitive))),
+        }
+    }
+
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
         conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv2d(x, w, b, o))
     }
@@ -552,10 +607,10 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
     }
 }
 
-impl<B: Backend> ConvRank<B> for ConvOptions<2> {
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::conv2d(dy, flipped_weight::<B>(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
+            Some(pad) => B::conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
             None => B::conv2d_x_backward(x, w, dy, o),
         }
     }
@@ -564,10 +619,10 @@ impl<B: Backend> ConvRank<B> for ConvOptions<2> {
     }
 }
 
-impl<B: Backend> ConvRank<B> for ConvOptions<3> {
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::conv3d(dy, flipped_weight::<B>(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
+            Some(pad) => B::conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
             None => B::conv3d_x_backward(x, w, dy, o),
         }
     }
@@ -653,6 +708,21 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     }
 }
 
+/// `y = x · scale + shift` with constant `scale`, `shift`: `dx = dy · scale`.
+#[derive(Debug)]
+struct AffineBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for AffineBackward {
+    type State = Prim<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::lean_channel_affine(dy, ops.state, None));
+        }
+    }
+}
+
 #[derive(Debug)]
 struct ReluBackward;
 
@@ -665,6 +735,11 @@ impl<B: Backend> Backward<B, 1> for ReluBackward {
             grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
         }
     }
+}
+
+/// [`LeanBackend::lean_channel_affine`] on tensors.
+pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Tensor<B, 1>, shift: Option<Tensor<B, 1>>) -> Tensor<B, D> {
+    t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
 }
 
 /// [`LeanBackend::lean_conv1d`] on tensors.
@@ -868,6 +943,32 @@ mod tests {
         assert_eq!(super::conv_chunks(12, 4 << 20).len(), 2);
         let o = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
         check_conv::<4>([12, 2, 512, 512], [2, 2, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o()), |x, w, b| conv2d(x, w, b, o()));
+    }
+
+    /// The channel affine with constant scale and shift (frozen batch norm's node, which keeps
+    /// only the scale) and with a trainable scale (the composed ops) against the composed ops.
+    #[test]
+    fn channel_affine_equals_the_composed_ops() {
+        for trainable in [false, true] {
+            let x0: Tensor<A, 4> = random([3, 5, 4, 6], 1);
+            let (s0, b0): (Tensor<A, 1>, Tensor<A, 1>) = (random([5], 2), random([5], 3));
+            let run = |lean: bool| {
+                let x = x0.clone().require_grad();
+                let (s, b) = if trainable { (s0.clone().require_grad(), b0.clone().require_grad()) } else { (s0.clone(), b0.clone()) };
+                let y = if lean { super::channel_affine(x.clone(), s.clone(), Some(b.clone())) } else { x.clone() * s.clone().reshape([1, 5, 1, 1]) + b.clone().reshape([1, 5, 1, 1]) };
+                let r: Tensor<A, 4> = random(y.dims(), 4);
+                let out = vals(y.clone());
+                let g = (y * r).sum().backward();
+                let gs = if trainable { vals(s.grad(&g).unwrap()) } else { Vec::new() };
+                (out, vals(x.grad(&g).unwrap()), gs)
+            };
+            let (lo, lx, ls) = run(true);
+            let (po, px, ps) = run(false);
+            assert!(rel(&lo, &po) <= 1e-6 && rel(&lx, &px) <= 1e-6, "trainable {trainable}");
+            if trainable {
+                assert!(rel(&ls, &ps) <= 1e-5);
+            }
+        }
     }
 
     /// The 1-D convolution (on flex: one GEMM over the batch, col2im input gradient) against
