@@ -84,6 +84,11 @@ pub trait LeanBackend: Backend {
     /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
     /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
+    /// The weight gradient of `conv2d` (Burn's, or on flex GEMMs over im2col columns of at
+    /// most [`CONV_WORKSPACE_BYTES`]).
+    fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
+    /// The weight gradient of `conv3d`, as [`LeanBackend::lean_conv2d_weight_backward`].
+    fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
     /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
@@ -99,6 +104,16 @@ pub trait LeanBackend: Backend {
 /// bounds the copies, as cuDNN bounds its workspace; the chunks' gradients are summed (same
 /// values up to f32 summation order).
 pub const CONV_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// flex's weight gradient (`nn::flex_conv::conv_weight_backward`): the im2col columns of one
+/// GEMM take at most the input plus output gradient's bytes (what Burn's swapped-dims
+/// convolution copies), within 4 MiB ..= [`CONV_WORKSPACE_BYTES`]. Fewer, larger GEMMs run
+/// faster; the bound keeps the backward's transient no larger than Burn's.
+#[cfg(feature = "flex")]
+fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -> usize {
+    let bytes = (x.shape().num_elements() + dy.shape().num_elements()) * 4;
+    bytes.clamp(4 << 20, CONV_WORKSPACE_BYTES)
+}
 
 /// Batch ranges for a weight gradient over `batch` samples of `per_sample` bytes (input plus
 /// output gradient): as few chunks as keep each at most [`CONV_WORKSPACE_BYTES`], at least one
@@ -120,6 +135,12 @@ mod burn_conv1d {
     use super::*;
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
+    }
+    pub fn weight_backward_2d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
+        B::conv2d_weight_backward(x, w, dy, o)
+    }
+    pub fn weight_backward_3d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
+        B::conv3d_weight_backward(x, w, dy, o)
     }
     pub fn channel_affine<B: Backend>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
         let dims = dims_of::<B>(&x);
@@ -152,6 +173,18 @@ mod gemm_conv1d {
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         fc::flipped_weight(&w).unwrap_or_else(|| burn_conv1d::flipped_weight::<F>(w))
     }
+    pub fn weight_backward_2d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<2>) -> Prim<F> {
+        match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
+            Some(dw) => dw,
+            None => burn_conv1d::weight_backward_2d::<F>(x, w, dy, o),
+        }
+    }
+    pub fn weight_backward_3d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<3>) -> Prim<F> {
+        match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
+            Some(dw) => dw,
+            None => burn_conv1d::weight_backward_3d::<F>(x, w, dy, o),
+        }
+    }
     pub fn channel_affine<B>(x: Prim<F>, scale: Prim<F>, shift: Option<Prim<F>>) -> Prim<F> {
         match fc::channel_affine(&x, &scale, shift.as_ref()) {
             Some(y) => y,
@@ -177,6 +210,12 @@ macro_rules! inner_lean_backend {
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $conv1d::flipped_weight::<Self>(w)
+            }
+            fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
+                $conv1d::weight_backward_2d::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
+                $conv1d::weight_backward_3d::<Self>(x, weight, dy, options)
             }
             fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
                 $conv1d::forward::<Self>(x, weight, bias, options)
@@ -529,6 +568,12 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_flipped_weight(w.primitive))
     }
+    fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv2d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+    fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv3d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
 
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
         let constant = scale.node.requirement.is_none() && shift.as_ref().is_none_or(|b| b.node.requirement.is_none());
@@ -615,7 +660,7 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
         }
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        B::conv2d_weight_backward(x, w, dy, o)
+        B::lean_conv2d_weight_backward(x, w, dy, o)
     }
 }
 
@@ -627,7 +672,7 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
         }
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        B::conv3d_weight_backward(x, w, dy, o)
+        B::lean_conv3d_weight_backward(x, w, dy, o)
     }
 }
 
@@ -904,10 +949,12 @@ mod tests {
         let x0: Tensor<A, D> = random(x, 11);
         let w0: Tensor<A, D> = random(w, 12) * 0.2;
         let b0: Tensor<A, 1> = random([w[0]], 13);
+        // Drawn once for both runs: the RNG's seed is global, other tests reseed it.
+        let r: Tensor<A, D> = random(plain(x0.clone(), w0.clone(), bias.then(|| b0.clone())).dims(), 14);
         let run = |f: &ConvFn<'_, D>| {
             let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
             let y = f(x.clone(), w.clone(), bias.then(|| b.clone()));
-            let r: Tensor<A, D> = random(y.dims(), 14);
+            let r = r.clone();
             let out = vals(y.clone());
             let g = (y * r).sum().backward();
             let gb = if bias { vals(b.grad(&g).unwrap()) } else { Vec::new() };
@@ -952,13 +999,13 @@ mod tests {
         for trainable in [false, true] {
             let x0: Tensor<A, 4> = random([3, 5, 4, 6], 1);
             let (s0, b0): (Tensor<A, 1>, Tensor<A, 1>) = (random([5], 2), random([5], 3));
+            let r: Tensor<A, 4> = random([3, 5, 4, 6], 4);
             let run = |lean: bool| {
                 let x = x0.clone().require_grad();
                 let (s, b) = if trainable { (s0.clone().require_grad(), b0.clone().require_grad()) } else { (s0.clone(), b0.clone()) };
                 let y = if lean { super::channel_affine(x.clone(), s.clone(), Some(b.clone())) } else { x.clone() * s.clone().reshape([1, 5, 1, 1]) + b.clone().reshape([1, 5, 1, 1]) };
-                let r: Tensor<A, 4> = random(y.dims(), 4);
                 let out = vals(y.clone());
-                let g = (y * r).sum().backward();
+                let g = (y * r.clone()).sum().backward();
                 let gs = if trainable { vals(s.grad(&g).unwrap()) } else { Vec::new() };
                 (out, vals(x.grad(&g).unwrap()), gs)
             };
