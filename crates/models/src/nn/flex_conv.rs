@@ -354,3 +354,113 @@ pub fn conv_weight_backward(x: &T, w: &T, dy: &T, stride: &[usize], pad: &[usize
     shape.extend_from_slice(&g.kernel);
     dw.map(|d| d.reshape(shape.into()))
 }
+
+#[inline(always)]
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+/// GroupNorm (+ SiLU) forward of contiguous f32 `x: [n, c, …]`: `(y, mean, rstd)`, the
+/// statistics `[n, groups, 1, 1]`. Each `(sample, group)` block is contiguous in `x`, so one
+/// task reads it twice (statistics, then the normalized output); flex's composed version
+/// walks broadcast views element by element. `None`: not f32 / not contiguous.
+pub fn group_norm(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool) -> Option<(T, T, T)> {
+    let xs = x.as_slice::<f32>().filter(|_| x.dtype() == DType::F32 && weight.dtype() == DType::F32 && bias.dtype() == DType::F32)?;
+    let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
+    let (n, c) = (dims[0], dims[1]);
+    let spatial: usize = dims[2..].iter().product();
+    if groups == 0 || c % groups != 0 || n * spatial == 0 {
+        return None;
+    }
+    let (w, b) = (f32_data(weight), f32_data(bias));
+    let cg = c / groups;
+    let block = cg * spatial;
+    let mut y = vec![0f32; xs.len()];
+    let mut stats = vec![(0f32, 0f32); n * groups];
+    y.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(stats.par_iter_mut()).enumerate().for_each(|(i, ((out, inp), st))| {
+        let m = inp.iter().map(|&v| v as f64).sum::<f64>() / block as f64;
+        let var = inp.iter().map(|&v| (v as f64 - m) * (v as f64 - m)).sum::<f64>() / block as f64;
+        let (mean, rstd) = (m as f32, (1.0 / (var + eps).sqrt()) as f32);
+        *st = (mean, rstd);
+        let g = i % groups;
+        for (j, (o, src)) in out.chunks_mut(spatial).zip(inp.chunks(spatial)).enumerate() {
+            let ch = g * cg + j;
+            let (a, sh) = (rstd * w[ch], b[ch] - mean * rstd * w[ch]);
+            if silu {
+                o.iter_mut().zip(src).for_each(|(o, &v)| {
+                    let z = v * a + sh;
+                    *o = z * sigmoid(z);
+                });
+            } else {
+                o.iter_mut().zip(src).for_each(|(o, &v)| *o = v * a + sh);
+            }
+        }
+    });
+    let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().unzip();
+    Some((tensor(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])))
+}
+
+/// GroupNorm (+ SiLU) backward from the forward's input and statistics: `(dx, dweight, dbias)`,
+/// per `(sample, group)` block one pass for the block sums and one for `dx`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool) -> Option<(T, T, T)> {
+    let all = [x, mean, rstd, weight, bias, dy].iter().all(|t| t.dtype() == DType::F32);
+    let xs = x.as_slice::<f32>().filter(|_| all)?;
+    let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
+    let (n, c) = (dims[0], dims[1]);
+    let spatial: usize = dims[2..].iter().product();
+    if groups == 0 || c % groups != 0 || n * spatial == 0 {
+        return None;
+    }
+    let (mean, rstd, w, b, dys) = (f32_data(mean), f32_data(rstd), f32_data(weight), f32_data(bias), f32_data(dy));
+    let cg = c / groups;
+    let block = cg * spatial;
+    let mut dx = vec![0f32; xs.len()];
+    // Per block: the per-channel sums of g·x̂ and g (for dweight, dbias).
+    let mut partial = vec![(0f64, 0f64); n * c];
+    dx.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(dys.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
+        let g = i % groups;
+        let (mu, rs) = (mean[i], rstd[i]);
+        // g = the gradient at the affine's output (through SiLU), gh = g·w.
+        let grad = |ch: usize, v: f32, d: f32| -> (f32, f32) {
+            let xhat = (v - mu) * rs;
+            let gi = if silu {
+                let z = xhat * w[ch] + b[ch];
+                let s = sigmoid(z);
+                d * s * (z * (1.0 - s) + 1.0)
+            } else {
+                d
+            };
+            (gi, xhat)
+        };
+        let (mut s1, mut s2) = (0f64, 0f64);
+        for (j, (xr, dr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).enumerate() {
+            let ch = g * cg + j;
+            let (mut gx, mut gs) = (0f64, 0f64);
+            for (&v, &d) in xr.iter().zip(dr) {
+                let (gi, xhat) = grad(ch, v, d);
+                gx += (gi * xhat) as f64;
+                gs += gi as f64;
+            }
+            part[j] = (gx, gs);
+            s1 += gs * w[ch] as f64;
+            s2 += gx * w[ch] as f64;
+        }
+        let (m1, m2) = ((s1 / block as f64) as f32, (s2 / block as f64) as f32);
+        for (j, ((o, xr), dr)) in dxo.chunks_mut(spatial).zip(xin.chunks(spatial)).zip(dyin.chunks(spatial)).enumerate() {
+            let ch = g * cg + j;
+            for ((o, &v), &d) in o.iter_mut().zip(xr).zip(dr) {
+                let (gi, xhat) = grad(ch, v, d);
+                *o = (gi * w[ch] - m1 - xhat * m2) * rs;
+            }
+        }
+    });
+    let mut dw = vec![0f64; c];
+    let mut db = vec![0f64; c];
+    for (i, &(gx, gs)) in partial.iter().enumerate() {
+        dw[i % c] += gx;
+        db[i % c] += gs;
+    }
+    let f = |v: Vec<f64>| tensor(v.into_iter().map(|v| v as f32).collect(), vec![c]);
+    Some((tensor(dx, dims), f(dw), f(db)))
+}

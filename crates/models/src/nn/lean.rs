@@ -84,6 +84,13 @@ pub trait LeanBackend: Backend {
     /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
     /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_group_norm`]'s forward with the per-group mean and 1/std (f32
+    /// `[n, g, 1, 1]`) its backward keeps.
+    fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// [`LeanBackend::lean_group_norm`]'s backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims
+    /// and dtype.
+    #[allow(clippy::too_many_arguments)]
+    fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>);
     /// The weight gradient of `conv2d` (Burn's, or on flex GEMMs over im2col columns of at
     /// most [`CONV_WORKSPACE_BYTES`]).
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
@@ -136,6 +143,13 @@ mod burn_conv1d {
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
     }
+    pub fn group_norm<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        forward_group_norm::<B>(x, w, b, groups, eps, act)
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        super::group_norm_backward_composed::<B>(x, mean, rstd, w, b, dy, groups, act)
+    }
     pub fn weight_backward_2d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
         B::conv2d_weight_backward(x, w, dy, o)
     }
@@ -172,6 +186,13 @@ mod gemm_conv1d {
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         fc::flipped_weight(&w).unwrap_or_else(|| burn_conv1d::flipped_weight::<F>(w))
+    }
+    pub fn group_norm<B>(x: Prim<F>, w: Prim<F>, b: Prim<F>, groups: usize, eps: f64, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
+        fc::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_conv1d::group_norm::<F>(x, w, b, groups, eps, act))
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_backward<B>(x: Prim<F>, mean: Prim<F>, rstd: Prim<F>, w: Prim<F>, b: Prim<F>, dy: Prim<F>, groups: usize, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
+        fc::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, act == NormAct::Silu).unwrap_or_else(|| burn_conv1d::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
     }
     pub fn weight_backward_2d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<2>) -> Prim<F> {
         match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
@@ -211,6 +232,12 @@ macro_rules! inner_lean_backend {
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $conv1d::flipped_weight::<Self>(w)
             }
+            fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $conv1d::group_norm::<Self>(x, weight, bias, groups, eps, act)
+            }
+            fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $conv1d::group_norm_backward::<Self>(x, mean, rstd, weight, bias, dy, groups, act)
+            }
             fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
                 $conv1d::weight_backward_2d::<Self>(x, weight, dy, options)
             }
@@ -230,7 +257,7 @@ macro_rules! inner_lean_backend {
                 $workspace
             }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
-                forward_group_norm::<Self>(x, weight, bias, groups, eps, act).0
+                Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
             }
             fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
                 forward_layer_norm::<Self>(x, weight, bias, eps).0
@@ -418,29 +445,41 @@ struct GroupNormState<B: Backend> {
     act: NormAct,
 }
 
-impl<B: Backend> Backward<B, 3> for GroupNormBackward {
+impl<B: LeanBackend> Backward<B, 3> for GroupNormBackward {
     type State = GroupNormState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let GroupNormState { x, mean, rstd, weight, bias, groups, act } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
-        let dims = dims_of::<B>(&x);
-        let dtype = x.dtype();
-        let v = group_views(&dims, groups);
-        let rstd = t::<B, 4>(rstd);
-        let xhat = ((to_f32(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
-        let weight = channel_view::<B>(weight);
-        let dy = to_f32(view::<B, 3>(dy, v.channels));
-        let g = match act {
-            NormAct::None => dy,
-            NormAct::Silu => {
-                let z = xhat.clone() * weight.clone() + channel_view::<B>(bias);
-                silu_grad(z, dy)
+        let (dx, dweight, dbias) = B::lean_group_norm_backward(x, mean, rstd, weight, bias, dy, groups, act);
+        let [id_x, id_w, id_b] = ops.parents.map(|n| n.map(|n| n.id));
+        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias)] {
+            if let Some(id) = id {
+                grads.register::<B>(id, g);
             }
-        };
-        let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
-        register_norm_grads::<B, 3>(grads, ops.parents.map(|n| n.map(|n| n.id)), dx, &dims, dtype, dweight, dbias);
+        }
     }
+}
+
+/// [`LeanBackend::lean_group_norm_backward`] composed of Burn ops (any backend, any dtype).
+#[allow(clippy::too_many_arguments)]
+fn group_norm_backward_composed<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, weight: Prim<B>, bias: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let v = group_views(&dims, groups);
+    let rstd = t::<B, 4>(rstd);
+    let xhat = ((to_f32(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
+    let weight = channel_view::<B>(weight);
+    let dy = to_f32(view::<B, 3>(dy, v.channels));
+    let g = match act {
+        NormAct::None => dy,
+        NormAct::Silu => {
+            let z = xhat.clone() * weight.clone() + channel_view::<B>(bias);
+            silu_grad(z, dy)
+        }
+    };
+    let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
+    (unview(to_dtype(dx, dtype), &dims), p(dweight), p(dbias))
 }
 
 #[derive(Debug)]
@@ -517,7 +556,7 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
         match GroupNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let (y, mean, rstd) = forward_group_norm::<B>(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), groups, eps, act);
+                let (y, mean, rstd) = B::lean_group_norm_stats(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), groups, eps, act);
                 let state = GroupNormState { x: x.primitive, mean, rstd, weight: weight.primitive, bias: bias.primitive, groups, act };
                 prep.finish(state, y)
             }
@@ -567,6 +606,16 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_flipped_weight(w.primitive))
+    }
+    fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (y, m, r) = B::lean_group_norm_stats(x.primitive, weight.primitive, bias.primitive, groups, eps, act);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(y), f(m), f(r))
+    }
+    fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (dx, dw, db) = B::lean_group_norm_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, bias.primitive, dy.primitive, groups, act);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(dx), f(dw), f(db))
     }
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_conv2d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
