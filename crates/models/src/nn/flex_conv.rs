@@ -464,3 +464,35 @@ pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: 
     let f = |v: Vec<f64>| tensor(v.into_iter().map(|v| v as f32).collect(), vec![c]);
     Some((tensor(dx, dims), f(dw), f(db)))
 }
+
+/// PyTorch's linear upsampling along `dim` by `scale` of contiguous f32 `x` (`backward`:
+/// `x` is the output gradient, summed back into the source rows). `None`: not f32/contiguous.
+pub fn upsample_linear(x: &T, dim: usize, scale: usize, backward: bool) -> Option<T> {
+    let xs = x.as_slice::<f32>().filter(|_| x.dtype() == DType::F32)?;
+    let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
+    let (outer, inner) = (dims[..dim].iter().product::<usize>(), dims[dim + 1..].iter().product::<usize>());
+    let n_in = if backward { dims[dim] / scale } else { dims[dim] };
+    let (i0, i1, lambda) = super::lean::linear_source_indices(n_in, scale);
+    let n_out = lambda.len();
+    let (rows_in, rows_out) = if backward { (n_out, n_in) } else { (n_in, n_out) };
+    let mut out = vec![0f32; outer * rows_out * inner];
+    if inner > 0 && rows_out > 0 {
+        out.par_chunks_mut(rows_out * inner).zip(xs.par_chunks(rows_in * inner)).for_each(|(o, src)| {
+            for j in 0..n_out {
+                let (a, b, l) = (i0[j] as usize, i1[j] as usize, lambda[j]);
+                let (w0, w1) = (1.0 - l, l);
+                if backward {
+                    let dy = &src[j * inner..][..inner];
+                    o[a * inner..][..inner].iter_mut().zip(dy).for_each(|(d, &g)| *d += g * w0);
+                    o[b * inner..][..inner].iter_mut().zip(dy).for_each(|(d, &g)| *d += g * w1);
+                } else {
+                    let (lo, hi) = (&src[a * inner..][..inner], &src[b * inner..][..inner]);
+                    o[j * inner..][..inner].iter_mut().zip(lo.iter().zip(hi)).for_each(|(d, (&p, &q))| *d = p * w0 + q * w1);
+                }
+            }
+        });
+    }
+    let mut shape = dims;
+    shape[dim] = rows_out;
+    Some(tensor(out, shape))
+}

@@ -34,7 +34,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::ops::{ConvOptions, ModuleOps};
-use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, TensorData, TensorMetadata, TensorPrimitive};
 
 use super::{to_dtype, to_f32};
 
@@ -96,6 +96,13 @@ pub trait LeanBackend: Backend {
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
     /// The weight gradient of `conv3d`, as [`LeanBackend::lean_conv2d_weight_backward`].
     fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self>;
+    /// Linear interpolation of `x` along `dim` by an integer factor (PyTorch's, align_corners
+    /// false: [`linear_source_indices`]). On autodiff the node keeps nothing (its backward is
+    /// linear); flex: one pass per output row, the backward adds each output row into its two
+    /// source rows.
+    fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
+    /// The backward of [`LeanBackend::lean_upsample_linear`]: `dy` back to `n_in` along `dim`.
+    fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
     /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
@@ -143,6 +150,12 @@ mod burn_conv1d {
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
     }
+    pub fn upsample_linear<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        super::upsample_linear_composed::<B>(x, dim, scale)
+    }
+    pub fn upsample_linear_backward<B: Backend>(dy: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        super::upsample_linear_backward_composed::<B>(dy, dim, scale)
+    }
     pub fn group_norm<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         forward_group_norm::<B>(x, w, b, groups, eps, act)
     }
@@ -186,6 +199,12 @@ mod gemm_conv1d {
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         fc::flipped_weight(&w).unwrap_or_else(|| burn_conv1d::flipped_weight::<F>(w))
+    }
+    pub fn upsample_linear<B>(x: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
+        fc::upsample_linear(&x, dim, scale, false).unwrap_or_else(|| burn_conv1d::upsample_linear::<F>(x, dim, scale))
+    }
+    pub fn upsample_linear_backward<B>(dy: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
+        fc::upsample_linear(&dy, dim, scale, true).unwrap_or_else(|| burn_conv1d::upsample_linear_backward::<F>(dy, dim, scale))
     }
     pub fn group_norm<B>(x: Prim<F>, w: Prim<F>, b: Prim<F>, groups: usize, eps: f64, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
         fc::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_conv1d::group_norm::<F>(x, w, b, groups, eps, act))
@@ -231,6 +250,12 @@ macro_rules! inner_lean_backend {
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $conv1d::flipped_weight::<Self>(w)
+            }
+            fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+                $conv1d::upsample_linear::<Self>(x, dim, scale)
+            }
+            fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+                $conv1d::upsample_linear_backward::<Self>(dy, dim, scale)
             }
             fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
                 $conv1d::group_norm::<Self>(x, weight, bias, groups, eps, act)
@@ -607,6 +632,15 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_flipped_weight(w.primitive))
     }
+    fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+        match UpsampleBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((dim, scale), B::lean_upsample_linear(x.primitive, dim, scale)),
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_upsample_linear(x.primitive, dim, scale)),
+        }
+    }
+    fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_upsample_linear_backward(dy.primitive, dim, scale))
+    }
     fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
         let (y, m, r) = B::lean_group_norm_stats(x.primitive, weight.primitive, bias.primitive, groups, eps, act);
         let f = <Self as AutodiffBackend>::from_inner;
@@ -815,6 +849,103 @@ impl<B: LeanBackend> Backward<B, 1> for AffineBackward {
             grads.register::<B>(node.id, B::lean_channel_affine(dy, ops.state, None));
         }
     }
+}
+
+/// Linear upsampling: the backward needs only the axis and factor.
+#[derive(Debug)]
+struct UpsampleBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for UpsampleBackward {
+    type State = (usize, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (dim, scale) = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::lean_upsample_linear_backward(dy, dim, scale));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
+fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let x: Tensor<B, 5> = view(x, pad5(&dims));
+    let dim = dim + 5 - dims.len();
+    let (i0, i1, lambda) = linear_source_indices(x.dims()[dim], scale);
+    let n_out = lambda.len();
+    let device = x.device();
+    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
+    // Weights broadcast along every axis but `dim`, in x's dtype (0.25 / 0.75 etc. are exact
+    // in bf16 and f16 for the factor 2 the VAE uses).
+    let mut wshape = [1usize; 5];
+    wshape[dim] = n_out;
+    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(x.dtype());
+    let w0 = weight(lambda.iter().map(|l| 1.0 - l).collect());
+    let w1 = weight(lambda);
+    let lo = x.clone().select(dim, index(i0));
+    let hi = x.select(dim, index(i1));
+    let mut out = dims.clone();
+    out[dim + dims.len() - 5] = n_out;
+    unview(lo * w0 + hi * w1, &out)
+}
+
+/// The backward of [`upsample_linear_composed`]: each output row added into its two sources.
+fn upsample_linear_backward_composed<B: Backend>(dy: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+    use burn::tensor::IndexingUpdateOp;
+    let dims = dims_of::<B>(&dy);
+    let dy: Tensor<B, 5> = view(dy, pad5(&dims));
+    let dim = dim + 5 - dims.len();
+    let n_in = dy.dims()[dim] / scale;
+    let (i0, i1, lambda) = linear_source_indices(n_in, scale);
+    let n_out = lambda.len();
+    let device = dy.device();
+    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
+    let mut wshape = [1usize; 5];
+    wshape[dim] = n_out;
+    let dt = dy.dtype();
+    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(dt);
+    let mut zeros = dy.dims();
+    zeros[dim] = n_in;
+    let dx = Tensor::<B, 5>::zeros(zeros, &device).cast(dt);
+    let dx = dx.select_assign(dim, index(i0), dy.clone() * weight(lambda.iter().map(|l| 1.0 - l).collect()), IndexingUpdateOp::Add);
+    let dx = dx.select_assign(dim, index(i1), dy * weight(lambda), IndexingUpdateOp::Add);
+    let mut out = dims.clone();
+    out[dim + dims.len() - 5] = n_in;
+    unview(dx, &out)
+}
+
+/// Dims padded with leading 1s to rank 5.
+fn pad5(dims: &[usize]) -> [usize; 5] {
+    let mut out = [1usize; 5];
+    out[5 - dims.len()..].copy_from_slice(dims);
+    out
+}
+
+/// Source neighbours and weights of PyTorch's linear upsampling along one axis, as its
+/// `area_pixel_compute_source_index` computes them with `align_corners=False` and an
+/// explicit `scale_factor` (the scale used is `1/scale_factor`):
+/// `src = max((dst + 0.5) / scale − 0.5, 0)`, `i0 = ⌊src⌋`, `i1 = min(i0 + 1, n − 1)`,
+/// `λ = src − i0`; output = `(1 − λ)·x[i0] + λ·x[i1]`.
+pub fn linear_source_indices(n_in: usize, scale: usize) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let inv = 1.0f32 / scale as f32;
+    let n_out = n_in * scale;
+    let (mut i0s, mut i1s, mut lambdas) = (Vec::with_capacity(n_out), Vec::with_capacity(n_out), Vec::with_capacity(n_out));
+    for dst in 0..n_out {
+        let src = (inv * (dst as f32 + 0.5) - 0.5).max(0.0);
+        let i0 = (src as usize).min(n_in - 1);
+        let i1 = (i0 + 1).min(n_in - 1);
+        i0s.push(i0 as i64);
+        i1s.push(i1 as i64);
+        lambdas.push(src - i0 as f32);
+    }
+    (i0s, i1s, lambdas)
+}
+
+
+/// [`LeanBackend::lean_upsample_linear`] on tensors (rank ≤ 5).
+pub fn upsample_linear<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize, scale: usize) -> Tensor<B, D> {
+    t(B::lean_upsample_linear(p(x), dim, scale))
 }
 
 #[derive(Debug)]
@@ -1039,6 +1170,27 @@ mod tests {
         assert_eq!(super::conv_chunks(12, 4 << 20).len(), 2);
         let o = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
         check_conv::<4>([12, 2, 512, 512], [2, 2, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o()), |x, w, b| conv2d(x, w, b, o()));
+    }
+
+    /// Linear upsampling's node (flex kernels) against autodiff of the composed selects, on
+    /// every axis of a 5-D tensor, factor 2 (the VAE's) and 3.
+    #[test]
+    fn upsample_linear_equals_the_composed_ops() {
+        let x0: Tensor<A, 5> = random([2, 3, 4, 5, 6], 7);
+        for (dim, scale) in [(2, 2), (3, 2), (4, 2), (4, 3), (1, 2)] {
+            let mut out = x0.dims();
+            out[dim] *= scale;
+            let r: Tensor<A, 5> = random(out, 8);
+            let run = |lean: bool| {
+                let x = x0.clone().require_grad();
+                let y = if lean { super::upsample_linear(x.clone(), dim, scale) } else { Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(super::upsample_linear_composed::<A>(x.clone().into_primitive().tensor(), dim, scale))) };
+                let out = vals(y.clone());
+                let g = (y * r.clone()).sum().backward();
+                (out, vals(x.grad(&g).unwrap()))
+            };
+            let ((lo, lx), (po, px)) = (run(true), run(false));
+            assert!(rel(&lo, &po) <= 1e-6 && rel(&lx, &px) <= 1e-5, "dim {dim} scale {scale}");
+        }
     }
 
     /// The channel affine with constant scale and shift (frozen batch norm's node, which keeps

@@ -142,44 +142,13 @@ pub fn upsample_trilinear<B: LeanBackend>(x: Tensor<B, 5>, scale: [usize; 3]) ->
     h
 }
 
-/// Linear interpolation along `dim` by integer factor `scale` (align_corners = false).
+/// Linear interpolation along `dim` by integer factor `scale` (align_corners = false): one
+/// lean node (`nn::lean::upsample_linear`).
 fn upsample_linear_axis<B: LeanBackend>(x: Tensor<B, 5>, dim: usize, scale: usize) -> Tensor<B, 5> {
-    let n_in = x.dims()[dim];
-    let (i0, i1, lambda) = linear_source_indices(n_in, scale);
-    let n_out = lambda.len();
-    let device = x.device();
-    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
-    // Weights broadcast along every axis but `dim`, in x's dtype (0.25 / 0.75 etc. are exact
-    // in bf16 and f16 for the factor 2 the VAE uses).
-    let mut wshape = [1usize; 5];
-    wshape[dim] = n_out;
-    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(x.dtype());
-    let w0 = weight(lambda.iter().map(|l| 1.0 - l).collect());
-    let w1 = weight(lambda);
-    let lo = x.clone().select(dim, index(i0)); // [.., n_out (at dim), ..]
-    let hi = x.select(dim, index(i1)); // [.., n_out (at dim), ..]
-    lo * w0 + hi * w1
+    crate::nn::lean::upsample_linear(x, dim, scale)
 }
 
-/// Source neighbours and weights of PyTorch's linear upsampling along one axis, as its
-/// `area_pixel_compute_source_index` computes them with `align_corners=False` and an
-/// explicit `scale_factor` (the scale used is `1/scale_factor`):
-/// `src = max((dst + 0.5) / scale − 0.5, 0)`, `i0 = ⌊src⌋`, `i1 = min(i0 + 1, n − 1)`,
-/// `λ = src − i0`; output = `(1 − λ)·x[i0] + λ·x[i1]`.
-pub fn linear_source_indices(n_in: usize, scale: usize) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
-    let inv = 1.0f32 / scale as f32;
-    let n_out = n_in * scale;
-    let (mut i0s, mut i1s, mut lambdas) = (Vec::with_capacity(n_out), Vec::with_capacity(n_out), Vec::with_capacity(n_out));
-    for dst in 0..n_out {
-        let src = (inv * (dst as f32 + 0.5) - 0.5).max(0.0);
-        let i0 = (src as usize).min(n_in - 1);
-        let i1 = (i0 + 1).min(n_in - 1);
-        i0s.push(i0 as i64);
-        i1s.push(i1 as i64);
-        lambdas.push(src - i0 as f32);
-    }
-    (i0s, i1s, lambdas)
-}
+pub use crate::nn::lean::linear_source_indices;
 
 /// `SelfAttention3D`: multi-head self-attention over all voxels, with a residual.
 #[derive(Module, Debug)]
