@@ -283,10 +283,20 @@ fn im2col_nd(x: &[f32], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
                 });
             }
             let Some(base) = base else { continue };
-            let src = &x[(b * g.cin + ci) * il..][..il];
-            for (v, ol) in dst.iter_mut().zip(ol0..ol1) {
-                if let Some(i) = (ol * slast + k[last] * dlast).checked_sub(plast).filter(|&i| i < ilast) {
-                    *v = src[base + i];
+            let src = &x[(b * g.cin + ci) * il + base..][..ilast];
+            // Output positions ol with 0 ≤ ol·s + off < ilast, off = k·d − p: copied, no
+            // per-element bounds checks (contiguous for stride 1).
+            let off = (k[last] * dlast) as isize - plast as isize;
+            let lo = if off >= 0 { 0 } else { ((-off) as usize).div_ceil(slast) };
+            let hi = if (ilast as isize) > off { ((ilast as isize - off - 1) as usize) / slast + 1 } else { 0 };
+            let (lo, hi) = (lo.max(ol0), hi.min(ol1));
+            if lo < hi {
+                let first = (lo as isize * slast as isize + off) as usize;
+                let seg = &mut dst[lo - ol0..hi - ol0];
+                if slast == 1 {
+                    seg.copy_from_slice(&src[first..first + seg.len()]);
+                } else {
+                    seg.iter_mut().zip(src[first..].iter().step_by(slast)).for_each(|(v, &s)| *v = s);
                 }
             }
         }
