@@ -370,12 +370,57 @@ fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
 }
 
-/// GroupNorm (+ SiLU) forward of contiguous f32 `x: [n, c, …]`: `(y, mean, rstd)`, the
-/// statistics `[n, groups, 1, 1]`. Each `(sample, group)` block is contiguous in `x`, so one
-/// task reads it twice (statistics, then the normalized output); flex's composed version
-/// walks broadcast views element by element. `None`: not f32 / not contiguous.
+/// An element type the GroupNorm kernels read and write (computing in f32).
+trait Num: Copy + Send + Sync + bytemuck::Pod + burn::tensor::Element {
+    fn f(self) -> f32;
+    fn of(v: f32) -> Self;
+}
+
+impl Num for f32 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn of(v: f32) -> Self {
+        v
+    }
+}
+
+impl Num for half::bf16 {
+    #[inline(always)]
+    fn f(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn of(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+fn typed<E: Num>(data: Vec<E>, shape: Vec<usize>) -> T {
+    T::from_data(burn::tensor::TensorData::new(data, shape))
+}
+
+/// GroupNorm (+ SiLU) forward of contiguous `x: [n, c, …]` (f32 or bf16, computed in f32;
+/// weight and bias f32): `(y, mean, rstd)`, `y` in `x`'s dtype, the statistics f32
+/// `[n, groups, 1, 1]`. Each `(sample, group)` block is contiguous in `x`, so one task reads it
+/// twice (statistics, then the normalized output); flex's composed version walks broadcast
+/// views element by element and, in bf16, makes f32 copies of the whole input. `None`: another
+/// dtype or layout.
 pub fn group_norm(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool) -> Option<(T, T, T)> {
-    let xs = x.as_slice::<f32>().filter(|_| x.dtype() == DType::F32 && weight.dtype() == DType::F32 && bias.dtype() == DType::F32)?;
+    if weight.dtype() != DType::F32 || bias.dtype() != DType::F32 {
+        return None;
+    }
+    match x.dtype() {
+        DType::F32 => group_norm_typed::<f32>(x, weight, bias, groups, eps, silu),
+        DType::BF16 => group_norm_typed::<half::bf16>(x, weight, bias, groups, eps, silu),
+        _ => None,
+    }
+}
+
+fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool) -> Option<(T, T, T)> {
+    let xs = x.as_slice::<E>()?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
     let (n, c) = (dims[0], dims[1]);
     let spatial: usize = dims[2..].iter().product();
@@ -385,11 +430,11 @@ pub fn group_norm(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bo
     let (w, b) = (f32_data(weight), f32_data(bias));
     let cg = c / groups;
     let block = cg * spatial;
-    let mut y = vec![0f32; xs.len()];
+    let mut y = vec![E::of(0.0); xs.len()];
     let mut stats = vec![(0f32, 0f32); n * groups];
     y.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(stats.par_iter_mut()).enumerate().for_each(|(i, ((out, inp), st))| {
-        let m = inp.iter().map(|&v| v as f64).sum::<f64>() / block as f64;
-        let var = inp.iter().map(|&v| (v as f64 - m) * (v as f64 - m)).sum::<f64>() / block as f64;
+        let m = inp.iter().map(|&v| v.f() as f64).sum::<f64>() / block as f64;
+        let var = inp.iter().map(|&v| (v.f() as f64 - m) * (v.f() as f64 - m)).sum::<f64>() / block as f64;
         let (mean, rstd) = (m as f32, (1.0 / (var + eps).sqrt()) as f32);
         *st = (mean, rstd);
         let g = i % groups;
@@ -398,41 +443,57 @@ pub fn group_norm(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bo
             let (a, sh) = (rstd * w[ch], b[ch] - mean * rstd * w[ch]);
             if silu {
                 o.iter_mut().zip(src).for_each(|(o, &v)| {
-                    let z = v * a + sh;
-                    *o = z * sigmoid(z);
+                    let z = v.f() * a + sh;
+                    *o = E::of(z * sigmoid(z));
                 });
             } else {
-                o.iter_mut().zip(src).for_each(|(o, &v)| *o = v * a + sh);
+                o.iter_mut().zip(src).for_each(|(o, &v)| *o = E::of(v.f() * a + sh));
             }
         }
     });
     let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().unzip();
-    Some((tensor(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])))
+    Some((typed(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])))
 }
 
 /// GroupNorm (+ SiLU) backward from the forward's input and statistics: `(dx, dweight, dbias)`,
-/// per `(sample, group)` block one pass for the block sums and one for `dx`.
+/// `dx` in `x`'s dtype, per `(sample, group)` block one pass for the block sums and one for `dx`.
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool) -> Option<(T, T, T)> {
-    let all = [x, mean, rstd, weight, bias, dy].iter().all(|t| t.dtype() == DType::F32);
-    let xs = x.as_slice::<f32>().filter(|_| all)?;
+    if ![mean, rstd, weight, bias].iter().all(|t| t.dtype() == DType::F32) || dy.dtype() != x.dtype() {
+        return None;
+    }
+    match x.dtype() {
+        DType::F32 => group_norm_backward_typed::<f32>(x, mean, rstd, weight, bias, dy, groups, silu),
+        DType::BF16 => group_norm_backward_typed::<half::bf16>(x, mean, rstd, weight, bias, dy, groups, silu),
+        _ => None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool) -> Option<(T, T, T)> {
+    let xs = x.as_slice::<E>()?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
     let (n, c) = (dims[0], dims[1]);
     let spatial: usize = dims[2..].iter().product();
     if groups == 0 || c % groups != 0 || n * spatial == 0 {
         return None;
     }
-    let (mean, rstd, w, b, dys) = (f32_data(mean), f32_data(rstd), f32_data(weight), f32_data(bias), f32_data(dy));
+    let dys: std::borrow::Cow<'_, [E]> = match dy.as_slice::<E>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(dy.to_contiguous().storage::<E>().to_vec()),
+    };
+    let (mean, rstd, w, b) = (f32_data(mean), f32_data(rstd), f32_data(weight), f32_data(bias));
     let cg = c / groups;
     let block = cg * spatial;
-    let mut dx = vec![0f32; xs.len()];
+    let mut dx = vec![E::of(0.0); xs.len()];
     // Per block: the per-channel sums of g·x̂ and g (for dweight, dbias).
     let mut partial = vec![(0f64, 0f64); n * c];
     dx.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(dys.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
         let g = i % groups;
         let (mu, rs) = (mean[i], rstd[i]);
-        // g = the gradient at the affine's output (through SiLU), gh = g·w.
-        let grad = |ch: usize, v: f32, d: f32| -> (f32, f32) {
+        // g = the gradient at the affine's output (through SiLU).
+        let grad = |ch: usize, v: E, d: E| -> (f32, f32) {
+            let (v, d) = (v.f(), d.f());
             let xhat = (v - mu) * rs;
             let gi = if silu {
                 let z = xhat * w[ch] + b[ch];
@@ -461,7 +522,7 @@ pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: 
             let ch = g * cg + j;
             for ((o, &v), &d) in o.iter_mut().zip(xr).zip(dr) {
                 let (gi, xhat) = grad(ch, v, d);
-                *o = (gi * w[ch] - m1 - xhat * m2) * rs;
+                *o = E::of((gi * w[ch] - m1 - xhat * m2) * rs);
             }
         }
     });
@@ -472,7 +533,7 @@ pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: 
         db[i % c] += gs;
     }
     let f = |v: Vec<f64>| tensor(v.into_iter().map(|v| v as f32).collect(), vec![c]);
-    Some((tensor(dx, dims), f(dw), f(db)))
+    Some((typed(dx, dims), f(dw), f(db)))
 }
 
 /// PyTorch's linear upsampling along `dim` by `scale` of contiguous f32 `x` (`backward`:

@@ -1256,4 +1256,26 @@ mod tests {
         assert_eq!(ln.forward(x.clone()).dtype(), DType::F32, "LayerNorm returns f32");
         assert_eq!(super::mish(x).dtype(), DType::BF16);
     }
+
+    /// GroupNorm + SiLU on bf16 input (flex's bf16 kernel) against the f32 composed ops on the
+    /// same values: output and input gradient within bf16 rounding.
+    #[test]
+    fn bf16_group_norm_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        let x16: Tensor<A, 4> = random([2, 8, 5, 6], 21).cast(FloatDType::BF16);
+        let x32 = x16.clone().cast(FloatDType::F32);
+        let (w, b): (Tensor<A, 1>, Tensor<A, 1>) = (random([8], 22) * 0.5 + 1.0, random([8], 23) * 0.5);
+        let r: Tensor<A, 4> = random([2, 8, 5, 6], 24);
+        let run = |x: Tensor<A, 4>, lean: bool| {
+            let x = x.require_grad();
+            let y = if lean { lean_gn::<A, 4>(4, NormAct::Silu)(x.clone(), w.clone(), b.clone()) } else { plain_gn::<A, 4>(4, NormAct::Silu)(x.clone(), w.clone(), b.clone()) };
+            let y = y.cast(FloatDType::F32);
+            let out = vals(y.clone());
+            let g = (y * r.clone()).sum().backward();
+            (out, vals(x.grad(&g).unwrap().cast(FloatDType::F32)))
+        };
+        let ((lo, lx), (po, px)) = (run(x16, true), run(x32, false));
+        assert!(rel(&lo, &po) <= 1e-2, "output {}", rel(&lo, &po));
+        assert!(rel(&lx, &px) <= 2e-2, "dx {}", rel(&lx, &px));
+    }
 }
