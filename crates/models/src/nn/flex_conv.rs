@@ -246,7 +246,7 @@ impl GeoNd {
 
 /// Columns `[cin·Πk, c1 − c0]` of `x: [batch, cin, in…]` (contiguous): column `c` is output
 /// position `c mod Πout` of sample `c / Πout`, for `c` in `c0..c1`.
-fn im2col_nd(x: &[f32], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
+fn im2col_nd<E: Num>(x: &[E], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
     let (kl, pos, il, d) = (g.kernel_len(), g.positions(), g.input_len(), g.out.len());
     let n = c1 - c0;
     let mut cols = vec![0f32; g.cin * kl * n];
@@ -294,9 +294,10 @@ fn im2col_nd(x: &[f32], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
                 let first = (lo as isize * slast as isize + off) as usize;
                 let seg = &mut dst[lo - ol0..hi - ol0];
                 if slast == 1 {
-                    seg.copy_from_slice(&src[first..first + seg.len()]);
+                    let len = seg.len();
+                    seg.iter_mut().zip(&src[first..first + len]).for_each(|(v, &s)| *v = s.f());
                 } else {
-                    seg.iter_mut().zip(src[first..].iter().step_by(slast)).for_each(|(v, &s)| *v = s);
+                    seg.iter_mut().zip(src[first..].iter().step_by(slast)).for_each(|(v, &s)| *v = s.f());
                 }
             }
         }
@@ -305,7 +306,7 @@ fn im2col_nd(x: &[f32], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
 }
 
 /// `dy: [batch, cout, Πout]` columns `c0..c1` as `[cout, c1 − c0]`.
-fn dy_columns(dy: &[f32], cout: usize, pos: usize, c0: usize, c1: usize) -> Vec<f32> {
+fn dy_columns<E: Num>(dy: &[E], cout: usize, pos: usize, c0: usize, c1: usize) -> Vec<f32> {
     let n = c1 - c0;
     let mut out = vec![0f32; cout * n];
     out.par_chunks_mut(n).enumerate().for_each(|(co, row)| {
@@ -313,7 +314,7 @@ fn dy_columns(dy: &[f32], cout: usize, pos: usize, c0: usize, c1: usize) -> Vec<
         while c < c1 {
             let (b, p) = (c / pos, c % pos);
             let len = (pos - p).min(c1 - c);
-            row[c - c0..][..len].copy_from_slice(&dy[(b * cout + co) * pos + p..][..len]);
+            row[c - c0..][..len].iter_mut().zip(&dy[(b * cout + co) * pos + p..][..len]).for_each(|(o, &v)| *o = v.f());
             c += len;
         }
     });
@@ -327,9 +328,19 @@ fn dy_columns(dy: &[f32], cout: usize, pos: usize, c0: usize, c1: usize) -> Vec<
 /// swapped layout element by element, and its GEMM is `[cout, n·Πout] × [n·Πout, Πk]` (9
 /// columns for a 3×3 kernel) per input channel.
 pub fn conv_weight_backward(x: &T, w: &T, dy: &T, stride: &[usize], pad: &[usize], dil: &[usize], workspace: usize) -> Option<T> {
-    if x.dtype() != DType::F32 || w.dtype() != DType::F32 || dy.dtype() != DType::F32 {
+    // bf16 (flex's half-precision convolutions): the columns and the GEMM are f32, converted
+    // block by block instead of whole-tensor f32 copies; the gradient is returned in bf16.
+    if x.dtype() != w.dtype() || x.dtype() != dy.dtype() {
         return None;
     }
+    match x.dtype() {
+        DType::F32 => conv_weight_backward_typed::<f32>(x, w, dy, stride, pad, dil, workspace),
+        DType::BF16 => conv_weight_backward_typed::<half::bf16>(x, w, dy, stride, pad, dil, workspace).map(|dw| Flex::float_cast(dw, burn::tensor::FloatDType::BF16)),
+        _ => None,
+    }
+}
+
+fn conv_weight_backward_typed<E: Num>(x: &T, w: &T, dy: &T, stride: &[usize], pad: &[usize], dil: &[usize], workspace: usize) -> Option<T> {
     let (xs, ws, ys) = (x.layout().shape(), w.layout().shape(), dy.layout().shape());
     let g = GeoNd {
         batch: xs[0],
@@ -345,7 +356,7 @@ pub fn conv_weight_backward(x: &T, w: &T, dy: &T, stride: &[usize], pad: &[usize
     if ws[1] != g.cin || g.batch == 0 || g.positions() == 0 {
         return None;
     }
-    let (xd, yd) = (f32_data(x), f32_data(dy));
+    let (xd, yd) = (typed_data::<E>(x), typed_data::<E>(dy));
     let (kl, pos) = (g.kernel_len(), g.positions());
     let total = g.batch * pos;
     let block = (workspace / (g.cin * kl * 4).max(1)).clamp(1, total);
@@ -395,6 +406,14 @@ impl Num for half::bf16 {
     #[inline(always)]
     fn of(v: f32) -> Self {
         half::bf16::from_f32(v)
+    }
+}
+
+/// The elements in row-major order as `E` (borrowed when the layout already is).
+fn typed_data<E: Num>(t: &T) -> std::borrow::Cow<'_, [E]> {
+    match t.as_slice::<E>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(t.to_contiguous().storage::<E>().to_vec()),
     }
 }
 

@@ -1278,4 +1278,24 @@ mod tests {
         assert!(rel(&lo, &po) <= 1e-2, "output {}", rel(&lo, &po));
         assert!(rel(&lx, &px) <= 2e-2, "dx {}", rel(&lx, &px));
     }
+
+    /// A bf16 conv3d's weight gradient (flex: f32 columns from bf16 blocks) against f32 Burn.
+    #[test]
+    fn bf16_conv_weight_gradient_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        use burn::tensor::ops::ConvOptions;
+        let o = || ConvOptions::new([1, 2, 1], [1, 1, 1], [1, 1, 1], 1);
+        let x: Tensor<A, 5> = random([2, 3, 4, 6, 5], 31).cast(FloatDType::BF16);
+        let w: Tensor<A, 5> = (random::<A, 5>([4, 3, 3, 3, 3], 32) * 0.2).cast(FloatDType::BF16);
+        let r: Tensor<A, 5> = random([2, 4, 4, 3, 5], 33);
+        let run = |x: Tensor<A, 5>, w: Tensor<A, 5>, lean: bool| {
+            let w = w.require_grad();
+            let y = if lean { super::conv3d(x, w.clone(), None, o()) } else { burn::tensor::module::conv3d(x, w.clone(), None, o()) };
+            let g = (y.cast(FloatDType::F32) * r.clone()).sum().backward();
+            vals(w.grad(&g).unwrap().cast(FloatDType::F32))
+        };
+        let lean = run(x.clone(), w.clone(), true);
+        let plain = run(x.cast(FloatDType::F32), w.cast(FloatDType::F32), false);
+        assert!(rel(&lean, &plain) <= 2e-2, "dweight {}", rel(&lean, &plain));
+    }
 }
