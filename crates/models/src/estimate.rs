@@ -300,6 +300,17 @@ impl Graph {
         self.op("norm", &inputs, &[x, stats], n, true, 2 * n32 + casts, bwd, param_grad)
     }
 
+    /// GroupNorm (+ SiLU) as flex's kernels run it (`nn::flex_conv::group_norm`, f32 or bf16):
+    /// the node keeps the input and the statistics; forward and backward write their outputs
+    /// directly (no intermediates).
+    pub fn group_norm(&mut self, x: Buf, affine: (Buf, Buf), stat_bytes: u64) -> Buf {
+        let n = self.bytes(x);
+        let stats = self.op("norm statistics", &[], &[], 2 * stat_bytes, true, 0, 0, 0);
+        let (w, b) = affine;
+        let param_grad = self.bytes(w) + self.bytes(b);
+        self.op("norm", &[x, stats, w, b], &[x, stats], n, true, 0, 0, param_grad)
+    }
+
     /// Softmax over the last axis as Burn composes it: `exp(x − max)` and the sum are kept.
     pub fn softmax(&mut self, x: Buf, sum_bytes: u64) -> Buf {
         let n = self.bytes(x);
@@ -369,10 +380,19 @@ impl Graph {
         let stride1 = out_spatial >= in_spatial;
         let cols = (cin * k * out_spatial * 4) as u64;
         let bwd_x = if stride1 && k > 1 { out32 + 2 * w32 } else { cols } + if half { out32 + w32 + x32 } else { 0 };
+        // Weight gradient on flex (`nn::flex_conv::conv_weight_backward`): per batch chunk
+        // (`conv_chunks`), GEMMs over f32 im2col blocks of at most the chunk's input + output
+        // gradient bytes (4–32 MiB), each with its output-gradient columns and a weight-sized
+        // result; with several blocks the running sum is one more; half precision converts
+        // the f32 result back.
         let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
         let largest = chunks.iter().map(|r| r.len()).max().unwrap_or(batch) as u64;
-        let copies = (x32 + out32 + if half { x32 + out32 } else { 0 }) * largest / batch.max(1) as u64;
-        let bwd_w = copies + w32 + w32 / 4 * wd + if chunks.len() > 1 { w32 } else { 0 };
+        let per_col = (cin * k * 4) as u64;
+        let chunk_cols = largest * out_spatial as u64;
+        let bound = ((x32 + out32) * largest / batch.max(1) as u64).clamp(4 << 20, crate::nn::lean::CONV_WORKSPACE_BYTES as u64);
+        let block_cols = (bound / per_col.max(1)).clamp(1, chunk_cols.max(1));
+        let blocks = chunk_cols.div_ceil(block_cols) * chunks.len() as u64;
+        let bwd_w = block_cols * per_col + block_cols * (cout * 4) as u64 + w32 + if blocks > 1 { w32 } else { 0 } + if half { w32 / 2 } else { 0 };
         let bwd = bwd_x.max(bwd_w);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
         self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
@@ -693,7 +713,7 @@ pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_no
         let elems = x.n * x.c * x.hw[0] * x.hw[1];
         let buf = if group_norm {
             let affine = (g.weight(x.c, trainable, Precision::F32), g.weight(x.c, trainable, Precision::F32));
-            g.norm(x.buf, w, Some(affine), (x.n * (x.c / 16) * 4) as u64, false)
+            g.group_norm(x.buf, affine, (x.n * (x.c / 16) * 4) as u64)
         } else {
             // FrozenBatchNorm2d: weight, bias, running mean and var (none trainable).
             frozen += 4 * 4 * x.c as u64;

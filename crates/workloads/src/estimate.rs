@@ -139,9 +139,9 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
     let held_grads = if accum > 1 { grads } else { 0 };
     let fwd = base + held_grads + peaks.forward_peak;
     let bwd = base + held_grads + peaks.backward_peak;
-    // The update: global-norm squares and AdamW's new moments / weights, one tensor at a time.
-    let largest = s.graph.largest_trainable_param_bytes();
-    let opt = param_bytes + optim + grads + RUNTIME_BASELINE_BYTES + largest * 3 / 2;
+    // The update (flex, `vramlab_train::optim_kernels`): squared norms and AdamW in place, one
+    // pass per parameter, no temporaries beyond per-thread chunk buffers.
+    let opt = param_bytes + optim + grads + RUNTIME_BASELINE_BYTES;
     let (peak, phase, module) = [(fwd, "forward", peaks.forward_peak_module.clone()), (bwd, "backward", peaks.backward_peak_module.clone()), (opt, "optimizer", "AdamW update".to_string())]
         .into_iter()
         .max_by_key(|x| x.0)
@@ -157,8 +157,8 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
         "flex (CPU) backend; Burn 0.21 autodiff save rules; saved tensors share storage with the forward's".to_string(),
         format!("runtime baseline {} (flex buffers kept from the second step on)", fmt_bytes(RUNTIME_BASELINE_BYTES)),
         "steady state: steps after the first (the optimizer state exists); step 1 peaks lower by the optimizer state".to_string(),
-        "optimizer: AdamW, two f32 moments per trainable parameter; update temporaries 1.5× the largest parameter tensor".to_string(),
-        "conv workspace on flex: forward NHWC input copy + flattened weight; backward column matrix of the input + input copy + output gradient".to_string(),
+        "optimizer: AdamW, two f32 moments per trainable parameter; updated in place (no temporaries)".to_string(),
+        "conv workspace on flex: forward NHWC input copy + flattened weight; weight gradient: f32 im2col blocks of at most the input + output gradient bytes (4–32 MiB) and their output-gradient columns; stride-1 input gradient: the flipped-kernel convolution's copies".to_string(),
     ];
     if cfg.precision != Precision::F32 {
         assumptions.push("half precision: parameter gradients held in the compute dtype until the end of the backward (Burn runs the weights' depth-1 casts last), then cast to f32 one at a time (flex: contiguous copy, f64 buffer, f32 result)".to_string());

@@ -26,7 +26,7 @@ impl Unet<'_> {
     fn block(&mut self, x: Buf, cin: usize, cout: usize, len: usize) -> Buf {
         let h = self.conv(x, cin, cout, self.k, len, len);
         let affine = (self.g.weight(cout, true, Precision::F32), self.g.weight(cout, true, Precision::F32));
-        let h = self.g.norm(h, self.w, Some(affine), (self.b * self.groups * 4) as u64, false);
+        let h = self.g.group_norm(h, affine, (self.b * self.groups * 4) as u64);
         self.g.mish(h, self.w)
     }
 

@@ -35,20 +35,21 @@ impl Builder<'_> {
         Vol { buf, c: cout, dhw }
     }
 
-    fn norm_with(&mut self, x: Vol, silu: bool) -> Vol {
+    /// GroupNorm, with or without the fused SiLU: flex's kernel keeps the same either way.
+    fn norm_with(&mut self, x: Vol) -> Vol {
         let groups = group_count(x.c, 32);
         let affine = (self.g.weight(x.c, true, Precision::F32), self.g.weight(x.c, true, Precision::F32));
-        let buf = self.g.norm(x.buf, self.w, Some(affine), (self.b * groups * 4) as u64, silu);
+        let buf = self.g.group_norm(x.buf, affine, (self.b * groups * 4) as u64);
         Vol { buf, ..x }
     }
 
     fn norm(&mut self, x: Vol) -> Vol {
-        self.norm_with(x, false)
+        self.norm_with(x)
     }
 
     /// GroupNorm with the fused SiLU (the model's `forward_act(h, NormAct::Silu)`).
     fn norm_silu(&mut self, x: Vol) -> Vol {
-        self.norm_with(x, true)
+        self.norm_with(x)
     }
 
     fn add(&mut self, a: Vol, b: Vol) -> Vol {
