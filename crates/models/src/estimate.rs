@@ -300,7 +300,7 @@ impl Graph {
         self.op("norm", &inputs, &[x, stats], n, true, 2 * n32 + casts, bwd, param_grad)
     }
 
-    /// GroupNorm (+ SiLU) as flex's kernels run it (`nn::flex_conv::group_norm`, f32 or bf16):
+    /// GroupNorm (+ SiLU) as flex's kernels run it (`nn::flex_kernels::group_norm`, f32 or bf16):
     /// the node keeps the input and the statistics; forward and backward write their outputs
     /// directly (no intermediates).
     pub fn group_norm(&mut self, x: Buf, affine: (Buf, Buf), stat_bytes: u64) -> Buf {
@@ -380,7 +380,7 @@ impl Graph {
         let stride1 = out_spatial >= in_spatial;
         let cols = (cin * k * out_spatial * 4) as u64;
         let bwd_x = if stride1 && k > 1 { out32 + 2 * w32 } else { cols } + if half { out32 + w32 + x32 } else { 0 };
-        // Weight gradient on flex (`nn::flex_conv::conv_weight_backward`): per batch chunk
+        // Weight gradient on flex (`nn::flex_kernels::conv_weight_backward`): per batch chunk
         // (`conv_chunks`), GEMMs over f32 im2col blocks of at most the chunk's input + output
         // gradient bytes (4–32 MiB), each with its output-gradient columns and a weight-sized
         // result; with several blocks the running sum is one more; half precision converts

@@ -70,7 +70,7 @@ pub trait LeanBackend: Backend {
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
     /// `conv3d`, weight gradient as [`LeanBackend::lean_conv2d`]'s.
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self>;
-    /// 1-D convolution (on flex one GEMM over the whole batch, `nn::flex_conv`).
+    /// 1-D convolution (on flex one GEMM over the whole batch, `nn::flex_kernels`).
     fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self>;
     /// The input gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
     fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
@@ -119,7 +119,7 @@ pub trait LeanBackend: Backend {
 /// values up to f32 summation order).
 pub const CONV_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// flex's weight gradient (`nn::flex_conv::conv_weight_backward`): the im2col columns of one
+/// flex's weight gradient (`nn::flex_kernels::conv_weight_backward`): the im2col columns of one
 /// GEMM take at most the input plus output gradient's bytes (what Burn's swapped-dims
 /// convolution copies), within 4 MiB ..= [`CONV_WORKSPACE_BYTES`]. Fewer, larger GEMMs run
 /// faster; the bound keeps the backward's transient no larger than Burn's.
@@ -144,8 +144,8 @@ fn conv_chunks_within(batch: usize, per_sample: usize, bound: usize) -> Vec<std:
     (0..n).map(|i| i * size..((i + 1) * size).min(batch)).filter(|r| !r.is_empty()).collect()
 }
 
-/// Burn's own kernels (1-D convolution), and the channel affine composed of Burn ops.
-mod burn_conv1d {
+/// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
+mod burn_kernels {
     use super::*;
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
@@ -191,92 +191,93 @@ mod burn_conv1d {
     }
 }
 
-/// Flex: the kernels of `nn::flex_conv` where they apply, else Burn's.
+/// Flex: the kernels of `nn::flex_kernels` where they apply, else Burn's.
 #[cfg(feature = "flex")]
-mod gemm_conv1d {
-    use super::super::flex_conv as fc;
+#[allow(clippy::extra_unused_type_parameters)] // `<B>` mirrors `burn_kernels`' so the macro calls both alike
+mod flex_kernels {
+    use super::super::flex_kernels as fc;
     use super::*;
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
-        fc::flipped_weight(&w).unwrap_or_else(|| burn_conv1d::flipped_weight::<F>(w))
+        fc::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
     }
     pub fn upsample_linear<B>(x: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
-        fc::upsample_linear(&x, dim, scale, false).unwrap_or_else(|| burn_conv1d::upsample_linear::<F>(x, dim, scale))
+        fc::upsample_linear(&x, dim, scale, false).unwrap_or_else(|| burn_kernels::upsample_linear::<F>(x, dim, scale))
     }
     pub fn upsample_linear_backward<B>(dy: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
-        fc::upsample_linear(&dy, dim, scale, true).unwrap_or_else(|| burn_conv1d::upsample_linear_backward::<F>(dy, dim, scale))
+        fc::upsample_linear(&dy, dim, scale, true).unwrap_or_else(|| burn_kernels::upsample_linear_backward::<F>(dy, dim, scale))
     }
     pub fn group_norm<B>(x: Prim<F>, w: Prim<F>, b: Prim<F>, groups: usize, eps: f64, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
-        fc::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_conv1d::group_norm::<F>(x, w, b, groups, eps, act))
+        fc::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm::<F>(x, w, b, groups, eps, act))
     }
     #[allow(clippy::too_many_arguments)]
     pub fn group_norm_backward<B>(x: Prim<F>, mean: Prim<F>, rstd: Prim<F>, w: Prim<F>, b: Prim<F>, dy: Prim<F>, groups: usize, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
-        fc::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, act == NormAct::Silu).unwrap_or_else(|| burn_conv1d::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
+        fc::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
     }
     pub fn weight_backward_2d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<2>) -> Prim<F> {
         match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
             Some(dw) => dw,
-            None => burn_conv1d::weight_backward_2d::<F>(x, w, dy, o),
+            None => burn_kernels::weight_backward_2d::<F>(x, w, dy, o),
         }
     }
     pub fn weight_backward_3d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<3>) -> Prim<F> {
         match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
             Some(dw) => dw,
-            None => burn_conv1d::weight_backward_3d::<F>(x, w, dy, o),
+            None => burn_kernels::weight_backward_3d::<F>(x, w, dy, o),
         }
     }
     pub fn channel_affine<B>(x: Prim<F>, scale: Prim<F>, shift: Option<Prim<F>>) -> Prim<F> {
         match fc::channel_affine(&x, &scale, shift.as_ref()) {
             Some(y) => y,
-            None => burn_conv1d::channel_affine::<F>(x, scale, shift),
+            None => burn_kernels::channel_affine::<F>(x, scale, shift),
         }
     }
     pub fn forward<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<1>) -> Prim<F> {
-        if fc::handles(&x, &w, &o) { fc::conv1d(x, w, b, &o) } else { burn_conv1d::forward::<F>(x, w, b, o) }
+        if fc::handles(&x, &w, &o) { fc::conv1d(x, w, b, &o) } else { burn_kernels::forward::<F>(x, w, b, o) }
     }
     pub fn x_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
-        if fc::handles(&x, &w, &o) { fc::conv1d_x_backward(x, w, dy, &o) } else { burn_conv1d::x_backward::<F>(x, w, dy, o) }
+        if fc::handles(&x, &w, &o) { fc::conv1d_x_backward(x, w, dy, &o) } else { burn_kernels::x_backward::<F>(x, w, dy, o) }
     }
     pub fn weight_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
-        if fc::handles(&x, &w, &o) { fc::conv1d_weight_backward(x, w, dy, &o) } else { burn_conv1d::weight_backward::<F>(x, w, dy, o) }
+        if fc::handles(&x, &w, &o) { fc::conv1d_weight_backward(x, w, dy, &o) } else { burn_kernels::weight_backward::<F>(x, w, dy, o) }
     }
 }
 
 macro_rules! inner_lean_backend {
-    ($ty:ty, $workspace:expr, $conv1d:ident) => {
+    ($ty:ty, $workspace:expr, $kernels:ident) => {
         impl LeanBackend for $ty {
             fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
-                $conv1d::channel_affine::<Self>(x, scale, shift)
+                $kernels::channel_affine::<Self>(x, scale, shift)
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
-                $conv1d::flipped_weight::<Self>(w)
+                $kernels::flipped_weight::<Self>(w)
             }
             fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
-                $conv1d::upsample_linear::<Self>(x, dim, scale)
+                $kernels::upsample_linear::<Self>(x, dim, scale)
             }
             fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
-                $conv1d::upsample_linear_backward::<Self>(dy, dim, scale)
+                $kernels::upsample_linear_backward::<Self>(dy, dim, scale)
             }
             fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
-                $conv1d::group_norm::<Self>(x, weight, bias, groups, eps, act)
+                $kernels::group_norm::<Self>(x, weight, bias, groups, eps, act)
             }
             fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
-                $conv1d::group_norm_backward::<Self>(x, mean, rstd, weight, bias, dy, groups, act)
+                $kernels::group_norm_backward::<Self>(x, mean, rstd, weight, bias, dy, groups, act)
             }
             fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
-                $conv1d::weight_backward_2d::<Self>(x, weight, dy, options)
+                $kernels::weight_backward_2d::<Self>(x, weight, dy, options)
             }
             fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
-                $conv1d::weight_backward_3d::<Self>(x, weight, dy, options)
+                $kernels::weight_backward_3d::<Self>(x, weight, dy, options)
             }
             fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
-                $conv1d::forward::<Self>(x, weight, bias, options)
+                $kernels::forward::<Self>(x, weight, bias, options)
             }
             fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
-                $conv1d::x_backward::<Self>(x, weight, dy, options)
+                $kernels::x_backward::<Self>(x, weight, dy, options)
             }
             fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
-                $conv1d::weight_backward::<Self>(x, weight, dy, options)
+                $kernels::weight_backward::<Self>(x, weight, dy, options)
             }
             fn conv_workspace_bytes() -> Option<usize> {
                 $workspace
@@ -307,11 +308,11 @@ macro_rules! inner_lean_backend {
 }
 
 #[cfg(feature = "flex")]
-inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), gemm_conv1d);
+inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), flex_kernels);
 #[cfg(feature = "wgpu")]
-inner_lean_backend!(burn::backend::Wgpu, None, burn_conv1d);
+inner_lean_backend!(burn::backend::Wgpu, None, burn_kernels);
 #[cfg(feature = "cuda")]
-inner_lean_backend!(burn::backend::Cuda, None, burn_conv1d);
+inner_lean_backend!(burn::backend::Cuda, None, burn_kernels);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -661,7 +662,7 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
         let constant = scale.node.requirement.is_none() && shift.as_ref().is_none_or(|b| b.node.requirement.is_none());
         if !constant {
-            return burn_conv1d::channel_affine::<Self>(x, scale, shift);
+            return burn_kernels::channel_affine::<Self>(x, scale, shift);
         }
         match AffineBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {

@@ -16,7 +16,7 @@ mod attention;
 mod conv;
 mod dropout;
 #[cfg(feature = "flex")]
-mod flex_conv;
+mod flex_kernels;
 pub mod lean;
 mod linear;
 mod norm;
