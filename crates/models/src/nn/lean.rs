@@ -169,6 +169,9 @@ mod burn_kernels {
     pub fn weight_backward_3d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
         B::conv3d_weight_backward(x, w, dy, o)
     }
+    pub fn conv3d<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<3>) -> Prim<B> {
+        B::conv3d(x, w, b, o)
+    }
     pub fn channel_affine<B: Backend>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
         let dims = dims_of::<B>(&x);
         let mut bshape = vec![1; dims.len()];
@@ -220,7 +223,16 @@ mod flex_kernels {
             None => burn_kernels::weight_backward_2d::<F>(x, w, dy, o),
         }
     }
+    pub fn conv3d<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<3>) -> Prim<F> {
+        match super::super::flex_conv3d::conv3d(&x, &w, b.as_ref(), &o) {
+            Some(y) => y,
+            None => burn_kernels::conv3d::<F>(x, w, b, o),
+        }
+    }
     pub fn weight_backward_3d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<3>) -> Prim<F> {
+        if let Some(dw) = super::super::flex_conv3d::conv3d_weight_backward(&x, &w, &dy, &o) {
+            return dw;
+        }
         match (o.groups == 1).then(|| fc::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
             Some(dw) => dw,
             None => burn_kernels::weight_backward_3d::<F>(x, w, dy, o),
@@ -301,7 +313,7 @@ macro_rules! inner_lean_backend {
                 <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
             }
             fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
-                <Self as ModuleOps<Self>>::conv3d(x, weight, bias, options)
+                $kernels::conv3d::<Self>(x, weight, bias, options)
             }
         }
     };
@@ -751,7 +763,7 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
+            Some(pad) => B::lean_conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
             None => B::conv3d_x_backward(x, w, dy, o),
         }
     }

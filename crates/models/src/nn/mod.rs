@@ -17,6 +17,8 @@ mod conv;
 mod dropout;
 #[cfg(feature = "flex")]
 mod flex_kernels;
+#[cfg(feature = "flex")]
+mod flex_conv3d;
 pub mod lean;
 mod linear;
 mod norm;

@@ -1,0 +1,521 @@
+//! Direct 3-D convolution on flex (f32, stride 1, undilated, ungrouped): the forward, and the
+//! weight gradient, without im2col.
+//!
+//! Flex runs a 3-D convolution as im2col tiles and a GEMM: for each 512-position tile it
+//! writes `[cin·k³, 512]` columns (27× the input for a 3³ kernel) and multiplies them by a
+//! `[cout, cin·k³]` weight. At the VAE's widths (4–32 channels) that GEMM has 4–32 rows, so
+//! the column traffic and the narrow-matrix GEMM dominate: about half of a VAE CPU step.
+//!
+//! Here the input is copied once, zero-padded (each row padded to whole vectors), and each
+//! output row is accumulated in registers: a tile of 4 output channels × 16 (or 8)
+//! consecutive positions, over every input channel and kernel tap — one vector load of the
+//! shifted input row and 4 broadcast weights per tap, 4 × 2 fused multiply-adds. The weight
+//! gradient is the same sum read the other way: for one input channel and kernel row
+//! (`kd`, `kh`), 4 output channels × 3 taps of `kw` accumulate `dy · x` over every output
+//! row of the batch in 12 vector registers, reduced once at the end.
+//!
+//! x86-64 with AVX2 + FMA (detected at run time) uses those instructions; other CPUs run the
+//! same loops on plain arrays. Sums run in a different order than the GEMM's: results equal
+//! flex's to f32 rounding (the tests compare both paths with Burn's convolution).
+//!
+//! The stride-1 input gradient is this forward too (`nn::lean`: the output gradient convolved
+//! with the flipped, in/out-swapped kernel). Strided, dilated, grouped and half-precision
+//! convolutions go to flex's own kernels (`None` here).
+
+use burn::tensor::DType;
+use burn::tensor::ops::ConvOptions;
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+type T = FlexTensor;
+
+/// Output channels per register tile.
+const CO: usize = 4;
+/// f32 lanes of one vector (AVX2); rows are padded to whole vectors.
+const LANES: usize = 8;
+/// Kernel taps along the width accumulated per weight-gradient tile.
+const TAPS: usize = 3;
+
+/// Shapes of one convolution and its padded input.
+#[derive(Clone, Copy, Debug)]
+struct Geo {
+    n: usize,
+    ci: usize,
+    co: usize,
+    input: [usize; 3],
+    kernel: [usize; 3],
+    pad: [usize; 3],
+    out: [usize; 3],
+    /// Output width rounded up to whole vectors.
+    wv: usize,
+    /// Padded input depth, height and row length (`wv + kw − 1`: every tap of every vector
+    /// of an output row reads inside the row).
+    dp: usize,
+    hp: usize,
+    wp: usize,
+}
+
+impl Geo {
+    fn new(xs: &[usize], ws: &[usize], pad: [usize; 3]) -> Option<Self> {
+        if xs.len() != 5 || ws.len() != 5 || ws[1] != xs[1] || xs[0] == 0 || xs[1] == 0 || ws[0] == 0 {
+            return None;
+        }
+        let input = [xs[2], xs[3], xs[4]];
+        let kernel = [ws[2], ws[3], ws[4]];
+        let mut out = [0; 3];
+        for a in 0..3 {
+            if kernel[a] == 0 {
+                return None;
+            }
+            out[a] = (input[a] + 2 * pad[a]).checked_sub(kernel[a] - 1).filter(|&o| o > 0)?;
+        }
+        let wv = out[2].div_ceil(LANES) * LANES;
+        Some(Self { n: xs[0], ci: xs[1], co: ws[0], input, kernel, pad, out, wv, dp: input[0] + 2 * pad[0], hp: input[1] + 2 * pad[1], wp: wv + kernel[2] - 1 })
+    }
+
+    fn plane(&self) -> usize {
+        self.dp * self.hp * self.wp
+    }
+
+    fn co_blocks(&self) -> usize {
+        self.co.div_ceil(CO)
+    }
+
+    fn kvol(&self) -> usize {
+        self.kernel.iter().product()
+    }
+}
+
+/// Whether the direct kernels take this convolution: f32, stride 1, dilation 1, one group,
+/// and narrow enough (`cin·k³ ≤ 1728`, e.g. 64 channels × 3³) that the register tile beats
+/// flex's GEMM, which wins once the reduction is long.
+fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
+    let ok = x.dtype() == DType::F32 && w.dtype() == DType::F32 && o.groups == 1 && o.stride == [1; 3] && o.dilation == [1; 3];
+    if !ok {
+        return None;
+    }
+    let g = Geo::new(x.layout().shape(), w.layout().shape(), o.padding)?;
+    (g.ci * g.kvol() <= 1728).then_some(g)
+}
+
+fn f32_data(t: &T) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(t.to_contiguous().storage::<f32>().to_vec()),
+    }
+}
+
+/// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).
+fn padded_input(x: &[f32], g: &Geo) -> Vec<f32> {
+    let [d, h, w] = g.input;
+    let mut xp = vec![0f32; g.n * g.ci * g.plane()];
+    xp.par_chunks_mut(g.plane()).enumerate().for_each(|(nc, dst)| {
+        let src = &x[nc * d * h * w..][..d * h * w];
+        for z in 0..d {
+            for y in 0..h {
+                let o = ((z + g.pad[0]) * g.hp + y + g.pad[1]) * g.wp + g.pad[2];
+                dst[o..o + w].copy_from_slice(&src[(z * h + y) * w..][..w]);
+            }
+        }
+    });
+    xp
+}
+
+/// `w: [co, ci, kd, kh, kw]` as `[co_block, ci, kd, kh, kw, CO]` (zeros past `co`).
+fn packed_weight(w: &[f32], g: &Geo) -> Vec<f32> {
+    let kv = g.kvol();
+    let mut out = vec![0f32; g.co_blocks() * g.ci * kv * CO];
+    for co in 0..g.co {
+        let (b, lane) = (co / CO, co % CO);
+        for c in 0..g.ci {
+            for k in 0..kv {
+                out[((b * g.ci + c) * kv + k) * CO + lane] = w[(co * g.ci + c) * kv + k];
+            }
+        }
+    }
+    out
+}
+
+/// A raw pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// The direct convolution (see the module docs), or `None` where flex's own applies.
+pub fn conv3d(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>) -> Option<T> {
+    conv3d_with(x, w, bias, o, simd::available())
+}
+
+/// [`conv3d`] with the AVX2 tiles (`avx`, when available) or the plain loops.
+fn conv3d_with(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>, avx: bool) -> Option<T> {
+    let g = handles(x, w, o)?;
+    if bias.is_some_and(|b| b.dtype() != DType::F32) {
+        return None;
+    }
+    let xp = padded_input(&f32_data(x), &g);
+    let wk = packed_weight(&f32_data(w), &g);
+    let bias = bias.map(f32_data);
+    let [od, oh, ow] = g.out;
+    let out_plane = od * oh * ow;
+    let mut y = vec![0f32; g.n * g.co * out_plane];
+    let yp = Out(y.as_mut_ptr());
+    let tasks = g.n * g.co_blocks() * od;
+    (0..tasks).into_par_iter().for_each(|t| {
+        let yp = yp;
+        let (n, rest) = (t / (g.co_blocks() * od), t % (g.co_blocks() * od));
+        let (cb, z) = (rest / od, rest % od);
+        let wb = &wk[cb * g.ci * g.kvol() * CO..][..g.ci * g.kvol() * CO];
+        let lanes = (g.co - cb * CO).min(CO);
+        let mut tile = [0f32; CO * 2 * LANES];
+        for yy in 0..oh {
+            let row = &xp[(n * g.ci * g.dp + z) * g.hp * g.wp + yy * g.wp..];
+            let mut x0 = 0;
+            while x0 < g.wv {
+                let nv = if g.wv - x0 >= 2 * LANES { 2 } else { 1 };
+                forward_tile(avx, nv, &row[x0..], &g, wb, &mut tile);
+                let valid = (ow - x0.min(ow)).min(nv * LANES);
+                for l in 0..lanes {
+                    let co = cb * CO + l;
+                    let b = bias.as_ref().map_or(0.0, |b| b[co]);
+                    let dst = ((n * g.co + co) * od + z) * oh * ow + yy * ow + x0;
+                    for (i, &v) in tile[l * nv * LANES..][..valid].iter().enumerate() {
+                        // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
+                        // sample n; dst + i < y.len() by the shapes.
+                        unsafe { *yp.0.add(dst + i) = v + b };
+                    }
+                }
+                x0 += nv * LANES;
+            }
+        }
+    });
+    Some(T::from_data(burn::tensor::TensorData::new(y, vec![g.n, g.co, od, oh, ow])))
+}
+
+/// One forward tile: `tile[l·nv·8 + i] = Σ_{c, a, b, e} w[l, c, a, b, e] · row(c, a, b)[i + e]`.
+/// `row` starts at the tile's first position in the padded input of channel 0, depth row
+/// `z`, height row `y`; `nv` vectors of 8 positions.
+fn forward_tile(avx: bool, nv: usize, row: &[f32], g: &Geo, w: &[f32], tile: &mut [f32; CO * 2 * LANES]) {
+    let (cs, ps, rs) = (g.plane(), g.hp * g.wp, g.wp);
+    // Highest element read: channel ci−1, tap (kd−1, kh−1, kw−1), last lane.
+    let last = (g.ci - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + nv * LANES - 1;
+    assert!(last < row.len() && w.len() == g.ci * g.kvol() * CO);
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: AVX2 and FMA were detected; every read is within `row` and `w` (checked above).
+        unsafe {
+            match nv {
+                2 => simd::forward_tile::<2>(row.as_ptr(), [cs, ps, rs], g.ci, g.kernel, w.as_ptr(), tile.as_mut_ptr()),
+                _ => simd::forward_tile::<1>(row.as_ptr(), [cs, ps, rs], g.ci, g.kernel, w.as_ptr(), tile.as_mut_ptr()),
+            }
+        }
+        return;
+    }
+    let _ = avx;
+    let n = nv * LANES;
+    let mut acc = [[0f32; 2 * LANES]; CO];
+    let mut wi = 0;
+    for c in 0..g.ci {
+        for a in 0..g.kernel[0] {
+            for b in 0..g.kernel[1] {
+                let r = &row[c * cs + a * ps + b * rs..];
+                for e in 0..g.kernel[2] {
+                    let xs = &r[e..e + n];
+                    for (l, acc) in acc.iter_mut().enumerate() {
+                        let wv = w[wi + l];
+                        acc[..n].iter_mut().zip(xs).for_each(|(s, &x)| *s += wv * x);
+                    }
+                    wi += CO;
+                }
+            }
+        }
+    }
+    for (l, acc) in acc.iter().enumerate() {
+        tile[l * n..][..n].copy_from_slice(&acc[..n]);
+    }
+}
+
+/// The weight gradient of the direct convolution (stride 1): `dw[co, ci, a, b, e] = Σ dy[n,
+/// co, z, y, x] · xpad[n, ci, z + a, y + b, x + e]`, or `None` where flex's applies.
+pub fn conv3d_weight_backward(x: &T, w: &T, dy: &T, o: &ConvOptions<3>) -> Option<T> {
+    conv3d_weight_backward_with(x, w, dy, o, simd::available())
+}
+
+/// [`conv3d_weight_backward`] with the AVX2 tiles (`avx`) or the plain loops.
+fn conv3d_weight_backward_with(x: &T, w: &T, dy: &T, o: &ConvOptions<3>, avx: bool) -> Option<T> {
+    let g = handles(x, w, o)?;
+    if dy.dtype() != DType::F32 || dy.layout().shape()[..] != [g.n, g.co, g.out[0], g.out[1], g.out[2]] {
+        return None;
+    }
+    let xp = padded_input(&f32_data(x), &g);
+    let [od, oh, ow] = g.out;
+    // The output gradient as `[n, co_blocks·CO, od, oh, wv]`: rows of whole vectors, zeros
+    // past the output width and past `co` (copied only when the shape needs it).
+    let cop = g.co_blocks() * CO;
+    let dyd = f32_data(dy);
+    let dyp: std::borrow::Cow<'_, [f32]> = if g.wv == ow && cop == g.co {
+        dyd
+    } else {
+        let mut v = vec![0f32; g.n * cop * od * oh * g.wv];
+        v.par_chunks_mut(od * oh * g.wv).enumerate().for_each(|(nc, dst)| {
+            let (n, c) = (nc / cop, nc % cop);
+            if c < g.co {
+                for r in 0..od * oh {
+                    dst[r * g.wv..][..ow].copy_from_slice(&dyd[((n * g.co + c) * od * oh + r) * ow..][..ow]);
+                }
+            }
+        });
+        std::borrow::Cow::Owned(v)
+    };
+    let [kd, kh, kw] = g.kernel;
+    let groups = kw.div_ceil(TAPS);
+    // One task per (co block, ci, a, b, tap group).
+    let tasks = g.co_blocks() * g.ci * kd * kh * groups;
+    let sums: Vec<[f32; CO * TAPS]> = (0..tasks)
+        .into_par_iter()
+        .map(|t| {
+            let (rest, q) = (t / groups, t % groups);
+            let (rest, b) = (rest / kh, rest % kh);
+            let (rest, a) = (rest / kd, rest % kd);
+            let (cb, c) = (rest / g.ci, rest % g.ci);
+            let e0 = q * TAPS;
+            let taps = (kw - e0).min(TAPS);
+            weight_tile(avx, taps, &xp[(c * g.dp + a) * g.hp * g.wp + b * g.wp + e0..], &dyp[cb * CO * od * oh * g.wv..], &g)
+        })
+        .collect();
+    let kv = g.kvol();
+    let mut dw = vec![0f32; g.co * g.ci * kv];
+    for (t, s) in sums.iter().enumerate() {
+        let (rest, q) = (t / groups, t % groups);
+        let (rest, b) = (rest / kh, rest % kh);
+        let (rest, a) = (rest / kd, rest % kd);
+        let (cb, c) = (rest / g.ci, rest % g.ci);
+        for l in 0..(g.co - cb * CO).min(CO) {
+            for k in 0..(kw - q * TAPS).min(TAPS) {
+                dw[((cb * CO + l) * g.ci + c) * kv + (a * kh + b) * kw + q * TAPS + k] = s[l * TAPS + k];
+            }
+        }
+    }
+    Some(T::from_data(burn::tensor::TensorData::new(dw, vec![g.co, g.ci, kd, kh, kw])))
+}
+
+/// `Σ_{n, z, y, i} dy[n, l, z, y, i] · x(n, z, y)[i + e]` for the tile's `CO` output channels
+/// `l` and `taps` taps `e`: `x` starts at the padded input of sample 0 at the tile's channel,
+/// depth `a`, height `b`, width tap `e0`; `dy` at sample 0, the block's first channel.
+fn weight_tile(avx: bool, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; CO * TAPS] {
+    let [od, oh, _] = g.out;
+    let cop = g.co_blocks() * CO;
+    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let last_x = (g.n - 1) * xn + ((od - 1) * g.hp + oh - 1) * g.wp + g.wv - 1 + taps - 1;
+    let last_dy = (g.n - 1) * dyn_ + (CO - 1) * dyc + od * oh * g.wv - 1;
+    assert!(last_x < x.len() && last_dy < dy.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: AVX2 and FMA were detected; every read is within `x` and `dy` (checked above).
+        return unsafe {
+            match taps {
+                3 => simd::weight_tile::<3>(x.as_ptr(), dy.as_ptr(), g),
+                2 => simd::weight_tile::<2>(x.as_ptr(), dy.as_ptr(), g),
+                _ => simd::weight_tile::<1>(x.as_ptr(), dy.as_ptr(), g),
+            }
+        };
+    }
+    let _ = avx;
+    let mut acc = [[0f32; LANES]; CO * TAPS];
+    for n in 0..g.n {
+        for z in 0..od {
+            for y in 0..oh {
+                let xr = &x[n * xn + (z * g.hp + y) * g.wp..];
+                let dr = n * dyn_ + (z * oh + y) * g.wv;
+                for v in (0..g.wv).step_by(LANES) {
+                    for l in 0..CO {
+                        let d = &dy[dr + l * dyc + v..][..LANES];
+                        for e in 0..taps {
+                            let xs = &xr[v + e..][..LANES];
+                            acc[l * TAPS + e].iter_mut().zip(d.iter().zip(xs)).for_each(|(s, (&d, &x))| *s += d * x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    acc.map(|a| a.iter().sum())
+}
+
+mod simd {
+    #[cfg(target_arch = "x86_64")]
+    use super::{CO, Geo, LANES, TAPS};
+
+    /// AVX2 + FMA at run time (x86-64), detected once.
+    pub fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static AVX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *AVX.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && std::env::var_os("VRAMLAB_NO_SIMD").is_none())
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// [`super::forward_tile`] on AVX2: `CO × NV` accumulators.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; `row` readable up to the last tap of the last lane, `w` holds
+    /// `ci·k³·CO` values, `tile` writable for `CO·NV·8`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn forward_tile<const NV: usize>(row: *const f32, strides: [usize; 3], ci: usize, k: [usize; 3], w: *const f32, tile: *mut f32) {
+        use std::arch::x86_64::*;
+        let [cs, ps, rs] = strides;
+        let mut acc = [[_mm256_setzero_ps(); NV]; CO];
+        let mut wp = w;
+        // SAFETY: the caller's bounds.
+        unsafe {
+            for c in 0..ci {
+                for a in 0..k[0] {
+                    for b in 0..k[1] {
+                        let r = row.add(c * cs + a * ps + b * rs);
+                        for e in 0..k[2] {
+                            let mut xv = [_mm256_setzero_ps(); NV];
+                            for (j, v) in xv.iter_mut().enumerate() {
+                                *v = _mm256_loadu_ps(r.add(e + j * LANES));
+                            }
+                            for (l, acc) in acc.iter_mut().enumerate() {
+                                let wv = _mm256_broadcast_ss(&*wp.add(l));
+                                for j in 0..NV {
+                                    acc[j] = _mm256_fmadd_ps(wv, xv[j], acc[j]);
+                                }
+                            }
+                            wp = wp.add(CO);
+                        }
+                    }
+                }
+            }
+            for (l, acc) in acc.iter().enumerate() {
+                for (j, &v) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(tile.add((l * NV + j) * LANES), v);
+                }
+            }
+        }
+    }
+
+    /// [`super::weight_tile`] on AVX2: `CO × TAPS` accumulators over every output row.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; `x` and `dy` readable as [`super::weight_tile`] checks.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weight_tile<const K: usize>(x: *const f32, dy: *const f32, g: &Geo) -> [f32; CO * TAPS] {
+        use std::arch::x86_64::*;
+        let [od, oh, _] = g.out;
+        let cop = g.co_blocks() * CO;
+        let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+        let mut acc = [[_mm256_setzero_ps(); K]; CO];
+        // SAFETY: the caller's bounds.
+        unsafe {
+            for n in 0..g.n {
+                for z in 0..od {
+                    for y in 0..oh {
+                        let xr = x.add(n * xn + (z * g.hp + y) * g.wp);
+                        let dr = dy.add(n * dyn_ + (z * oh + y) * g.wv);
+                        for v in (0..g.wv).step_by(LANES) {
+                            let mut xv = [_mm256_setzero_ps(); K];
+                            for (e, xv) in xv.iter_mut().enumerate() {
+                                *xv = _mm256_loadu_ps(xr.add(v + e));
+                            }
+                            for (l, acc) in acc.iter_mut().enumerate() {
+                                let d = _mm256_loadu_ps(dr.add(l * dyc + v));
+                                for e in 0..K {
+                                    acc[e] = _mm256_fmadd_ps(d, xv[e], acc[e]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let mut out = [0f32; CO * TAPS];
+            let mut lanes = [0f32; LANES];
+            for (l, acc) in acc.iter().enumerate() {
+                for (e, &v) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                    out[l * TAPS + e] = lanes.iter().sum();
+                }
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::ops::ModuleOps;
+    use burn::prelude::Backend;
+    use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+
+    type B = Flex;
+
+    fn rand(shape: [usize; 5], seed: u64) -> T {
+        let device = Default::default();
+        B::seed(&device, seed);
+        Tensor::<B, 5>::random(shape, Distribution::Uniform(-1.0, 1.0), &device).into_primitive().tensor()
+    }
+
+    fn vals(t: T) -> Vec<f32> {
+        Tensor::<B, 5>::from_primitive(TensorPrimitive::Float(t)).into_data().to_vec().unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(worst <= 1e-5 * scale, "{what}: worst |Δ| {worst} vs max |ref| {scale}");
+    }
+
+    /// Forward and weight gradient against flex's own (im2col) convolution: kernel 3³ and
+    /// 1³, uneven kernels, widths that are not whole vectors, output channels that are not
+    /// whole tiles, padding beyond the kernel's reach; both the AVX2 and the plain loops.
+    #[test]
+    fn direct_conv3d_equals_flex() {
+        let cases: [([usize; 5], [usize; 5], [usize; 3]); 6] = [
+            ([2, 3, 4, 5, 6], [5, 3, 3, 3, 3], [1, 1, 1]),
+            ([1, 16, 4, 8, 16], [16, 16, 3, 3, 3], [1, 1, 1]),
+            ([2, 4, 3, 4, 19], [6, 4, 1, 1, 1], [0, 0, 0]),
+            ([1, 2, 5, 6, 7], [3, 2, 2, 3, 5], [0, 1, 2]),
+            ([1, 3, 2, 3, 9], [4, 3, 3, 3, 3], [2, 2, 2]),
+            ([3, 5, 2, 2, 33], [9, 5, 1, 3, 3], [0, 1, 1]),
+        ];
+        for (i, (xs, ws, pad)) in cases.into_iter().enumerate() {
+            let (x, w, b) = (rand(xs, 3 * i as u64), rand(ws, 3 * i as u64 + 1), rand([1, 1, 1, 1, ws[0]], 3 * i as u64 + 2));
+            let b = b.reshape(vec![ws[0]].into());
+            let o = ConvOptions::new([1; 3], pad, [1; 3], 1);
+            let reference = <B as ModuleOps<B>>::conv3d(x.clone(), w.clone(), Some(b.clone()), o.clone());
+            let oshape: [usize; 5] = reference.layout().shape().to_vec().try_into().unwrap();
+            let dy = rand(oshape, 100 + i as u64);
+            let dw_ref = <B as ModuleOps<B>>::conv3d_weight_backward(x.clone(), w.clone(), dy.clone(), o.clone());
+            let (y_ref, dw_ref) = (vals(reference), vals(dw_ref));
+            for avx in [true, false] {
+                if avx && !simd::available() {
+                    continue;
+                }
+                let what = format!("case {i} {xs:?} * {ws:?} pad {pad:?}, avx {avx}");
+                let y = conv3d_with(&x, &w, Some(&b), &o, avx).expect("handled");
+                close(&vals(y), &y_ref, &format!("{what}: forward"));
+                let dw = conv3d_weight_backward_with(&x, &w, &dy, &o, avx).expect("handled");
+                close(&vals(dw), &dw_ref, &format!("{what}: weight gradient"));
+            }
+        }
+    }
+
+    #[test]
+    fn declines_what_flex_should_run() {
+        let (x, w) = (rand([1, 2, 4, 4, 4], 1), rand([2, 2, 3, 3, 3], 2));
+        assert!(handles(&x, &w, &ConvOptions::new([2, 1, 1], [1; 3], [1; 3], 1)).is_none(), "strided");
+        assert!(handles(&x, &w, &ConvOptions::new([1; 3], [1; 3], [2, 1, 1], 1)).is_none(), "dilated");
+        assert!(handles(&x, &w, &ConvOptions::new([1; 3], [0; 3], [1; 3], 1)).is_some());
+        let wide = rand([2, 128, 3, 3, 3], 3);
+        let xw = rand([1, 128, 3, 3, 3], 4);
+        assert!(handles(&xw, &wide, &ConvOptions::new([1; 3], [1; 3], [1; 3], 1)).is_none(), "long reduction: flex's GEMM");
+    }
+}
