@@ -398,6 +398,50 @@ impl Graph {
         self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
     }
 
+    /// A 3-D convolution with a cubic kernel of side `k`, "same" padding `k / 2`, on `[batch,
+    /// cin, in_dhw]`. Stride 1 with `cin·k³ ≤ 1728` in f32 or bf16 runs flex's direct kernels
+    /// (`nn::flex_conv3d`), whose workspaces are modelled here; anything else is [`Graph::conv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv3d(&mut self, x: Buf, batch: usize, cin: usize, cout: usize, k: usize, in_dhw: [usize; 3], stride: [usize; 3], bias: bool, trainable: bool, p: Precision) -> Buf {
+        let kv = k * k * k;
+        let out_dhw = [0, 1, 2].map(|a| in_dhw[a].div_ceil(stride[a]));
+        let (in_n, out_n) = (in_dhw.iter().product::<usize>(), out_dhw.iter().product::<usize>());
+        let direct = |c: usize| stride == [1; 3] && c * kv <= 1728 && matches!(p, Precision::F32 | Precision::Bf16);
+        if !direct(cin) {
+            return self.conv(x, batch, cin, cout, kv, in_n, out_n, bias, trainable, p);
+        }
+        let w = self.weight_cast(cout * cin * kv, trainable, p, true);
+        let wd = dtype_bytes(p);
+        let half = wd != 4;
+        let out = (batch * cout * out_n) as u64 * wd;
+        let pg = if trainable && !half { ((cin * kv + bias as usize) * cout) as u64 * 4 } else { 0 };
+        let pad = k / 2;
+        let [d, h, wid] = in_dhw;
+        // The f32 copies the kernels make: the input zero-padded (rows of whole 8-lane vectors
+        // plus the kernel's reach), the weight packed in blocks of 4 output channels.
+        let padded = |n: usize, c: usize| (n * c * (d + 2 * pad) * (h + 2 * pad) * (wid.div_ceil(8) * 8 + k - 1) * 4) as u64;
+        let packed = |co: usize, ci: usize| (co.div_ceil(4) * 4 * ci * kv * 4) as u64;
+        let fwd = padded(batch, cin) + packed(cout, cin);
+        // Weight gradient, per batch chunk (`conv_chunks`): the padded input, the output
+        // gradient as f32 rows of whole vectors (borrowed when it already is), one 4×3 tile
+        // sum per task, the f32 gradient (and its bf16 copy); several chunks add a running sum.
+        let w32 = (cout * cin * kv * 4) as u64;
+        let x_bytes = (batch * cin * in_n) as u64 * wd;
+        let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
+        let m = chunks.iter().map(|r| r.len()).max().unwrap_or(batch);
+        let dy_copy = if !half && wid % 8 == 0 && cout % 4 == 0 { 0 } else { (m * cout.div_ceil(4) * 4 * out_n / wid * wid.div_ceil(8) * 8 * 4) as u64 };
+        let sums = (cout.div_ceil(4) * cin * k * k * k.div_ceil(3) * 4 * 3 * 4) as u64;
+        let bwd_w = padded(m, cin) + dy_copy + sums + w32 + if half { w32 / 2 } else { 0 } + if chunks.len() > 1 { w32 } else { 0 };
+        // Input gradient: the output gradient convolved with the flipped kernel (its copy in
+        // the compute dtype), by the direct kernels when they take it, else flex's GEMM path
+        // (`Graph::conv`'s model).
+        let flipped = (cout * cin * kv) as u64 * wd;
+        let bwd_x = flipped + if direct(cout) { padded(batch, cout) + packed(cin, cout) } else { (batch * cout * out_n * 4) as u64 + w32 + if half { (batch * cout * out_n * 4 + batch * cin * in_n * 4) as u64 + w32 } else { 0 } };
+        let bwd = bwd_w.max(bwd_x);
+        let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
+        self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
+    }
+
     /// Mean squared error reduced to a scalar (loss in f32).
     pub fn mse(&mut self, pred: Buf, target: Buf) -> Buf {
         let n = self.bytes(pred);

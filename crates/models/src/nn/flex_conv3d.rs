@@ -19,9 +19,12 @@
 //! flex's to f32 rounding (the tests compare both paths with Burn's convolution).
 //!
 //! The stride-1 input gradient is this forward too (`nn::lean`: the output gradient convolved
-//! with the flipped, in/out-swapped kernel). Strided, dilated, grouped and half-precision
-//! convolutions go to flex's own kernels (`None` here).
+//! with the flipped, in/out-swapped kernel). bf16 tensors are read and written in bf16 and
+//! summed in f32 (the padded input and packed weight are f32 copies), as flex's own bf16
+//! convolution sums in f32. Strided, dilated and grouped convolutions go to flex's own kernels
+//! (`None` here).
 
+use super::flex_kernels::{Num, typed, typed_data};
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_flex::FlexTensor;
@@ -86,11 +89,11 @@ impl Geo {
     }
 }
 
-/// Whether the direct kernels take this convolution: f32, stride 1, dilation 1, one group,
-/// and narrow enough (`cin·k³ ≤ 1728`, e.g. 64 channels × 3³) that the register tile beats
-/// flex's GEMM, which wins once the reduction is long.
+/// Whether the direct kernels take this convolution: f32 or bf16 (input and weight alike),
+/// stride 1, dilation 1, one group, and narrow enough (`cin·k³ ≤ 1728`, e.g. 64 channels ×
+/// 3³) that the register tile beats flex's GEMM, which wins once the reduction is long.
 fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
-    let ok = x.dtype() == DType::F32 && w.dtype() == DType::F32 && o.groups == 1 && o.stride == [1; 3] && o.dilation == [1; 3];
+    let ok = matches!(x.dtype(), DType::F32 | DType::BF16) && w.dtype() == x.dtype() && o.groups == 1 && o.stride == [1; 3] && o.dilation == [1; 3];
     if !ok {
         return None;
     }
@@ -98,15 +101,8 @@ fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
     (g.ci * g.kvol() <= 1728).then_some(g)
 }
 
-fn f32_data(t: &T) -> std::borrow::Cow<'_, [f32]> {
-    match t.as_slice::<f32>() {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => std::borrow::Cow::Owned(t.to_contiguous().storage::<f32>().to_vec()),
-    }
-}
-
 /// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).
-fn padded_input(x: &[f32], g: &Geo) -> Vec<f32> {
+fn padded_input<E: Num>(x: &[E], g: &Geo) -> Vec<f32> {
     let [d, h, w] = g.input;
     let mut xp = vec![0f32; g.n * g.ci * g.plane()];
     xp.par_chunks_mut(g.plane()).enumerate().for_each(|(nc, dst)| {
@@ -114,7 +110,7 @@ fn padded_input(x: &[f32], g: &Geo) -> Vec<f32> {
         for z in 0..d {
             for y in 0..h {
                 let o = ((z + g.pad[0]) * g.hp + y + g.pad[1]) * g.wp + g.pad[2];
-                dst[o..o + w].copy_from_slice(&src[(z * h + y) * w..][..w]);
+                dst[o..o + w].iter_mut().zip(&src[(z * h + y) * w..][..w]).for_each(|(d, s)| *d = s.f());
             }
         }
     });
@@ -122,14 +118,14 @@ fn padded_input(x: &[f32], g: &Geo) -> Vec<f32> {
 }
 
 /// `w: [co, ci, kd, kh, kw]` as `[co_block, ci, kd, kh, kw, CO]` (zeros past `co`).
-fn packed_weight(w: &[f32], g: &Geo) -> Vec<f32> {
+fn packed_weight<E: Num>(w: &[E], g: &Geo) -> Vec<f32> {
     let kv = g.kvol();
     let mut out = vec![0f32; g.co_blocks() * g.ci * kv * CO];
     for co in 0..g.co {
         let (b, lane) = (co / CO, co % CO);
         for c in 0..g.ci {
             for k in 0..kv {
-                out[((b * g.ci + c) * kv + k) * CO + lane] = w[(co * g.ci + c) * kv + k];
+                out[((b * g.ci + c) * kv + k) * CO + lane] = w[(co * g.ci + c) * kv + k].f();
             }
         }
     }
@@ -137,10 +133,15 @@ fn packed_weight(w: &[f32], g: &Geo) -> Vec<f32> {
 }
 
 /// A raw pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
+struct Out<E>(*mut E);
+impl<E> Clone for Out<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Out<E> {}
+unsafe impl<E> Send for Out<E> {}
+unsafe impl<E> Sync for Out<E> {}
 
 /// The direct convolution (see the module docs), or `None` where flex's own applies.
 pub fn conv3d(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>) -> Option<T> {
@@ -150,15 +151,23 @@ pub fn conv3d(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>) -> Option<T> {
 /// [`conv3d`] with the AVX2 tiles (`avx`, when available) or the plain loops.
 fn conv3d_with(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>, avx: bool) -> Option<T> {
     let g = handles(x, w, o)?;
-    if bias.is_some_and(|b| b.dtype() != DType::F32) {
+    if bias.is_some_and(|b| b.dtype() != x.dtype()) {
         return None;
     }
-    let xp = padded_input(&f32_data(x), &g);
-    let wk = packed_weight(&f32_data(w), &g);
-    let bias = bias.map(f32_data);
+    match x.dtype() {
+        DType::F32 => Some(conv3d_typed::<f32>(x, w, bias, &g, avx)),
+        _ => Some(conv3d_typed::<half::bf16>(x, w, bias, &g, avx)),
+    }
+}
+
+fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, avx: bool) -> T {
+    let g = *g;
+    let xp = padded_input(&typed_data::<E>(x), &g);
+    let wk = packed_weight(&typed_data::<E>(w), &g);
+    let bias: Option<Vec<f32>> = bias.map(|b| typed_data::<E>(b).iter().map(|v| v.f()).collect());
     let [od, oh, ow] = g.out;
     let out_plane = od * oh * ow;
-    let mut y = vec![0f32; g.n * g.co * out_plane];
+    let mut y = vec![E::of(0.0); g.n * g.co * out_plane];
     let yp = Out(y.as_mut_ptr());
     let tasks = g.n * g.co_blocks() * od;
     (0..tasks).into_par_iter().for_each(|t| {
@@ -182,14 +191,14 @@ fn conv3d_with(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>, avx: bool) ->
                     for (i, &v) in tile[l * nv * LANES..][..valid].iter().enumerate() {
                         // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
                         // sample n; dst + i < y.len() by the shapes.
-                        unsafe { *yp.0.add(dst + i) = v + b };
+                        unsafe { *yp.0.add(dst + i) = E::of(v + b) };
                     }
                 }
                 x0 += nv * LANES;
             }
         }
     });
-    Some(T::from_data(burn::tensor::TensorData::new(y, vec![g.n, g.co, od, oh, ow])))
+    typed(y, vec![g.n, g.co, od, oh, ow])
 }
 
 /// One forward tile: `tile[l·nv·8 + i] = Σ_{c, a, b, e} w[l, c, a, b, e] · row(c, a, b)[i + e]`.
@@ -244,29 +253,46 @@ pub fn conv3d_weight_backward(x: &T, w: &T, dy: &T, o: &ConvOptions<3>) -> Optio
 /// [`conv3d_weight_backward`] with the AVX2 tiles (`avx`) or the plain loops.
 fn conv3d_weight_backward_with(x: &T, w: &T, dy: &T, o: &ConvOptions<3>, avx: bool) -> Option<T> {
     let g = handles(x, w, o)?;
-    if dy.dtype() != DType::F32 || dy.layout().shape()[..] != [g.n, g.co, g.out[0], g.out[1], g.out[2]] {
+    if dy.dtype() != x.dtype() || dy.layout().shape()[..] != [g.n, g.co, g.out[0], g.out[1], g.out[2]] {
         return None;
     }
-    let xp = padded_input(&f32_data(x), &g);
+    match x.dtype() {
+        DType::F32 => Some(weight_backward_typed::<f32>(x, dy, &g, avx)),
+        _ => Some(weight_backward_typed::<half::bf16>(x, dy, &g, avx)),
+    }
+}
+
+/// `dy` as f32 `[n, co_blocks·CO, od, oh, wv]`: rows of whole vectors, zeros past the output
+/// width and past `co` (borrowed when `dy` is f32 and already so shaped).
+fn padded_dy<'a, E: Num>(dy: &'a T, g: &Geo) -> std::borrow::Cow<'a, [f32]> {
     let [od, oh, ow] = g.out;
-    // The output gradient as `[n, co_blocks·CO, od, oh, wv]`: rows of whole vectors, zeros
-    // past the output width and past `co` (copied only when the shape needs it).
     let cop = g.co_blocks() * CO;
-    let dyd = f32_data(dy);
-    let dyp: std::borrow::Cow<'_, [f32]> = if g.wv == ow && cop == g.co {
-        dyd
-    } else {
-        let mut v = vec![0f32; g.n * cop * od * oh * g.wv];
-        v.par_chunks_mut(od * oh * g.wv).enumerate().for_each(|(nc, dst)| {
-            let (n, c) = (nc / cop, nc % cop);
-            if c < g.co {
-                for r in 0..od * oh {
-                    dst[r * g.wv..][..ow].copy_from_slice(&dyd[((n * g.co + c) * od * oh + r) * ow..][..ow]);
-                }
+    let dyd = typed_data::<E>(dy);
+    if g.wv == ow && cop == g.co {
+        if let std::borrow::Cow::Borrowed(s) = dyd {
+            if let Some(f) = bytemuck::try_cast_slice::<E, f32>(s).ok().filter(|_| E::dtype() == DType::F32) {
+                return std::borrow::Cow::Borrowed(f);
             }
-        });
-        std::borrow::Cow::Owned(v)
-    };
+        }
+    }
+    let mut v = vec![0f32; g.n * cop * od * oh * g.wv];
+    v.par_chunks_mut(od * oh * g.wv).enumerate().for_each(|(nc, dst)| {
+        let (n, c) = (nc / cop, nc % cop);
+        if c < g.co {
+            for r in 0..od * oh {
+                let src = &dyd[((n * g.co + c) * od * oh + r) * ow..][..ow];
+                dst[r * g.wv..][..ow].iter_mut().zip(src).for_each(|(d, s)| *d = s.f());
+            }
+        }
+    });
+    std::borrow::Cow::Owned(v)
+}
+
+fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, avx: bool) -> T {
+    let g = *g;
+    let xp = padded_input(&typed_data::<E>(x), &g);
+    let [od, oh, _] = g.out;
+    let dyp = padded_dy::<E>(dy, &g);
     let [kd, kh, kw] = g.kernel;
     let groups = kw.div_ceil(TAPS);
     // One task per (co block, ci, a, b, tap group).
@@ -296,7 +322,7 @@ fn conv3d_weight_backward_with(x: &T, w: &T, dy: &T, o: &ConvOptions<3>, avx: bo
             }
         }
     }
-    Some(T::from_data(burn::tensor::TensorData::new(dw, vec![g.co, g.ci, kd, kh, kw])))
+    typed(dw.into_iter().map(E::of).collect::<Vec<E>>(), vec![g.co, g.ci, kd, kh, kw])
 }
 
 /// `Σ_{n, z, y, i} dy[n, l, z, y, i] · x(n, z, y)[i + e]` for the tile's `CO` output channels
@@ -452,7 +478,8 @@ mod tests {
     use burn::backend::Flex;
     use burn::tensor::ops::ModuleOps;
     use burn::prelude::Backend;
-    use burn::tensor::{Distribution, Tensor, TensorPrimitive};
+    use burn::tensor::ops::FloatTensorOps;
+    use burn::tensor::{Distribution, FloatDType, Tensor, TensorPrimitive};
 
     type B = Flex;
 
@@ -505,6 +532,26 @@ mod tests {
                 let dw = conv3d_weight_backward_with(&x, &w, &dy, &o, avx).expect("handled");
                 close(&vals(dw), &dw_ref, &format!("{what}: weight gradient"));
             }
+            // bf16: read and written in bf16, summed in f32, so equal to the f32 convolution
+            // of the bf16-rounded tensors up to the output's bf16 rounding (2⁻⁸ relative).
+            let half = |t: &T| B::float_cast(t.clone(), FloatDType::BF16);
+            let back = |t: T| B::float_cast(t, FloatDType::F32);
+            let (xh, wh, bh, dyh) = (half(&x), half(&w), half(&b), half(&dy));
+            let (xr, wr, br, dyr) = (back(xh.clone()), back(wh.clone()), back(bh.clone()), back(dyh.clone()));
+            let y_ref = vals(<B as ModuleOps<B>>::conv3d(xr.clone(), wr.clone(), Some(br), o.clone()));
+            let dw_ref = vals(<B as ModuleOps<B>>::conv3d_weight_backward(xr, wr, dyr, o.clone()));
+            let y = conv3d_with(&xh, &wh, Some(&bh), &o, simd::available()).expect("bf16 handled");
+            let dw = conv3d_weight_backward_with(&xh, &wh, &dyh, &o, simd::available()).expect("bf16 handled");
+            assert!(y.dtype() == DType::BF16 && dw.dtype() == DType::BF16, "case {i}: bf16 in, bf16 out");
+            within_bf16(&vals(back(y)), &y_ref, &format!("case {i}: bf16 forward"));
+            within_bf16(&vals(back(dw)), &dw_ref, &format!("case {i}: bf16 weight gradient"));
+        }
+    }
+
+    fn within_bf16(a: &[f32], b: &[f32], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= y.abs() * 2f32.powi(-8) + 1e-6, "{what}: element {i}: {x} vs {y}");
         }
     }
 

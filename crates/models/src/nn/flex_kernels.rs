@@ -382,7 +382,7 @@ fn sigmoid(z: f32) -> f32 {
 }
 
 /// An element type the GroupNorm kernels read and write (computing in f32).
-trait Num: Copy + Send + Sync + bytemuck::Pod + burn::tensor::Element {
+pub(super) trait Num: Copy + Send + Sync + bytemuck::Pod + burn::tensor::Element {
     fn f(self) -> f32;
     fn of(v: f32) -> Self;
 }
@@ -410,14 +410,14 @@ impl Num for half::bf16 {
 }
 
 /// The elements in row-major order as `E` (borrowed when the layout already is).
-fn typed_data<E: Num>(t: &T) -> std::borrow::Cow<'_, [E]> {
+pub(super) fn typed_data<E: Num>(t: &T) -> std::borrow::Cow<'_, [E]> {
     match t.as_slice::<E>() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(t.to_contiguous().storage::<E>().to_vec()),
     }
 }
 
-fn typed<E: Num>(data: Vec<E>, shape: Vec<usize>) -> T {
+pub(super) fn typed<E: Num>(data: Vec<E>, shape: Vec<usize>) -> T {
     T::from_data(burn::tensor::TensorData::new(data, shape))
 }
 
@@ -558,31 +558,58 @@ fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias
 /// PyTorch's linear upsampling along `dim` by `scale` of contiguous f32 `x` (`backward`:
 /// `x` is the output gradient, summed back into the source rows). `None`: not f32/contiguous.
 pub fn upsample_linear(x: &T, dim: usize, scale: usize, backward: bool) -> Option<T> {
-    let xs = x.as_slice::<f32>().filter(|_| x.dtype() == DType::F32)?;
+    match x.dtype() {
+        DType::F32 => upsample_linear_typed::<f32>(x, dim, scale, backward),
+        DType::BF16 => upsample_linear_typed::<half::bf16>(x, dim, scale, backward),
+        _ => None,
+    }
+}
+
+/// [`upsample_linear`] in `E`, computed in f32; bf16's backward sums each source row's
+/// contributions in an f32 row before rounding it once.
+fn upsample_linear_typed<E: Num>(x: &T, dim: usize, scale: usize, backward: bool) -> Option<T> {
+    let xs = x.as_slice::<E>()?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
     let (outer, inner) = (dims[..dim].iter().product::<usize>(), dims[dim + 1..].iter().product::<usize>());
     let n_in = if backward { dims[dim] / scale } else { dims[dim] };
     let (i0, i1, lambda) = super::lean::linear_source_indices(n_in, scale);
     let n_out = lambda.len();
     let (rows_in, rows_out) = if backward { (n_out, n_in) } else { (n_in, n_out) };
-    let mut out = vec![0f32; outer * rows_out * inner];
+    let mut out = vec![E::of(0.0); outer * rows_out * inner];
     if inner > 0 && rows_out > 0 {
         out.par_chunks_mut(rows_out * inner).zip(xs.par_chunks(rows_in * inner)).for_each(|(o, src)| {
-            for j in 0..n_out {
-                let (a, b, l) = (i0[j] as usize, i1[j] as usize, lambda[j]);
-                let (w0, w1) = (1.0 - l, l);
-                if backward {
-                    let dy = &src[j * inner..][..inner];
-                    o[a * inner..][..inner].iter_mut().zip(dy).for_each(|(d, &g)| *d += g * w0);
-                    o[b * inner..][..inner].iter_mut().zip(dy).for_each(|(d, &g)| *d += g * w1);
-                } else {
+            if backward {
+                // Output row r receives the input rows j with i0[j] = r or i1[j] = r, which
+                // are consecutive in j (the indices do not decrease): one f32 row per output row.
+                let mut acc = vec![0f32; inner];
+                let mut j0 = 0;
+                for (r, dst) in o.chunks_mut(inner).enumerate() {
+                    acc.iter_mut().for_each(|a| *a = 0.0);
+                    while j0 < n_out && (i0[j0] as usize) < r && (i1[j0] as usize) < r {
+                        j0 += 1;
+                    }
+                    let mut j = j0;
+                    while j < n_out && ((i0[j] as usize) <= r || (i1[j] as usize) <= r) {
+                        let (a, b, l) = (i0[j] as usize, i1[j] as usize, lambda[j]);
+                        let w = if a == r { 1.0 - l } else { 0.0 } + if b == r { l } else { 0.0 };
+                        if w != 0.0 {
+                            acc.iter_mut().zip(&src[j * inner..][..inner]).for_each(|(d, g)| *d += g.f() * w);
+                        }
+                        j += 1;
+                    }
+                    dst.iter_mut().zip(&acc).for_each(|(d, &v)| *d = E::of(v));
+                }
+            } else {
+                for j in 0..n_out {
+                    let (a, b, l) = (i0[j] as usize, i1[j] as usize, lambda[j]);
+                    let (w0, w1) = (1.0 - l, l);
                     let (lo, hi) = (&src[a * inner..][..inner], &src[b * inner..][..inner]);
-                    o[j * inner..][..inner].iter_mut().zip(lo.iter().zip(hi)).for_each(|(d, (&p, &q))| *d = p * w0 + q * w1);
+                    o[j * inner..][..inner].iter_mut().zip(lo.iter().zip(hi)).for_each(|(d, (p, q))| *d = E::of(p.f() * w0 + q.f() * w1));
                 }
             }
         });
     }
     let mut shape = dims;
     shape[dim] = rows_out;
-    Some(tensor(out, shape))
+    Some(typed(out, shape))
 }

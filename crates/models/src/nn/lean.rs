@@ -1292,6 +1292,31 @@ mod tests {
         assert!(rel(&lx, &px) <= 2e-2, "dx {}", rel(&lx, &px));
     }
 
+    /// Linear upsampling of a bf16 tensor (flex's bf16 kernel) against the f32 composed ops on
+    /// the same values: output and input gradient within bf16 rounding, dtypes kept.
+    #[test]
+    fn bf16_upsample_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        let x16: Tensor<A, 5> = random([2, 3, 4, 5, 6], 41).cast(FloatDType::BF16);
+        for (dim, scale) in [(2, 2), (4, 2), (3, 3)] {
+            let mut out = x16.dims();
+            out[dim] *= scale;
+            let r: Tensor<A, 5> = random(out, 42);
+            let run = |x: Tensor<A, 5>, lean: bool| {
+                let x = x.require_grad();
+                let y = if lean { super::upsample_linear(x.clone(), dim, scale) } else { Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(super::upsample_linear_composed::<A>(x.clone().into_primitive().tensor(), dim, scale))) };
+                let dtype = y.dtype();
+                let y = y.cast(FloatDType::F32);
+                let out = vals(y.clone());
+                let g = (y * r.clone()).sum().backward();
+                (dtype, out, vals(x.grad(&g).unwrap().cast(FloatDType::F32)))
+            };
+            let ((dt, lo, lx), (_, po, px)) = (run(x16.clone(), true), run(x16.clone().cast(FloatDType::F32), false));
+            assert_eq!(dt, burn::tensor::DType::BF16, "dim {dim}: bf16 in, bf16 out");
+            assert!(rel(&lo, &po) <= 1e-2 && rel(&lx, &px) <= 1e-2, "dim {dim} scale {scale}: output {} dx {}", rel(&lo, &po), rel(&lx, &px));
+        }
+    }
+
     /// A bf16 conv3d's weight gradient (flex: f32 columns from bf16 blocks) against f32 Burn.
     #[test]
     fn bf16_conv_weight_gradient_matches_f32_within_rounding() {

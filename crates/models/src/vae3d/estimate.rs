@@ -30,8 +30,7 @@ struct Builder<'a> {
 impl Builder<'_> {
     fn conv(&mut self, x: Vol, cout: usize, k: usize, stride: [usize; 3]) -> Vol {
         let dhw = [0, 1, 2].map(|a| x.dhw[a].div_ceil(stride[a]));
-        let out_n: usize = dhw.iter().product();
-        let buf = self.g.conv(x.buf, self.b, x.c, cout, k * k * k, x.n(), out_n, true, true, self.p);
+        let buf = self.g.conv3d(x.buf, self.b, x.c, cout, k, x.dhw, stride, true, true, self.p);
         Vol { buf, c: cout, dhw }
     }
 
