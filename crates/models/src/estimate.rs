@@ -379,7 +379,11 @@ impl Graph {
         // transposed convolution and its column buffer.
         let stride1 = out_spatial >= in_spatial;
         let cols = (cin * k * out_spatial * 4) as u64;
-        let bwd_x = if stride1 && k > 1 { out32 + 2 * w32 } else { cols } + if half { out32 + w32 + x32 } else { 0 };
+        // No input gradient for an input that needs none (the first layer's).
+        let bwd_x = match self.rg(x) {
+            false => 0,
+            true => (if stride1 && k > 1 { out32 + 2 * w32 } else { cols }) + if half { out32 + w32 + x32 } else { 0 },
+        };
         // Weight gradient on flex (`nn::flex_kernels::conv_weight_backward`): per batch chunk
         // (`conv_chunks`), GEMMs over f32 im2col blocks of at most the chunk's input + output
         // gradient bytes (4–32 MiB), each with its output-gradient columns and a weight-sized
@@ -434,9 +438,13 @@ impl Graph {
         let bwd_w = padded(m, cin) + dy_copy + sums + w32 + if half { w32 / 2 } else { 0 } + if chunks.len() > 1 { w32 } else { 0 };
         // Input gradient: the output gradient convolved with the flipped kernel (its copy in
         // the compute dtype), by the direct kernels when they take it, else flex's GEMM path
-        // (`Graph::conv`'s model).
+        // (`Graph::conv`'s model); none for an input that needs no gradient (the first layer's).
         let flipped = (cout * cin * kv) as u64 * wd;
-        let bwd_x = flipped + if direct(cout) { padded(batch, cout) + packed(cin, cout) } else { (batch * cout * out_n * 4) as u64 + w32 + if half { (batch * cout * out_n * 4 + batch * cin * in_n * 4) as u64 + w32 } else { 0 } };
+        let bwd_x = match (self.rg(x), direct(cout)) {
+            (false, _) => 0,
+            (true, true) => flipped + padded(batch, cout) + packed(cin, cout),
+            (true, false) => flipped + (batch * cout * out_n * 4) as u64 + w32 + if half { (batch * cout * out_n * 4 + batch * cin * in_n * 4) as u64 + w32 } else { 0 },
+        };
         let bwd = bwd_w.max(bwd_x);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
         self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)

@@ -158,7 +158,8 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
         format!("runtime baseline {} (flex buffers kept from the second step on)", fmt_bytes(RUNTIME_BASELINE_BYTES)),
         "steady state: steps after the first (the optimizer state exists); step 1 peaks lower by the optimizer state".to_string(),
         "optimizer: AdamW, two f32 moments per trainable parameter; updated in place (no temporaries)".to_string(),
-        "conv workspace on flex: forward NHWC input copy + flattened weight; weight gradient: f32 im2col blocks of at most the input + output gradient bytes (4–32 MiB) and their output-gradient columns; stride-1 input gradient: the flipped-kernel convolution's copies".to_string(),
+        "conv workspace on flex: forward NHWC input copy + flattened weight; weight gradient: f32 im2col blocks of at most the input + output gradient bytes (4–32 MiB) and their output-gradient columns; stride-1 input gradient: the flipped-kernel convolution's copies; none for an input that needs no gradient".to_string(),
+        "3-D stride-1 convolutions with cin·k³ ≤ 1728 (f32, bf16) on flex's direct kernels: a zero-padded f32 input copy (rows of whole 8-lane vectors) + the weight packed by 4 output channels; weight gradient: the padded input, the output gradient as f32 vector rows when it is not already, per-tile sums".to_string(),
     ];
     if cfg.precision != Precision::F32 {
         assumptions.push("half precision: parameter gradients held in the compute dtype until the end of the backward (Burn runs the weights' depth-1 casts last), then cast to f32 one at a time (flex: contiguous copy, f64 buffer, f32 result)".to_string());

@@ -97,12 +97,9 @@ impl Builder<'_> {
                         let mut dhw = h.dhw;
                         dhw[axis] *= f;
                         let bytes = (self.b * h.c * dhw.iter().product::<usize>()) as u64 * self.w;
-                        let lo = self.g.elementwise(&[h.buf], bytes);
-                        let hi = self.g.elementwise(&[h.buf], bytes);
-                        let wt = self.g.input(dhw[axis], self.w);
-                        let a = self.g.mul(lo, wt, bytes);
-                        let c = self.g.mul(hi, wt, bytes);
-                        h = Vol { buf: self.g.elementwise(&[a, c], bytes), c: h.c, dhw };
+                        // `nn::upsample_linear`: one output per axis, nothing kept for the
+                        // backward (linear in its input), no workspace on flex.
+                        h = Vol { buf: self.g.elementwise(&[h.buf], bytes), c: h.c, dhw };
                     }
                 }
                 h = self.conv(h, h.c, 3, [1; 3]);
