@@ -79,15 +79,21 @@ vp_setup_torch_cpu() {
     return
   fi
   vp_log "setting up PyTorch CPU + lerobot 0.4.4 in $venv (set TORCH_PYTHON to use an existing python instead)"
-  if ! vp_registry_reachable "${torch_index%/}/torch/" "${pypi%/}/lerobot/"; then
-    vp_die 3 "the package registry is unreachable (${torch_index}, ${pypi}); cannot install torch + lerobot 0.4.4.
-  Run where pip can reach them, or point TORCH_PYTHON at a python that already imports torch and lerobot 0.4.4."
+  if ! vp_registry_reachable "${pypi%/}/lerobot/"; then
+    vp_die 3 "the package registry is unreachable (${pypi}); cannot install torch + lerobot 0.4.4.
+  Run where pip can reach it, or point TORCH_PYTHON at a python that already imports torch and lerobot 0.4.4."
+  fi
+  # torch < 2.11: lerobot 0.4.4's bound; from the CPU index so pip does not pull a CUDA build,
+  # or, where only PyPI answers, PyPI's build (it bundles CUDA libraries; same CPU kernels).
+  local torch_from=(--index-url "$torch_index") extra=(--extra-index-url "$torch_index")
+  if ! vp_registry_reachable "${torch_index%/}/torch/"; then
+    vp_log "the CPU wheel index $torch_index is unreachable: installing PyPI's torch (with CUDA libraries, a few GB)"
+    torch_from=() extra=()
   fi
   python3 -m venv "$venv" || vp_die 3 "python3 -m venv $venv failed (install the python3-venv package?)"
-  # torch < 2.11: lerobot 0.4.4's bound; from the CPU index so pip does not pull a CUDA build.
-  "$venv/bin/pip" install --quiet "torch<2.11" "torchvision<0.26" --index-url "$torch_index" \
-    || vp_die 3 "pip install torch (CPU, from $torch_index) failed"
-  "$venv/bin/pip" install --quiet "lerobot==0.4.4" --extra-index-url "$torch_index" \
+  "$venv/bin/pip" install --quiet "torch<2.11" "torchvision<0.26" "${torch_from[@]}" \
+    || vp_die 3 "pip install torch (${torch_from[*]:-PyPI}) failed"
+  "$venv/bin/pip" install --quiet "lerobot==0.4.4" "${extra[@]}" \
     || vp_die 3 "pip install lerobot==0.4.4 failed"
   vp_probe "$VP_PY" >/dev/null || vp_die 3 "the new venv $venv still cannot import lerobot's ACT/Diffusion (probe above)"
 }

@@ -5,6 +5,7 @@ vramlab trains, timed and memory-measured the way PyTorch users measure it.
     python baseline.py run ROW [--steps N] [--device auto|cpu|cuda] [--out FILE.jsonl]
     python baseline.py --check-fixture DIR      # the VAE port against a reference fixture
     python baseline.py probe [--lerobot]         # JSON: torch, CUDA, device; lerobot importable?
+    python baseline.py saved ROW [--batch N]     # JSON: what autograd keeps for the backward, per module
 
 One train step = forward (policy.forward(batch) for lerobot's policies, as lerobot-train calls
 it; the VAE's forward + compute_loss) + backward + clip_grad_norm_ + optimizer step + zero_grad.
@@ -413,6 +414,65 @@ def probe(with_lerobot: bool) -> int:
     return rc
 
 
+
+# ----------------------------------------------------------------------------- saved tensors
+
+
+def saved_row(row, batch: int | None) -> dict:
+    """One forward (+ loss) of `row` under `torch.autograd.graph.saved_tensors_hooks`: every
+    tensor autograd saves for the backward, counted once per storage (views and in-place
+    results share one), parameters and buffers excluded, attributed to the innermost module
+    whose forward was running when it was saved. CPU, f32; exact bytes of PyTorch's own choice
+    of saved tensors (not an allocator figure: outputs that are saved are counted, transient
+    workspaces are not)."""
+    import dataclasses
+
+    prepare_lerobot_import() if row.kind in ("act", "diffusion") else None
+    import torch
+
+    if batch is not None:
+        row = dataclasses.replace(row, batch=batch)
+    torch.manual_seed(1000)
+    model, loss_fn, make_batch, _opt, _sched, _clip = BUILDERS[row.kind](row, torch.device("cpu"), torch)
+    model.train()
+    owned = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    stack: list[str] = ["(top)"]
+    names = {m: n or "(root)" for n, m in model.named_modules()}
+    def enter(mod, _inp):
+        stack.append(names[mod])
+
+    def leave(_mod, _inp, _out):
+        stack.pop()  # returns None: the module's output stays as it is
+
+    hooks = []
+    for m in model.modules():
+        hooks.append(m.register_forward_pre_hook(enter))
+        hooks.append(m.register_forward_hook(leave))
+    seen: dict[int, tuple[str, int, str, tuple]] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in owned and ptr not in seen:
+            seen[ptr] = (stack[-1], st.nbytes(), str(t.dtype).replace("torch.", ""), tuple(t.shape))
+        return t
+
+    gen = torch.Generator().manual_seed(1000)
+    bt = make_batch(gen)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(bt)
+    for h in hooks:
+        h.remove()
+    per: dict[str, int] = {}
+    for mod, nbytes, _dt, _shape in seen.values():
+        per[mod] = per.get(mod, 0) + nbytes
+    largest = sorted(seen.values(), key=lambda v: -v[1])[:40]
+    del loss
+    return {"row": row.name, "batch": row.batch, "torch": torch.__version__, "saved_bytes": sum(per.values()),
+            "tensors": len(seen), "per_module": per,
+            "largest": [{"module": m, "bytes": b, "dtype": d, "shape": list(sh)} for m, b, d, sh in largest]}
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -433,12 +493,18 @@ def main(argv=None) -> int:
     c.add_argument("dir", type=Path)
     pr = sub.add_parser("probe", help="print torch / CUDA / lerobot facts as JSON; exit 1 if --lerobot fails to import")
     pr.add_argument("--lerobot", action="store_true", help="also import lerobot's ACT and Diffusion policies")
+    sv = sub.add_parser("saved", help="JSON: what autograd keeps for the backward (one forward, CPU, f32), per module")
+    sv.add_argument("row", choices=sorted(rowdefs.ROWS))
+    sv.add_argument("--batch", type=int, help="override the row's batch size")
     a = ap.parse_args(argv)
 
     if a.cmd == "check-fixture":
         return check_fixture(a.dir)
     if a.cmd == "probe":
         return probe(a.lerobot)
+    if a.cmd == "saved":
+        print(json.dumps(saved_row(rowdefs.ROWS[a.row], a.batch)))
+        return 0
     row = rowdefs.ROWS[a.row]
     steps = a.steps
     if steps is None:

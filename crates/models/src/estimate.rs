@@ -311,13 +311,16 @@ impl Graph {
         self.op("norm", &[x, stats, w, b], &[x, stats], n, true, 0, 0, param_grad)
     }
 
-    /// Softmax over the last axis as Burn composes it: `exp(x − max)` and the sum are kept.
-    pub fn softmax(&mut self, x: Buf, sum_bytes: u64) -> Buf {
+    /// `nn::lean::softmax`: one node keeping only its output (PyTorch's rule); its backward's
+    /// `dy · y` is a temporary of the input's size.
+    pub fn softmax(&mut self, x: Buf) -> Buf {
         let n = self.bytes(x);
-        let shifted = self.elementwise(&[x], n);
-        let e = self.unary_saving(shifted, n);
-        let s = self.reduce(e, sum_bytes);
-        self.div(e, s, n)
+        let y = self.op("softmax", &[x], &[], n, true, 0, n, 0);
+        let op = self.ops.last_mut().expect("just pushed");
+        if op.tracked {
+            op.saves.push(y);
+        }
+        y
     }
 
     /// `a @ b` (batched): saves both; no workspace on flex beyond the output.

@@ -54,7 +54,7 @@ impl Tx<'_> {
         let vh = self.g.elementwise(&[v], (b * s * d) as u64 * w);
         let scores = self.g.matmul(qh, kh, (b * h * l * s) as u64 * w);
         let scores = self.g.cast(scores, w, 4);
-        let attn = self.g.softmax(scores, (b * h * l * 4) as u64);
+        let attn = self.g.softmax(scores);
         let attn = self.dropout(attn);
         let attn = self.g.cast(attn, 4, w);
         let out = self.g.matmul(attn, vh, (b * h * l * d / h) as u64 * w);

@@ -83,7 +83,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
         let hw = m.hw[0] * m.hw[1];
         let f = g.conv(m.buf, m.n, m.c, kp, 1, hw, hw, true, true, p);
         let f = g.cast(f, w, 4);
-        let att = g.softmax(f, (m.n * kp * 4) as u64);
+        let att = g.softmax(f);
         let grid = g.input(hw * 2, 4);
         let xy = g.matmul(att, grid, (m.n * kp * 2 * 4) as u64);
         let xyc = g.cast(xy, 4, w);

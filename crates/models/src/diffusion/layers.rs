@@ -17,7 +17,7 @@ use burn::nn::conv::{Conv1d, Conv1dConfig, Conv2d};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
-use burn::tensor::activation::softmax;
+
 
 use crate::nn::{GroupNorm, Linear, Precision, cast, conv1d_p, conv2d_p, to_f32};
 
@@ -179,7 +179,7 @@ impl<B: LeanBackend> SpatialSoftmax<B> {
         let f = conv2d_p(&self.nets, features, p);
         let [n, k, h, w] = f.dims();
         assert_eq!(self.pos_grid.dims()[0], h * w, "SpatialSoftmax: feature map {h}×{w} does not match pos_grid");
-        let attention = softmax(to_f32(f).reshape([n * k, h * w]), 1);
+        let attention = crate::nn::lean::softmax(to_f32(f).reshape([n * k, h * w]), 1);
         attention.matmul(self.pos_grid.val()).reshape([n, k * 2])
     }
 }

@@ -2,7 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
+
 
 use super::linear::linear_rows;
 use super::{DropoutCtx, Linear, Precision, cast, to_f32, xavier_uniform};
@@ -19,7 +19,7 @@ pub struct MultiheadAttention<B: Backend> {
     pub num_heads: usize,
 }
 
-impl<B: Backend> MultiheadAttention<B> {
+impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
     /// PyTorch's initialisation: `in_proj_weight` Xavier-uniform, biases 0, `out_proj.weight`
     /// Linear default (lerobot then re-initialises it Xavier-uniform).
     pub fn new(d: usize, num_heads: usize, device: &B::Device) -> Self {
@@ -79,7 +79,7 @@ impl<B: Backend> MultiheadAttention<B> {
             }
             None => scores,
         };
-        let attn = softmax(scores, 3); // [b, h, l, s], f32
+        let attn = super::lean::softmax(scores, 3); // [b, h, l, s], f32; keeps only its output
         let attn = match attn_dropout {
             Some((ctx, site, rate)) => ctx.apply(attn, site, rate),
             None => attn,

@@ -65,6 +65,11 @@ pub trait LeanBackend: Backend {
     /// Burn's ReLU keeps its input; the output is what the next op (a convolution, a pool)
     /// keeps anyway, so this node adds nothing of its own, as torchvision's in-place ReLU.
     fn lean_relu(x: Prim<Self>) -> Prim<Self>;
+    /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
+    /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
+    /// `exp` keeps its input and whose division keeps the `exp`: two input-sized tensors (an
+    /// attention map each, per attention layer).
+    fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self>;
     /// `conv2d` whose weight gradient is summed over batch chunks of at most
     /// [`CONV_WORKSPACE_BYTES`] of input plus output gradient (see [`conv_chunks`]).
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
@@ -308,6 +313,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_relu(x: Prim<Self>) -> Prim<Self> {
                 <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
+            }
+            fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
+                <Self as burn::tensor::ops::ActivationOps<Self>>::softmax(x, dim)
             }
             fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
                 <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
@@ -639,6 +647,16 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
                 prep.finish(y.clone(), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::relu(x.primitive)),
+        }
+    }
+
+    fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
+        match SoftmaxBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_softmax(x.primitive, dim);
+                prep.finish((y.clone(), dim), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_softmax(x.primitive, dim)),
         }
     }
 
@@ -975,6 +993,28 @@ impl<B: Backend> Backward<B, 1> for ReluBackward {
     }
 }
 
+/// Softmax's backward from its output: `dx = y · (dy − Σ_dim dy · y)`.
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl<B: Backend> Backward<B, 1> for SoftmaxBackward {
+    type State = (Prim<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (y, dim) = ops.state;
+        if let [Some(node)] = ops.parents {
+            let dot = B::float_sum_dim(B::float_mul(dy.clone(), y.clone()), dim);
+            grads.register::<B>(node.id, B::float_mul(y, B::float_sub(dy, dot)));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_softmax`] on a tensor.
+pub fn softmax<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
+    t(B::lean_softmax(p(x), dim))
+}
+
 /// [`LeanBackend::lean_channel_affine`] on tensors.
 pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Tensor<B, 1>, shift: Option<Tensor<B, 1>>) -> Tensor<B, D> {
     t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
@@ -1123,6 +1163,10 @@ mod tests {
         };
         check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::mish(affine(x, w, b) * 3.0), move |x, w, b| mish_plain(affine(x, w, b) * 3.0), 1e-5);
         check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
+        // Softmax over the parameters' axis (last, then moved to the middle): a bias along
+        // any other axis would get a zero gradient (each softmax row's gradient sums to 0).
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::softmax(affine(x, w, b) * 2.0, 2), move |x, w, b| burn::tensor::activation::softmax(affine(x, w, b) * 2.0, 2), 1e-5);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::softmax(affine(x, w, b).swap_dims(1, 2) * 2.0, 1).swap_dims(1, 2), move |x, w, b| burn::tensor::activation::softmax(affine(x, w, b).swap_dims(1, 2) * 2.0, 1).swap_dims(1, 2), 1e-5);
     }
 
     #[test]

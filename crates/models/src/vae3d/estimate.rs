@@ -75,7 +75,7 @@ impl Builder<'_> {
         let scores = self.g.matmul(q, k, (b * heads * n * n) as u64 * self.w);
         let s32 = self.g.cast(scores, self.w, 4);
         let scaled = self.g.elementwise(&[s32], (b * heads * n * n * 4) as u64);
-        let attn = self.g.softmax(scaled, (b * heads * n * 4) as u64);
+        let attn = self.g.softmax(scaled);
         let attn = self.g.cast(attn, 4, self.w);
         let out = self.g.matmul(v, attn, part);
         let out = Vol { buf: out, c, dhw: x.dhw };

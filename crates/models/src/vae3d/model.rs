@@ -27,7 +27,7 @@ use burn::nn::conv::{Conv3d, Conv3dConfig};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{relu, softmax};
+use burn::tensor::activation::relu;
 
 use super::config::{Vae3dConfig, Vae3dLossKind, level_stride};
 use crate::nn::{GroupNorm, NormAct, Precision, cast, conv3d_p, group_count, to_f32};
@@ -184,7 +184,7 @@ impl<B: LeanBackend> SelfAttention3d<B> {
         let (q, k, v) = (part(0), part(1), part(2)); // each [b, heads, head_dim, n]
         let scores = q.swap_dims(2, 3).matmul(k); // [b, heads, n, n]
         // SDPA's default scale head_dim^-0.5; softmax in f32 as autocast does.
-        let attn = softmax(to_f32(scores) * (head_dim as f64).powf(-0.5), 3); // [b, heads, n, n]
+        let attn = crate::nn::lean::softmax(to_f32(scores) * (head_dim as f64).powf(-0.5), 3); // [b, heads, n, n]
         let attn = cast(attn, p.dtype());
         // (attn · vᵀ)ᵀ = v · attnᵀ keeps the reference's (head, head_dim) channel order.
         let out = v.matmul(attn.swap_dims(2, 3)); // [b, heads, head_dim, n]
