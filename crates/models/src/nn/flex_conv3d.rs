@@ -368,6 +368,11 @@ fn weight_tile(avx: bool, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; 
     acc.map(|a| a.iter().sum())
 }
 
+/// Whether the AVX2 + FMA paths run (also used by `flex_kernels`' GroupNorm).
+pub(super) fn simd_available() -> bool {
+    simd::available()
+}
+
 mod simd {
     #[cfg(target_arch = "x86_64")]
     use super::{CO, Geo, LANES, TAPS};
