@@ -436,7 +436,7 @@ impl Graph {
         let x_bytes = (batch * cin * in_n) as u64 * wd;
         let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
         let m = chunks.iter().map(|r| r.len()).max().unwrap_or(batch);
-        let dy_copy = if !half && wid % 8 == 0 && cout % 4 == 0 { 0 } else { (m * cout.div_ceil(4) * 4 * out_n / wid * wid.div_ceil(8) * 8 * 4) as u64 };
+        let dy_copy = if !half && wid.is_multiple_of(8) && cout.is_multiple_of(4) { 0 } else { (m * cout.div_ceil(4) * 4 * out_n / wid * wid.div_ceil(8) * 8 * 4) as u64 };
         let sums = (cout.div_ceil(4) * cin * k * k * k.div_ceil(3) * 4 * 3 * 4) as u64;
         let bwd_w = padded(m, cin) + dy_copy + sums + w32 + if half { w32 / 2 } else { 0 } + if chunks.len() > 1 { w32 } else { 0 };
         // Input gradient: the output gradient convolved with the flipped kernel (its copy in

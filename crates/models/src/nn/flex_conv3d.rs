@@ -140,6 +140,12 @@ impl<E> Clone for Out<E> {
     }
 }
 impl<E> Copy for Out<E> {}
+impl<E> Out<E> {
+    /// The element at `i` (a method, so closures capture the whole `Out`, which is `Send`).
+    fn at(self, i: usize) -> *mut E {
+        self.0.wrapping_add(i)
+    }
+}
 unsafe impl<E> Send for Out<E> {}
 unsafe impl<E> Sync for Out<E> {}
 
@@ -171,7 +177,6 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, avx: bool) -> T
     let yp = Out(y.as_mut_ptr());
     let tasks = g.n * g.co_blocks() * od;
     (0..tasks).into_par_iter().for_each(|t| {
-        let yp = yp;
         let (n, rest) = (t / (g.co_blocks() * od), t % (g.co_blocks() * od));
         let (cb, z) = (rest / od, rest % od);
         let wb = &wk[cb * g.ci * g.kvol() * CO..][..g.ci * g.kvol() * CO];
@@ -191,7 +196,7 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, avx: bool) -> T
                     for (i, &v) in tile[l * nv * LANES..][..valid].iter().enumerate() {
                         // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
                         // sample n; dst + i < y.len() by the shapes.
-                        unsafe { *yp.0.add(dst + i) = E::of(v + b) };
+                        unsafe { *yp.at(dst + i) = E::of(v + b) };
                     }
                 }
                 x0 += nv * LANES;
@@ -268,12 +273,12 @@ fn padded_dy<'a, E: Num>(dy: &'a T, g: &Geo) -> std::borrow::Cow<'a, [f32]> {
     let [od, oh, ow] = g.out;
     let cop = g.co_blocks() * CO;
     let dyd = typed_data::<E>(dy);
-    if g.wv == ow && cop == g.co {
-        if let std::borrow::Cow::Borrowed(s) = dyd {
-            if let Some(f) = bytemuck::try_cast_slice::<E, f32>(s).ok().filter(|_| E::dtype() == DType::F32) {
-                return std::borrow::Cow::Borrowed(f);
-            }
-        }
+    if g.wv == ow
+        && cop == g.co
+        && let std::borrow::Cow::Borrowed(s) = dyd
+        && let Some(f) = bytemuck::try_cast_slice::<E, f32>(s).ok().filter(|_| E::dtype() == DType::F32)
+    {
+        return std::borrow::Cow::Borrowed(f);
     }
     let mut v = vec![0f32; g.n * cop * od * oh * g.wv];
     v.par_chunks_mut(od * oh * g.wv).enumerate().for_each(|(nc, dst)| {
