@@ -104,16 +104,26 @@ fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
 /// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).
 fn padded_input<E: Num>(x: &[E], g: &Geo) -> Vec<f32> {
     let [d, h, w] = g.input;
-    let mut xp = vec![0f32; g.n * g.ci * g.plane()];
-    xp.par_chunks_mut(g.plane()).enumerate().for_each(|(nc, dst)| {
+    let len = g.n * g.ci * g.plane();
+    // Written plane by plane on all threads (zeros, then the rows): no single-threaded
+    // zeroing of the whole buffer by the allocator first.
+    let mut xp: Vec<f32> = Vec::with_capacity(len);
+    xp.spare_capacity_mut()[..len].par_chunks_mut(g.plane()).enumerate().for_each(|(nc, dst)| {
+        dst.iter_mut().for_each(|v| {
+            v.write(0.0);
+        });
         let src = &x[nc * d * h * w..][..d * h * w];
         for z in 0..d {
             for y in 0..h {
                 let o = ((z + g.pad[0]) * g.hp + y + g.pad[1]) * g.wp + g.pad[2];
-                dst[o..o + w].iter_mut().zip(&src[(z * h + y) * w..][..w]).for_each(|(d, s)| *d = s.f());
+                dst[o..o + w].iter_mut().zip(&src[(z * h + y) * w..][..w]).for_each(|(v, s)| {
+                    v.write(s.f());
+                });
             }
         }
     });
+    // SAFETY: every plane, hence every element of the first `len`, was written above.
+    unsafe { xp.set_len(len) };
     xp
 }
 
@@ -173,8 +183,11 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, avx: bool) -> T
     let bias: Option<Vec<f32>> = bias.map(|b| typed_data::<E>(b).iter().map(|v| v.f()).collect());
     let [od, oh, ow] = g.out;
     let out_plane = od * oh * ow;
-    let mut y = vec![E::of(0.0); g.n * g.co * out_plane];
-    let yp = Out(y.as_mut_ptr());
+    // Every element is written once by the tasks below (rows `z` of a block of channels,
+    // positions `0..ow` of each row), so the buffer is not zeroed first.
+    let len = g.n * g.co * out_plane;
+    let mut y: Vec<E> = Vec::with_capacity(len);
+    let yp = Out(y.spare_capacity_mut().as_mut_ptr().cast::<E>());
     let tasks = g.n * g.co_blocks() * od;
     (0..tasks).into_par_iter().for_each(|t| {
         let (n, rest) = (t / (g.co_blocks() * od), t % (g.co_blocks() * od));
@@ -195,14 +208,17 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, avx: bool) -> T
                     let dst = ((n * g.co + co) * od + z) * oh * ow + yy * ow + x0;
                     for (i, &v) in tile[l * nv * LANES..][..valid].iter().enumerate() {
                         // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
-                        // sample n; dst + i < y.len() by the shapes.
-                        unsafe { *yp.at(dst + i) = E::of(v + b) };
+                        // sample n; dst + i < len (the capacity) by the shapes.
+                        unsafe { yp.at(dst + i).write(E::of(v + b)) };
                     }
                 }
                 x0 += nv * LANES;
             }
         }
     });
+    // SAFETY: tasks (n, channel block, z) cover every (n, co, z); each writes rows 0..oh,
+    // positions 0..ow (the last tile's `valid` stops at ow).
+    unsafe { y.set_len(len) };
     typed(y, vec![g.n, g.co, od, oh, ow])
 }
 
