@@ -365,8 +365,13 @@ fn act_trains_and_block_checkpointing_matches() {
     }
     let (off, blocks) = (&losses[0], &losses[1]);
     assert!(off.last().unwrap() < off.first().unwrap(), "{off:?}");
-    for (a, b) in off.iter().zip(blocks) {
-        assert!((a - b).abs() <= 1e-4 * a.abs(), "off {off:?} vs blocks {blocks:?}");
+    // Block recomputation gives the plain run's gradients to f32 rounding (≤ 1e-5 relative,
+    // `diffusion::train`'s `checkpointing_modes_give_equal_gradients`); 16 Adam steps at lr 1e-3 amplify that to a few 1e-4 by
+    // the middle of the run (2e-4 seen), so the first steps are compared tightly and the rest
+    // within 1e-3: a recomputation that differed would leave the trajectory by far more.
+    for (i, (a, b)) in off.iter().zip(blocks).enumerate() {
+        let tol = if i < 2 { 1e-5 } else { 1e-3 };
+        assert!((a - b).abs() <= tol * a.abs(), "step {}: off {off:?} vs blocks {blocks:?}", i + 1);
     }
 }
 
@@ -504,8 +509,13 @@ fn diffusion_trains_on_built_in_demonstrations() {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     // The diffusion loss is noisy (random timesteps per sample): compare window means.
     assert!(mean(&off[8..]) < 0.95 * mean(&off[..4]), "loss did not fall: {off:?}");
-    for (a, b) in off.iter().zip(blocks) {
-        assert!((a - b).abs() <= 1e-4 * a.abs(), "off {off:?} vs blocks {blocks:?}");
+    // Block recomputation gives the plain run's gradients to f32 rounding (≤ 1e-5 relative,
+    // `diffusion::train`'s `checkpointing_modes_give_equal_gradients`); 16 Adam steps at lr 1e-3 amplify that to a few 1e-4 by
+    // the middle of the run (2e-4 seen), so the first steps are compared tightly and the rest
+    // within 1e-3: a recomputation that differed would leave the trajectory by far more.
+    for (i, (a, b)) in off.iter().zip(blocks).enumerate() {
+        let tol = if i < 2 { 1e-5 } else { 1e-3 };
+        assert!((a - b).abs() <= tol * a.abs(), "step {}: off {off:?} vs blocks {blocks:?}", i + 1);
     }
     let _ = std::fs::remove_dir_all(root);
 }
@@ -633,11 +643,14 @@ fn a_memory_budget_ends_a_run_with_a_clean_out_of_memory() {
 #[test]
 fn fit_recommends_only_what_was_measured_to_fit() {
     let probe = tmp("fit-probe");
-    let mut train: Vec<String> = vec!["train".into(), "--policy.type=vae3d".into(), "--policy.preset=ultra_lightweight".into(), "--dataset.grid=4,16,16".into()];
+    let mut train: Vec<String> = vec!["train".into(), "--policy.type=vae3d".into(), "--policy.preset=ultra_lightweight".into(), "--dataset.grid=8,32,32".into()];
     train.extend(["--batch_size=4".into(), "--steps=2".into(), format!("--output_dir={}", probe.display())]);
     // One compute thread here and in `fit`'s trials (they inherit it): with two, flex's
     // parallel convolutions make this tiny model's peak vary by up to 8 %, close to the
-    // budget's 10 % margin.
+    // budget's 10 % margin. Grid 8×32×32 (the main job's): on 4×16×16 the estimate of batch 4
+    // is 14 % above its measured peak (the runtime-baseline constant is measured on larger
+    // runs), past `fit`'s pruning margin (1.25 × a budget of 0.9 × the peak), so batch 4 would
+    // be pruned on the estimate instead of measured out of memory.
     let o = Command::new(BIN).args(&train).env("RAYON_NUM_THREADS", "1").output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let peak4 = records(&probe).iter().map(|r| r.peak_step_bytes).max().unwrap();
@@ -648,7 +661,7 @@ fn fit_recommends_only_what_was_measured_to_fit() {
         "fit".into(),
         "--policy.type=vae3d".into(),
         "--policy.preset=ultra_lightweight".into(),
-        "--dataset.grid=4,16,16".into(),
+        "--dataset.grid=8,32,32".into(),
         "--batch_size=4".into(),
         "--max_batch=8".into(),
         format!("--budget={budget}"),
