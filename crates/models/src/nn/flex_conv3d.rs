@@ -24,7 +24,7 @@
 //! convolution sums in f32. Strided, dilated and grouped convolutions go to flex's own kernels
 //! (`None` here).
 
-use super::flex_kernels::{Num, typed, typed_data};
+use super::flex_kernels::{Num, f32_slice, typed, typed_data};
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_flex::FlexTensor;
@@ -292,7 +292,7 @@ fn padded_dy<'a, E: Num>(dy: &'a T, g: &Geo) -> std::borrow::Cow<'a, [f32]> {
     if g.wv == ow
         && cop == g.co
         && let std::borrow::Cow::Borrowed(s) = dyd
-        && let Some(f) = bytemuck::try_cast_slice::<E, f32>(s).ok().filter(|_| E::dtype() == DType::F32)
+        && let Some(f) = f32_slice(s)
     {
         return std::borrow::Cow::Borrowed(f);
     }
@@ -318,13 +318,16 @@ fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, avx: bool) -> T {
     let groups = kw.div_ceil(TAPS);
     // One task per (co block, ci, a, b, tap group).
     let tasks = g.co_blocks() * g.ci * kd * kh * groups;
+    let task = |t: usize| {
+        let (rest, q) = (t / groups, t % groups);
+        let (rest, b) = (rest / kh, rest % kh);
+        let (rest, a) = (rest / kd, rest % kd);
+        (rest / g.ci, rest % g.ci, a, b, q)
+    };
     let sums: Vec<[f32; CO * TAPS]> = (0..tasks)
         .into_par_iter()
         .map(|t| {
-            let (rest, q) = (t / groups, t % groups);
-            let (rest, b) = (rest / kh, rest % kh);
-            let (rest, a) = (rest / kd, rest % kd);
-            let (cb, c) = (rest / g.ci, rest % g.ci);
+            let (cb, c, a, b, q) = task(t);
             let e0 = q * TAPS;
             let taps = (kw - e0).min(TAPS);
             weight_tile(avx, taps, &xp[(c * g.dp + a) * g.hp * g.wp + b * g.wp + e0..], &dyp[cb * CO * od * oh * g.wv..], &g)
@@ -333,10 +336,7 @@ fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, avx: bool) -> T {
     let kv = g.kvol();
     let mut dw = vec![0f32; g.co * g.ci * kv];
     for (t, s) in sums.iter().enumerate() {
-        let (rest, q) = (t / groups, t % groups);
-        let (rest, b) = (rest / kh, rest % kh);
-        let (rest, a) = (rest / kd, rest % kd);
-        let (cb, c) = (rest / g.ci, rest % g.ci);
+        let (cb, c, a, b, q) = task(t);
         for l in 0..(g.co - cb * CO).min(CO) {
             for k in 0..(kw - q * TAPS).min(TAPS) {
                 dw[((cb * CO + l) * g.ci + c) * kv + (a * kh + b) * kw + q * TAPS + k] = s[l * TAPS + k];

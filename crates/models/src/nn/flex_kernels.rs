@@ -382,7 +382,7 @@ fn sigmoid(z: f32) -> f32 {
 }
 
 /// `E`'s slice as f32 when `E` is f32.
-fn f32_slice<E: Num>(s: &[E]) -> Option<&[f32]> {
+pub(super) fn f32_slice<E: Num>(s: &[E]) -> Option<&[f32]> {
     (E::dtype() == DType::F32).then(|| bytemuck::cast_slice(s))
 }
 
@@ -420,16 +420,22 @@ const SUM_CHUNK: usize = 256;
 /// `Σ f(v)` over `xs` in f64 totals of 8-lane f32 partial sums (vectorisable).
 #[inline(always)]
 fn sum_lanes(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    sum_pairs(xs, xs, |v, _| f(v))
+}
+
+/// `Σ f(x, y)` over `xs` and `ys` (same length) as [`sum_lanes`] sums.
+#[inline(always)]
+fn sum_pairs(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
     let mut total = 0f64;
-    for chunk in xs.chunks(SUM_CHUNK) {
+    for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
         let mut acc = [0f32; 8];
-        let mut it = chunk.chunks_exact(8);
-        for v in &mut it {
+        let (mut xi, mut yi) = (xc.chunks_exact(8), yc.chunks_exact(8));
+        for (x, y) in (&mut xi).zip(&mut yi) {
             for l in 0..8 {
-                acc[l] += f(v[l]);
+                acc[l] += f(x[l], y[l]);
             }
         }
-        let tail: f32 = it.remainder().iter().map(|&v| f(v)).sum();
+        let tail: f32 = xi.remainder().iter().zip(yi.remainder()).map(|(&x, &y)| f(x, y)).sum();
         total += acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
     }
     total
@@ -510,19 +516,8 @@ fn gn_backward_body(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64,
             gr.copy_from_slice(dr);
         }
         let gs = sum_lanes(gr, |g| g);
-        // Σ g·x̂ = rs·(Σ g·x − mu·Σ g), summed from the stored g.
-        let mut gx = 0f64;
-        for (gc, xc) in gr.chunks(SUM_CHUNK).zip(xr.chunks(SUM_CHUNK)) {
-            let mut acc = [0f32; 8];
-            let (mut gi, mut xi) = (gc.chunks_exact(8), xc.chunks_exact(8));
-            for (g, x) in (&mut gi).zip(&mut xi) {
-                for l in 0..8 {
-                    acc[l] += g[l] * ((x[l] - mu) * rs);
-                }
-            }
-            let tail: f32 = gi.remainder().iter().zip(xi.remainder()).map(|(&g, &x)| g * ((x - mu) * rs)).sum();
-            gx += acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
-        }
+        // Σ g·x̂, from the stored g.
+        let gx = sum_pairs(gr, xr, |g, x| g * ((x - mu) * rs));
         part[j] = (gx, gs);
         s1 += gs * wc as f64;
         s2 += gx * wc as f64;
