@@ -427,7 +427,8 @@ def saved_row(row, batch: int | None) -> dict:
     workspaces are not)."""
     import dataclasses
 
-    prepare_lerobot_import() if row.kind in ("act", "diffusion") else None
+    if row.kind in ("act", "diffusion"):
+        prepare_lerobot_import()
     import torch
 
     if batch is not None:

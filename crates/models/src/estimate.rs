@@ -413,7 +413,7 @@ impl Graph {
         let kv = k * k * k;
         let out_dhw = [0, 1, 2].map(|a| in_dhw[a].div_ceil(stride[a]));
         let (in_n, out_n) = (in_dhw.iter().product::<usize>(), out_dhw.iter().product::<usize>());
-        let direct = |c: usize| stride == [1; 3] && c * kv <= 1728 && matches!(p, Precision::F32 | Precision::Bf16);
+        let direct = |c: usize| stride == [1; 3] && c * kv <= crate::nn::DIRECT_CONV3D_MAX_REDUCTION && matches!(p, Precision::F32 | Precision::Bf16);
         if !direct(cin) {
             return self.conv(x, batch, cin, cout, kv, in_n, out_n, bias, trainable, p);
         }

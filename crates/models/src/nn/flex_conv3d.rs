@@ -98,7 +98,7 @@ fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
         return None;
     }
     let g = Geo::new(x.layout().shape(), w.layout().shape(), o.padding)?;
-    (g.ci * g.kvol() <= 1728).then_some(g)
+    (g.ci * g.kvol() <= super::DIRECT_CONV3D_MAX_REDUCTION).then_some(g)
 }
 
 /// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).

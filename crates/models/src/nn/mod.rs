@@ -30,6 +30,10 @@ pub use linear::{Activation, Embedding, Linear, xavier_uniform};
 pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
+/// The longest reduction (`cin · k³`) flex's direct 3-D convolution takes (`flex_conv3d`; e.g.
+/// 64 channels × 3³); past it flex's GEMM wins. The estimator models the same split.
+pub const DIRECT_CONV3D_MAX_REDUCTION: usize = 1728;
+
 /// Compute precision of a forward pass. Parameters always stay f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
