@@ -1,10 +1,10 @@
 //! `vramlab estimate --config configs/estimate/F.toml`: a model described on paper (a generic
-//! transformer / VLA, a `[paper]` table), estimated by `vramlab-estimate` without Burn.
+//! transformer / VLA, a `[paper]` table), estimated by `vramlab-paper` without Burn.
 
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use vramlab_estimate::paper;
+use vramlab_paper::paper;
 
 /// Whether `file` is a paper description rather than a training config.
 pub fn is_paper(file: &Path) -> bool {

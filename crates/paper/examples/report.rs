@@ -1,13 +1,13 @@
-//! Print the report of each description given: `cargo run -p vramlab-estimate --example report
+//! Print the report of each description given: `cargo run -p vramlab-paper --example report
 //! -- configs/estimate/*.toml` (`--json` for the serialized report).
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
     for path in args.iter().filter(|a| *a != "--json") {
-        match vramlab_estimate::paper::PaperConfig::from_file(path) {
+        match vramlab_paper::paper::PaperConfig::from_file(path) {
             Ok(cfg) => {
-                let r = vramlab_estimate::paper::report(&cfg);
+                let r = vramlab_paper::paper::report(&cfg);
                 if json {
                     println!(
                         "{}",

@@ -8,10 +8,10 @@
 //! Burn's autodiff keeps a different set (f32 dropout masks instead of 1-byte ones, and the
 //! intermediate tensors of its decomposed ops), so the test pins the ratio measured / formula
 //! to the band seen when it was written rather than to 1.
-//! `cargo test -p vramlab-estimate --test act_flex_validation -- --nocapture` prints the table.
+//! `cargo test -p vramlab-paper --test act_flex_validation -- --nocapture` prints the table.
 
-use vramlab_estimate::config::{ActPrecision, Mlp, Norm, TransformerDims};
-use vramlab_estimate::transformer::{LayerShape, layer_bytes, layer_items};
+use vramlab_paper::config::{ActPrecision, Mlp, Norm, TransformerDims};
+use vramlab_paper::transformer::{LayerShape, layer_bytes, layer_items};
 
 struct Row {
     h: u64,

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use vramlab_estimate::config::Sharding;
-use vramlab_estimate::estimate::{estimate, per_gpu};
-use vramlab_estimate::paper::{PaperConfig, is_paper_config, report};
+use vramlab_paper::config::Sharding;
+use vramlab_paper::estimate::{estimate, per_gpu};
+use vramlab_paper::paper::{PaperConfig, is_paper_config, report};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -257,7 +257,7 @@ fn errors_name_the_file_and_the_field() {
 
 #[test]
 fn full_checkpointing_keeps_layer_inputs_plus_one_layer() {
-    use vramlab_estimate::config::Checkpointing;
+    use vramlab_paper::config::Checkpointing;
     let mut cfg = load("vggt1b_llama2_7b_e2e.toml");
     let plain = estimate(&cfg);
     cfg.checkpointing = Checkpointing::Full;

@@ -4,9 +4,9 @@
 //! activation checkpointing, and DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 (FSDP) over N GPUs.
 //!
 //! ```no_run
-//! let cfg = vramlab_estimate::paper::PaperConfig::from_file("configs/estimate/openvla_oft_7b_lora.toml")?;
-//! println!("{}", vramlab_estimate::paper::report(&cfg).markdown());
-//! # Ok::<(), vramlab_estimate::Error>(())
+//! let cfg = vramlab_paper::paper::PaperConfig::from_file("configs/estimate/openvla_oft_7b_lora.toml")?;
+//! println!("{}", vramlab_paper::paper::report(&cfg).markdown());
+//! # Ok::<(), vramlab_paper::Error>(())
 //! ```
 //!
 //! # Format
