@@ -45,47 +45,8 @@ impl std::error::Error for PlotError {}
 
 pub type Result<T> = std::result::Result<T, PlotError>;
 
-/// A byte unit chosen so that the largest value reads as 1–1023 of it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Unit {
-    pub name: &'static str,
-    pub bytes: f64,
-}
-
-impl Unit {
-    /// The unit for data whose largest value is `max_bytes`.
-    pub fn for_max(max_bytes: f64) -> Self {
-        const UNITS: [(&str, f64); 4] = [("GiB", 1024.0 * 1024.0 * 1024.0), ("MiB", 1024.0 * 1024.0), ("KiB", 1024.0), ("B", 1.0)];
-        let (name, bytes) = UNITS.into_iter().find(|(_, b)| max_bytes >= *b).unwrap_or(UNITS[3]);
-        Self { name, bytes }
-    }
-
-    /// `bytes` in this unit.
-    pub fn of(&self, bytes: f64) -> f64 {
-        bytes / self.bytes
-    }
-
-    /// `bytes` as text in this unit: three significant digits (`1.25 GiB`, `312 MiB`).
-    pub fn fmt(&self, bytes: f64) -> String {
-        format!("{} {}", fmt_number(self.of(bytes)), self.name)
-    }
-}
-
-/// Three significant digits, no trailing zeros after the point: `0.125`, `1.5`, `42.3`, `512`.
-pub fn fmt_number(v: f64) -> String {
-    let a = v.abs();
-    let decimals = if a == 0.0 || a >= 100.0 {
-        0
-    } else if a >= 10.0 {
-        1
-    } else if a >= 1.0 {
-        2
-    } else {
-        3
-    };
-    let s = format!("{v:.decimals$}");
-    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s }
-}
+/// Chart units and number text: vramlab's one byte convention ([`vramlab_bytes`]).
+pub use vramlab_bytes::{Unit, fmt_number};
 
 #[cfg(test)]
 pub(crate) mod tests {
