@@ -81,14 +81,8 @@ struct ParamCast {
     strided_grad: bool,
 }
 
-/// How the training pass is run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Recompute {
-    Off,
-    Blocks,
-    Balanced,
-}
+/// How the training pass is run: the trainer's own mode, replayed.
+pub use vramlab_stages::CheckpointMode;
 
 /// One module's share of the stored activations.
 #[derive(Clone, Debug, Serialize)]
@@ -487,16 +481,16 @@ impl Graph {
     }
 
     /// Replay the graph under `mode`.
-    pub fn simulate(&self, mode: Recompute) -> ActivationPeaks {
+    pub fn simulate(&self, mode: CheckpointMode) -> ActivationPeaks {
         match mode {
-            Recompute::Off => self.replay(&self.saved_sets(false)),
-            Recompute::Balanced => {
+            CheckpointMode::Off => self.replay(&self.saved_sets(false)),
+            CheckpointMode::Balanced => {
                 let (kept, recomputed): (Vec<Vec<Buf>>, Vec<u64>) = self.saved_and_recomputed(true).into_iter().unzip();
                 let mut peaks = empty_peaks();
                 self.replay_range_with(&kept, &recomputed, 0..self.ops.len(), 0, 0, 0, &mut peaks);
                 peaks
             }
-            Recompute::Blocks => self.replay_blocks(),
+            CheckpointMode::Blocks => self.replay_blocks(),
         }
     }
 
@@ -831,7 +825,7 @@ mod tests {
         let y = g.conv(x, 1, 10, 10, 9, 100, 100, true, false, Precision::F32);
         let s = g.silu(y, 4);
         let _ = g.reduce(s, 4);
-        assert_eq!(g.simulate(Recompute::Off).stored, 4, "only the loss scalar");
+        assert_eq!(g.simulate(CheckpointMode::Off).stored, 4, "only the loss scalar");
     }
 
     #[test]
@@ -843,7 +837,7 @@ mod tests {
         let _ = g.reduce(s, 4);
         // By hand: x is the caller's (data); the lean SiLU keeps y (4000 B) and the loss
         // scalar (4 B) stays. Forward peak at the SiLU: y, its output and sigmoid(y).
-        let p = g.simulate(Recompute::Off);
+        let p = g.simulate(CheckpointMode::Off);
         assert_eq!(p.stored, 4000 + 4);
         assert_eq!(p.forward_peak, 3 * 4000);
         // Backward peak at the SiLU: y, the scalar, grad(s), the new grad(y) and three f32
@@ -865,7 +859,7 @@ mod tests {
         let x = g.input(100, 2);
         let y = g.linear(x, 1, 100, 100, false, true, Precision::Bf16);
         let _ = g.reduce(y, 4);
-        let p = g.simulate(Recompute::Off);
+        let p = g.simulate(CheckpointMode::Off);
         assert_eq!(p.backward_peak, 160_004);
         assert_eq!(p.grads_at_backward_peak, 60_000);
     }
@@ -881,8 +875,8 @@ mod tests {
         let z = g.conv(y, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
         let z = g.silu(z, 4);
         let _ = g.reduce(z, 4);
-        let plain = g.simulate(Recompute::Off);
-        let blocks = g.simulate(Recompute::Blocks);
+        let plain = g.simulate(CheckpointMode::Off);
+        let blocks = g.simulate(CheckpointMode::Blocks);
         assert_eq!(blocks.stored, 4000);
         assert!(blocks.stored < plain.stored);
     }

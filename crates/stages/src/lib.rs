@@ -29,6 +29,43 @@ use burn::tensor::{FloatDType, TensorPrimitive};
 #[doc(hidden)]
 pub use burn as __burn;
 
+/// How a training pass saves what its backward needs (`--gradient_checkpointing`): the trainer
+/// runs the mode (`vramlab-train`'s `recompute` module) and the estimator replays it
+/// (`vramlab-models`' graph).
+/// - `off`: plain autodiff, every op keeps its inputs;
+/// - `blocks`: only each stage's input is kept; each stage is re-run with autodiff in the backward;
+/// - `balanced`: Burn's `BalancedCheckpointing` recomputes memory-bound ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointMode {
+    #[default]
+    Off,
+    Blocks,
+    Balanced,
+}
+
+impl CheckpointMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "off" | "false" | "no" | "none" | "0" => Some(Self::Off),
+            "blocks" | "true" | "on" | "yes" | "1" => Some(Self::Blocks),
+            "balanced" => Some(Self::Balanced),
+            _ => None,
+        }
+    }
+    pub const NAMES: &'static str = "off, blocks (= true), balanced";
+}
+
+impl std::fmt::Display for CheckpointMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Off => "off",
+            Self::Blocks => "blocks",
+            Self::Balanced => "balanced",
+        })
+    }
+}
+
 /// Sees every tensor of a [`TensorBundle`], whatever its rank.
 pub trait TensorVisitor<B: Backend> {
     fn visit<const D: usize>(&mut self, tensor: &Tensor<B, D>);

@@ -4,11 +4,11 @@
 //! typed stages, [`vramlab_stages::Staged`], the forward's input for a batch, and a loss) and
 //! memory only through [`vramlab_probe::MemoryProbe`]. It owns the optimizer ([`optim`]), learning-rate schedules
 //! ([`schedule`]), gradient accumulation, global-norm clipping, loss scaling for f16, block
-//! gradient checkpointing ([`checkpointing`]), checkpoints with exact resume, and per-step
+//! gradient checkpointing ([`recompute`]), checkpoints with exact resume, and per-step
 //! metrics ([`metrics`]).
 
 pub mod checkpoint;
-pub mod checkpointing;
+pub mod recompute;
 pub mod memory_timeline;
 pub mod metrics;
 pub mod model;
@@ -18,7 +18,7 @@ pub mod plots;
 pub mod schedule;
 pub mod trainer;
 
-pub use checkpointing::CheckpointMode;
+pub use recompute::CheckpointMode;
 pub use metrics::StepRecord;
 pub use model::{LossParts, ModelInput, ModelOutput, TrainModel};
 pub use optim::{OptimConfig, OptimError, OptimKind, Optimizer, ParamGroup};

@@ -24,7 +24,7 @@ impl<B: Backend> LossParts<B> {
 /// A model the trainer can train: a wrapper around a model's staged forward
 /// ([`vramlab_stages::Staged`]) that builds the forward's input from a batch and the training
 /// loss from its output. [`TrainModel::forward_loss`] is the fold over the model's stages, and
-/// block checkpointing ([`crate::checkpointing::staged_forward_backward`]) runs the same
+/// block checkpointing ([`crate::recompute::staged_forward_backward`]) runs the same
 /// stages: there is one forward.
 pub trait TrainModel<B: AutodiffBackend>: AutodiffModule<B> + Clone {
     /// What the data gives for one (micro-)batch.

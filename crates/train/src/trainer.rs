@@ -16,7 +16,7 @@ use crate::optim_kernels::OptimKernels;
 use serde::{Deserialize, Serialize};
 use vramlab_probe::MemoryProbe;
 
-use crate::checkpointing::{CheckpointMode, PhaseHooks, staged_forward_backward};
+use crate::recompute::{CheckpointMode, PhaseHooks, staged_forward_backward};
 use crate::metrics::{StepRecord, summary_markdown};
 use crate::model::{LossParts, TrainModel};
 use crate::checkpoint;
@@ -202,7 +202,7 @@ impl<'a> Trainer<'a> {
     {
         let cfg = &self.config;
         cfg.optim.check_groups::<B, M>(&model)?;
-        crate::checkpointing::materialize::<B, M>(&model);
+        crate::recompute::materialize::<B, M>(&model);
         let mut optim = Optimizer::<B>::new(cfg.optim.clone());
         let (mut model, mut state) = self.start_or_resume(model, &mut optim, device)?;
         let metrics_path = cfg.output_dir.join("metrics.jsonl");

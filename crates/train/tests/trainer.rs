@@ -9,7 +9,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use rand::Rng;
 use vramlab_probe::{CountingAllocator, CpuProbe};
-use vramlab_train::checkpointing::{compare_gradients, named_gradients};
+use vramlab_train::recompute::{compare_gradients, named_gradients};
 use vramlab_train::*;
 
 #[global_allocator]
@@ -240,7 +240,7 @@ fn a_materialized_model_clones_with_its_weights() {
     // Burn creates these Linear parameters lazily; a clone taken before first use would draw
     // its own values (block checkpointing clones the model for its graph-free forward).
     let model = Mlp::<B>::new(&Default::default());
-    vramlab_train::checkpointing::materialize::<B, _>(&model);
+    vramlab_train::recompute::materialize::<B, _>(&model);
     let copy = model.clone().no_grad();
     for (a, b) in model.layers.iter().zip(&copy.layers) {
         assert_eq!(a.weight.val().into_data(), b.weight.val().into_data());

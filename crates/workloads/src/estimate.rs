@@ -16,9 +16,8 @@
 //!   through the forward and backward.
 
 use serde::Serialize;
-use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow, Recompute};
+use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
-use vramlab_train::CheckpointMode;
 use vramlab_train::metrics::fmt_bytes;
 
 use crate::config::RunConfig;
@@ -67,14 +66,6 @@ struct Shapes {
     /// The config's exact parameter count, where the model's config computes it.
     num_params: Option<u64>,
     notes: Vec<String>,
-}
-
-fn recompute(mode: CheckpointMode) -> Recompute {
-    match mode {
-        CheckpointMode::Off => Recompute::Off,
-        CheckpointMode::Blocks => Recompute::Blocks,
-        CheckpointMode::Balanced => Recompute::Balanced,
-    }
 }
 
 fn shapes(cfg: &RunConfig) -> Result<Shapes> {
@@ -132,7 +123,7 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
     let grads = trainable;
     let optim = 2 * trainable;
     let accum = cfg.grad_accum_steps.max(1);
-    let peaks: ActivationPeaks = s.graph.simulate(recompute(cfg.gradient_checkpointing));
+    let peaks: ActivationPeaks = s.graph.simulate(cfg.gradient_checkpointing);
     let base = param_bytes + optim + s.batch_bytes + RUNTIME_BASELINE_BYTES;
     // From the second micro-batch on the accumulated gradients stay live; the backward then
     // also sums each new gradient into them (one extra tensor at a time, the largest bounded).

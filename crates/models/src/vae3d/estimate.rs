@@ -238,17 +238,17 @@ fn loss(g: &mut Graph, cfg: &Vae3dConfig, x: Buf, recon: Buf, mean: Buf, logvar:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::Recompute;
+    use crate::estimate::CheckpointMode;
 
     #[test]
     fn stored_bytes_grow_with_batch_and_shrink_with_blocks() {
         let cfg = Vae3dConfig::preset("ultra_lightweight").expect("preset");
-        let one = training_graph(&cfg, 1, [8, 32, 32], Precision::F32).simulate(Recompute::Off);
-        let two = training_graph(&cfg, 2, [8, 32, 32], Precision::F32).simulate(Recompute::Off);
+        let one = training_graph(&cfg, 1, [8, 32, 32], Precision::F32).simulate(CheckpointMode::Off);
+        let two = training_graph(&cfg, 2, [8, 32, 32], Precision::F32).simulate(CheckpointMode::Off);
         assert!(two.stored > one.stored * 19 / 10 && two.stored <= one.stored * 2 + 64);
-        let blocks = training_graph(&cfg, 1, [8, 32, 32], Precision::F32).simulate(Recompute::Blocks);
+        let blocks = training_graph(&cfg, 1, [8, 32, 32], Precision::F32).simulate(CheckpointMode::Blocks);
         assert!(blocks.stored < one.stored / 4);
-        let half = training_graph(&cfg, 1, [8, 32, 32], Precision::Bf16).simulate(Recompute::Off);
+        let half = training_graph(&cfg, 1, [8, 32, 32], Precision::Bf16).simulate(CheckpointMode::Off);
         assert!(half.stored < one.stored);
     }
 }

@@ -93,7 +93,7 @@ mod tests {
     use burn::backend::Flex;
     use burn::module::AutodiffModule;
     use vramlab_train::CheckpointMode;
-    use vramlab_train::checkpointing::{GradientProbe, NamedGradients, check_checkpointing_modes, named_gradients};
+    use vramlab_train::recompute::{GradientProbe, NamedGradients, check_checkpointing_modes, named_gradients};
 
     use super::*;
     use crate::config::{DatasetConfig, DatasetType};

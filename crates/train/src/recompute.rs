@@ -13,47 +13,15 @@
 //!   recomputes only operations Burn marks memory-bound (element-wise ops, activations); conv and
 //!   matmul outputs stay stored.
 
-use std::fmt;
-
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 use vramlab_stages::{self as stages, StateGrads, Staged};
+pub use vramlab_stages::CheckpointMode;
 
 use crate::model::{LossParts, TrainModel};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CheckpointMode {
-    #[default]
-    Off,
-    Blocks,
-    Balanced,
-}
-
-impl CheckpointMode {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "off" | "false" | "no" | "none" | "0" => Some(Self::Off),
-            "blocks" | "true" | "on" | "yes" | "1" => Some(Self::Blocks),
-            "balanced" => Some(Self::Balanced),
-            _ => None,
-        }
-    }
-    pub const NAMES: &'static str = "off, blocks (= true), balanced";
-}
-
-impl fmt::Display for CheckpointMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Off => "off",
-            Self::Blocks => "blocks",
-            Self::Balanced => "balanced",
-        })
-    }
-}
 
 /// Hooks the trainer gives the staged pass so it can measure the forward and backward phases.
 pub trait PhaseHooks {
