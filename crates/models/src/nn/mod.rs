@@ -7,6 +7,13 @@
 //! and casts *both* the activation and the weight to the compute dtype inside the graph
 //! (`Tensor::cast` is differentiable, so gradients come back to the f32 parameters in f32).
 //! Normalisations, softmax and loss reductions run in f32, as torch autocast does.
+//!
+//! Two kernel layers sit under these blocks. [`lean`]: the autodiff nodes, each keeping only
+//! what PyTorch's autograd keeps, implemented once for `Autodiff<B, C>` and dispatched per inner
+//! backend ([`LeanBackend`]). `flex` (feature `flex`): the CPU kernels on burn-flex tensors that
+//! lean's Flex backend calls where they apply; they import no autodiff code. What both layers
+//! use lives here ([`linear_source_indices`], [`DIRECT_CONV3D_MAX_REDUCTION`]). GPU (CubeCL)
+//! kernels get their own sibling folder, `nn/cube/`, when they are written.
 
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -16,9 +23,7 @@ mod attention;
 mod conv;
 mod dropout;
 #[cfg(feature = "flex")]
-mod flex_kernels;
-#[cfg(feature = "flex")]
-mod flex_conv3d;
+mod flex;
 pub mod lean;
 mod linear;
 mod norm;
@@ -30,9 +35,29 @@ pub use linear::{Activation, Embedding, Linear, xavier_uniform};
 pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
-/// The longest reduction (`cin · k³`) flex's direct 3-D convolution takes (`flex_conv3d`; e.g.
-/// 64 channels × 3³); past it flex's GEMM wins. The estimator models the same split.
+/// The longest reduction (`cin · k³`) flex's direct 3-D convolution takes (`nn::flex::conv3d`;
+/// e.g. 64 channels × 3³); past it flex's GEMM wins. The estimator models the same split.
 pub const DIRECT_CONV3D_MAX_REDUCTION: usize = 1728;
+
+/// Source neighbours and weights of PyTorch's linear upsampling along one axis, as its
+/// `area_pixel_compute_source_index` computes them with `align_corners=False` and an
+/// explicit `scale_factor` (the scale used is `1/scale_factor`):
+/// `src = max((dst + 0.5) / scale − 0.5, 0)`, `i0 = ⌊src⌋`, `i1 = min(i0 + 1, n − 1)`,
+/// `λ = src − i0`; output = `(1 − λ)·x[i0] + λ·x[i1]`.
+pub fn linear_source_indices(n_in: usize, scale: usize) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let inv = 1.0f32 / scale as f32;
+    let n_out = n_in * scale;
+    let (mut i0s, mut i1s, mut lambdas) = (Vec::with_capacity(n_out), Vec::with_capacity(n_out), Vec::with_capacity(n_out));
+    for dst in 0..n_out {
+        let src = (inv * (dst as f32 + 0.5) - 0.5).max(0.0);
+        let i0 = (src as usize).min(n_in - 1);
+        let i1 = (i0 + 1).min(n_in - 1);
+        i0s.push(i0 as i64);
+        i1s.push(i1 as i64);
+        lambdas.push(src - i0 as f32);
+    }
+    (i0s, i1s, lambdas)
+}
 
 /// Compute precision of a forward pass. Parameters always stay f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]

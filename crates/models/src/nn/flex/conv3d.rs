@@ -1,5 +1,5 @@
-//! Direct 3-D convolution on flex (f32, stride 1, undilated, ungrouped): the forward, and the
-//! weight gradient, without im2col.
+//! Direct 3-D convolution on flex (f32 or bf16, stride 1, undilated, ungrouped): `conv3d` (the
+//! forward) and `conv3d_weight_backward`, without im2col.
 //!
 //! Flex runs a 3-D convolution as im2col tiles and a GEMM: for each 512-position tile it
 //! writes `[cin·k³, 512]` columns (27× the input for a 3³ kernel) and multiplies them by a
@@ -24,11 +24,12 @@
 //! convolution sums in f32. Strided, dilated and grouped convolutions go to flex's own kernels
 //! (`None` here).
 
-use super::flex_kernels::{Num, f32_slice, typed, typed_data};
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
+
+use super::{Num, f32_slice, simd_available, typed, typed_data};
 
 type T = FlexTensor;
 
@@ -98,7 +99,7 @@ fn handles(x: &T, w: &T, o: &ConvOptions<3>) -> Option<Geo> {
         return None;
     }
     let g = Geo::new(x.layout().shape(), w.layout().shape(), o.padding)?;
-    (g.ci * g.kvol() <= super::DIRECT_CONV3D_MAX_REDUCTION).then_some(g)
+    (g.ci * g.kvol() <= crate::nn::DIRECT_CONV3D_MAX_REDUCTION).then_some(g)
 }
 
 /// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).
@@ -161,7 +162,7 @@ unsafe impl<E> Sync for Out<E> {}
 
 /// The direct convolution (see the module docs), or `None` where flex's own applies.
 pub fn conv3d(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>) -> Option<T> {
-    conv3d_with(x, w, bias, o, simd::available())
+    conv3d_with(x, w, bias, o, simd_available())
 }
 
 /// [`conv3d`] with the AVX2 tiles (`avx`, when available) or the plain loops.
@@ -268,7 +269,7 @@ fn forward_tile(avx: bool, nv: usize, row: &[f32], g: &Geo, w: &[f32], tile: &mu
 /// The weight gradient of the direct convolution (stride 1): `dw[co, ci, a, b, e] = Σ dy[n,
 /// co, z, y, x] · xpad[n, ci, z + a, y + b, x + e]`, or `None` where flex's applies.
 pub fn conv3d_weight_backward(x: &T, w: &T, dy: &T, o: &ConvOptions<3>) -> Option<T> {
-    conv3d_weight_backward_with(x, w, dy, o, simd::available())
+    conv3d_weight_backward_with(x, w, dy, o, simd_available())
 }
 
 /// [`conv3d_weight_backward`] with the AVX2 tiles (`avx`) or the plain loops.
@@ -389,25 +390,9 @@ fn weight_tile(avx: bool, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; 
     acc.map(|a| a.iter().sum())
 }
 
-/// Whether the AVX2 + FMA paths run (also used by `flex_kernels`' GroupNorm).
-pub(super) fn simd_available() -> bool {
-    simd::available()
-}
-
 mod simd {
     #[cfg(target_arch = "x86_64")]
     use super::{CO, Geo, LANES, TAPS};
-
-    /// AVX2 + FMA at run time (x86-64), detected once.
-    pub fn available() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static AVX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *AVX.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && std::env::var_os("VRAMLAB_NO_SIMD").is_none())
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
 
     /// [`super::forward_tile`] on AVX2: `CO × NV` accumulators.
     ///
@@ -549,7 +534,7 @@ mod tests {
             let dw_ref = <B as ModuleOps<B>>::conv3d_weight_backward(x.clone(), w.clone(), dy.clone(), o.clone());
             let (y_ref, dw_ref) = (vals(reference), vals(dw_ref));
             for avx in [true, false] {
-                if avx && !simd::available() {
+                if avx && !simd_available() {
                     continue;
                 }
                 let what = format!("case {i} {xs:?} * {ws:?} pad {pad:?}, avx {avx}");
@@ -566,8 +551,8 @@ mod tests {
             let (xr, wr, br, dyr) = (back(xh.clone()), back(wh.clone()), back(bh.clone()), back(dyh.clone()));
             let y_ref = vals(<B as ModuleOps<B>>::conv3d(xr.clone(), wr.clone(), Some(br), o.clone()));
             let dw_ref = vals(<B as ModuleOps<B>>::conv3d_weight_backward(xr, wr, dyr, o.clone()));
-            let y = conv3d_with(&xh, &wh, Some(&bh), &o, simd::available()).expect("bf16 handled");
-            let dw = conv3d_weight_backward_with(&xh, &wh, &dyh, &o, simd::available()).expect("bf16 handled");
+            let y = conv3d_with(&xh, &wh, Some(&bh), &o, simd_available()).expect("bf16 handled");
+            let dw = conv3d_weight_backward_with(&xh, &wh, &dyh, &o, simd_available()).expect("bf16 handled");
             assert!(y.dtype() == DType::BF16 && dw.dtype() == DType::BF16, "case {i}: bf16 in, bf16 out");
             within_bf16(&vals(back(y)), &y_ref, &format!("case {i}: bf16 forward"));
             within_bf16(&vals(back(dw)), &dw_ref, &format!("case {i}: bf16 weight gradient"));

@@ -1,0 +1,305 @@
+//! The convolution nodes (1-D, 2-D, 3-D): they keep what Burn's keep (input and weight) but
+//! compute the weight gradient over bounded batch chunks ([`CONV_WORKSPACE_BYTES`],
+//! [`conv_chunks`]) and a stride-1 input gradient as a forward convolution with the flipped,
+//! in/out-swapped kernel ([`flipped_padding`], [`flipped_weight`]).
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::TensorMetadata;
+use burn::tensor::ops::ConvOptions;
+
+use super::{LeanBackend, Prim, p, t};
+
+/// The bound on the batch chunk a convolution's weight gradient is computed on: input plus
+/// output gradient bytes. Burn computes a weight gradient as a convolution of the input and the
+/// output gradient with batch and channels swapped, so it copies both (the swap is not
+/// contiguous) and unfolds the input: on the whole batch that is two activation-sized copies
+/// at once (225 MiB for ACT's stem output gradient at batch 48, 240×320). Chunking the batch
+/// bounds the copies, as cuDNN bounds its workspace; the chunks' gradients are summed (same
+/// values up to f32 summation order).
+pub const CONV_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Batch ranges for a weight gradient over `batch` samples of `per_sample` bytes (input plus
+/// output gradient): as few chunks as keep each at most [`CONV_WORKSPACE_BYTES`], at least one
+/// sample each.
+pub fn conv_chunks(batch: usize, per_sample: usize) -> Vec<std::ops::Range<usize>> {
+    conv_chunks_within(batch, per_sample, CONV_WORKSPACE_BYTES)
+}
+
+fn conv_chunks_within(batch: usize, per_sample: usize, bound: usize) -> Vec<std::ops::Range<usize>> {
+    let per_chunk = (bound / per_sample.max(1)).clamp(1, batch.max(1));
+    let n = batch.div_ceil(per_chunk);
+    // Even chunks (n of them) rather than full ones and a remainder.
+    let size = batch.div_ceil(n.max(1));
+    (0..n).map(|i| i * size..((i + 1) * size).min(batch)).filter(|r| !r.is_empty()).collect()
+}
+
+/// One convolution node on `Autodiff<B, C>`: keeps the input and the weight (as Burn's own
+/// convolution does); the backward is [`ConvBackward`]'s.
+pub(super) fn conv_node<B: LeanBackend, C: CheckpointStrategy, O: ConvRank<B>>(
+    x: Prim<Autodiff<B, C>>,
+    weight: Prim<Autodiff<B, C>>,
+    bias: Option<Prim<Autodiff<B, C>>>,
+    options: O,
+    forward: impl Fn(Prim<B>, Prim<B>, Option<Prim<B>>, O) -> Prim<B>,
+) -> Prim<Autodiff<B, C>> {
+    // Without a bias the third parent slot repeats the weight's node (no new tensor or node
+    // per call); the backward registers a bias gradient only when the state says there is one.
+    let has_bias = bias.is_some();
+    let bias_node = bias.as_ref().map_or_else(|| weight.node.clone(), |b| b.node.clone());
+    let prep = ConvBackward::<O>(std::marker::PhantomData).prepare::<C>([x.node.clone(), weight.node.clone(), bias_node]).compute_bound().stateful();
+    let bias_inner = bias.map(|b| b.primitive);
+    match prep {
+        OpsKind::Tracked(prep) => {
+            let y = forward(x.primitive.clone(), weight.primitive.clone(), bias_inner, options.clone());
+            prep.finish(ConvState { x: x.primitive, weight: weight.primitive, options, has_bias, chunk_bytes: B::conv_workspace_bytes() }, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, weight.primitive, bias_inner, options)),
+    }
+}
+
+/// A convolution's rank: the backend calls for 1-D, 2-D and 3-D.
+pub(super) trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+}
+
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv1d_x_backward(x, w, dy, o)
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv1d_weight_backward(x, w, dy, o)
+    }
+}
+
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(pad) => B::conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
+            None => B::conv2d_x_backward(x, w, dy, o),
+        }
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv2d_weight_backward(x, w, dy, o)
+    }
+}
+
+impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
+    fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(pad) => B::lean_conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
+            None => B::conv3d_x_backward(x, w, dy, o),
+        }
+    }
+    fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
+        B::lean_conv3d_weight_backward(x, w, dy, o)
+    }
+}
+
+/// The input gradient of a stride-1, ungrouped convolution is the *forward* convolution of
+/// the output gradient with the flipped, in/out-swapped kernel and padding `d·(k−1) − p`
+/// (exactly the input's size). Burn computes it as a transposed convolution, which on flex
+/// unfolds into one `[cin·k, output positions]` column buffer per sample (905 MiB for a
+/// 16-channel 3×3×3 convolution on a 32×128×128 grid) and loops over the batch on one
+/// thread; the forward convolution is tiled and parallel. `None`: use Burn's (strided,
+/// grouped, or padding beyond the kernel's reach).
+fn flipped_padding(kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Vec<usize>> {
+    if groups != 1 || stride.iter().any(|&s| s != 1) {
+        return None;
+    }
+    kernel.iter().zip(padding).zip(dilation).map(|((&k, &p), &d)| (d * (k - 1)).checked_sub(p)).collect()
+}
+
+/// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis.
+pub(super) fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
+    let rank = w.shape().num_dims();
+    let axes: Vec<usize> = (2..rank).collect();
+    B::float_flip(B::float_swap_dims(w, 0, 1), &axes)
+}
+
+#[derive(Debug)]
+struct ConvBackward<O>(std::marker::PhantomData<O>);
+
+#[derive(Clone, Debug)]
+struct ConvState<B: Backend, O> {
+    x: Prim<B>,
+    weight: Prim<B>,
+    options: O,
+    /// Whether the third parent is a bias (else it repeats the weight).
+    has_bias: bool,
+    /// [`LeanBackend::conv_workspace_bytes`] of the inner backend.
+    chunk_bytes: Option<usize>,
+}
+
+/// Rows `range` of dimension 0.
+fn batch_slice<B: Backend>(x: &Prim<B>, range: std::ops::Range<usize>) -> Prim<B> {
+    let dims = x.shape().to_vec();
+    let mut slices: Vec<burn::tensor::Slice> = dims.iter().map(|&d| burn::tensor::Slice::from(0..d)).collect();
+    slices[0] = burn::tensor::Slice::from(range);
+    B::float_slice(x.clone(), &slices)
+}
+
+impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
+    type State = ConvState<B, O>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let ConvState { x, weight, options, has_bias, chunk_bytes } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [node_x, node_w, node_b] = ops.parents;
+        if let Some(node) = node_b.filter(|_| has_bias) {
+            // Sum over every axis but the channels.
+            let dims = dy.shape().to_vec();
+            let g = t::<B, 3>(B::float_reshape(dy.clone(), Shape::from(vec![dims[0], dims[1], dims[2..].iter().product()])));
+            grads.register::<B>(node.id, p(g.sum_dim(2).sum_dim(0).reshape([dims[1]])));
+        }
+        if let Some(node) = node_w {
+            let batch = x.shape()[0];
+            let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
+            let mut dw: Option<Prim<B>> = None;
+            // No bound: one chunk, the whole batch.
+            for r in conv_chunks_within(batch, per_sample, chunk_bytes.unwrap_or(usize::MAX)) {
+                let (xs, gs) = if r.len() == batch { (x.clone(), dy.clone()) } else { (batch_slice::<B>(&x, r.clone()), batch_slice::<B>(&dy, r)) };
+                let part = O::weight_backward(xs, weight.clone(), gs, options.clone());
+                dw = Some(match dw {
+                    None => part,
+                    Some(acc) => B::float_add(acc, part),
+                });
+            }
+            grads.register::<B>(node.id, dw.expect("batch ≥ 1"));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, O::x_backward(x, weight, dy, options));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_conv1d`] on tensors.
+pub fn conv1d<B: LeanBackend>(x: Tensor<B, 3>, weight: Tensor<B, 3>, bias: Option<Tensor<B, 1>>, options: ConvOptions<1>) -> Tensor<B, 3> {
+    t(B::lean_conv1d(p(x), p(weight), bias.map(p), options))
+}
+
+/// [`LeanBackend::lean_conv2d`] on tensors.
+pub fn conv2d<B: LeanBackend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, bias: Option<Tensor<B, 1>>, options: ConvOptions<2>) -> Tensor<B, 4> {
+    t(B::lean_conv2d(p(x), p(weight), bias.map(p), options))
+}
+
+/// [`LeanBackend::lean_conv3d`] on tensors.
+pub fn conv3d<B: LeanBackend>(x: Tensor<B, 5>, weight: Tensor<B, 5>, bias: Option<Tensor<B, 1>>, options: ConvOptions<3>) -> Tensor<B, 5> {
+    t(B::lean_conv3d(p(x), p(weight), bias.map(p), options))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+
+    use super::super::tests::{A, random, rel, vals};
+
+    #[test]
+    fn conv_chunks_cover_the_batch_within_the_bound() {
+        let mib = 1 << 20;
+        assert_eq!(super::conv_chunks(48, 4 * mib), vec![0..8, 8..16, 16..24, 24..32, 32..40, 40..48]);
+        assert_eq!(super::conv_chunks(12, 4 * mib), vec![0..6, 6..12]);
+        assert_eq!(super::conv_chunks(3, mib), vec![0..3]);
+        assert_eq!(super::conv_chunks(2, 100 * mib), vec![0..1, 1..2], "at least one sample per chunk");
+        assert_eq!(super::conv_chunks_within(48, 4 * mib, usize::MAX), vec![0..48], "no bound: the whole batch");
+    }
+
+    type ConvFn<'a, const D: usize> = dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D> + 'a;
+
+    /// Gradients of `sum(conv(x, w, b) · r)` for the lean node and Burn's convolution.
+    fn check_conv<const D: usize>(x: [usize; D], w: [usize; D], bias: bool, lean: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>, plain: impl Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>) {
+        let x0: Tensor<A, D> = random(x, 11);
+        let w0: Tensor<A, D> = random(w, 12) * 0.2;
+        let b0: Tensor<A, 1> = random([w[0]], 13);
+        // Drawn once for both runs: the RNG's seed is global, other tests reseed it.
+        let r: Tensor<A, D> = random(plain(x0.clone(), w0.clone(), bias.then(|| b0.clone())).dims(), 14);
+        let run = |f: &ConvFn<'_, D>| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = f(x.clone(), w.clone(), bias.then(|| b.clone()));
+            let r = r.clone();
+            let out = vals(y.clone());
+            let g = (y * r).sum().backward();
+            let gb = if bias { vals(b.grad(&g).unwrap()) } else { Vec::new() };
+            (out, vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), gb)
+        };
+        let (lo, lx, lw, lb) = run(&lean);
+        let (po, px, pw, pb) = run(&plain);
+        for (name, a, b) in [("output", lo, po), ("dx", lx, px), ("dweight", lw, pw), ("dbias", lb, pb)] {
+            if b.is_empty() {
+                continue;
+            }
+            let e = rel(&a, &b);
+            assert!(e <= 1e-5, "{name}: relative error {e:e}");
+        }
+    }
+
+    #[test]
+    fn conv_backward_equals_burns_including_chunked_weight_gradients() {
+        use burn::tensor::module::{conv2d, conv3d};
+        use burn::tensor::ops::ConvOptions;
+        // Strided: Burn's input gradient; stride 1 (same, valid, dilated, 7×7): the flipped
+        // forward convolution.
+        let o2 = || ConvOptions::new([2, 1], [1, 1], [1, 1], 1);
+        check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
+        for (pad, dil, k) in [([1, 1], [1, 1], 3), ([0, 0], [1, 1], 3), ([2, 1], [2, 1], 3), ([3, 3], [1, 1], 7), ([1, 0], [1, 1], 3)] {
+            let o = move || ConvOptions::new([1, 1], pad, dil, 1);
+            check_conv::<4>([2, 3, 11, 10], [4, 3, k, k], true, move |x, w, b| super::conv2d(x, w, b, o()), move |x, w, b| conv2d(x, w, b, o()));
+        }
+        check_conv::<4>([3, 4, 9, 7], [5, 4, 3, 3], false, |x, w, b| super::conv2d(x, w, b, o2()), |x, w, b| conv2d(x, w, b, o2()));
+        let o3 = || ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
+        check_conv::<5>([2, 3, 4, 5, 6], [4, 3, 3, 3, 3], true, |x, w, b| super::conv3d(x, w, b, o3()), |x, w, b| conv3d(x, w, b, o3()));
+        // 2 MiB of input and 2 MiB of output gradient per sample: two chunks of 6.
+        assert_eq!(super::conv_chunks(12, 4 << 20).len(), 2);
+        let o = || ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+        check_conv::<4>([12, 2, 512, 512], [2, 2, 3, 3], true, |x, w, b| super::conv2d(x, w, b, o()), |x, w, b| conv2d(x, w, b, o()));
+    }
+
+    /// The 1-D convolution (on flex: one GEMM over the batch, col2im input gradient) against
+    /// Burn's: same-padded k5 and k3 as Diffusion's UNet, strided k3 (its downsampling), 1×1,
+    /// dilated, unpadded, without bias, and one whose batch chunks the weight gradient.
+    #[test]
+    fn conv1d_backward_equals_burns() {
+        use burn::tensor::module::conv1d;
+        use burn::tensor::ops::ConvOptions;
+        for (x, w, stride, pad, dil, bias) in [
+            ([3, 6, 16], [5, 6, 5], 1, 2, 1, true),
+            ([2, 4, 8], [4, 4, 3], 1, 1, 1, true),
+            ([3, 4, 9], [6, 4, 3], 2, 1, 1, true),
+            ([2, 8, 4], [3, 8, 1], 1, 0, 1, true),
+            ([2, 3, 11], [4, 3, 3], 1, 2, 2, false),
+            ([2, 3, 10], [4, 3, 3], 1, 0, 1, true),
+            ([3, 5, 7], [2, 5, 5], 3, 1, 1, false),
+        ] {
+            let o = move || ConvOptions::new([stride], [pad], [dil], 1);
+            check_conv::<3>(x, w, bias, move |x, w, b| super::conv1d(x, w, b, o()), move |x, w, b| conv1d(x, w, b, o()));
+        }
+        // 2 MiB of input and output gradient per sample: chunks of the batch.
+        let o = || ConvOptions::new([1], [2], [1], 1);
+        check_conv::<3>([24, 4, 65536], [4, 4, 5], true, |x, w, b| super::conv1d(x, w, b, o()), |x, w, b| conv1d(x, w, b, o()));
+    }
+
+    /// A bf16 conv3d's weight gradient (flex: f32 columns from bf16 blocks) against f32 Burn.
+    #[test]
+    fn bf16_conv_weight_gradient_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        use burn::tensor::ops::ConvOptions;
+        let o = || ConvOptions::new([1, 2, 1], [1, 1, 1], [1, 1, 1], 1);
+        let x: Tensor<A, 5> = random([2, 3, 4, 6, 5], 31).cast(FloatDType::BF16);
+        let w: Tensor<A, 5> = (random::<A, 5>([4, 3, 3, 3, 3], 32) * 0.2).cast(FloatDType::BF16);
+        let r: Tensor<A, 5> = random([2, 4, 4, 3, 5], 33);
+        let run = |x: Tensor<A, 5>, w: Tensor<A, 5>, lean: bool| {
+            let w = w.require_grad();
+            let y = if lean { super::conv3d(x, w.clone(), None, o()) } else { burn::tensor::module::conv3d(x, w.clone(), None, o()) };
+            let g = (y.cast(FloatDType::F32) * r.clone()).sum().backward();
+            vals(w.grad(&g).unwrap().cast(FloatDType::F32))
+        };
+        let lean = run(x.clone(), w.clone(), true);
+        let plain = run(x.cast(FloatDType::F32), w.cast(FloatDType::F32), false);
+        assert!(rel(&lean, &plain) <= 2e-2, "dweight {}", rel(&lean, &plain));
+    }
+}

@@ -1,0 +1,471 @@
+//! Autodiff nodes with hand-written backwards that keep only what PyTorch's autograd keeps (and
+//! make no larger temporaries than it does), dispatched per backend.
+//!
+//! Built from Burn's primitive ops, autodiff keeps every op's inputs: a LayerNorm / GroupNorm
+//! written as `(x − mean) / sqrt(var + eps) · weight + bias` keeps the centred input *and* the
+//! normalised one (2 activation maps), and `silu(x) = x · sigmoid(x)` keeps `x` and
+//! `sigmoid(x)` (2 maps). PyTorch's `native_group_norm` / `native_layer_norm` keep the input
+//! plus per-group mean and 1/std, and its SiLU and Mish keep their input. [`LeanBackend`] gives
+//! each of these one autodiff node on `Autodiff<B, C>` with that state (1 map, in the input's
+//! dtype) and the analytic backward:
+//!
+//! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]) and LayerNorm;
+//! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
+//!   per-channel affine (frozen batch norm) and linear upsampling;
+//! - [`conv`]: 1-D, 2-D and 3-D convolutions, weight gradient over bounded batch chunks and a
+//!   stride-1 input gradient as a forward convolution.
+//!
+//! Here: the trait, its `Autodiff<B, C>` implementation (each node is built beside its
+//! backward, in those files), the primitive <-> tensor helpers, and the inner (non-autodiff)
+//! backends' implementations (`inner_lean_backend!`), which run the same forwards: flex
+//! through the CPU kernels of `nn::flex` where they apply (`flex_kernels` below), wgpu, cuda
+//! and flex's fallbacks composed of Burn ops (`burn_kernels`). Each backward is tested against
+//! plain autodiff of the composed forward, or Burn's own node (each file's `tests`).
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::ops::{ConvOptions, ModuleOps};
+use burn::tensor::{TensorMetadata, TensorPrimitive};
+
+mod conv;
+mod norm;
+mod pointwise;
+
+pub use super::linear_source_indices;
+pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
+pub(crate) use norm::{group_norm, layer_norm};
+pub use pointwise::{channel_affine, mish, relu, silu, softmax, upsample_linear};
+
+use conv::flipped_weight;
+use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed};
+use pointwise::{forward_mish, forward_silu, upsample_linear_backward_composed, upsample_linear_composed};
+
+/// Float primitive of backend `B`.
+pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// An activation fused into a normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormAct {
+    None,
+    Silu,
+}
+
+/// A Burn backend with vramlab's lean normalisations and activations. Implemented for the
+/// inner backends vramlab builds (forward only, composed of Burn ops) and for `Autodiff` of
+/// any of them (one node each, hand-written backward).
+pub trait LeanBackend: Backend {
+    /// GroupNorm (+ optional fused activation) of `x: [batch, channels, …]` (rank ≥ 3, any float
+    /// dtype), computed in f32, returned in `x`'s dtype. `weight`, `bias`: f32 `[channels]`.
+    fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self>;
+    /// LayerNorm of the last axis of `x: [..., d]`, computed and returned in f32.
+    fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self>;
+    /// SiLU, computed in f32, returned in `x`'s dtype.
+    fn lean_silu(x: Prim<Self>) -> Prim<Self>;
+    /// Mish, computed in f32, returned in `x`'s dtype.
+    fn lean_mish(x: Prim<Self>) -> Prim<Self>;
+    /// ReLU that keeps its *output* for the backward (`dx = dy` where the output is > 0).
+    /// Burn's ReLU keeps its input; the output is what the next op (a convolution, a pool)
+    /// keeps anyway, so this node adds nothing of its own, as torchvision's in-place ReLU.
+    fn lean_relu(x: Prim<Self>) -> Prim<Self>;
+    /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
+    /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
+    /// `exp` keeps its input and whose division keeps the `exp`: two input-sized tensors (an
+    /// attention map each, per attention layer).
+    fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self>;
+    /// `conv2d` whose weight gradient is summed over batch chunks of at most
+    /// [`CONV_WORKSPACE_BYTES`] of input plus output gradient (see [`conv_chunks`]).
+    fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self>;
+    /// `conv3d`, weight gradient as [`LeanBackend::lean_conv2d`]'s.
+    fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self>;
+    /// 1-D convolution (on flex one GEMM over the whole batch, `nn::flex::conv1d`).
+    fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self>;
+    /// The input gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
+    fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
+    /// The weight gradient of [`LeanBackend::lean_conv1d`] (a backend's own kernel; unused on autodiff).
+    fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self>;
+    /// `x · scale + shift` per channel of `x: [batch, channels, …]`, `scale`/`shift`: `[channels]`
+    /// in `x`'s dtype. On autodiff the node keeps only `scale` when `scale` and `shift` are
+    /// constants (frozen batch norm); otherwise it is the composed ops. flex: one pass over `x`
+    /// (its broadcast multiply and add walk `x` through a generic strided iterator).
+    fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self>;
+    /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
+    /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
+    fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_group_norm`]'s forward with the per-group mean and 1/std (f32
+    /// `[n, g, 1, 1]`) its backward keeps.
+    fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// [`LeanBackend::lean_group_norm`]'s backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims
+    /// and dtype.
+    #[allow(clippy::too_many_arguments)]
+    fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// The weight gradient of `conv2d` (Burn's, or on flex GEMMs over im2col columns of at
+    /// most [`CONV_WORKSPACE_BYTES`]).
+    fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
+    /// The weight gradient of `conv3d`, as [`LeanBackend::lean_conv2d_weight_backward`].
+    fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self>;
+    /// Linear interpolation of `x` along `dim` by an integer factor (PyTorch's, align_corners
+    /// false: [`linear_source_indices`]). On autodiff the node keeps nothing (its backward is
+    /// linear); flex: one pass per output row, the backward adds each output row into its two
+    /// source rows.
+    fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
+    /// The backward of [`LeanBackend::lean_upsample_linear`]: `dy` back to `n_in` along `dim`.
+    fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
+    /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
+    /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
+    /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
+    /// Burn does; chunks would add kernel launches; neither choice is measured on a GPU).
+    fn conv_workspace_bytes() -> Option<usize>;
+}
+
+/// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
+mod burn_kernels {
+    use super::*;
+    pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
+        super::flipped_weight::<B>(w)
+    }
+    pub fn upsample_linear<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        super::upsample_linear_composed::<B>(x, dim, scale)
+    }
+    pub fn upsample_linear_backward<B: Backend>(dy: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        super::upsample_linear_backward_composed::<B>(dy, dim, scale)
+    }
+    pub fn group_norm<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        forward_group_norm::<B>(x, w, b, groups, eps, act)
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        super::group_norm_backward_composed::<B>(x, mean, rstd, w, b, dy, groups, act)
+    }
+    pub fn weight_backward_2d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
+        B::conv2d_weight_backward(x, w, dy, o)
+    }
+    pub fn weight_backward_3d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
+        B::conv3d_weight_backward(x, w, dy, o)
+    }
+    pub fn conv3d<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<3>) -> Prim<B> {
+        B::conv3d(x, w, b, o)
+    }
+    pub fn channel_affine<B: Backend>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
+        let dims = dims_of::<B>(&x);
+        let mut bshape = vec![1; dims.len()];
+        bshape[1] = dims[1];
+        let bc = |v: Prim<B>| B::float_reshape(v, Shape::from(bshape.clone()));
+        let y = B::float_mul(x, bc(scale));
+        match shift {
+            Some(b) => B::float_add(y, bc(b)),
+            None => y,
+        }
+    }
+    pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d(x, w, b, o)
+    }
+    pub fn x_backward<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d_x_backward(x, w, dy, o)
+    }
+    pub fn weight_backward<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        B::conv1d_weight_backward(x, w, dy, o)
+    }
+}
+
+/// flex's weight gradient (`nn::flex::conv_weight::conv_weight_backward`): the im2col columns
+/// of one GEMM take at most the input plus output gradient's bytes (what Burn's swapped-dims
+/// convolution copies), within 4 MiB ..= [`CONV_WORKSPACE_BYTES`]. Fewer, larger GEMMs run
+/// faster; the bound keeps the backward's transient no larger than Burn's.
+#[cfg(feature = "flex")]
+fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -> usize {
+    let bytes = (x.shape().num_elements() + dy.shape().num_elements()) * 4;
+    bytes.clamp(4 << 20, CONV_WORKSPACE_BYTES)
+}
+
+/// Flex: the kernels of `nn::flex` where they apply, else Burn's.
+#[cfg(feature = "flex")]
+#[allow(clippy::extra_unused_type_parameters)] // `<B>` mirrors `burn_kernels`' so the macro calls both alike
+mod flex_kernels {
+    use crate::nn::flex;
+    use super::*;
+    type F = burn::backend::Flex;
+    pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
+        flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
+    }
+    pub fn upsample_linear<B>(x: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
+        flex::pointwise::upsample_linear(&x, dim, scale, false).unwrap_or_else(|| burn_kernels::upsample_linear::<F>(x, dim, scale))
+    }
+    pub fn upsample_linear_backward<B>(dy: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
+        flex::pointwise::upsample_linear(&dy, dim, scale, true).unwrap_or_else(|| burn_kernels::upsample_linear_backward::<F>(dy, dim, scale))
+    }
+    pub fn group_norm<B>(x: Prim<F>, w: Prim<F>, b: Prim<F>, groups: usize, eps: f64, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
+        flex::group_norm::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm::<F>(x, w, b, groups, eps, act))
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_backward<B>(x: Prim<F>, mean: Prim<F>, rstd: Prim<F>, w: Prim<F>, b: Prim<F>, dy: Prim<F>, groups: usize, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
+        flex::group_norm::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
+    }
+    pub fn weight_backward_2d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<2>) -> Prim<F> {
+        match (o.groups == 1).then(|| flex::conv_weight::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
+            Some(dw) => dw,
+            None => burn_kernels::weight_backward_2d::<F>(x, w, dy, o),
+        }
+    }
+    pub fn conv3d<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<3>) -> Prim<F> {
+        match flex::conv3d::conv3d(&x, &w, b.as_ref(), &o) {
+            Some(y) => y,
+            None => burn_kernels::conv3d::<F>(x, w, b, o),
+        }
+    }
+    pub fn weight_backward_3d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<3>) -> Prim<F> {
+        if let Some(dw) = flex::conv3d::conv3d_weight_backward(&x, &w, &dy, &o) {
+            return dw;
+        }
+        match (o.groups == 1).then(|| flex::conv_weight::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
+            Some(dw) => dw,
+            None => burn_kernels::weight_backward_3d::<F>(x, w, dy, o),
+        }
+    }
+    pub fn channel_affine<B>(x: Prim<F>, scale: Prim<F>, shift: Option<Prim<F>>) -> Prim<F> {
+        match flex::pointwise::channel_affine(&x, &scale, shift.as_ref()) {
+            Some(y) => y,
+            None => burn_kernels::channel_affine::<F>(x, scale, shift),
+        }
+    }
+    pub fn forward<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<1>) -> Prim<F> {
+        if flex::conv1d::handles(&x, &w, &o) { flex::conv1d::conv1d(x, w, b, &o) } else { burn_kernels::forward::<F>(x, w, b, o) }
+    }
+    pub fn x_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
+        if flex::conv1d::handles(&x, &w, &o) { flex::conv1d::conv1d_x_backward(x, w, dy, &o) } else { burn_kernels::x_backward::<F>(x, w, dy, o) }
+    }
+    pub fn weight_backward<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<1>) -> Prim<F> {
+        if flex::conv1d::handles(&x, &w, &o) { flex::conv1d::conv1d_weight_backward(x, w, dy, &o) } else { burn_kernels::weight_backward::<F>(x, w, dy, o) }
+    }
+}
+
+macro_rules! inner_lean_backend {
+    ($ty:ty, $workspace:expr, $kernels:ident) => {
+        impl LeanBackend for $ty {
+            fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
+                $kernels::channel_affine::<Self>(x, scale, shift)
+            }
+            fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
+                $kernels::flipped_weight::<Self>(w)
+            }
+            fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+                $kernels::upsample_linear::<Self>(x, dim, scale)
+            }
+            fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+                $kernels::upsample_linear_backward::<Self>(dy, dim, scale)
+            }
+            fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::group_norm::<Self>(x, weight, bias, groups, eps, act)
+            }
+            fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::group_norm_backward::<Self>(x, mean, rstd, weight, bias, dy, groups, act)
+            }
+            fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
+                $kernels::weight_backward_2d::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
+                $kernels::weight_backward_3d::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
+                $kernels::forward::<Self>(x, weight, bias, options)
+            }
+            fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+                $kernels::x_backward::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+                $kernels::weight_backward::<Self>(x, weight, dy, options)
+            }
+            fn conv_workspace_bytes() -> Option<usize> {
+                $workspace
+            }
+            fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
+                Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
+            }
+            fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
+                forward_layer_norm::<Self>(x, weight, bias, eps).0
+            }
+            fn lean_silu(x: Prim<Self>) -> Prim<Self> {
+                forward_silu::<Self>(x)
+            }
+            fn lean_mish(x: Prim<Self>) -> Prim<Self> {
+                forward_mish::<Self>(x)
+            }
+            fn lean_relu(x: Prim<Self>) -> Prim<Self> {
+                <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
+            }
+            fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
+                <Self as burn::tensor::ops::ActivationOps<Self>>::softmax(x, dim)
+            }
+            fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
+                <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
+            }
+            fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
+                $kernels::conv3d::<Self>(x, weight, bias, options)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "flex")]
+inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), flex_kernels);
+#[cfg(feature = "wgpu")]
+inner_lean_backend!(burn::backend::Wgpu, None, burn_kernels);
+#[cfg(feature = "cuda")]
+inner_lean_backend!(burn::backend::Cuda, None, burn_kernels);
+
+fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+fn p<B: Backend, const D: usize>(x: Tensor<B, D>) -> Prim<B> {
+    x.into_primitive().tensor()
+}
+
+/// `x` (any rank) viewed as a rank-`D` tensor of `shape`.
+fn view<B: Backend, const D: usize>(x: Prim<B>, shape: [usize; D]) -> Tensor<B, D> {
+    t(B::float_reshape(x, Shape::from(shape)))
+}
+
+fn dims_of<B: Backend>(x: &Prim<B>) -> Vec<usize> {
+    x.shape().to_vec()
+}
+
+/// A tensor of any rank back to `dims` (the caller's rank).
+fn unview<B: Backend, const D: usize>(x: Tensor<B, D>, dims: &[usize]) -> Prim<B> {
+    B::float_reshape(p(x), Shape::from(dims.to_vec()))
+}
+
+impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
+    fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
+        norm::group_norm_node::<B, C>(x, weight, bias, groups, eps, act)
+    }
+
+    fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
+        norm::layer_norm_node::<B, C>(x, weight, bias, eps)
+    }
+
+    fn lean_silu(x: Prim<Self>) -> Prim<Self> {
+        pointwise::silu_node::<B, C>(x)
+    }
+
+    fn lean_mish(x: Prim<Self>) -> Prim<Self> {
+        pointwise::mish_node::<B, C>(x)
+    }
+
+    fn lean_relu(x: Prim<Self>) -> Prim<Self> {
+        pointwise::relu_node::<B, C>(x)
+    }
+
+    fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
+        pointwise::softmax_node::<B, C>(x, dim)
+    }
+
+    fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_flipped_weight(w.primitive))
+    }
+    fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+        pointwise::upsample_linear_node::<B, C>(x, dim, scale)
+    }
+    fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_upsample_linear_backward(dy.primitive, dim, scale))
+    }
+    fn lean_group_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (y, m, r) = B::lean_group_norm_stats(x.primitive, weight.primitive, bias.primitive, groups, eps, act);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(y), f(m), f(r))
+    }
+    fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (dx, dw, db) = B::lean_group_norm_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, bias.primitive, dy.primitive, groups, act);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(dx), f(dw), f(db))
+    }
+    fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv2d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+    fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv3d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+
+    fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
+        pointwise::channel_affine_node::<B, C>(x, scale, shift)
+    }
+
+    fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
+        conv::conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv2d(x, w, b, o))
+    }
+
+    fn conv_workspace_bytes() -> Option<usize> {
+        B::conv_workspace_bytes()
+    }
+
+    fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
+        conv::conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv3d(x, w, b, o))
+    }
+
+    fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
+        conv::conv_node::<B, C, _>(x, weight, bias, options, |x, w, b, o| B::lean_conv1d(x, w, b, o))
+    }
+    // Plain kernels on the inner tensors: the gradient of a gradient is not tracked.
+    fn lean_conv1d_x_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv1d_x_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+    fn lean_conv1d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<1>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_conv1d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // What the node tests of `norm`, `pointwise` and `conv` share.
+    use burn::backend::{Autodiff, Flex};
+    use burn::prelude::*;
+    use burn::tensor::Distribution;
+    use burn::tensor::backend::AutodiffBackend;
+
+    pub(super) type A = Autodiff<Flex>;
+
+    pub(super) fn vals<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    /// max |a − b| / max |b|: the "≤ 1e-5 relative" for whole gradient tensors.
+    pub(super) fn rel(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+
+    pub(super) fn random<B: Backend, const D: usize>(dims: [usize; D], seed: u64) -> Tensor<B, D> {
+        B::seed(&Default::default(), seed);
+        Tensor::random(dims, Distribution::Normal(0.3, 1.5), &Default::default())
+    }
+
+    /// Gradients of `sum(f(x) · r)` w.r.t. x and the norm's weight and bias, for the lean and
+    /// the composed forward; asserts each pair within `tol`.
+    pub(super) fn check<B: AutodiffBackend + super::LeanBackend, const D: usize>(
+        dims: [usize; D],
+        params: usize,
+        lean: impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>,
+        plain: impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>,
+        tol: f32,
+    ) {
+        let x0: Tensor<B, D> = random(dims, 1);
+        let w0: Tensor<B, 1> = random([params], 2) * 0.5 + 1.0;
+        let b0: Tensor<B, 1> = random([params], 3) * 0.5;
+        let r: Tensor<B, D> = random(dims, 4);
+        let run = |f: &dyn Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D>| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = f(x.clone(), w.clone(), b.clone());
+            let out = vals(y.clone());
+            let g = (y * r.clone()).sum().backward();
+            (out, vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap()))
+        };
+        let (lo, lx, lw, lb) = run(&lean);
+        let (po, px, pw, pb) = run(&plain);
+        for (name, a, b) in [("output", lo, po), ("dx", lx, px), ("dweight", lw, pw), ("dbias", lb, pb)] {
+            let e = rel(&a, &b);
+            assert!(e <= tol, "{name}: relative error {e:e} > {tol:e}");
+        }
+    }
+}

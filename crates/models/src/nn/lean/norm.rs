@@ -1,0 +1,323 @@
+//! The normalisation nodes: GroupNorm (+ an optional fused SiLU) and LayerNorm, each one
+//! autodiff node that keeps the input plus the per-group (per-row) mean and 1/std, as
+//! PyTorch's `native_group_norm` / `native_layer_norm`, with the analytic backward over the `m`
+//! elements of a group (row, for LayerNorm), `x̂ = (x − μ)·r`, `r = 1/sqrt(var + eps)` and `g`
+//! the output gradient times `weight`:
+//! `dx = r · (g − mean(g) − x̂ · mean(g · x̂))`, `dweight = Σ dy · x̂`, `dbias = Σ dy`.
+//!
+//! GroupNorm can fuse a following SiLU ([`NormAct::Silu`], the 3D-VAE's `norm → silu`): the
+//! node then keeps only the norm's input and recomputes the pre-activation in the backward.
+//! Also here: the composed forwards and backward (Burn ops) the inner backends run.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::activation::sigmoid;
+use burn::tensor::{DType, TensorMetadata};
+
+use super::pointwise::silu_grad;
+use super::{LeanBackend, NormAct, Prim, dims_of, p, t, unview, view};
+use crate::nn::{to_dtype, to_f32};
+
+/// The two views of `[n, c, s…]` GroupNorm works in, both free reshapes of the contiguous
+/// input: statistics over `[n, groups, c/groups · s/last, last]` (the last axis reduced first,
+/// then the rest: one flat reduction over a whole group, up to millions of elements,
+/// accumulates ~1e-5 relative f32 error on some backends (flex), which GroupNorm amplifies on
+/// sparse inputs), and the per-channel affine over `[n, c, s]` (3-D broadcasts take flex's
+/// fast paths; 5-D ones with a `[1, g, c/g, 1, 1]` weight went through its strided iterator).
+#[derive(Clone, Copy)]
+struct GroupViews {
+    stats: [usize; 4],
+    channels: [usize; 3],
+}
+
+fn group_views(dims: &[usize], groups: usize) -> GroupViews {
+    let (n, c) = (dims[0], dims[1]);
+    let last = dims[dims.len() - 1].max(1);
+    let spatial: usize = dims[2..].iter().product();
+    GroupViews { stats: [n, groups, c / groups * spatial / last, last], channels: [n, c, spatial] }
+}
+
+fn group_mean<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    x.mean_dim(3).mean_dim(2)
+}
+
+/// Per-group mean and `1/sqrt(var + eps)` (`[n, g, 1, 1]`) of an f32 statistics view.
+fn group_stats<B: Backend>(x: &Tensor<B, 4>, eps: f64) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    let mean = group_mean(x.clone());
+    let var = group_mean((x.clone() - mean.clone()).square());
+    (mean, (var + eps).sqrt().recip())
+}
+
+/// A per-channel `[c]` parameter as `[1, c, 1]`.
+fn channel_view<B: Backend>(w: Prim<B>) -> Tensor<B, 3> {
+    let w = t::<B, 1>(w);
+    let c = w.dims()[0];
+    w.reshape([1, c, 1])
+}
+
+/// Forward of [`LeanBackend::lean_group_norm`]; also returns the per-group mean and 1/std
+/// (f32 `[n, g, 1, 1]`) that the backward keeps.
+pub(super) fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let v = group_views(&dims, groups);
+    let xg = to_f32(view::<B, 4>(x, v.stats));
+    let (mean, rstd) = group_stats(&xg, eps);
+    let xhat = ((xg - mean.clone()) * rstd.clone()).reshape(v.channels);
+    let z = xhat * channel_view::<B>(weight) + channel_view::<B>(bias);
+    let y = match act {
+        NormAct::None => z,
+        NormAct::Silu => z.clone() * sigmoid(z),
+    };
+    (unview(to_dtype(y, dtype), &dims), p(mean), p(rstd))
+}
+
+pub(super) fn forward_layer_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let d = dims[dims.len() - 1];
+    let x = to_f32(view::<B, 2>(x, [dims.iter().product::<usize>() / d, d]));
+    let mean = x.clone().mean_dim(1);
+    let xc = x - mean.clone();
+    let rstd = (xc.clone().square().mean_dim(1) + eps).sqrt().recip();
+    let y = xc * rstd.clone() * t::<B, 1>(weight).reshape([1, d]) + t::<B, 1>(bias).reshape([1, d]);
+    (unview(y, &dims), p(mean), p(rstd))
+}
+
+/// GroupNorm's backward from `x̂` and `g` (the gradient at the affine's output) in the channel
+/// view: `dx` (f32, channel view), `dweight`, `dbias` (`[c]`).
+fn group_norm_backward<B: Backend>(xhat: Tensor<B, 3>, rstd: Tensor<B, 4>, g: Tensor<B, 3>, weight: Tensor<B, 3>, v: GroupViews) -> (Tensor<B, 3>, Tensor<B, 1>, Tensor<B, 1>) {
+    let c = v.channels[1];
+    let dweight = (g.clone() * xhat.clone()).sum_dim(2).sum_dim(0).reshape([c]);
+    let dbias = g.clone().sum_dim(2).sum_dim(0).reshape([c]);
+    let gh = (g * weight).reshape(v.stats);
+    let xhat = xhat.reshape(v.stats);
+    let m1 = group_mean(gh.clone());
+    let m2 = group_mean(gh.clone() * xhat.clone());
+    let dx = (gh - m1 - xhat * m2) * rstd;
+    (dx.reshape(v.channels), dweight, dbias)
+}
+
+/// Register a normalisation's gradients with whichever of its parents (input, weight, bias:
+/// their node ids, `None` when untracked) needs one; `dx` goes back to the input's `dims` and
+/// `dtype`.
+#[allow(clippy::too_many_arguments)]
+fn register_norm_grads<B: Backend, const D: usize>(grads: &mut Gradients, parents: [Option<NodeId>; 3], dx: Tensor<B, D>, dims: &[usize], dtype: DType, dweight: Tensor<B, 1>, dbias: Tensor<B, 1>) {
+    let [id_x, id_w, id_b] = parents;
+    if let Some(id) = id_x {
+        grads.register::<B>(id, unview(to_dtype(dx, dtype), dims));
+    }
+    if let Some(id) = id_w {
+        grads.register::<B>(id, p(dweight));
+    }
+    if let Some(id) = id_b {
+        grads.register::<B>(id, p(dbias));
+    }
+}
+
+#[derive(Debug)]
+struct GroupNormBackward;
+
+#[derive(Clone, Debug)]
+struct GroupNormState<B: Backend> {
+    x: Prim<B>,
+    mean: Prim<B>,
+    rstd: Prim<B>,
+    weight: Prim<B>,
+    bias: Prim<B>,
+    groups: usize,
+    act: NormAct,
+}
+
+impl<B: LeanBackend> Backward<B, 3> for GroupNormBackward {
+    type State = GroupNormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let GroupNormState { x, mean, rstd, weight, bias, groups, act } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let (dx, dweight, dbias) = B::lean_group_norm_backward(x, mean, rstd, weight, bias, dy, groups, act);
+        let [id_x, id_w, id_b] = ops.parents.map(|n| n.map(|n| n.id));
+        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias)] {
+            if let Some(id) = id {
+                grads.register::<B>(id, g);
+            }
+        }
+    }
+}
+
+/// [`LeanBackend::lean_group_norm`] on `Autodiff<B, C>`: one node keeping the input and the
+/// per-group mean and 1/std ([`GroupNormBackward`]).
+pub(super) fn group_norm_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, weight: Prim<Autodiff<B, C>>, bias: Prim<Autodiff<B, C>>, groups: usize, eps: f64, act: NormAct) -> Prim<Autodiff<B, C>> {
+    match GroupNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (y, mean, rstd) = B::lean_group_norm_stats(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), groups, eps, act);
+            let state = GroupNormState { x: x.primitive, mean, rstd, weight: weight.primitive, bias: bias.primitive, groups, act };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_group_norm(x.primitive, weight.primitive, bias.primitive, groups, eps, act)),
+    }
+}
+
+/// [`LeanBackend::lean_group_norm_backward`] composed of Burn ops (any backend, any dtype).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn group_norm_backward_composed<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, weight: Prim<B>, bias: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let v = group_views(&dims, groups);
+    let rstd = t::<B, 4>(rstd);
+    let xhat = ((to_f32(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
+    let weight = channel_view::<B>(weight);
+    let dy = to_f32(view::<B, 3>(dy, v.channels));
+    let g = match act {
+        NormAct::None => dy,
+        NormAct::Silu => {
+            let z = xhat.clone() * weight.clone() + channel_view::<B>(bias);
+            silu_grad(z, dy)
+        }
+    };
+    let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
+    (unview(to_dtype(dx, dtype), &dims), p(dweight), p(dbias))
+}
+
+#[derive(Debug)]
+struct LayerNormBackward;
+
+#[derive(Clone, Debug)]
+struct LayerNormState<B: Backend> {
+    x: Prim<B>,
+    mean: Prim<B>,
+    rstd: Prim<B>,
+    weight: Prim<B>,
+}
+
+impl<B: Backend> Backward<B, 3> for LayerNormBackward {
+    type State = LayerNormState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let LayerNormState { x, mean, rstd, weight } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let dims = dims_of::<B>(&x);
+        let dtype = x.dtype();
+        let d = dims[dims.len() - 1];
+        let rows = dims.iter().product::<usize>() / d;
+        let x = to_f32(view::<B, 2>(x, [rows, d]));
+        let rstd = t::<B, 2>(rstd);
+        let xhat = (x - t::<B, 2>(mean)) * rstd.clone();
+        let dy = to_f32(view::<B, 2>(dy, [rows, d]));
+        let w = t::<B, 1>(weight).reshape([1, d]);
+        let dweight = (dy.clone() * xhat.clone()).sum_dim(0).reshape([d]);
+        let dbias = dy.clone().sum_dim(0).reshape([d]);
+        let gh = dy * w;
+        let m1 = gh.clone().mean_dim(1);
+        let m2 = (gh.clone() * xhat.clone()).mean_dim(1);
+        let dx = (gh - m1 - xhat * m2) * rstd;
+        register_norm_grads::<B, 2>(grads, ops.parents.map(|n| n.map(|n| n.id)), dx, &dims, dtype, dweight, dbias);
+    }
+}
+
+/// [`LeanBackend::lean_layer_norm`] on `Autodiff<B, C>`: one node keeping the input and the
+/// per-row mean and 1/std ([`LayerNormBackward`]).
+pub(super) fn layer_norm_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, weight: Prim<Autodiff<B, C>>, bias: Prim<Autodiff<B, C>>, eps: f64) -> Prim<Autodiff<B, C>> {
+    match LayerNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (y, mean, rstd) = forward_layer_norm::<B>(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), eps);
+            prep.finish(LayerNormState { x: x.primitive, mean, rstd, weight: weight.primitive }, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_layer_norm(x.primitive, weight.primitive, bias.primitive, eps)),
+    }
+}
+
+pub(crate) fn group_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, groups: usize, eps: f64, act: NormAct) -> Tensor<B, D> {
+    t(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, act))
+}
+
+pub(crate) fn layer_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
+    t(B::lean_layer_norm(p(x), p(weight), p(bias), eps))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::backend::{Autodiff, Flex};
+    use burn::module::Param;
+    use burn::prelude::*;
+    use burn::tensor::activation::silu as burn_silu;
+
+    use super::super::tests::{A, check, random, rel, vals};
+    use super::NormAct;
+    use crate::nn::norm::composed;
+    use crate::nn::{GroupNorm, LayerNorm};
+
+    fn gn<B: Backend>(w: Tensor<B, 1>, b: Tensor<B, 1>, groups: usize) -> GroupNorm<B> {
+        GroupNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), num_groups: groups, eps: 1e-5 }
+    }
+
+    fn lean_gn<B: super::LeanBackend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+        move |x, w, b| gn(w, b, groups).forward_act(x, act)
+    }
+
+    fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+        move |x, w, b| {
+            let y = composed::group_norm(&gn(w, b, groups), x);
+            if act == NormAct::Silu { burn_silu(y) } else { y }
+        }
+    }
+
+    #[test]
+    fn group_norm_backward_equals_autodiff_of_the_composed_forward() {
+        type Balanced = Autodiff<Flex, BalancedCheckpointing>;
+        for act in [NormAct::None, NormAct::Silu] {
+            check::<A, 5>([2, 8, 3, 4, 5], 8, lean_gn(4, act), plain_gn(4, act), 1e-5);
+            check::<A, 4>([3, 16, 6, 7], 16, lean_gn(4, act), plain_gn(4, act), 1e-5);
+            check::<A, 3>([2, 12, 9], 12, lean_gn(3, act), plain_gn(3, act), 1e-5);
+            check::<Balanced, 4>([2, 8, 5, 5], 8, lean_gn(2, act), plain_gn(2, act), 1e-5);
+        }
+    }
+
+    #[test]
+    fn layer_norm_backward_equals_autodiff_of_the_composed_forward() {
+        let ln = |w, b| LayerNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), eps: 1e-5 };
+        check::<A, 3>([3, 7, 16], 16, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+        check::<A, 2>([5, 64], 64, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+    }
+
+    #[test]
+    fn lean_ops_keep_reduced_precision_inputs_in_their_dtype() {
+        use burn::tensor::{DType, FloatDType};
+        let x: Tensor<A, 4> = random([2, 8, 4, 4], 5).cast(FloatDType::BF16).require_grad();
+        let g = gn::<A>(Tensor::ones([8], &Default::default()), Tensor::zeros([8], &Default::default()), 4);
+        let y = g.forward_act(x.clone(), NormAct::Silu);
+        assert_eq!(y.dtype(), DType::BF16);
+        let grads = y.cast(FloatDType::F32).sum().backward();
+        assert_eq!(x.grad(&grads).unwrap().dtype(), DType::BF16);
+        let ln = LayerNorm::<A>::new(4, &Default::default());
+        assert_eq!(ln.forward(x.clone()).dtype(), DType::F32, "LayerNorm returns f32");
+        assert_eq!(super::super::mish(x).dtype(), DType::BF16);
+    }
+
+    /// GroupNorm + SiLU on bf16 input (flex's bf16 kernel) against the f32 composed ops on the
+    /// same values: output and input gradient within bf16 rounding.
+    #[test]
+    fn bf16_group_norm_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        let x16: Tensor<A, 4> = random([2, 8, 5, 6], 21).cast(FloatDType::BF16);
+        let x32 = x16.clone().cast(FloatDType::F32);
+        let (w, b): (Tensor<A, 1>, Tensor<A, 1>) = (random([8], 22) * 0.5 + 1.0, random([8], 23) * 0.5);
+        let r: Tensor<A, 4> = random([2, 8, 5, 6], 24);
+        let run = |x: Tensor<A, 4>, lean: bool| {
+            let x = x.require_grad();
+            let y = if lean { lean_gn::<A, 4>(4, NormAct::Silu)(x.clone(), w.clone(), b.clone()) } else { plain_gn::<A, 4>(4, NormAct::Silu)(x.clone(), w.clone(), b.clone()) };
+            let y = y.cast(FloatDType::F32);
+            let out = vals(y.clone());
+            let g = (y * r.clone()).sum().backward();
+            (out, vals(x.grad(&g).unwrap().cast(FloatDType::F32)))
+        };
+        let ((lo, lx), (po, px)) = (run(x16, true), run(x32, false));
+        assert!(rel(&lo, &po) <= 1e-2, "output {}", rel(&lo, &po));
+        assert!(rel(&lx, &px) <= 2e-2, "dx {}", rel(&lx, &px));
+    }
+}

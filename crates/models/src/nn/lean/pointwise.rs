@@ -1,0 +1,394 @@
+//! The per-element and per-row nodes: SiLU and Mish (keep their input, as PyTorch's), ReLU
+//! and softmax (keep their output), the per-channel affine (frozen batch norm: keeps only the
+//! scale) and linear upsampling along one axis (keeps nothing).
+//!
+//! - SiLU: `dx = dy · s · (1 + x·(1 − s))`, `s = sigmoid(x)`;
+//! - Mish: `dx = dy · (tanh(sp) + x · (1 − tanh²(sp)) · sigmoid(x))`, `sp = softplus(x)`;
+//! - ReLU: `dx = dy` where the output is > 0 ([`LeanBackend::lean_relu`]);
+//! - softmax: `dx = y · (dy − Σ_dim dy · y)`.
+//!
+//! Also here: the composed forwards (Burn ops) the inner backends run.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::activation::sigmoid;
+use burn::tensor::{TensorData, TensorMetadata};
+
+use super::{LeanBackend, Prim, burn_kernels, dims_of, linear_source_indices, p, t, unview, view};
+use crate::nn::{to_dtype, to_f32};
+
+fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    // Overflow-free: max(x, 0) + log1p(exp(−|x|)).
+    burn::tensor::activation::relu(x.clone()) + x.abs().neg().exp().log1p()
+}
+
+pub(super) fn forward_silu<B: Backend>(x: Prim<B>) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
+    unview(to_dtype(x.clone() * sigmoid(x), dtype), &dims)
+}
+
+pub(super) fn forward_mish<B: Backend>(x: Prim<B>) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
+    unview(to_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
+}
+
+/// `dL/dz · silu'(z)`.
+pub(super) fn silu_grad<B: Backend, const D: usize>(z: Tensor<B, D>, dy: Tensor<B, D>) -> Tensor<B, D> {
+    let s = sigmoid(z.clone());
+    dy * s.clone() * (z * (s.neg() + 1.0) + 1.0)
+}
+
+#[derive(Debug)]
+struct ActBackward;
+
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    Silu,
+    Mish,
+}
+
+impl<B: Backend> Backward<B, 1> for ActBackward {
+    type State = (Prim<B>, Act);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, act) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let [node_x] = ops.parents;
+        let Some(node) = node_x else { return };
+        let dims = dims_of::<B>(&x);
+        let n = dims.iter().product::<usize>();
+        let dtype = x.dtype();
+        let x = to_f32(view::<B, 1>(x, [n]));
+        let dy = to_f32(view::<B, 1>(dy, [n]));
+        let dx = match act {
+            Act::Silu => silu_grad(x, dy),
+            Act::Mish => {
+                let th = softplus(x.clone()).tanh();
+                let d = th.clone() + x.clone() * (th.square().neg() + 1.0) * sigmoid(x);
+                dy * d
+            }
+        };
+        grads.register::<B>(node.id, unview(to_dtype(dx, dtype), &dims));
+    }
+}
+
+/// [`LeanBackend::lean_silu`] on `Autodiff<B, C>`: one node keeping the input.
+pub(super) fn silu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = forward_silu::<B>(x.primitive.clone());
+            prep.finish((x.primitive, Act::Silu), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_silu(x.primitive)),
+    }
+}
+
+/// [`LeanBackend::lean_mish`] on `Autodiff<B, C>`: one node keeping the input.
+pub(super) fn mish_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = forward_mish::<B>(x.primitive.clone());
+            prep.finish((x.primitive, Act::Mish), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_mish(x.primitive)),
+    }
+}
+
+#[derive(Debug)]
+struct ReluBackward;
+
+impl<B: Backend> Backward<B, 1> for ReluBackward {
+    type State = Prim<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_relu`] on `Autodiff<B, C>`: one node keeping the output.
+pub(super) fn relu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    match ReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = B::relu(x.primitive);
+            prep.finish(y.clone(), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::relu(x.primitive)),
+    }
+}
+
+/// Softmax's backward from its output: `dx = y · (dy − Σ_dim dy · y)`.
+#[derive(Debug)]
+struct SoftmaxBackward;
+
+impl<B: Backend> Backward<B, 1> for SoftmaxBackward {
+    type State = (Prim<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (y, dim) = ops.state;
+        if let [Some(node)] = ops.parents {
+            let dot = B::float_sum_dim(B::float_mul(dy.clone(), y.clone()), dim);
+            grads.register::<B>(node.id, B::float_mul(y, B::float_sub(dy, dot)));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_softmax`] on `Autodiff<B, C>`: one node keeping the output.
+pub(super) fn softmax_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, dim: usize) -> Prim<Autodiff<B, C>> {
+    match SoftmaxBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = B::lean_softmax(x.primitive, dim);
+            prep.finish((y.clone(), dim), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_softmax(x.primitive, dim)),
+    }
+}
+
+/// `y = x · scale + shift` with constant `scale`, `shift`: `dx = dy · scale`.
+#[derive(Debug)]
+struct AffineBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for AffineBackward {
+    type State = Prim<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::lean_channel_affine(dy, ops.state, None));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_channel_affine`] on `Autodiff<B, C>`: with constant `scale` and `shift`
+/// one node keeping the scale ([`AffineBackward`]), otherwise the composed ops.
+pub(super) fn channel_affine_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, scale: Prim<Autodiff<B, C>>, shift: Option<Prim<Autodiff<B, C>>>) -> Prim<Autodiff<B, C>> {
+    let constant = scale.node.requirement.is_none() && shift.as_ref().is_none_or(|b| b.node.requirement.is_none());
+    if !constant {
+        return burn_kernels::channel_affine::<Autodiff<B, C>>(x, scale, shift);
+    }
+    match AffineBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = B::lean_channel_affine(x.primitive, scale.primitive.clone(), shift.map(|b| b.primitive));
+            prep.finish(scale.primitive, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine(x.primitive, scale.primitive, shift.map(|b| b.primitive))),
+    }
+}
+
+/// Linear upsampling: the backward needs only the axis and factor.
+#[derive(Debug)]
+struct UpsampleBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for UpsampleBackward {
+    type State = (usize, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (dim, scale) = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::lean_upsample_linear_backward(dy, dim, scale));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_upsample_linear`] on `Autodiff<B, C>`: one node keeping nothing.
+pub(super) fn upsample_linear_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, dim: usize, scale: usize) -> Prim<Autodiff<B, C>> {
+    match UpsampleBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((dim, scale), B::lean_upsample_linear(x.primitive, dim, scale)),
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_upsample_linear(x.primitive, dim, scale)),
+    }
+}
+
+/// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
+pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let x: Tensor<B, 5> = view(x, pad5(&dims));
+    let dim = dim + 5 - dims.len();
+    let (i0, i1, lambda) = linear_source_indices(x.dims()[dim], scale);
+    let n_out = lambda.len();
+    let device = x.device();
+    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
+    // Weights broadcast along every axis but `dim`, in x's dtype (0.25 / 0.75 etc. are exact
+    // in bf16 and f16 for the factor 2 the VAE uses).
+    let mut wshape = [1usize; 5];
+    wshape[dim] = n_out;
+    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(x.dtype());
+    let w0 = weight(lambda.iter().map(|l| 1.0 - l).collect());
+    let w1 = weight(lambda);
+    let lo = x.clone().select(dim, index(i0));
+    let hi = x.select(dim, index(i1));
+    let mut out = dims.clone();
+    out[dim + dims.len() - 5] = n_out;
+    unview(lo * w0 + hi * w1, &out)
+}
+
+/// The backward of [`upsample_linear_composed`]: each output row added into its two sources.
+pub(super) fn upsample_linear_backward_composed<B: Backend>(dy: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+    use burn::tensor::IndexingUpdateOp;
+    let dims = dims_of::<B>(&dy);
+    let dy: Tensor<B, 5> = view(dy, pad5(&dims));
+    let dim = dim + 5 - dims.len();
+    let n_in = dy.dims()[dim] / scale;
+    let (i0, i1, lambda) = linear_source_indices(n_in, scale);
+    let n_out = lambda.len();
+    let device = dy.device();
+    let index = |v: Vec<i64>| Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n_out]), &device);
+    let mut wshape = [1usize; 5];
+    wshape[dim] = n_out;
+    let dt = dy.dtype();
+    let weight = |w: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(w, [n_out]), &device).reshape(wshape).cast(dt);
+    let mut zeros = dy.dims();
+    zeros[dim] = n_in;
+    let dx = Tensor::<B, 5>::zeros(zeros, &device).cast(dt);
+    let dx = dx.select_assign(dim, index(i0), dy.clone() * weight(lambda.iter().map(|l| 1.0 - l).collect()), IndexingUpdateOp::Add);
+    let dx = dx.select_assign(dim, index(i1), dy * weight(lambda), IndexingUpdateOp::Add);
+    let mut out = dims.clone();
+    out[dim + dims.len() - 5] = n_in;
+    unview(dx, &out)
+}
+
+/// Dims padded with leading 1s to rank 5.
+fn pad5(dims: &[usize]) -> [usize; 5] {
+    let mut out = [1usize; 5];
+    out[5 - dims.len()..].copy_from_slice(dims);
+    out
+}
+
+/// [`LeanBackend::lean_upsample_linear`] on tensors (rank ≤ 5).
+pub fn upsample_linear<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize, scale: usize) -> Tensor<B, D> {
+    t(B::lean_upsample_linear(p(x), dim, scale))
+}
+
+/// [`LeanBackend::lean_softmax`] on a tensor.
+pub fn softmax<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
+    t(B::lean_softmax(p(x), dim))
+}
+
+/// [`LeanBackend::lean_channel_affine`] on tensors.
+pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Tensor<B, 1>, shift: Option<Tensor<B, 1>>) -> Tensor<B, D> {
+    t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
+}
+
+/// [`LeanBackend::lean_relu`] on a tensor.
+pub fn relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_relu(p(x)))
+}
+
+/// [`LeanBackend::lean_silu`] on a tensor.
+pub fn silu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_silu(p(x)))
+}
+
+/// [`LeanBackend::lean_mish`] on a tensor.
+pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    t(B::lean_mish(p(x)))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::prelude::*;
+    use burn::tensor::activation::silu as burn_silu;
+
+    use super::super::tests::{A, check, random, rel, vals};
+
+    #[test]
+    fn activation_backwards_equal_autodiff_of_the_composed_forward() {
+        // The affine parameters only scale and shift the input here, so the check also covers
+        // them; `params` = last axis.
+        let affine = |x: Tensor<A, 3>, w: Tensor<A, 1>, b: Tensor<A, 1>| x * w.reshape([1, 1, 6]) + b.reshape([1, 1, 6]);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::silu(affine(x, w, b)), move |x, w, b| burn_silu(affine(x, w, b)), 1e-5);
+        let mish_plain = |x: Tensor<A, 3>| {
+            let sp = burn::tensor::activation::relu(x.clone()) + x.clone().abs().neg().exp().log1p();
+            x * sp.tanh()
+        };
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::mish(affine(x, w, b) * 3.0), move |x, w, b| mish_plain(affine(x, w, b) * 3.0), 1e-5);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
+        // Softmax over the parameters' axis (last, then moved to the middle): a bias along
+        // any other axis would get a zero gradient (each softmax row's gradient sums to 0).
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::softmax(affine(x, w, b) * 2.0, 2), move |x, w, b| burn::tensor::activation::softmax(affine(x, w, b) * 2.0, 2), 1e-5);
+        check::<A, 3>([4, 5, 6], 6, move |x, w, b| super::softmax(affine(x, w, b).swap_dims(1, 2) * 2.0, 1).swap_dims(1, 2), move |x, w, b| burn::tensor::activation::softmax(affine(x, w, b).swap_dims(1, 2) * 2.0, 1).swap_dims(1, 2), 1e-5);
+    }
+
+    /// Linear upsampling's node (flex kernels) against autodiff of the composed selects, on
+    /// every axis of a 5-D tensor, factor 2 (the VAE's) and 3.
+    #[test]
+    fn upsample_linear_equals_the_composed_ops() {
+        let x0: Tensor<A, 5> = random([2, 3, 4, 5, 6], 7);
+        for (dim, scale) in [(2, 2), (3, 2), (4, 2), (4, 3), (1, 2)] {
+            let mut out = x0.dims();
+            out[dim] *= scale;
+            let r: Tensor<A, 5> = random(out, 8);
+            let run = |lean: bool| {
+                let x = x0.clone().require_grad();
+                let y = if lean { super::upsample_linear(x.clone(), dim, scale) } else { Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(super::upsample_linear_composed::<A>(x.clone().into_primitive().tensor(), dim, scale))) };
+                let out = vals(y.clone());
+                let g = (y * r.clone()).sum().backward();
+                (out, vals(x.grad(&g).unwrap()))
+            };
+            let ((lo, lx), (po, px)) = (run(true), run(false));
+            assert!(rel(&lo, &po) <= 1e-6 && rel(&lx, &px) <= 1e-5, "dim {dim} scale {scale}");
+        }
+    }
+
+    /// The channel affine with constant scale and shift (frozen batch norm's node, which keeps
+    /// only the scale) and with a trainable scale (the composed ops) against the composed ops.
+    #[test]
+    fn channel_affine_equals_the_composed_ops() {
+        for trainable in [false, true] {
+            let x0: Tensor<A, 4> = random([3, 5, 4, 6], 1);
+            let (s0, b0): (Tensor<A, 1>, Tensor<A, 1>) = (random([5], 2), random([5], 3));
+            let r: Tensor<A, 4> = random([3, 5, 4, 6], 4);
+            let run = |lean: bool| {
+                let x = x0.clone().require_grad();
+                let (s, b) = if trainable { (s0.clone().require_grad(), b0.clone().require_grad()) } else { (s0.clone(), b0.clone()) };
+                let y = if lean { super::channel_affine(x.clone(), s.clone(), Some(b.clone())) } else { x.clone() * s.clone().reshape([1, 5, 1, 1]) + b.clone().reshape([1, 5, 1, 1]) };
+                let out = vals(y.clone());
+                let g = (y * r.clone()).sum().backward();
+                let gs = if trainable { vals(s.grad(&g).unwrap()) } else { Vec::new() };
+                (out, vals(x.grad(&g).unwrap()), gs)
+            };
+            let (lo, lx, ls) = run(true);
+            let (po, px, ps) = run(false);
+            assert!(rel(&lo, &po) <= 1e-6 && rel(&lx, &px) <= 1e-6, "trainable {trainable}");
+            if trainable {
+                assert!(rel(&ls, &ps) <= 1e-5);
+            }
+        }
+    }
+
+    /// Linear upsampling of a bf16 tensor (flex's bf16 kernel) against the f32 composed ops on
+    /// the same values: output and input gradient within bf16 rounding, dtypes kept.
+    #[test]
+    fn bf16_upsample_matches_f32_within_rounding() {
+        use burn::tensor::FloatDType;
+        let x16: Tensor<A, 5> = random([2, 3, 4, 5, 6], 41).cast(FloatDType::BF16);
+        for (dim, scale) in [(2, 2), (4, 2), (3, 3)] {
+            let mut out = x16.dims();
+            out[dim] *= scale;
+            let r: Tensor<A, 5> = random(out, 42);
+            let run = |x: Tensor<A, 5>, lean: bool| {
+                let x = x.require_grad();
+                let y = if lean { super::upsample_linear(x.clone(), dim, scale) } else { Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(super::upsample_linear_composed::<A>(x.clone().into_primitive().tensor(), dim, scale))) };
+                let dtype = y.dtype();
+                let y = y.cast(FloatDType::F32);
+                let out = vals(y.clone());
+                let g = (y * r.clone()).sum().backward();
+                (dtype, out, vals(x.grad(&g).unwrap().cast(FloatDType::F32)))
+            };
+            let ((dt, lo, lx), (_, po, px)) = (run(x16.clone(), true), run(x16.clone().cast(FloatDType::F32), false));
+            assert_eq!(dt, burn::tensor::DType::BF16, "dim {dim}: bf16 in, bf16 out");
+            assert!(rel(&lo, &po) <= 1e-2 && rel(&lx, &px) <= 1e-2, "dim {dim} scale {scale}: output {} dx {}", rel(&lo, &po), rel(&lx, &px));
+        }
+    }
+}
