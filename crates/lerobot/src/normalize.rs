@@ -3,6 +3,10 @@
 //! - MEAN_STD: `(x - mean) / (std + eps)`
 //! - MIN_MAX:  `2 * (x - min) / d - 1` with `d = max - min`, replaced by `eps` where `d == 0`
 //! - IDENTITY: unchanged.
+//!
+//! The one home of lerobot's normalisation constants ([`EPS`], [`IMAGENET_MEAN`] /
+//! [`IMAGENET_STD`]) and of reading a processor's statistics back ([`add_state_dict`]: a
+//! normaliser state dict into [`Stats`]).
 
 use std::collections::BTreeMap;
 
@@ -10,13 +14,39 @@ use crate::error::DatasetError;
 use crate::info::{Info, PolicyFeatureType};
 use crate::meta::{FeatureStats, Stats};
 
-/// lerobot's default epsilon.
-pub const EPS: f32 = 1e-8;
+/// lerobot's normaliser epsilon as its processor configs write it (`"eps": 1e-08`, a Python
+/// float).
+pub const EPS_F64: f64 = 1e-8;
+
+/// lerobot's normaliser epsilon, in the float32 arithmetic it normalises with: `std + eps`,
+/// and in place of a zero `max − min`.
+pub const EPS: f32 = EPS_F64 as f32;
 
 /// ImageNet channel statistics (lerobot `IMAGENET_STATS`), used for cameras when
 /// `use_imagenet_stats` is on (lerobot's default for training).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// Add a lerobot normaliser state dict to `stats`: the `<feature>.<stat>` tensors (`mean`,
+/// `std`, `min`, `max`, `count`; others ignored) of a processor's
+/// `…_normalizer_processor.safetensors`, each as `(name, shape, float32 values)`. A tensor
+/// replaces an earlier one of the same name (several files read in order); the feature's
+/// shape is its `mean`'s.
+pub fn add_state_dict(stats: &mut Stats, tensors: impl IntoIterator<Item = (String, Vec<usize>, Vec<f32>)>) {
+    for (name, shape, values) in tensors {
+        let Some((key, stat)) = name.rsplit_once('.') else { continue };
+        let values: Vec<f64> = values.into_iter().map(f64::from).collect();
+        let s = stats.entry(key.to_string()).or_insert_with(|| FeatureStats { shape: Vec::new(), mean: Vec::new(), std: Vec::new(), min: Vec::new(), max: Vec::new(), count: None });
+        match stat {
+            "mean" => (s.mean, s.shape) = (values, shape),
+            "std" => s.std = values,
+            "min" => s.min = values,
+            "max" => s.max = values,
+            "count" => s.count = values.first().copied(),
+            _ => {}
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormMode {
@@ -248,5 +278,30 @@ fn norm_one(mode: NormMode, inverse: bool, x: f32, p: f32, q: f32) -> f32 {
             if inverse { (x + 1.0) / 2.0 * d + p } else { 2.0 * (x - p) / d - 1.0 }
         }
         (NormMode::Identity, _) => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eps_is_lerobots_in_both_widths() {
+        assert_eq!(EPS, 1e-8f32);
+        assert_eq!(serde_json::json!(EPS_F64).to_string(), "1e-8");
+    }
+
+    #[test]
+    fn a_state_dict_reads_back_into_stats() {
+        let t = |name: &str, v: &[f32]| (name.to_string(), vec![v.len()], v.to_vec());
+        let mut stats = Stats::new();
+        add_state_dict(&mut stats, [t("a.mean", &[1.0, 2.0]), t("a.std", &[0.5, 0.25]), t("a.count", &[7.0]), t("b.min", &[-1.0]), t("a.other", &[0.0]), t("unnamed", &[0.0])]);
+        // A second file: a later tensor of the same name replaces the earlier one.
+        add_state_dict(&mut stats, [t("a.std", &[1.0, 1.0]), t("b.max", &[3.0])]);
+        assert_eq!(stats.len(), 2);
+        let a = &stats["a"];
+        assert_eq!((a.shape.as_slice(), a.mean.as_slice(), a.std.as_slice(), a.count), (&[2][..], &[1.0, 2.0][..], &[1.0, 1.0][..], Some(7.0)));
+        let b = &stats["b"];
+        assert_eq!((b.min.as_slice(), b.max.as_slice(), b.mean.is_empty()), (&[-1.0][..], &[3.0][..], true));
     }
 }

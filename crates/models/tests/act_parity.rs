@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::act::{
-    Act, ActBatch, ActConfig, ActCtx, ActInput, ActPolicyRunner, ActStage, ActState, is_act_buffer, load_pretrained, save_pretrained,
+    Act, ActBatch, ActConfig, ActCtx, ActInput, ActPolicyRunner, ActStage, ActState, PolicyFeatures, is_act_buffer, load_pretrained, save_pretrained,
 };
 use vramlab_models::nn::Precision;
 use vramlab_models::stages::Staged;

@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::{DType, Distribution, TensorData};
 use vramlab_models::diffusion::{
-    Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, UnetStage, file_key,
+    Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, PolicyFeatures, SchedulerKind, UnetStage, file_key,
     load_pretrained, save_pretrained,
 };
 use vramlab_models::nn::Precision;
@@ -53,7 +53,7 @@ fn parity_with_lerobot_diffusion_small() {
     assert_eq!(model.num_parameters(), n);
     assert_eq!(cfg.num_params(), n);
     assert_eq!(model.num_buffer_elements(), 18, "pos_grid [9, 2]");
-    assert_eq!(cfg.noise_scheduler_type, "DDIM");
+    assert_eq!(cfg.noise_scheduler_type, SchedulerKind::Ddim);
     assert_eq!(model.noise_scheduler.timesteps, [90, 80, 70, 60, 50, 40, 30, 20, 10, 0]);
 
     let inputs = read_safetensors(&fx.join("inputs.safetensors")).unwrap();
@@ -141,7 +141,7 @@ fn small(separate: bool) -> DiffusionConfig {
         n_action_steps: 4,
         num_train_timesteps: 20,
         num_inference_steps: Some(4),
-        noise_scheduler_type: "DDIM".into(),
+        noise_scheduler_type: SchedulerKind::Ddim,
         use_separate_rgb_encoder_per_camera: separate,
         do_mask_loss_for_padding: true,
         ..DiffusionConfig::default()
@@ -353,7 +353,7 @@ fn save_then_load_round_trips_with_lerobot_names() {
 #[test]
 fn ddpm_sampling_uses_the_callers_noise() {
     let dev = Default::default();
-    let cfg = DiffusionConfig { noise_scheduler_type: "DDPM".into(), ..small(false) };
+    let cfg = DiffusionConfig { noise_scheduler_type: SchedulerKind::Ddpm, ..small(false) };
     let model = cfg.init::<B>(&dev);
     let batch = small_batch::<B>(&cfg, 1, &dev);
     let ctx = DiffusionCtx::eval(Precision::F32);

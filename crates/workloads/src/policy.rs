@@ -227,6 +227,7 @@ impl PolicyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vramlab_models::policy::PolicyFeatures;
 
     fn parse(json: serde_json::Value) -> Result<PolicyConfig, String> {
         let Value::Object(m) = json else { unreachable!() };

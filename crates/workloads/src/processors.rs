@@ -4,16 +4,17 @@
 //! (`<name>_step_<i>_<registry name>.safetensors`: `<feature>.mean|std|min|max|count` as
 //! float32, one entry per dataset statistic). Written so that lerobot's
 //! `PolicyProcessorPipeline.from_pretrained` loads them, read back by `vramlab predict` to
-//! take raw observations and return actions in the dataset's units.
+//! take raw observations and return actions in the dataset's units. The state files are read
+//! with [`vramlab_lerobot::normalize::add_state_dict`] (here and by `bench-inference`, through
+//! [`read_stats_into`]).
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::TensorData;
 use serde_json::{Value, json};
-use vramlab_lerobot::normalize::{FeatureSpec, NormMap, NormMode, parse_feature_type};
+use vramlab_lerobot::normalize::{EPS_F64, FeatureSpec, NormMap, NormMode, add_state_dict, parse_feature_type};
 use vramlab_lerobot::info::PolicyFeatureType;
-use vramlab_lerobot::{FeatureStats, Normalizer, Stats};
+use vramlab_lerobot::{Normalizer, Stats};
 
 use crate::{Result, WorkloadError};
 
@@ -22,8 +23,6 @@ pub const POSTPROCESSOR: &str = "policy_postprocessor.json";
 /// The normaliser is step 3 of the preprocessor, the unnormaliser step 0 of the postprocessor.
 pub const PREPROCESSOR_STATE: &str = "policy_preprocessor_step_3_normalizer_processor.safetensors";
 pub const POSTPROCESSOR_STATE: &str = "policy_postprocessor_step_0_unnormalizer_processor.safetensors";
-/// lerobot's normaliser epsilon.
-const EPS: f64 = 1e-8;
 
 /// The processor files for a policy whose `config.json` is `config` (its `input_features`,
 /// `output_features`, `normalization_mapping` and `device`), normalising with `stats` (final:
@@ -41,13 +40,13 @@ pub fn files(config: &Value, stats: &Stats) -> Result<Vec<(String, Vec<u8>)>> {
             {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
             {"registry_name": "to_batch_processor", "config": {}},
             {"registry_name": "device_processor", "config": {"device": device, "float_dtype": null}},
-            {"registry_name": "normalizer_processor", "config": {"eps": EPS, "features": all, "norm_map": norm_map}, "state_file": PREPROCESSOR_STATE},
+            {"registry_name": "normalizer_processor", "config": {"eps": EPS_F64, "features": all, "norm_map": norm_map}, "state_file": PREPROCESSOR_STATE},
         ]
     });
     let post = json!({
         "name": "policy_postprocessor",
         "steps": [
-            {"registry_name": "unnormalizer_processor", "config": {"eps": EPS, "features": outputs, "norm_map": norm_map}, "state_file": POSTPROCESSOR_STATE},
+            {"registry_name": "unnormalizer_processor", "config": {"eps": EPS_F64, "features": outputs, "norm_map": norm_map}, "state_file": POSTPROCESSOR_STATE},
             {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": null}},
         ]
     });
@@ -134,29 +133,40 @@ fn read_step(dir: &Path, file: &str, registry_name: &str) -> Result<(Normalizer,
         specs.push(FeatureSpec { key: key.clone(), kind, numel: shape.iter().product(), channels });
     }
     let stats = match step["state_file"].as_str() {
-        Some(name) => read_stats(&dir.join(name))?,
+        Some(name) => {
+            let mut stats = Stats::new();
+            read_stats_into(&dir.join(name), &mut stats)?;
+            stats
+        }
         None => Stats::new(),
     };
     let norm = Normalizer::from_features(specs, &stats, &map).map_err(|e| bad(e.to_string()))?;
     Ok((norm, cameras))
 }
 
-/// `<feature>.<stat>` tensors back into [`Stats`].
-fn read_stats(path: &Path) -> Result<Stats> {
-    let mut by_key: BTreeMap<String, FeatureStats> = BTreeMap::new();
-    for (name, data) in vramlab_store::read_safetensors(path)? {
-        let Some((key, stat)) = name.rsplit_once('.') else { continue };
+/// The normaliser state files of `dir`, sorted: lerobot's
+/// `policy_preprocessor_step_<i>_normalizer_processor.safetensors` and
+/// `policy_postprocessor_step_<i>_unnormalizer_processor.safetensors`.
+pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|source| WorkloadError::Io { path: dir.to_path_buf(), source })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with("_normalizer_processor.safetensors") || name.ends_with("_unnormalizer_processor.safetensors")
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// A normaliser state file's `<feature>.<stat>` tensors into `stats`
+/// ([`vramlab_lerobot::normalize::add_state_dict`]: a tensor replaces an earlier one).
+pub fn read_stats_into(path: &Path, stats: &mut Stats) -> Result<()> {
+    let tensors = vramlab_store::read_safetensors(path)?.into_iter().map(|(name, data)| {
         let shape = data.shape.to_vec();
-        let values: Vec<f64> = data.convert::<f32>().to_vec::<f32>().unwrap_or_default().into_iter().map(f64::from).collect();
-        let s = by_key.entry(key.to_string()).or_insert_with(|| FeatureStats { shape: Vec::new(), mean: Vec::new(), std: Vec::new(), min: Vec::new(), max: Vec::new(), count: None });
-        match stat {
-            "mean" => (s.mean, s.shape) = (values, shape),
-            "std" => s.std = values,
-            "min" => s.min = values,
-            "max" => s.max = values,
-            "count" => s.count = values.first().copied(),
-            _ => {}
-        }
-    }
-    Ok(by_key)
+        (name, shape, data.convert::<f32>().to_vec::<f32>().unwrap_or_default())
+    });
+    add_state_dict(stats, tensors);
+    Ok(())
 }

@@ -13,7 +13,8 @@
 //!   `push_to_hub`, …) are accepted and kept verbatim in [`ActConfig::lerobot_extra`] (written
 //!   back on save) but do not affect the model (the run config acts on `device` / `use_amp`);
 //! - `normalization_mapping` is read (the data pipeline normalises with it), default lerobot's;
-//! - any other unknown key is an error naming it;
+//! - any other unknown key is an error naming it; `feedforward_activation` is typed
+//!   ([`Activation`], lerobot's names `"relu"` / `"gelu"`), so a bad one fails here too;
 //! - `input_features` keeps the file's key order: with several cameras that order is the
 //!   order of their tokens (lerobot iterates `config.image_features` in insertion order).
 //!
@@ -39,10 +40,10 @@ use std::collections::BTreeMap;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
-pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_STATE, PolicyFeature};
+pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_STATE, PolicyFeature, PolicyFeatures};
 use crate::nn::Activation;
 use crate::policy::{
-    DeltaIndices, LEROBOT_GRAD_CLIP_NORM, NormalizationMapping, NormalizationMode, OBS_ENV_STATE, OptimizerKind, OptimizerPreset,
+    DeltaIndices, LEROBOT_GRAD_CLIP_NORM, NormalizationMapping, NormalizationMode, OptimizerKind, OptimizerPreset,
     ParamGroupPreset, TORCH_ADAM_BETAS, TORCH_ADAM_EPS, lerobot_policy_config, validate_features,
 };
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
@@ -87,6 +88,36 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// `feedforward_activation` by lerobot's names: `"relu"`, `"gelu"`. lerobot's third,
+/// `"glu"`, is an error here: it halves the width, which lerobot's `linear2`
+/// (`dim_feedforward` inputs) cannot take.
+mod activation_name {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::nn::Activation;
+
+    const NAMES: &[&str] = &["relu", "gelu"];
+
+    pub fn serialize<S: Serializer>(a: &Activation, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match a {
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+        })
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Activation, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "relu" => Ok(Activation::Relu),
+            "gelu" => Ok(Activation::Gelu),
+            "glu" => Err(D::Error::custom(
+                "\"glu\" halves the width, which lerobot's linear2 (dim_feedforward inputs) cannot take; expected `relu` or `gelu`",
+            )),
+            other => Err(D::Error::unknown_variant(other, NAMES)),
+        }
+    }
+}
+
 /// lerobot's `ACTConfig` (+ the features of `PreTrainedConfig`) and vramlab's
 /// `freeze_backbone`. Defaults are lerobot's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,8 +153,9 @@ pub struct ActConfig {
     pub dim_model: usize,
     pub n_heads: usize,
     pub dim_feedforward: usize,
-    /// `"relu"` or `"gelu"`.
-    pub feedforward_activation: String,
+    /// `"relu"` or `"gelu"` (lerobot's `"glu"` is rejected when the config is read).
+    #[serde(with = "activation_name")]
+    pub feedforward_activation: Activation,
     pub n_encoder_layers: usize,
     pub n_decoder_layers: usize,
     pub use_vae: bool,
@@ -166,7 +198,7 @@ impl Default for ActConfig {
             dim_model: 512,
             n_heads: 8,
             dim_feedforward: 3200,
-            feedforward_activation: "relu".into(),
+            feedforward_activation: Activation::Relu,
             n_encoder_layers: 4,
             n_decoder_layers: 1,
             use_vae: true,
@@ -203,54 +235,6 @@ fn is_torchvision_weights_name(name: &str, backbone: &str) -> bool {
 }
 
 impl ActConfig {
-    /// Add (or replace) `observation.state` with `dim` entries.
-    pub fn with_robot_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_STATE, PolicyFeature::vector(FeatureType::State, dim));
-        self
-    }
-
-    /// Add (or replace) an environment-state input (`observation.environment_state`).
-    pub fn with_env_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_ENV_STATE, PolicyFeature::vector(FeatureType::Env, dim));
-        self
-    }
-
-    /// Add (or replace) a camera `key` with shape `[3, h, w]` (token order = insertion order).
-    pub fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self {
-        self.input_features.insert(key, PolicyFeature::camera(shape));
-        self
-    }
-
-    /// Set the `action` output to `dim` entries.
-    pub fn with_action(mut self, dim: usize) -> Self {
-        self.output_features.insert(ACTION, PolicyFeature::vector(FeatureType::Action, dim));
-        self
-    }
-
-    /// `robot_state_feature`: the STATE input named `observation.state`.
-    pub fn robot_state_dim(&self) -> Option<usize> {
-        self.input_features.dim_of(OBS_STATE, FeatureType::State)
-    }
-
-    /// `env_state_feature`: the first ENV input (key and size).
-    pub fn env_state(&self) -> Option<(&str, usize)> {
-        self.input_features.env_state()
-    }
-
-    pub fn env_state_dim(&self) -> Option<usize> {
-        self.env_state().map(|(_, d)| d)
-    }
-
-    /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
-    pub fn image_features(&self) -> Vec<(&str, [usize; 3])> {
-        self.input_features.image_features()
-    }
-
-    /// `action_feature`'s size (0 when missing; [`ActConfig::validate`] rejects that).
-    pub fn action_dim(&self) -> usize {
-        self.output_features.dim_of(ACTION, FeatureType::Action).unwrap_or(0)
-    }
-
     /// lerobot's `observation_delta_indices` (`None`: the current frame),
     /// `action_delta_indices` (`range(chunk_size)`) and `reward_delta_indices` (`None`).
     pub fn delta_indices(&self) -> DeltaIndices {
@@ -283,12 +267,9 @@ impl ActConfig {
         }
     }
 
-    /// The FFN activation (`relu` when the name is unknown; `validate` rejects that).
+    /// The FFN activation.
     pub fn activation(&self) -> Activation {
-        match self.feedforward_activation.as_str() {
-            "gelu" => Activation::Gelu,
-            _ => Activation::Relu,
-        }
+        self.feedforward_activation
     }
 
     /// The vision trunk (FrozenBatchNorm2d, as lerobot), or `None` without cameras.
@@ -374,14 +355,6 @@ impl ActConfig {
         }
         if !self.dim_model.is_multiple_of(self.n_heads) {
             return bad("n_heads", format!("{} heads do not divide dim_model {}", self.n_heads, self.dim_model));
-        }
-        if !matches!(self.feedforward_activation.as_str(), "relu" | "gelu") {
-            let why = if self.feedforward_activation == "glu" {
-                "\"glu\" halves the width, which lerobot's linear2 (dim_feedforward inputs) cannot take".to_string()
-            } else {
-                format!("must be \"relu\" or \"gelu\", got {:?}", self.feedforward_activation)
-            };
-            return bad("feedforward_activation", why);
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("must be in [0, 1), got {}", self.dropout));
@@ -525,12 +498,19 @@ mod tests {
         let e = ActConfig::from_json_str(r#"{"input_features":{"x":{"type":"STATE","shape":[2],"foo":1}}}"#).unwrap_err().to_string();
         assert!(e.contains("input_features") && e.contains("foo"), "{e}");
 
+        // The activation is typed: a bad name fails to load, naming the field and the valid names.
+        for (name, want) in [("glu", "halves the width"), ("tanh", "unknown variant `tanh`")] {
+            let mut v: serde_json::Value = serde_json::from_str(&base.to_json_string()).unwrap();
+            v["feedforward_activation"] = name.into();
+            let e = ActConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+            assert!(e.contains("field `feedforward_activation`") && e.contains(want) && e.contains("`relu` or `gelu`"), "{e}");
+        }
+
         let field = |c: ActConfig| c.validate().unwrap_err().field;
         assert_eq!(field(ActConfig { n_action_steps: 101, ..base.clone() }), "n_action_steps");
         assert_eq!(field(ActConfig { temporal_ensemble_coeff: Some(0.01), ..base.clone() }), "n_action_steps");
         assert_eq!(field(ActConfig { n_heads: 7, ..base.clone() }), "n_heads");
         assert_eq!(field(ActConfig { vision_backbone: "resnet50".into(), ..base.clone() }), "vision_backbone");
-        assert_eq!(field(ActConfig { feedforward_activation: "glu".into(), ..base.clone() }), "feedforward_activation");
         assert_eq!(field(ActConfig { dropout: 1.0, ..base.clone() }), "dropout");
         assert_eq!(field(ActConfig { n_obs_steps: 2, ..base.clone() }), "n_obs_steps");
         assert_eq!(field(ActConfig { replace_final_stride_with_dilation: true, ..base.clone() }), "replace_final_stride_with_dilation");

@@ -4,7 +4,7 @@
 //! projections run in the compute dtype; attention scores and softmax in f32; dropout keeps
 //! its 1-byte mask.
 
-use super::config::ActConfig;
+use super::config::{ActConfig, PolicyFeatures};
 use crate::estimate::{Buf, Graph, Map2d, dtype_bytes, resnet18};
 use crate::nn::Precision;
 

@@ -4,6 +4,8 @@
 //! - [`config`]: [`ActConfig`] — lerobot's `ACTConfig` field names and defaults, features,
 //!   validation, lerobot `config.json` I/O, closed-form parameter counts, policy facts (delta
 //!   indices, normalisation mapping, optimizer preset).
+//! - [`layers`]: the transformer encoder / decoder layers ([`ActEncoderLayer`],
+//!   [`ActDecoderLayer`], with their [`LayerCtx`]) and the sine position embeddings.
 //! - [`model`]: [`Act`] — the `ACT` module with lerobot's parameter names, mixed precision,
 //!   deterministic dropout, the loss; its forward is a fold over typed stages ([`ActStage`]).
 //! - [`runner`]: [`ActPolicyRunner`] — `select_action` with the action queue or
@@ -15,14 +17,13 @@
 
 pub mod config;
 pub mod estimate;
+pub mod layers;
 pub mod load;
 pub mod model;
 pub mod runner;
 
-pub use config::{ActConfig, ActConfigError, BackboneWeights, FeatureType, Features, InvalidField, PolicyFeature};
+pub use config::{ActConfig, ActConfigError, BackboneWeights, FeatureType, Features, InvalidField, PolicyFeature, PolicyFeatures};
 pub use load::{ActLoadError, load_pretrained, load_weights, model_key, save_pretrained, save_weights};
-pub use model::{
-    Act, ActBatch, ActCtx, ActDecoder, ActDecoderLayer, ActEncoder, ActEncoderLayer, ActInput, ActLoss, ActOutput, ActStage,
-    ActState, LayerCtx, Posterior, is_act_buffer, sinusoidal_pos_embedding_1d, sinusoidal_pos_embedding_2d,
-};
+pub use layers::{ActDecoder, ActDecoderLayer, ActEncoder, ActEncoderLayer, LayerCtx, sinusoidal_pos_embedding_1d, sinusoidal_pos_embedding_2d};
+pub use model::{Act, ActBatch, ActCtx, ActInput, ActLoss, ActOutput, ActStage, ActState, Posterior, is_act_buffer};
 pub use runner::{ActPolicyRunner, TemporalEnsembler};

@@ -10,7 +10,9 @@
 //! present; lerobot's generic keys ([`crate::policy::PRETRAINED_CONFIG_KEYS`] and
 //! [`LEROBOT_GENERIC_KEYS`]) are accepted and kept verbatim in
 //! [`DiffusionConfig::lerobot_extra`] (written back on save); any other unknown key is an error
-//! naming it; `input_features` keeps the file's order (camera order = feature order of the
+//! naming it; `noise_scheduler_type`, `beta_schedule` and `prediction_type` are typed
+//! ([`SchedulerKind`], [`BetaSchedule`], [`PredictionType`]: lerobot's names), so a bad one is
+//! an error of reading that names the field; `input_features` keeps the file's order (camera order = feature order of the
 //! global conditioning). `pretrained_backbone_weights` must be `null` with `use_group_norm`
 //! (lerobot raises too); `compile_model` / `compile_mode` (`torch.compile`, speed only) have no
 //! effect.
@@ -38,10 +40,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_ENV_STATE, OBS_STATE, PolicyFeature};
+pub use crate::policy::{ACTION, FeatureType, Features, InvalidField, OBS_ENV_STATE, OBS_STATE, PolicyFeature, PolicyFeatures};
 use crate::policy::{
     DeltaIndices, LEROBOT_GRAD_CLIP_NORM, NormalizationMapping, NormalizationMode, OptimizerKind, OptimizerPreset, LrSchedulerKind,
-    LrSchedulerPreset, lerobot_policy_config, validate_features,
+    LrSchedulerPreset, lerobot_names, lerobot_policy_config, validate_features,
 };
 use crate::resnet::{OUT_CHANNELS, ResNetConfig, ResNetNorm};
 
@@ -56,6 +58,44 @@ const NULL_WRITTEN_KEYS: [&str; 1] = ["pretrained_backbone_weights"];
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// `noise_scheduler_type`: diffusers' `DDPMScheduler` or `DDIMScheduler`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SchedulerKind {
+    #[serde(rename = "DDPM")]
+    Ddpm,
+    #[serde(rename = "DDIM")]
+    Ddim,
+}
+
+/// `beta_schedule`: diffusers' schedules that lerobot configs use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BetaSchedule {
+    #[serde(rename = "linear")]
+    Linear,
+    #[serde(rename = "scaled_linear")]
+    ScaledLinear,
+    /// `betas_for_alpha_bar(T, "cosine")`, `max_beta = 0.999`.
+    #[serde(rename = "squaredcos_cap_v2")]
+    SquaredcosCapV2,
+}
+
+/// `prediction_type`: what the UNet predicts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PredictionType {
+    /// The noise `ε` (lerobot's default).
+    #[serde(rename = "epsilon")]
+    Epsilon,
+    /// The clean sample `x₀`.
+    #[serde(rename = "sample")]
+    Sample,
+}
+
+lerobot_names! {
+    SchedulerKind { Ddpm => "DDPM", Ddim => "DDIM" }
+    BetaSchedule { Linear => "linear", ScaledLinear => "scaled_linear", SquaredcosCapV2 => "squaredcos_cap_v2" }
+    PredictionType { Epsilon => "epsilon", Sample => "sample" }
 }
 
 /// lerobot's `DiffusionConfig` (+ the features of `PreTrainedConfig`) and vramlab's
@@ -104,14 +144,14 @@ pub struct DiffusionConfig {
     pub diffusion_step_embed_dim: usize,
     pub use_film_scale_modulation: bool,
     /// `"DDPM"` or `"DDIM"`.
-    pub noise_scheduler_type: String,
+    pub noise_scheduler_type: SchedulerKind,
     pub num_train_timesteps: usize,
     /// `"squaredcos_cap_v2"`, `"linear"` or `"scaled_linear"`.
-    pub beta_schedule: String,
+    pub beta_schedule: BetaSchedule,
     pub beta_start: f64,
     pub beta_end: f64,
     /// `"epsilon"` or `"sample"`.
-    pub prediction_type: String,
+    pub prediction_type: PredictionType,
     pub clip_sample: bool,
     pub clip_sample_range: f64,
     /// `None`: `num_train_timesteps`.
@@ -160,12 +200,12 @@ impl Default for DiffusionConfig {
             n_groups: 8,
             diffusion_step_embed_dim: 128,
             use_film_scale_modulation: true,
-            noise_scheduler_type: "DDPM".into(),
+            noise_scheduler_type: SchedulerKind::Ddpm,
             num_train_timesteps: 100,
-            beta_schedule: "squaredcos_cap_v2".into(),
+            beta_schedule: BetaSchedule::SquaredcosCapV2,
             beta_start: 1e-4,
             beta_end: 0.02,
-            prediction_type: "epsilon".into(),
+            prediction_type: PredictionType::Epsilon,
             clip_sample: true,
             clip_sample_range: 1.0,
             num_inference_steps: None,
@@ -208,56 +248,9 @@ impl DiffusionConfig {
             .with_action(2)
     }
 
-    /// Add (or replace) `observation.state` with `dim` entries.
-    pub fn with_robot_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_STATE, PolicyFeature::vector(FeatureType::State, dim));
-        self
-    }
-
-    /// Add (or replace) `observation.environment_state` with `dim` entries.
-    pub fn with_env_state(mut self, dim: usize) -> Self {
-        self.input_features.insert(OBS_ENV_STATE, PolicyFeature::vector(FeatureType::Env, dim));
-        self
-    }
-
-    /// Add (or replace) a camera `key` of shape `[3, h, w]` (order = insertion order).
-    pub fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self {
-        self.input_features.insert(key, PolicyFeature::camera(shape));
-        self
-    }
-
-    /// Set the `action` output to `dim` entries.
-    pub fn with_action(mut self, dim: usize) -> Self {
-        self.output_features.insert(ACTION, PolicyFeature::vector(FeatureType::Action, dim));
-        self
-    }
-
     /// `robot_state_feature`'s size (0 when missing; `validate` rejects that).
     pub fn state_dim(&self) -> usize {
-        self.input_features.dim_of(OBS_STATE, FeatureType::State).unwrap_or(0)
-    }
-
-    /// `env_state_feature`: the first ENV input (key and size).
-    pub fn env_state(&self) -> Option<(&str, usize)> {
-        self.input_features.env_state()
-    }
-
-    pub fn env_state_dim(&self) -> Option<usize> {
-        self.env_state().map(|(_, d)| d)
-    }
-
-    /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
-    pub fn image_features(&self) -> Vec<(&str, [usize; 3])> {
-        self.input_features.image_features()
-    }
-
-    pub fn num_cameras(&self) -> usize {
-        self.image_features().len()
-    }
-
-    /// `action_feature`'s size (0 when missing; `validate` rejects that).
-    pub fn action_dim(&self) -> usize {
-        self.output_features.dim_of(ACTION, FeatureType::Action).unwrap_or(0)
+        self.robot_state_dim().unwrap_or(0)
     }
 
     /// lerobot's `observation_delta_indices` (`range(1 − n_obs_steps, 1)`),
@@ -455,15 +448,6 @@ impl DiffusionConfig {
         if self.diffusion_step_embed_dim < 4 || !self.diffusion_step_embed_dim.is_multiple_of(2) {
             return bad("diffusion_step_embed_dim", format!("must be even and >= 4 (sinusoidal embedding), got {}", self.diffusion_step_embed_dim));
         }
-        if !matches!(self.noise_scheduler_type.as_str(), "DDPM" | "DDIM") {
-            return bad("noise_scheduler_type", format!("must be \"DDPM\" or \"DDIM\", got {:?}", self.noise_scheduler_type));
-        }
-        if !matches!(self.beta_schedule.as_str(), "squaredcos_cap_v2" | "linear" | "scaled_linear") {
-            return bad("beta_schedule", format!("must be \"squaredcos_cap_v2\", \"linear\" or \"scaled_linear\", got {:?}", self.beta_schedule));
-        }
-        if !matches!(self.prediction_type.as_str(), "epsilon" | "sample") {
-            return bad("prediction_type", format!("must be \"epsilon\" or \"sample\", got {:?}", self.prediction_type));
-        }
         for (field, v) in [("beta_start", self.beta_start), ("beta_end", self.beta_end)] {
             if !(v.is_finite() && v > 0.0 && v < 1.0) {
                 return bad(field, format!("must be in (0, 1), got {v}"));
@@ -593,6 +577,14 @@ mod tests {
     }
 
     #[test]
+    fn typed_values_use_lerobots_names() {
+        let pairs = [SchedulerKind::Ddpm, SchedulerKind::Ddim].map(|k| (serde_json::to_value(k).unwrap(), k.name())).into_iter()
+            .chain([BetaSchedule::Linear, BetaSchedule::ScaledLinear, BetaSchedule::SquaredcosCapV2].map(|b| (serde_json::to_value(b).unwrap(), b.name())))
+            .chain([PredictionType::Epsilon, PredictionType::Sample].map(|p| (serde_json::to_value(p).unwrap(), p.name())));
+        pairs.for_each(|(json, name)| assert_eq!(json, name));
+    }
+
+    #[test]
     fn pusht_counts_match_lerobot() {
         let c = DiffusionConfig::pusht();
         c.validate().unwrap();
@@ -646,6 +638,7 @@ mod tests {
             "compile_model":false,"compile_mode":"reduce-overhead","crop_shape":[56,56],"down_dims":[32,64],"num_inference_steps":null,
             "noise_scheduler_type":"DDIM","optimizer_betas":[0.9,0.99]}"#;
         let c = DiffusionConfig::from_json_str(text).unwrap();
+        assert_eq!(c.noise_scheduler_type, SchedulerKind::Ddim);
         assert_eq!(c.crop_shape, Some([56, 56]));
         assert_eq!(c.down_dims, [32, 64]);
         assert_eq!(c.optimizer_betas, [0.9, 0.99]);
@@ -675,9 +668,14 @@ mod tests {
         assert_eq!(field(DiffusionConfig { n_action_steps: 16, ..base.clone() }), "n_action_steps");
         assert_eq!(field(DiffusionConfig { use_group_norm: false, ..base.clone() }), "use_group_norm");
         assert_eq!(field(DiffusionConfig { vision_backbone: "resnet50".into(), ..base.clone() }), "vision_backbone");
-        assert_eq!(field(DiffusionConfig { noise_scheduler_type: "PNDM".into(), ..base.clone() }), "noise_scheduler_type");
-        assert_eq!(field(DiffusionConfig { prediction_type: "v_prediction".into(), ..base.clone() }), "prediction_type");
-        assert_eq!(field(DiffusionConfig { beta_schedule: "sigmoid".into(), ..base.clone() }), "beta_schedule");
+        // The scheduler, beta schedule and prediction type are typed: a bad name fails to load,
+        // naming the field and the valid names.
+        for (key, name, valid) in [("noise_scheduler_type", "PNDM", "DDIM"), ("prediction_type", "v_prediction", "sample"), ("beta_schedule", "sigmoid", "squaredcos_cap_v2")] {
+            let mut v: serde_json::Value = serde_json::from_str(&base.to_json_string()).unwrap();
+            v[key] = name.into();
+            let e = DiffusionConfig::from_json_str(&v.to_string()).unwrap_err().to_string();
+            assert!(e.contains(&format!("field `{key}`")) && e.contains(name) && e.contains(valid), "{e}");
+        }
         assert_eq!(field(DiffusionConfig { num_inference_steps: Some(101), ..base.clone() }), "num_inference_steps");
         assert_eq!(field(DiffusionConfig { kernel_size: 4, ..base.clone() }), "kernel_size");
         assert_eq!(field(DiffusionConfig { n_groups: 7, ..base.clone() }), "n_groups");

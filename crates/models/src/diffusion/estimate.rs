@@ -3,7 +3,7 @@
 //! observation frame, the conditioning, the conditional 1-D UNet and the noise MSE, with the
 //! stage boundaries of the model's plan (backbone stages, conditioning, each UNet block).
 
-use super::config::DiffusionConfig;
+use super::config::{DiffusionConfig, PolicyFeatures};
 use crate::estimate::{Buf, Graph, Map2d, dtype_bytes, resnet18};
 use crate::nn::Precision;
 

@@ -11,6 +11,8 @@
 //!   [`crate::resnet::ResNet`] with GroupNorm, the conditional 1-D UNet, conditioning, sampling,
 //!   the loss); `compute_loss` is a fold over typed stages ([`DiffusionStage`]).
 //! - [`scheduler`]: [`NoiseScheduler`] — DDPM / DDIM steps and `add_noise`.
+//! - [`runner`]: [`DiffusionPolicyRunner`] — `select_action` with its observation and action
+//!   queues.
 //! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — lerobot `pretrained_model/` dirs.
 
 pub mod config;
@@ -18,9 +20,10 @@ pub mod estimate;
 pub mod layers;
 pub mod load;
 pub mod model;
+pub mod runner;
 pub mod scheduler;
 
-pub use config::{DiffusionConfig, DiffusionConfigError};
+pub use config::{BetaSchedule, DiffusionConfig, DiffusionConfigError, PolicyFeatures, PredictionType, SchedulerKind};
 pub use layers::{
     ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, antialias_bilinear_weights, mish, resize_bilinear_antialias, sinusoidal_step_embedding,
     spatial_softmax_pos_grid,
@@ -30,4 +33,5 @@ pub use model::{
     ConditionalUnet1d, Diffusion, DiffusionBatch, DiffusionCtx, DiffusionInput, DiffusionStage, DiffusionState, RgbEncoder,
     RgbEncoders, UnetStage, UnetState, crop, is_diffusion_buffer,
 };
-pub use scheduler::{BetaSchedule, NoiseScheduler, PredictionType, SchedulerKind};
+pub use runner::{DiffusionObs, DiffusionPolicyRunner};
+pub use scheduler::NoiseScheduler;

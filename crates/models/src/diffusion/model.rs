@@ -47,9 +47,9 @@ use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
-use super::config::DiffusionConfig;
+use super::config::{DiffusionConfig, PolicyFeatures, PredictionType};
 use super::layers::{ConditionalResidualBlock1d, Conv1dBlock, SpatialSoftmax, mish, resize_bilinear_antialias, sinusoidal_step_embedding};
-use super::scheduler::{NoiseScheduler, PredictionType};
+use super::scheduler::NoiseScheduler;
 use crate::nn::{Linear, Precision, cast, conv_transpose1d_p, conv1d_p, to_f32};
 use crate::resnet::{OUT_CHANNELS, ResNet, ResNetStage, count_params_and_buffers, set_trainable};
 use crate::stages::Staged;

@@ -19,44 +19,8 @@ use burn::prelude::*;
 use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 
-use super::config::DiffusionConfig;
+use super::config::{BetaSchedule, DiffusionConfig, PredictionType, SchedulerKind};
 use crate::nn::to_f32;
-
-/// `DDPMScheduler` or `DDIMScheduler`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SchedulerKind {
-    Ddpm,
-    Ddim,
-}
-
-/// What the UNet predicts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PredictionType {
-    /// The noise `ε` (lerobot's default).
-    Epsilon,
-    /// The clean sample `x₀`.
-    Sample,
-}
-
-/// diffusers' `beta_schedule`s that lerobot configs use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BetaSchedule {
-    Linear,
-    ScaledLinear,
-    /// `betas_for_alpha_bar(T, "cosine")`, `max_beta = 0.999`.
-    SquaredcosCapV2,
-}
-
-impl BetaSchedule {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "linear" => Some(Self::Linear),
-            "scaled_linear" => Some(Self::ScaledLinear),
-            "squaredcos_cap_v2" => Some(Self::SquaredcosCapV2),
-            _ => None,
-        }
-    }
-}
 
 /// `torch.linspace(start, end, steps, dtype=float32)` (CPU kernel: f32 step, symmetric halves).
 fn linspace_f32(start: f32, end: f32, steps: usize) -> Vec<f32> {
@@ -153,27 +117,17 @@ impl NoiseScheduler {
     }
 
     /// lerobot's `_make_noise_scheduler(config.noise_scheduler_type, …)` with
-    /// `set_timesteps(num_inference_steps or num_train_timesteps)`. Panics on a config that
-    /// [`DiffusionConfig::validate`] rejects.
+    /// `set_timesteps(num_inference_steps or num_train_timesteps)` (the scheduler, schedule and
+    /// prediction type are typed when the config is read; [`DiffusionConfig::validate`] bounds
+    /// `num_inference_steps`).
     pub fn from_config(cfg: &DiffusionConfig) -> Self {
-        let kind = match cfg.noise_scheduler_type.as_str() {
-            "DDPM" => SchedulerKind::Ddpm,
-            "DDIM" => SchedulerKind::Ddim,
-            other => panic!("noise_scheduler_type {other:?} (validate the config first)"),
-        };
-        let schedule = BetaSchedule::parse(&cfg.beta_schedule).unwrap_or_else(|| panic!("beta_schedule {:?}", cfg.beta_schedule));
-        let prediction = match cfg.prediction_type.as_str() {
-            "epsilon" => PredictionType::Epsilon,
-            "sample" => PredictionType::Sample,
-            other => panic!("prediction_type {other:?} (validate the config first)"),
-        };
         let mut s = Self::new(
-            kind,
-            schedule,
+            cfg.noise_scheduler_type,
+            cfg.beta_schedule,
             cfg.num_train_timesteps,
             cfg.beta_start,
             cfg.beta_end,
-            prediction,
+            cfg.prediction_type,
             cfg.clip_sample,
             cfg.clip_sample_range,
         );

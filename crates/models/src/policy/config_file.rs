@@ -62,13 +62,22 @@ pub trait LerobotPolicyConfig: Sized {
     /// Generic keys written as `null` when absent (read back as absent).
     const NULL_WRITTEN_KEYS: &'static [&'static str];
 
-    /// The policy's own fields (the `serde(remote = "Self")` derive; unknown keys are errors).
+    /// The policy's own fields (the `serde(remote = "Self")` derive; unknown keys are errors, a
+    /// bad value's error names its field).
     fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error>;
     fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error>;
     fn n_obs_steps(&self) -> usize;
     fn features(&self) -> (&Features, &Features);
     fn lerobot_extra(&self) -> &BTreeMap<String, serde_json::Value>;
     fn set_envelope(&mut self, inputs: Features, outputs: Features, extra: BTreeMap<String, serde_json::Value>);
+}
+
+/// A policy field's serde error prefixed with the field it is in (`field \`beta_schedule\`:
+/// unknown variant \`sigmoid\`, expected one of …`), as the envelope's errors are; an error of
+/// the object itself (an unknown key, which serde names) is kept as it is.
+pub(crate) fn name_the_field(path: serde_path_to_error::Path, e: serde_json::Error) -> serde_json::Error {
+    let path = path.to_string();
+    if path == "." { e } else { serde_json::Error::custom(format!("field `{path}`: {e}")) }
 }
 
 /// `Deserialize` for a [`LerobotPolicyConfig`]: streams the map (so feature order is kept).
@@ -146,7 +155,8 @@ pub fn serialize_lerobot<T: LerobotPolicyConfig, S: Serializer>(cfg: &T, s: S) -
     map.end()
 }
 
-/// Implement [`LerobotPolicyConfig`], lerobot-layout `Deserialize` / `Serialize` and
+/// Implement [`LerobotPolicyConfig`], [`PolicyFeatures`](crate::policy::PolicyFeatures),
+/// lerobot-layout `Deserialize` / `Serialize` and
 /// `from_json_str` / `from_json_file` / `to_json_string` for a policy config that derives
 /// serde's traits with `#[serde(remote = "Self")]` (its own fields), has the fields
 /// `n_obs_steps`, `input_features`, `output_features` (`#[serde(skip)]`) and `lerobot_extra`
@@ -160,7 +170,9 @@ macro_rules! lerobot_policy_config {
             const NULL_WRITTEN_KEYS: &'static [&'static str] = &$null;
 
             fn from_fields(fields: serde_json::Value) -> Result<Self, serde_json::Error> {
-                $ty::deserialize(fields)
+                let mut track = serde_path_to_error::Track::new();
+                let fields = $ty::deserialize(serde_path_to_error::Deserializer::new(fields, &mut track));
+                fields.map_err(|e| $crate::policy::name_the_field(track.path(), e))
             }
             fn to_fields(&self) -> Result<serde_json::Value, serde_json::Error> {
                 $ty::serialize(self, serde_json::value::Serializer)
@@ -183,6 +195,18 @@ macro_rules! lerobot_policy_config {
                 self.input_features = inputs;
                 self.output_features = outputs;
                 self.lerobot_extra = extra;
+            }
+        }
+
+        impl $crate::policy::PolicyFeatures for $ty {
+            fn input_features(&self) -> &$crate::policy::Features {
+                &self.input_features
+            }
+            fn output_features(&self) -> &$crate::policy::Features {
+                &self.output_features
+            }
+            fn features_mut(&mut self) -> (&mut $crate::policy::Features, &mut $crate::policy::Features) {
+                (&mut self.input_features, &mut self.output_features)
             }
         }
 
@@ -220,3 +244,22 @@ macro_rules! lerobot_policy_config {
     };
 }
 pub(crate) use lerobot_policy_config;
+
+/// `name()` (lerobot's name of each value, the one serde reads and writes) and `Display` for
+/// the typed enums of a policy config (`SchedulerKind { Ddpm => "DDPM", … }`).
+macro_rules! lerobot_names {
+    ($($ty:ident { $($v:ident => $name:literal),+ $(,)? })+) => {$(
+        impl $ty {
+            /// lerobot's name (as in `config.json`).
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$v => $name),+ }
+            }
+        }
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    )+};
+}
+pub(crate) use lerobot_names;

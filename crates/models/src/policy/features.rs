@@ -1,5 +1,6 @@
-//! lerobot's policy features (`PolicyFeature`, `input_features` / `output_features`) and the
-//! facts a policy config states about its data: which frames a sample holds (delta indices)
+//! lerobot's policy features (`PolicyFeature`, `input_features` / `output_features`), the
+//! accessors every policy config shares ([`PolicyFeatures`]) and the facts a policy config
+//! states about its data: which frames a sample holds (delta indices)
 //! and how each feature type is normalised (`normalization_mapping`).
 
 use std::collections::BTreeMap;
@@ -141,6 +142,84 @@ impl<'de> Deserialize<'de> for Features {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// lerobot's feature accessors on a policy config (`PreTrainedConfig.robot_state_feature`,
+/// `env_state_feature`, `image_features`, `action_feature`) and the builders that add
+/// features; one implementation for every policy config, which gives only its two feature maps
+/// (the [`lerobot_policy_config`](crate::policy::LerobotPolicyConfig) macro does).
+pub trait PolicyFeatures {
+    /// `input_features` (file order).
+    fn input_features(&self) -> &Features;
+    /// `output_features`.
+    fn output_features(&self) -> &Features;
+    /// Both maps, to add features.
+    fn features_mut(&mut self) -> (&mut Features, &mut Features);
+
+    /// Add (or replace) `observation.state` with `dim` entries.
+    fn with_robot_state(mut self, dim: usize) -> Self
+    where
+        Self: Sized,
+    {
+        self.features_mut().0.insert(OBS_STATE, PolicyFeature::vector(FeatureType::State, dim));
+        self
+    }
+
+    /// Add (or replace) an environment-state input (`observation.environment_state`).
+    fn with_env_state(mut self, dim: usize) -> Self
+    where
+        Self: Sized,
+    {
+        self.features_mut().0.insert(OBS_ENV_STATE, PolicyFeature::vector(FeatureType::Env, dim));
+        self
+    }
+
+    /// Add (or replace) a camera `key` with shape `[3, h, w]` (token / feature order =
+    /// insertion order).
+    fn with_camera(mut self, key: &str, shape: [usize; 3]) -> Self
+    where
+        Self: Sized,
+    {
+        self.features_mut().0.insert(key, PolicyFeature::camera(shape));
+        self
+    }
+
+    /// Set the `action` output to `dim` entries.
+    fn with_action(mut self, dim: usize) -> Self
+    where
+        Self: Sized,
+    {
+        self.features_mut().1.insert(ACTION, PolicyFeature::vector(FeatureType::Action, dim));
+        self
+    }
+
+    /// `robot_state_feature`: the STATE input named `observation.state`.
+    fn robot_state_dim(&self) -> Option<usize> {
+        self.input_features().dim_of(OBS_STATE, FeatureType::State)
+    }
+
+    /// `env_state_feature`: the first ENV input (key and size).
+    fn env_state(&self) -> Option<(&str, usize)> {
+        self.input_features().env_state()
+    }
+
+    fn env_state_dim(&self) -> Option<usize> {
+        self.env_state().map(|(_, d)| d)
+    }
+
+    /// `image_features`: the VISUAL inputs in file order, as `(key, [c, h, w])`.
+    fn image_features(&self) -> Vec<(&str, [usize; 3])> {
+        self.input_features().image_features()
+    }
+
+    fn num_cameras(&self) -> usize {
+        self.image_features().len()
+    }
+
+    /// `action_feature`'s size (0 when missing; the config's `validate` rejects that).
+    fn action_dim(&self) -> usize {
+        self.output_features().dim_of(ACTION, FeatureType::Action).unwrap_or(0)
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::prelude::*;
 use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
-use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, is_act_buffer};
+use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, PolicyFeatures, is_act_buffer};
 use vramlab_models::nn::Precision;
 use vramlab_models::policy::InvalidField;
 use vramlab_models::resnet::count_params_and_buffers;

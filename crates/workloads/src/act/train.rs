@@ -8,7 +8,7 @@ use std::path::Path;
 use burn::module::Module;
 use burn::prelude::*;
 use rand::Rng;
-use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, ActInput, ActOutput};
+use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, ActInput, ActOutput, PolicyFeatures};
 use vramlab_models::nn::Precision;
 use vramlab_store::WeightError;
 use vramlab_train::{LossParts, TrainModel, step_rng};

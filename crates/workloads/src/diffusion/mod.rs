@@ -10,7 +10,7 @@ use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx};
+use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx, PolicyFeatures};
 use vramlab_models::nn::Precision;
 use vramlab_models::policy::InvalidField;
 

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vramlab_models::act::{ActConfig, ActPolicyRunner};
-use vramlab_models::diffusion::DiffusionConfig;
+use vramlab_models::diffusion::{DiffusionConfig, PolicyFeatures};
 use vramlab_models::nn::Precision;
 use vramlab_models::policy::CONFIG_FILE;
 use vramlab_probe::MemoryProbe;
@@ -256,7 +256,7 @@ fn bench_diffusion<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats
     };
     let processor = Processor::<B>::new(&io, stats, device)?;
     report.normalisation = stats.note(&processor.neutral);
-    let runner = Runner::Diffusion { model: &model, runner: policy::DiffusionRunner::new(cfg.n_obs_steps) };
+    let runner = Runner::Diffusion { model: &model, runner: vramlab_models::diffusion::DiffusionPolicyRunner::new(&cfg) };
     report.runs.push(run_mode(req, Mode::Queue { n_action_steps: cfg.n_action_steps }, &io, &processor, runner)?);
     if req.modes == ModeChoice::Both {
         report.notes.push("Diffusion Policy has no temporal ensembling in lerobot: queue mode only".into());

@@ -2,18 +2,19 @@
 //! observation (uint8 HWC → float CHW in [0, 1], to the device, normalise), `select_action`,
 //! then unnormalise the action and bring it back to the host.
 //!
-//! `select_action` is lerobot's: ACT through [`ActPolicyRunner`] (action queue of
-//! `n_action_steps`, or the temporal ensembler that queries the model every call), Diffusion
-//! through [`DiffusionRunner`] (`DiffusionPolicy.select_action`: observation queues of
-//! `n_obs_steps`, action queue of `n_action_steps`).
+//! `select_action` is lerobot's, beside each model: ACT through [`ActPolicyRunner`] (action
+//! queue of `n_action_steps`, or the temporal ensembler that queries the model every call),
+//! Diffusion through [`DiffusionPolicyRunner`] (`DiffusionPolicy.select_action`: observation
+//! queues of `n_obs_steps`, action queue of `n_action_steps`). The normalisation constants and
+//! the statistics reader are [`vramlab_lerobot::normalize`]'s.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
-use burn::tensor::{Distribution, TensorData};
+use burn::tensor::TensorData;
+use vramlab_lerobot::normalize::{EPS, IMAGENET_MEAN, IMAGENET_STD};
 use vramlab_models::act::{Act, ActBatch, ActCtx, ActPolicyRunner};
-use vramlab_models::diffusion::{Diffusion, DiffusionBatch, DiffusionCtx, SchedulerKind};
+use vramlab_models::diffusion::{Diffusion, DiffusionObs, DiffusionPolicyRunner};
 use vramlab_models::nn::{LeanBackend, Precision};
 use vramlab_models::policy::{FeatureType, NormalizationMapping, NormalizationMode};
 
@@ -36,24 +37,17 @@ pub struct PolicyIo {
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub files: Vec<PathBuf>,
-    values: BTreeMap<String, TensorData>,
+    values: vramlab_lerobot::Stats,
 }
 
 impl Stats {
-    /// The stats files in `dir` (none is not an error: vramlab checkpoints hold no stats).
+    /// The stats files in `dir` (none is not an error: vramlab checkpoints hold no stats), read
+    /// in order (a later file's tensor replaces an earlier one of the same name).
     pub fn read(dir: &Path) -> Result<Self> {
-        let entries = std::fs::read_dir(dir).map_err(|source| WorkloadError::Io { path: dir.to_path_buf(), source })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                name.ends_with("_normalizer_processor.safetensors") || name.ends_with("_unnormalizer_processor.safetensors")
-            })
-            .collect();
-        files.sort();
-        let mut values = BTreeMap::new();
+        let files = crate::processors::stats_files(dir)?;
+        let mut values = vramlab_lerobot::Stats::new();
         for f in &files {
-            values.extend(vramlab_store::read_safetensors(f)?);
+            crate::processors::read_stats_into(f, &mut values)?;
         }
         Ok(Self { files, values })
     }
@@ -80,13 +74,20 @@ impl Stats {
     fn pair(&self, key: &str, [a, b]: [&str; 2], n: usize) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
         let err = |msg: String| WorkloadError::file(self.files.first().cloned().unwrap_or_default(), msg);
         let get = |stat: &str| -> Result<Option<Vec<f32>>> {
-            let name = format!("{key}.{stat}");
-            let Some(data) = self.values.get(&name) else { return Ok(None) };
-            let v = data.clone().convert::<f32>().to_vec::<f32>().map_err(|e| err(format!("`{name}`: {e:?}")))?;
-            if v.len() != n {
-                return Err(err(format!("`{name}` has {} values, expected {n}", v.len())));
+            let Some(s) = self.values.get(key) else { return Ok(None) };
+            let v = match stat {
+                "mean" => &s.mean,
+                "std" => &s.std,
+                "min" => &s.min,
+                _ => &s.max,
+            };
+            if v.is_empty() {
+                return Ok(None);
             }
-            Ok(Some(v))
+            if v.len() != n {
+                return Err(err(format!("`{key}.{stat}` has {} values, expected {n}", v.len())));
+            }
+            Ok(Some(v.iter().map(|&x| x as f32).collect()))
         };
         match (get(a)?, get(b)?) {
             (Some(p), Some(q)) => Ok(Some((p, q))),
@@ -112,11 +113,6 @@ impl<B: Backend, const D: usize> Affine<B, D> {
         x * self.scale.clone() + self.shift.clone()
     }
 }
-
-/// lerobot's eps in `(x − mean) / (std + eps)` and for a zero `max − min`.
-const EPS: f32 = 1e-8;
-const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// `(scale, shift)` of one feature's normalisation (`inverse`: unnormalisation), from the
 /// stats or, where the feature has none, neutral values (ImageNet's for cameras), then pushed
@@ -226,65 +222,10 @@ fn chw(f: &Frame) -> Vec<f32> {
     out
 }
 
-/// lerobot's `DiffusionPolicy.select_action` state: the last `n_obs_steps` observations (the
-/// first one repeated until the queue is full, as `populate_queues`) and the queued actions.
-pub struct DiffusionRunner<B: Backend> {
-    n_obs_steps: usize,
-    observations: VecDeque<DeviceObs<B>>,
-    actions: VecDeque<Tensor<B, 2>>,
-}
-
-impl<B: LeanBackend> DiffusionRunner<B> {
-    pub fn new(n_obs_steps: usize) -> Self {
-        Self { n_obs_steps, observations: VecDeque::new(), actions: VecDeque::new() }
-    }
-
-    pub fn reset(&mut self) {
-        self.observations.clear();
-        self.actions.clear();
-    }
-
-    /// Queue `obs`; when no action is queued, sample a chunk of the model's `n_action_steps`
-    /// actions. Returns the next action `[1, action_dim]` and whether the model ran.
-    pub fn select_action(&mut self, model: &Diffusion<B>, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
-        while self.observations.len() + 1 < self.n_obs_steps {
-            self.observations.push_back(obs.clone());
-        }
-        self.observations.push_back(obs);
-        if self.observations.len() > self.n_obs_steps {
-            self.observations.pop_front();
-        }
-        let ran = self.actions.is_empty();
-        if ran {
-            let chunk = self.predict_action_chunk(model, precision); // [1, n_action_steps, a]
-            let [b, n, a] = chunk.dims();
-            self.actions.extend((0..n).map(|t| chunk.clone().narrow(1, t, 1).reshape([b, a])));
-        }
-        (self.actions.pop_front().expect("generate_actions returns n_action_steps >= 1 actions"), ran)
-    }
-
-    /// `predict_action_chunk`: the queued observations stacked on a time axis, sampled from
-    /// fresh Gaussian noise (and fresh variance noise per DDPM step, as `torch.randn` does).
-    fn predict_action_chunk(&self, model: &Diffusion<B>, precision: Precision) -> Tensor<B, 3> {
-        let stack2 = |f: &dyn Fn(&DeviceObs<B>) -> Tensor<B, 2>| Tensor::stack::<3>(self.observations.iter().map(f).collect(), 1); // [1, s, d]
-        let first = &self.observations[0];
-        let state = stack2(&|o| o.state.clone().expect("Diffusion Policy has observation.state"));
-        let env_state = first.env_state.as_ref().map(|_| stack2(&|o| o.env_state.clone().expect("every observation has the ENV input")));
-        let images = (0..first.images.len()).map(|c| Tensor::stack::<5>(self.observations.iter().map(|o| o.images[c].clone()).collect(), 1)).collect(); // [1, s, 3, h, w]
-        let batch = DiffusionBatch { state, images, env_state, action: None, action_is_pad: None };
-        let device = batch.state.device();
-        let shape = [1, model.config.horizon, model.config.action_dim()];
-        let noise = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device);
-        let ddpm = model.noise_scheduler.kind == SchedulerKind::Ddpm;
-        let step_noise = |_| ddpm.then(|| Tensor::random(shape, Distribution::Normal(0.0, 1.0), &device));
-        model.generate_actions(&batch, noise, step_noise, &DiffusionCtx::eval(precision))
-    }
-}
-
 /// A loaded policy with its `select_action` state.
 pub enum Runner<'m, B: Backend> {
     Act { model: &'m Act<B>, runner: ActPolicyRunner<B> },
-    Diffusion { model: &'m Diffusion<B>, runner: DiffusionRunner<B> },
+    Diffusion { model: &'m Diffusion<B>, runner: DiffusionPolicyRunner<B> },
 }
 
 impl<B: LeanBackend> Runner<'_, B> {
@@ -309,7 +250,15 @@ impl<B: LeanBackend> Runner<'_, B> {
                 });
                 (action, ran)
             }
-            Runner::Diffusion { model, runner } => runner.select_action(model, obs, precision),
+            Runner::Diffusion { model, runner } => {
+                let mut ran = false;
+                let obs = DiffusionObs { state: obs.state.expect("Diffusion Policy has observation.state"), images: obs.images, env_state: obs.env_state };
+                let action = runner.select_action_with(obs, |batch| {
+                    ran = true;
+                    DiffusionPolicyRunner::predict_action_chunk(model, batch, precision)
+                });
+                (action, ran)
+            }
         }
     }
 }
@@ -323,7 +272,8 @@ mod tests {
     }
 
     fn stats(pairs: &[(&str, Vec<f32>)]) -> Stats {
-        let values = pairs.iter().map(|(k, v)| (k.to_string(), TensorData::new(v.clone(), [v.len()]))).collect();
+        let mut values = vramlab_lerobot::Stats::new();
+        vramlab_lerobot::normalize::add_state_dict(&mut values, pairs.iter().map(|(k, v)| (k.to_string(), vec![v.len()], v.clone())));
         Stats { files: vec![PathBuf::from("stats.safetensors")], values }
     }
 
