@@ -20,7 +20,7 @@ use vramlab_stages::Staged;
 
 use crate::metrics::StepRecord;
 use crate::model::{LossParts, TrainModel};
-use crate::trainer::TrainError;
+use crate::error::TrainError;
 
 /// Events kept per recorded step: 4 Mi × 32 bytes, taken from the system allocator (virtual
 /// memory: only the pages written become resident) and not counted in the live bytes.
