@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use vramlab_testkit::{TempDir, temp_dir};
+
 const BIN: &str = env!("CARGO_BIN_EXE_vramlab");
 /// A VAE small enough for CI: ultra_lightweight on a 4×16×16 grid, batch 1.
 const TINY: [&str; 4] = ["--policy.type=vae3d", "--policy.preset=ultra_lightweight", "--dataset.grid=4,16,16", "--batch_size=1"];
@@ -17,23 +19,31 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramlab-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// `<a fresh temporary directory>/<name>`, not created yet; the directory is removed when the
+/// guard drops, whether the test passes or not.
+fn tmp(name: &str) -> (TempDir, PathBuf) {
+    let dir = temp_dir(&format!("cli-{name}"));
+    let path = dir.join(name);
+    (dir, path)
 }
 
-/// `../shared`, or `None` with a skip message; a failure under `VRAMLAB_REQUIRE_SHARED=1` (CI).
-fn shared() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
-    if p.join("oracle").exists() {
-        Some(p)
-    } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
-        panic!("{} not found (no oracle/) and VRAMLAB_REQUIRE_SHARED=1", p.display());
-    } else {
-        eprintln!("skipping: ../shared not found (CI always has it)");
-        None
-    }
+/// Flex's parallel convolutions overlap per-thread workspaces differently run to run; the runs
+/// that compare peaks use one compute thread (each test says how large the variation is).
+const ONE_THREAD: [(&str, &str); 1] = [("RAYON_NUM_THREADS", "1")];
+
+/// `vramlab train <flags>` with `env` set, not yet run.
+fn train_command<S: AsRef<str>>(flags: &[S], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("train").args(flags.iter().map(AsRef::as_ref)).envs(env.iter().copied());
+    c
+}
+
+/// Runs `vramlab train <flags>` with `env` set: its output, and the step records it logged in
+/// the `--output_dir` among `flags` (none without one, or when it stopped before a step).
+fn train_run<S: AsRef<str>>(flags: &[S], env: &[(&str, &str)]) -> (Output, Vec<Rec>) {
+    let o = train_command(flags, env).output().expect("run vramlab train");
+    let dir = flags.iter().find_map(|f| f.as_ref().strip_prefix("--output_dir="));
+    (o, dir.map(|d| records(Path::new(d))).unwrap_or_default())
 }
 
 #[derive(serde::Deserialize)]
@@ -98,29 +108,29 @@ fn bad_input_gives_named_errors_not_panics() {
 
 #[test]
 fn malformed_npz_file_is_named() {
-    let dir = tmp("badnpz");
+    let (_tmp, dir) = tmp("badnpz");
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("scene_000.npz");
     std::fs::write(&bad, b"PK\x03\x04 this is not a real archive").unwrap();
-    let mut args = vec!["train", "--dataset.type=npz", "--steps=1"];
+    let mut args = vec!["--dataset.type=npz", "--steps=1"];
     args.extend(TINY);
     let root = format!("--dataset.root={}", dir.display());
     args.push(&root);
     let out = format!("--output_dir={}", dir.join("run").display());
     args.push(&out);
-    let o = vramlab(&args);
+    let (o, _) = train_run(&args, &[]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("scene_000.npz") && !t.contains("panicked"), "{t}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// `vramlab predict` on a reference fixture reproduces every output it stores (≤ 1e-4 of the
 /// tensor's largest magnitude).
 fn check_predict(fixture: &str, names: &[&str]) {
-    let Some(shared) = shared() else { return };
-    let fx = shared.join("oracle").join(fixture);
-    let out = tmp(&format!("predict-{fixture}")).with_extension("safetensors");
+    let Some(oracle) = vramlab_testkit::shared("oracle") else { return };
+    let fx = oracle.join(fixture);
+    let (_tmp, dir) = tmp(&format!("predict-{fixture}"));
+    let out = dir.with_extension("safetensors");
     let o = vramlab(&[
         "predict",
         &format!("--checkpoint={}", fx.join("pretrained_model").display()),
@@ -134,11 +144,8 @@ fn check_predict(fixture: &str, names: &[&str]) {
         let a = ours[*name].to_vec::<f32>().unwrap();
         let b = theirs[*name].to_vec::<f32>().unwrap();
         assert_eq!(ours[*name].shape, theirs[*name].shape, "{name}");
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
-        let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale;
-        assert!(err <= 1e-4, "{fixture}/{name}: relative error {err}");
+        vramlab_testkit::assert_close(&format!("{fixture}/{name}"), &a, &b, 1e-4);
     }
-    let _ = std::fs::remove_file(out);
 }
 
 #[test]
@@ -178,18 +185,17 @@ fn warmup_runs_one_step_and_leaves_nothing_behind() {
 
 #[test]
 fn killed_run_resumes_with_bit_identical_losses() {
-    let full = tmp("full");
-    let part = tmp("part");
-    let run = |dir: &Path, extra: &[&str]| {
-        let mut c = Command::new(BIN);
-        c.args(["train", "--steps=6", "--save_freq=1", "--seed=5"]).args(TINY).args(extra);
-        c.arg(format!("--output_dir={}", dir.display()));
-        c
+    let (_full_tmp, full) = tmp("full");
+    let (_part_tmp, part) = tmp("part");
+    let flags = |dir: &Path| {
+        let mut f: Vec<String> = ["--steps=6", "--save_freq=1", "--seed=5"].into_iter().chain(TINY).map(String::from).collect();
+        f.push(format!("--output_dir={}", dir.display()));
+        f
     };
-    let o = run(&full, &[]).output().unwrap();
+    let (o, full_records) = train_run(&flags(&full), &[]);
     assert!(o.status.success(), "{}", text(&o));
     // Kill -9 the second run once it has logged three steps.
-    let mut child = run(&part, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = train_command(&flags(&part), &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let t0 = Instant::now();
     while records(&part).len() < 3 {
         assert!(t0.elapsed() < Duration::from_secs(300), "run did not progress");
@@ -211,18 +217,16 @@ fn killed_run_resumes_with_bit_identical_losses() {
     let len = std::fs::metadata(&weights).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
     // Only --resume and the run directory: everything else comes from the checkpoint.
-    let o = vramlab(&["train", "--resume", &format!("--output_dir={}", part.display())]);
+    let (o, part_records) = train_run(&["--resume", &format!("--output_dir={}", part.display())], &[]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&format!("skipping {}", newest.display())) && text(&o).contains("truncated"), "{}", text(&o));
-    let a: Vec<(u64, f64)> = records(&full).iter().map(|r| (r.step, r.loss)).collect();
-    let b: Vec<(u64, f64)> = records(&part).iter().map(|r| (r.step, r.loss)).collect();
+    let a: Vec<(u64, f64)> = full_records.iter().map(|r| (r.step, r.loss)).collect();
+    let b: Vec<(u64, f64)> = part_records.iter().map(|r| (r.step, r.loss)).collect();
     assert_eq!(a.len(), 6);
     assert_eq!(a, b, "killed after {killed_at} logged steps; trajectories differ");
     // Without --resume the same directory is refused.
-    let o = run(&part, &[]).output().unwrap();
+    let (o, _) = train_run(&flags(&part), &[]);
     assert!(text(&o).contains("--resume"), "{}", text(&o));
-    let _ = std::fs::remove_dir_all(full);
-    let _ = std::fs::remove_dir_all(part);
 }
 
 #[test]
@@ -230,8 +234,8 @@ fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
     let mut act = Vec::new();
     let mut first_loss = Vec::new();
     for (mode, precision) in [("off", "f32"), ("blocks", "f32"), ("balanced", "f32"), ("off", "bf16"), ("blocks", "bf16"), ("off", "f16")] {
-        let dir = tmp(&format!("mem-{mode}-{precision}"));
-        let mut args = vec!["train".to_string(), "--steps=3".into()];
+        let (_tmp, dir) = tmp(&format!("mem-{mode}-{precision}"));
+        let mut args = vec!["--steps=3".to_string()];
         args.extend(TINY.iter().map(|s| s.to_string()));
         args.push(format!("--gradient_checkpointing={mode}"));
         args.push(format!("--precision={precision}"));
@@ -239,16 +243,14 @@ fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
         // One compute thread: flex's parallel convolutions hold per-thread workspaces whose
         // overlap depends on scheduling (±1.7 MiB, an im2col buffer, at this size), as large as
         // what checkpointing saves on this tiny model. With one thread the figures repeat.
-        let o = Command::new(BIN).args(&args).env("RAYON_NUM_THREADS", "1").output().unwrap();
+        let (o, r) = train_run(&args, &ONE_THREAD);
         assert!(o.status.success(), "{mode}/{precision}: {}", text(&o));
-        let r = records(&dir);
         assert_eq!(r.len(), 3);
         assert!(r.iter().all(|r| r.loss.is_finite() && r.peak_step_bytes > 0));
         assert_eq!(r[0].loss_scale.is_some(), precision == "f16", "loss scaling only for f16");
         // Steady state: step 1 also pays one-time allocations (thread pools, first-use buffers).
         act.push(((mode, precision), r[1..].iter().map(|r| r.activation_bytes).max().unwrap()));
         first_loss.push(r[0].loss);
-        let _ = std::fs::remove_dir_all(dir);
     }
     let get = |m: &str, p: &str| act.iter().find(|((a, b), _)| *a == m && *b == p).unwrap().1;
     assert!(get("blocks", "f32") < get("off", "f32"), "{act:?}");
@@ -260,7 +262,7 @@ fn checkpointing_lowers_measured_activations_and_low_precision_trains() {
 
 #[test]
 fn sweep_writes_csv_and_markdown() {
-    let dir = tmp("sweep");
+    let (_tmp, dir) = tmp("sweep");
     let mut args = vec!["sweep", "--steps=1", "--sweep.gradient_checkpointing=off,blocks"];
     args.extend(TINY);
     let out = format!("--output_dir={}", dir.display());
@@ -277,7 +279,6 @@ fn sweep_writes_csv_and_markdown() {
     for f in ["sweep_peak.svg", "sweep_breakdown.svg", "points/gradient_checkpointing=off/memory.svg", "points/gradient_checkpointing=blocks/memory_breakdown.svg"] {
         assert!(std::fs::read_to_string(dir.join(f)).is_ok_and(|s| s.contains("</svg>")), "{f}");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The probe's figures against a known allocation pattern (the wgpu run is in `.ci/run`).
@@ -292,7 +293,7 @@ fn probe_check_passes_on_the_counting_allocator() {
 /// while decoding and batching is the loader's, reported as `loader_peak_bytes`.
 #[test]
 fn step_peaks_do_not_depend_on_the_number_of_loader_workers() {
-    let root = tmp("workers");
+    let (_tmp, root) = tmp("workers");
     let tiny = [
         "--policy.type=diffusion", "--dataset.type=sim", "--dataset.num_episodes=4", "--dataset.image_size=48,48",
         "--policy.crop_shape=40,40", "--policy.down_dims=16,32", "--policy.diffusion_step_embed_dim=32", "--batch_size=4",
@@ -301,17 +302,15 @@ fn step_peaks_do_not_depend_on_the_number_of_loader_workers() {
     let mut peaks = Vec::new();
     for workers in [0, 3] {
         let dir = root.join(format!("w{workers}"));
-        let mut args: Vec<String> = vec!["train".into()];
-        args.extend(tiny.iter().map(|s| s.to_string()));
+        let mut args: Vec<String> = tiny.iter().map(|s| s.to_string()).collect();
         args.push(format!("--dataset.root={}", root.join("push").display()));
         args.push(format!("--num_workers={workers}"));
         args.push(format!("--output_dir={}", dir.display()));
         // One compute thread: flex's parallel convolutions overlap per-thread workspaces
         // differently run to run (±1.2 MiB here), more than this tiny model's 1 % slack; the
         // loader's worker threads are what varies.
-        let o = Command::new(BIN).args(&args).env("RAYON_NUM_THREADS", "1").output().unwrap();
+        let (o, r) = train_run(&args, &ONE_THREAD);
         assert!(o.status.success(), "{workers} workers: {}", text(&o));
-        let r = records(&dir);
         assert_eq!(r.len(), 4);
         assert!(r.iter().all(|r| r.loader_peak_bytes.unwrap_or(0) > 0), "{workers} workers: the loader's memory is reported");
         peaks.push(r.iter().skip(1).map(|r| (r.peak_step_bytes, r.activation_bytes)).collect::<Vec<_>>());
@@ -321,7 +320,6 @@ fn step_peaks_do_not_depend_on_the_number_of_loader_workers() {
         assert!(a.0.abs_diff(b.0) * 100 <= a.0, "peak_step_bytes {} (0 workers) vs {} (3 workers)", a.0, b.0);
         assert!(a.1.abs_diff(b.1) * 100 <= a.1, "activation_bytes {} (0 workers) vs {} (3 workers)", a.1, b.1);
     }
-    let _ = std::fs::remove_dir_all(root);
 }
 
 /// A tiny ACT: trains, the loss falls, and block recomputation follows the same trajectory.
@@ -335,12 +333,11 @@ fn act_trains_and_block_checkpointing_matches() {
     ];
     let mut losses = Vec::new();
     for mode in ["off", "blocks"] {
-        let dir = tmp(&format!("act-{mode}"));
-        let mut args: Vec<String> = vec!["train".into()];
-        args.extend(tiny.iter().map(|s| s.to_string()));
+        let (_tmp, dir) = tmp(&format!("act-{mode}"));
+        let mut args: Vec<String> = tiny.iter().map(|s| s.to_string()).collect();
         args.push(format!("--gradient_checkpointing={mode}"));
         args.push(format!("--output_dir={}", dir.display()));
-        let o = Command::new(BIN).args(&args).output().unwrap();
+        let (o, r) = train_run(&args, &[]);
         assert!(o.status.success(), "{mode}: {}", text(&o));
         // The checkpoint is a lerobot-style pretrained_model dir: `predict` runs it.
         let ckpt = dir.join("checkpoints/000010");
@@ -360,8 +357,7 @@ fn act_trains_and_block_checkpointing_matches() {
             assert!(o.status.success(), "{}", text(&o));
             assert_eq!(vramlab_store::read_safetensors(&out).unwrap()["eval_actions"].shape, burn::tensor::Shape::new([2, 8, 4]));
         }
-        losses.push(records(&dir).iter().map(|r| r.loss).collect::<Vec<_>>());
-        let _ = std::fs::remove_dir_all(dir);
+        losses.push(r.iter().map(|r| r.loss).collect::<Vec<_>>());
     }
     let (off, blocks) = (&losses[0], &losses[1]);
     assert!(off.last().unwrap() < off.first().unwrap(), "{off:?}");
@@ -378,10 +374,9 @@ fn act_trains_and_block_checkpointing_matches() {
 /// ACT trains on a real LeRobot v3.0 dataset (PushT, AV1 video) and the loss falls.
 #[test]
 fn act_trains_on_a_lerobot_dataset() {
-    let Some(shared) = shared() else { return };
-    let dir = tmp("act-pusht");
-    let o = vramlab(&[
-        "train",
+    let Some(shared) = vramlab_testkit::shared_dir() else { return };
+    let (_tmp, dir) = tmp("act-pusht");
+    let (o, r) = train_run(&[
         "--policy.type=act",
         "--dataset.type=lerobot",
         &format!("--dataset.root={}", shared.join("datasets/pusht_v30").display()),
@@ -397,9 +392,8 @@ fn act_trains_on_a_lerobot_dataset() {
         "--steps=12",
         "--optimizer.lr=1e-3",
         &format!("--output_dir={}", dir.display()),
-    ]);
+    ], &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let r = records(&dir);
     assert_eq!(r.len(), 12);
     let first: f64 = r[..3].iter().map(|x| x.loss).sum::<f64>() / 3.0;
     let last: f64 = r[9..].iter().map(|x| x.loss).sum::<f64>() / 3.0;
@@ -425,9 +419,8 @@ fn act_trains_on_a_lerobot_dataset() {
     assert_eq!(stats["observation.image.mean"].shape, burn::tensor::Shape::new([3, 1, 1]));
     assert_eq!(stats["action.std"].shape, burn::tensor::Shape::new([2]));
     // lerobot's --policy.path: fine-tune from that pretrained_model/ (config and weights).
-    let tuned = tmp("act-pusht-tuned");
-    let o = vramlab(&[
-        "train",
+    let (_tuned_tmp, tuned) = tmp("act-pusht-tuned");
+    let (o, tuned_records) = train_run(&[
         &format!("--policy.path={}", last.join("pretrained_model").display()),
         "--dataset.type=lerobot",
         &format!("--dataset.root={}", shared.join("datasets/pusht_v30").display()),
@@ -435,14 +428,12 @@ fn act_trains_on_a_lerobot_dataset() {
         "--steps=1",
         "--optimizer.lr=1e-3",
         &format!("--output_dir={}", tuned.display()),
-    ]);
+    ], &[]);
     assert!(o.status.success(), "{}", text(&o));
-    let tuned_loss = records(&tuned)[0].loss;
+    let tuned_loss = tuned_records[0].loss;
     assert!(tuned_loss < first, "fine-tuning starts from the trained weights: {tuned_loss} vs a fresh {first}");
-    let _ = std::fs::remove_dir_all(tuned);
     let t = text(&vramlab(&["dataset", "info", &shared.join("datasets/g1_v21_subset").display().to_string()]));
     assert!(t.contains("frames    1461") && t.contains("codec av1"), "{t}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -465,7 +456,7 @@ fn info_prints_the_exact_diffusion_count() {
 /// trajectory, and the checkpoint runs through `predict`.
 #[test]
 fn diffusion_trains_on_built_in_demonstrations() {
-    let root = tmp("diffusion-sim");
+    let (_tmp, root) = tmp("diffusion-sim");
     let data = root.join("push");
     let tiny = [
         "--policy.type=diffusion", "--dataset.type=sim", "--dataset.num_episodes=6", "--dataset.image_size=48,48",
@@ -475,14 +466,12 @@ fn diffusion_trains_on_built_in_demonstrations() {
     let mut losses = Vec::new();
     for mode in ["off", "blocks"] {
         let dir = root.join(mode);
-        let mut args: Vec<String> = vec!["train".into()];
-        args.extend(tiny.iter().map(|s| s.to_string()));
+        let mut args: Vec<String> = tiny.iter().map(|s| s.to_string()).collect();
         args.push(format!("--dataset.root={}", data.display()));
         args.push(format!("--gradient_checkpointing={mode}"));
         args.push(format!("--output_dir={}", dir.display()));
-        let o = Command::new(BIN).args(&args).output().unwrap();
+        let (o, r) = train_run(&args, &[]);
         assert!(o.status.success(), "{mode}: {}", text(&o));
-        let r = records(&dir);
         assert_eq!(r.len(), 16);
         losses.push(r.iter().map(|r| r.loss).collect::<Vec<_>>());
         if mode == "off" {
@@ -517,23 +506,21 @@ fn diffusion_trains_on_built_in_demonstrations() {
         let tol = if i < 2 { 1e-5 } else { 1e-3 };
         assert!((a - b).abs() <= tol * a.abs(), "step {}: off {off:?} vs blocks {blocks:?}", i + 1);
     }
-    let _ = std::fs::remove_dir_all(root);
 }
 
 #[test]
 fn config_errors_come_before_any_data_or_model() {
     // A typo in a policy field, and a range error: nothing is generated, no run directory.
-    let dir = tmp("early");
+    let (_tmp, dir) = tmp("early");
     let sim = dir.join("sim");
     let out = dir.join("run");
     for bad in ["--policy.chunk_sise=50", "--steps=0"] {
-        let o = vramlab(&[
-            "train",
+        let (o, _) = train_run(&[
             "--policy.type=act",
             bad,
             &format!("--dataset.root={}", sim.display()),
             &format!("--output_dir={}", out.display()),
-        ]);
+        ], &[]);
         let t = text(&o);
         assert_eq!(o.status.code(), Some(2), "{t}");
         assert!(!t.contains("generating") && !sim.exists() && !out.exists(), "{bad}: {t}");
@@ -551,9 +538,9 @@ fn config_errors_come_before_any_data_or_model() {
 
 #[test]
 fn predict_checks_inputs_against_the_checkpoint() {
-    let Some(shared) = shared() else { return };
-    let fx = shared.join("oracle/vae3d_ultra/pretrained_model");
-    let dir = tmp("predict-bad");
+    let Some(oracle) = vramlab_testkit::shared("oracle") else { return };
+    let fx = oracle.join("vae3d_ultra/pretrained_model");
+    let (_tmp, dir) = tmp("predict-bad");
     std::fs::create_dir_all(&dir).unwrap();
     // A 3-channel grid for a 4-channel VAE.
     let inputs = dir.join("inputs.safetensors");
@@ -569,7 +556,6 @@ fn predict_checks_inputs_against_the_checkpoint() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(!t.contains("panicked") && t.contains("inputs.safetensors") && t.contains("`x`") && t.contains("[B, 4, D, H, W]"), "{t}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -600,41 +586,36 @@ struct FitToggles {
 /// checkpoint; the same run under a budget above its peak trains.
 #[test]
 fn a_memory_budget_ends_a_run_with_a_clean_out_of_memory() {
-    let free = tmp("budget-free");
+    let (_free_tmp, free) = tmp("budget-free");
     let mut args: Vec<String> = TINY.iter().map(|s| s.to_string()).collect();
-    args.insert(0, "train".into());
     // Measurement only: writing a checkpoint after the last step takes memory of its own.
     args.extend(["--steps=2".into(), "--save_checkpoint=false".into()]);
     let run = |dir: &Path, budget: Option<u64>| {
-        let mut cmd = Command::new(BIN);
-        cmd.args(&args).arg(format!("--output_dir={}", dir.display()));
-        if let Some(b) = budget {
-            cmd.env("VRAMLAB_MEMORY_BUDGET", b.to_string());
-        }
-        cmd.output().unwrap()
+        let mut flags = args.clone();
+        flags.push(format!("--output_dir={}", dir.display()));
+        let budget = budget.map(|b| b.to_string());
+        let env: Vec<(&str, &str)> = budget.iter().map(|b| ("VRAMLAB_MEMORY_BUDGET", b.as_str())).collect();
+        train_run(&flags, &env)
     };
-    let o = run(&free, None);
+    let (o, free_records) = run(&free, None);
     assert!(o.status.success(), "{}", text(&o));
-    let peak = records(&free).iter().map(|r| r.peak_step_bytes).max().unwrap();
+    let peak = free_records.iter().map(|r| r.peak_step_bytes).max().unwrap();
 
-    let capped = tmp("budget-capped");
-    let o = run(&capped, Some(peak / 2));
+    let (_capped_tmp, capped) = tmp("budget-capped");
+    let (o, _) = run(&capped, Some(peak / 2));
     assert_eq!(o.status.code(), Some(86), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("error: out of memory: an allocation of") && err.contains(&format!("budget of {} bytes", peak / 2)), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(!capped.join("checkpoints/000002").exists(), "no checkpoint of an out-of-memory run");
 
-    let roomy = tmp("budget-roomy");
-    let o = run(&roomy, Some(peak + peak / 2));
+    let (_roomy_tmp, roomy) = tmp("budget-roomy");
+    let (o, _) = run(&roomy, Some(peak + peak / 2));
     assert!(o.status.success(), "a budget above the peak must not end the run: {}", text(&o));
 
-    let o = Command::new(BIN).args(&args).env("VRAMLAB_MEMORY_BUDGET", "lots").output().unwrap();
+    let (o, _) = train_run(&args, &[("VRAMLAB_MEMORY_BUDGET", "lots")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("VRAMLAB_MEMORY_BUDGET"), "{}", text(&o));
-    for d in [free, capped, roomy] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// `fit` under a budget below the configured batch's peak: the configured batch runs out of
@@ -642,8 +623,8 @@ fn a_memory_budget_ends_a_run_with_a_clean_out_of_memory() {
 /// a second `fit` in the same directory reuses every trial.
 #[test]
 fn fit_recommends_only_what_was_measured_to_fit() {
-    let probe = tmp("fit-probe");
-    let mut train: Vec<String> = vec!["train".into(), "--policy.type=vae3d".into(), "--policy.preset=ultra_lightweight".into(), "--dataset.grid=8,32,32".into()];
+    let (_probe_tmp, probe) = tmp("fit-probe");
+    let mut train: Vec<String> = vec!["--policy.type=vae3d".into(), "--policy.preset=ultra_lightweight".into(), "--dataset.grid=8,32,32".into()];
     train.extend(["--batch_size=4".into(), "--steps=2".into(), format!("--output_dir={}", probe.display())]);
     // One compute thread here and in `fit`'s trials (they inherit it): with two, flex's
     // parallel convolutions make this tiny model's peak vary by up to 8 %, close to the
@@ -651,12 +632,12 @@ fn fit_recommends_only_what_was_measured_to_fit() {
     // is 14 % above its measured peak (the runtime-baseline constant is measured on larger
     // runs), past `fit`'s pruning margin (1.25 × a budget of 0.9 × the peak), so batch 4 would
     // be pruned on the estimate instead of measured out of memory.
-    let o = Command::new(BIN).args(&train).env("RAYON_NUM_THREADS", "1").output().unwrap();
+    let (o, r) = train_run(&train, &ONE_THREAD);
     assert!(o.status.success(), "{}", text(&o));
-    let peak4 = records(&probe).iter().map(|r| r.peak_step_bytes).max().unwrap();
+    let peak4 = r.iter().map(|r| r.peak_step_bytes).max().unwrap();
     let budget = peak4 * 9 / 10;
 
-    let dir = tmp("fit");
+    let (_fit_tmp, dir) = tmp("fit");
     let args: Vec<String> = vec![
         "fit".into(),
         "--policy.type=vae3d".into(),
@@ -697,9 +678,6 @@ fn fit_recommends_only_what_was_measured_to_fit() {
     let o = Command::new(BIN).args(&other).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("fit_request.json") && text(&o).contains("another request"), "{}", text(&o));
-    for d in [probe, dir] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// `estimate` on a model described on paper: the seed report's static total is reproduced and

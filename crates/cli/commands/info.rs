@@ -1,7 +1,7 @@
 //! `vramlab info`: parameter counts and static bytes of a config, without training.
 
 use anyhow::Result;
-use vramlab_train::metrics::fmt_bytes;
+use vramlab_bytes::human as fmt_bytes;
 use vramlab_workloads::{RunConfig, thousands};
 
 pub fn run(cfg: &RunConfig) -> Result<()> {

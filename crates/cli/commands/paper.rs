@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use vramlab_paper::paper;
+use vramlab_paper as paper;
 
 /// Whether `file` is a paper description rather than a training config.
 pub fn is_paper(file: &Path) -> bool {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramlab_train::StepRecord;
-use vramlab_train::metrics::fmt_bytes;
+use vramlab_bytes::human as fmt_bytes;
 use vramlab_workloads::{RunConfig, RunEnd, RunStart, TrainObserver};
 
 pub fn run(cfg: RunConfig) -> Result<()> {

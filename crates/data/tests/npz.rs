@@ -14,13 +14,10 @@ use vramlab_data::{
     DataError, NpzVoxelDataset, load_radar_voxels, load_radar_voxels_cropped, parse_npz,
     radar_voxels_from_npz, read_npy, read_npz,
 };
+use vramlab_testkit::{TempDir, temp_dir};
 
 // ---------------------------------------------------------------- helpers
 
-/// A unique temporary directory, removed on drop.
-fn temp_dir(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("vramlab-data-test-{tag}-")).tempdir().unwrap()
-}
 
 /// A version 1.0 `.npy`, header written by hand.
 fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
@@ -267,7 +264,7 @@ fn dataset_sorted_batches_and_errors() {
 // ---------------------------------------------------------------- malformed inputs
 
 /// Writes `members` as `name` and returns the error of loading it.
-fn load_err(tmp: &tempfile::TempDir, name: &str, members: &[(&str, Vec<u8>)]) -> String {
+fn load_err(tmp: &TempDir, name: &str, members: &[(&str, Vec<u8>)]) -> String {
     let p = tmp.path().join(name);
     write(&p, &zip_bytes(members, true));
     let e = err_text(load_radar_voxels(&p, None));

@@ -6,8 +6,9 @@ use vramlab_lerobot::{LeRobotDataset, SampleOptions, Version, resolve_delta_indi
 
 #[test]
 fn generated_dataset_reads_back_exactly() {
-    let root = std::env::temp_dir().join(format!("vramlab-push-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    // The writer never overwrites: the dataset goes into a directory that does not exist yet.
+    let tmp = vramlab_testkit::temp_dir("push");
+    let root = tmp.join("push");
     let episodes: Vec<_> = (0..3).map(|s| record_episode(100 + s, 120, 32)).collect();
     write_dataset(&root, &dataset_spec(32), &episodes).unwrap();
     assert!(write_dataset(&root, &dataset_spec(32), &episodes).is_err(), "never overwrites");
@@ -59,5 +60,4 @@ fn generated_dataset_reads_back_exactly() {
     let min_x = all.iter().step_by(2).copied().fold(f32::INFINITY, f32::min);
     assert!((a.min[0] - min_x as f64).abs() < 1e-3, "{:?} vs {min_x}", a.min);
     assert_eq!(st["observation.image"].mean.len(), 3);
-    let _ = std::fs::remove_dir_all(&root);
 }

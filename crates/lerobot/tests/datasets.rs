@@ -211,7 +211,7 @@ fn normalization_modes() {
 
 #[test]
 fn synthetic_v3_multi_file_with_images() {
-    let root = synth::temp_dir("synth");
+    let root = vramlab_testkit::temp_dir("lerobot-synth");
     synth::make_v3(&root);
     let ds = LeRobotDataset::open(&root).unwrap();
     assert_eq!((ds.num_episodes(), ds.num_frames()), (3, 16));
@@ -259,7 +259,6 @@ fn synthetic_v3_multi_file_with_images() {
     let mut c = vec![0.75f32; 3 * plane];
     n.normalize_image("observation.images.png", &mut c, plane).unwrap();
     assert!(c.iter().all(|&v| v == (0.75 - 0.5) / (0.25 + 1e-8)));
-    std::fs::remove_dir_all(&root).ok();
 }
 
 /// v3.0 concatenation: split pusht's single episode into two episodes sharing one mp4, the
@@ -268,7 +267,7 @@ fn synthetic_v3_multi_file_with_images() {
 fn v3_episodes_share_one_video_file() {
     let Some(src) = common::shared_dataset("pusht_v30") else { return };
     let orig = LeRobotDataset::open(&src).unwrap();
-    let root = synth::temp_dir("shared-video");
+    let root = vramlab_testkit::temp_dir("lerobot-shared-video");
     common::copy_dir(&src.join("videos"), &root.join("videos"));
     common::copy_dir(&src.join("meta"), &root.join("meta"));
     let split = 100usize;
@@ -327,7 +326,6 @@ fn v3_episodes_share_one_video_file() {
     assert_eq!(s.values["observation.image"].data[m..], want[..]);
     assert_eq!(s.values["observation.image"].data[..m], want[..]);
     assert_ne!(orig.camera_frame("observation.image", 0).unwrap().to_chw_f32(), want);
-    std::fs::remove_dir_all(&root).ok();
 }
 
 #[test]

@@ -12,7 +12,7 @@ fn open_err(root: &std::path::Path) -> DatasetError {
 
 #[test]
 fn missing_dataset_and_files() {
-    let root = synth::temp_dir("missing");
+    let root = vramlab_testkit::temp_dir("lerobot-missing");
     let e = open_err(&root.join("nope"));
     assert!(matches!(e, DatasetError::Io { .. }), "{e}");
     assert!(e.to_string().contains("info.json"), "{e}");
@@ -22,12 +22,11 @@ fn missing_dataset_and_files() {
     let e = open_err(&root);
     assert!(matches!(e, DatasetError::Io { .. }));
     assert!(e.path().unwrap().ends_with("data/chunk-000/file-001.parquet"), "{e}");
-    fs::remove_dir_all(&root).ok();
 }
 
 #[test]
 fn bad_info_json() {
-    let root = synth::temp_dir("info");
+    let root = vramlab_testkit::temp_dir("lerobot-info");
     synth::make_v3(&root);
     let info_path = root.join("meta/info.json");
     let orig = fs::read_to_string(&info_path).unwrap();
@@ -58,12 +57,11 @@ fn bad_info_json() {
     fs::write(&info_path, serde_json::to_string(&v).unwrap()).unwrap();
     let e = open_err(&root);
     assert!(e.to_string().contains("observation.state") && e.to_string().contains("expected 4"), "{e}");
-    fs::remove_dir_all(&root).ok();
 }
 
 #[test]
 fn wrong_schema_and_truncated_parquet() {
-    let root = synth::temp_dir("schema");
+    let root = vramlab_testkit::temp_dir("lerobot-schema");
     synth::make_v3(&root);
     // Replace file-001 with one whose `action` is a string column.
     synth::write_parquet(
@@ -99,13 +97,12 @@ fn wrong_schema_and_truncated_parquet() {
     );
     let e = open_err(&root);
     assert!(e.to_string().contains("episodes") && e.to_string().contains("length"), "{e}");
-    fs::remove_dir_all(&root).ok();
 }
 
 #[test]
 fn truncated_and_bogus_mp4() {
     let Some(src) = common::shared_dataset("pusht_v30") else { return };
-    let dir = synth::temp_dir("mp4");
+    let dir = vramlab_testkit::temp_dir("lerobot-mp4");
     let mp4 = fs::read(src.join("videos/observation.image/chunk-000/file-000.mp4")).unwrap();
     let p = dir.join("v.mp4");
     // The moov box is at the end: cutting anywhere loses it or part of it.
@@ -128,13 +125,12 @@ fn truncated_and_bogus_mp4() {
     fs::write(&p, &short).unwrap();
     let e = VideoReader::open(&p).unwrap_err();
     assert!(e.to_string().contains("beyond the end of the file"), "{e}");
-    fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn timestamp_not_found_in_dataset() {
     let Some(src) = common::shared_dataset("pusht_v30") else { return };
-    let root = synth::temp_dir("ts");
+    let root = vramlab_testkit::temp_dir("lerobot-ts");
     common::copy_dir(&src, &root);
     // Shift the timestamps in info? No: shift the episode's video start so every query misses.
     let ds = LeRobotDataset::open(&root).unwrap();
@@ -153,5 +149,4 @@ fn timestamp_not_found_in_dataset() {
     // Out-of-range requests are argument errors.
     assert!(matches!(ds.frame(161), Err(DatasetError::InvalidArgument(_))));
     assert!(matches!(ds.camera_frame("action", 0), Err(DatasetError::InvalidArgument(_))));
-    fs::remove_dir_all(&root).ok();
 }

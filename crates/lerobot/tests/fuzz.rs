@@ -178,7 +178,7 @@ const N: usize = 200;
 
 #[test]
 fn fuzz_info_json() {
-    let root = synth::temp_dir("fuzz-info");
+    let root = vramlab_testkit::temp_dir("lerobot-fuzz-info");
     synth::make_v3(&root);
     let p = root.join("meta/info.json");
     let orig = fs::read(&p).unwrap();
@@ -195,12 +195,11 @@ fn fuzz_info_json() {
         t.run(&format!("info case {i}"), || exercise(&root));
     }
     t.report("info.json");
-    fs::remove_dir_all(&root).ok();
 }
 
 #[test]
 fn fuzz_parquet() {
-    let root = synth::temp_dir("fuzz-parquet");
+    let root = vramlab_testkit::temp_dir("lerobot-fuzz-parquet");
     synth::make_v3(&root);
     let mut rng = Rng(0xDEAD_BEEF_0BAD_F00D);
     let mut t = Tally::default();
@@ -230,7 +229,6 @@ fn fuzz_parquet() {
         fs::write(&p, &orig).unwrap();
     }
     t.report("parquet");
-    fs::remove_dir_all(&root).ok();
 }
 
 #[test]
@@ -242,7 +240,7 @@ fn fuzz_mp4() {
     }
     let budget = if slow { Duration::from_secs(4) } else { Duration::from_secs(30) };
     let orig = fs::read(src.join("videos/observation.image/chunk-000/file-000.mp4")).unwrap();
-    let dir = synth::temp_dir("fuzz-mp4");
+    let dir = vramlab_testkit::temp_dir("lerobot-fuzz-mp4");
     let p = dir.join("f.mp4");
     let reference = VideoReader::open(&src.join("videos/observation.image/chunk-000/file-000.mp4")).unwrap();
     let ref_samples = reference.track().samples.clone();
@@ -300,5 +298,4 @@ fn fuzz_mp4() {
          {payload_cases} AV1 payload mutations, {decodes} decode runs in {decode_time:?}"
     );
     t.report("mp4");
-    fs::remove_dir_all(&dir).ok();
 }

@@ -5,9 +5,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let json = args.iter().any(|a| a == "--json");
     for path in args.iter().filter(|a| *a != "--json") {
-        match vramlab_paper::paper::PaperConfig::from_file(path) {
+        match vramlab_paper::PaperConfig::from_file(path) {
             Ok(cfg) => {
-                let r = vramlab_paper::paper::report(&cfg);
+                let r = vramlab_paper::report(&cfg);
                 if json {
                     println!(
                         "{}",

@@ -1,9 +1,9 @@
-//! Claims: a number a report states, the assumptions under which it is reproduced, and how
-//! those assumptions change a description.
+//! Claims: a number a report states and the assumptions under which it is reproduced
+//! ([`crate::config::PaperConfig::with_assumptions`] applies them to a description).
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ActPrecision, Checkpointing, DType, Optimizer, PaperConfig, Sharding};
+use crate::setup::{ActPrecision, Checkpointing, DType, Optimizer, Sharding};
 
 /// Changes to the set-up under which a claim's number is reproduced.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -86,48 +86,4 @@ pub struct Claim {
     pub measured: Option<f64>,
     /// Where the number comes from.
     pub source: Option<String>,
-}
-
-impl PaperConfig {
-    /// This description with a claim's assumptions applied.
-    pub fn with_assumptions(&self, a: &Assume) -> PaperConfig {
-        let mut c = self.clone();
-        if let Some(v) = a.weights {
-            c.weights = v;
-        }
-        if let Some(v) = a.grads {
-            c.grads = Some(v);
-        }
-        if let Some(v) = a.optimizer {
-            c.optimizer = v;
-        }
-        if let Some(v) = a.optimizer_state {
-            c.optimizer_state = Some(v);
-        }
-        if let Some(v) = a.master_weights {
-            c.master_weights = v;
-        }
-        if let Some(v) = a.activations {
-            c.activations = v;
-        }
-        if let Some(v) = a.checkpointing {
-            c.checkpointing = v;
-        }
-        if let Some(v) = a.batch {
-            c.batch = v;
-        }
-        if let Some(v) = a.gpus {
-            c.gpus = v;
-        }
-        if let Some(names) = &a.only_components {
-            c.components.retain(|x| names.contains(&x.name));
-        }
-        if let Some(pats) = &a.leave_out {
-            for comp in &mut c.components {
-                comp.activation
-                    .retain(|x| !pats.iter().any(|p| x.name.contains(p.as_str())));
-            }
-        }
-        c
-    }
 }

@@ -4,13 +4,13 @@
 //! activation checkpointing, and DDP / ZeRO-1 / ZeRO-2 / ZeRO-3 (FSDP) over N GPUs.
 //!
 //! ```no_run
-//! let cfg = vramlab_paper::paper::PaperConfig::from_file("configs/estimate/openvla_oft_7b_lora.toml")?;
-//! println!("{}", vramlab_paper::paper::report(&cfg).markdown());
+//! let cfg = vramlab_paper::PaperConfig::from_file("configs/estimate/openvla_oft_7b_lora.toml")?;
+//! println!("{}", vramlab_paper::report(&cfg).markdown());
 //! # Ok::<(), vramlab_paper::Error>(())
 //! ```
 //!
 //! # Format
-//! A TOML file whose top-level table is `[paper]` ([`paper::is_paper_config`] looks for it).
+//! A TOML file whose top-level table is `[paper]` ([`is_paper_config`] looks for it).
 //! Every table rejects unknown keys; errors name the file and the field. A commented example
 //! of every key is below and in `configs/estimate/example.toml`; the seed scenarios and what they
 //! show are in `configs/estimate/README.md`.
@@ -103,13 +103,25 @@
 //! - Per GPU: single, DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP ([`estimate::per_gpu`]).
 //! - Claims: each reproduced under its own assumptions and re-estimated from the full description.
 
+//!
+//! # Modules
+//! From the leaves up: [`setup`] (dtypes, optimizer, checkpointing, sharding) → [`claim`] (a
+//! report's numbers and assumptions) → [`config`] (the TOML description, validated) →
+//! [`transformer`] and [`resnet`] (parameters and saved activations from dimensions) →
+//! [`estimate`] (statics, activations, per-GPU totals, the OOM walk) → [`report`]. The entry
+//! points the CLI calls are re-exported here: [`PaperConfig`], [`is_paper_config`], [`report()`],
+//! [`Report`].
+
 pub mod claim;
 pub mod config;
 pub mod estimate;
-pub mod paper;
 pub mod report;
 pub mod resnet;
+pub mod setup;
 pub mod transformer;
+
+pub use config::{PaperConfig, is_paper_config};
+pub use report::{Report, report};
 
 /// Reading a description.
 #[derive(Debug, thiserror::Error)]

@@ -48,7 +48,7 @@ pub struct Oom {
     pub request_bytes: f64,
 }
 
-/// Everything [`crate::paper::report`] computes; [`Report::markdown`] prints it.
+/// Everything [`crate::report()`] computes; [`Report::markdown`] prints it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub name: String,

@@ -32,13 +32,6 @@ use serde::Serialize;
 
 use crate::config::{ActPrecision, Lora, Mlp, Norm, TransformerDims};
 
-/// Linear layers LoRA can target.
-/// `qkv` is a fused Q/K/V projection (timm ViTs): one adapter of `rank·(h + h + 2·kv)`, not
-/// three; `up` / `down` are the two linears of a standard MLP too.
-pub const LORA_TARGETS: [&str; 12] = [
-    "q", "k", "v", "o", "qkv", "gate", "up", "down", "cross_q", "cross_k", "cross_v", "cross_o",
-];
-
 /// One layer's linears as `(name, in, out)`.
 pub fn layer_linears(t: &TransformerDims, cross: bool) -> Vec<(&'static str, u64, u64)> {
     let h = t.hidden;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use vramlab_paper::config::Sharding;
 use vramlab_paper::estimate::{estimate, per_gpu};
-use vramlab_paper::paper::{PaperConfig, is_paper_config, report};
+use vramlab_paper::{PaperConfig, is_paper_config, report};
 
 const GIB: f64 = (1u64 << 30) as f64;
 

@@ -131,7 +131,7 @@ pub fn attribute(rec: &Recording) -> Attribution {
 impl Attribution {
     /// A markdown section for step `step`.
     pub fn markdown(&self, step: u64) -> String {
-        let mib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 20) as f64);
+        let mib = |b: u64| format!("{:.2}", vramlab_bytes::mib(b));
         let kept: u64 = self.rows.iter().map(|r| r.kept_at_backward).sum();
         let mut s = format!(
             "## Step {step}\n\n- live at the start of the step (parameters, optimizer state, anything held across steps): {} MiB\n\

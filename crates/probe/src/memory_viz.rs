@@ -273,7 +273,7 @@ mod tests {
     /// `torch.cuda._memory_viz`'s readers on it). Python: `$VRAMLAB_PYTHON`, else `python3`.
     #[test]
     fn python_pickle_reads_the_snapshot() {
-        let dir = std::env::temp_dir().join(format!("vramlab-memory-viz-{}", std::process::id()));
+        let dir = vramlab_testkit::temp_dir("memory-viz");
         let path = dir.join("snapshot.pickle");
         write_snapshot(&recording(), "test", &SnapshotOptions::default(), &path).unwrap();
         assert!(!path.with_extension("pickle.tmp").exists());
@@ -340,6 +340,5 @@ print(json.dumps(out))
         let first = format!(r#""first": {{"action": "segment_alloc", "addr": {}, "size": 4096, "stream": 0, "time_us": 1, "frames": [{{"filename": "vramlab", "line": 0, "name": "forward"}}]}}"#, 0x7f12_3400_1000u64);
         assert!(stdout.contains(&first), "{stdout}");
         assert!(stdout.contains(r#""peak_live_bytes_replayed": 3150824"#), "{stdout}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,6 +15,7 @@ use safetensors::tensor::TensorView;
 use vramlab_store::{
     WeightError, load_safetensors, named_tensors, param_shapes, read_safetensors, save_safetensors, write_safetensors,
 };
+use vramlab_testkit::temp_dir;
 
 type B = Flex;
 
@@ -66,11 +67,6 @@ const NAMES: [(&str, &[usize]); 7] = [
     ("head.weight", &[4, 2]),
     ("head.bias", &[2]),
 ];
-
-/// A unique temporary directory, removed on drop.
-fn temp_dir(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new().prefix(&format!("vramlab-store-{tag}-")).tempdir().unwrap()
-}
 
 fn values(d: &TensorData) -> Vec<f32> {
     d.clone().convert::<f32>().to_vec::<f32>().unwrap()

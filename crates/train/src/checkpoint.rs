@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_truncated_or_altered_checkpoint_is_skipped_for_the_previous_one() {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
         let root = tmp.path();
         let first = checkpoint(root, 2, b"weights at step 2");
         let second = checkpoint(root, 4, b"weights at step 4");
@@ -259,7 +259,7 @@ mod tests {
     fn names_and_last_link() {
         assert_eq!(step_dir_name(5, 100), "000005");
         assert_eq!(step_dir_name(5, 12_345_678), "00000005");
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
         checkpoint(tmp.path(), 2, b"a");
         update_last_link(tmp.path(), "000002").unwrap();
         update_last_link(tmp.path(), "000002").unwrap();

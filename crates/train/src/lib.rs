@@ -2,12 +2,18 @@
 //!
 //! The trainer sees a model only through [`TrainModel`] (the model's forward as a chain of
 //! typed stages, [`vramlab_stages::Staged`], the forward's input for a batch, and a loss) and
-//! memory only through [`vramlab_probe::MemoryProbe`]. It owns the optimizer ([`optim`]), learning-rate schedules
-//! ([`schedule`]), gradient accumulation, global-norm clipping, loss scaling for f16, block
-//! gradient checkpointing ([`recompute`]), checkpoints with exact resume, and per-step
-//! metrics ([`metrics`]).
+//! memory only through [`vramlab_probe::MemoryProbe`]. Its modules, from the loop down:
+//! - [`trainer`]: the loop (steps, gradient accumulation, global-norm clipping, f16 loss
+//!   scaling, measurement per phase, exact resume); [`error`]: what it fails with.
+//! - [`recompute`]: block gradient checkpointing over the stage plan ([`CheckpointMode`]).
+//! - [`memory_timeline`]: `--memory_timeline` snapshots of chosen steps.
+//! - [`checkpoint`]: the run's checkpoint directories (lerobot's layout) and their verification.
+//! - [`optim`] with its kernels ([`optim_kernels`]), and [`schedule`] (learning rates).
+//! - [`metrics`] (per-step records, the summary) and [`plots`] (the run's SVGs); [`model`]:
+//!   the [`TrainModel`] trait.
 
 pub mod checkpoint;
+pub mod error;
 pub mod recompute;
 pub mod memory_timeline;
 pub mod metrics;
@@ -26,7 +32,8 @@ pub use optim_kernels::OptimKernels;
 /// The stage-chain traits a [`TrainModel`]'s model implements (re-exported for adapters).
 pub use vramlab_stages::{self as stages, Staged, TensorBundle};
 pub use schedule::{LrSchedule, ScheduleKind};
-pub use trainer::{TrainConfig, TrainError, TrainOutcome, Trainer};
+pub use error::{BoxError, TrainError};
+pub use trainer::{TrainConfig, TrainOutcome, Trainer};
 
 /// Per-step deterministic seeding: the same (seed, step, stream) always gives the same RNG,
 /// so a resumed run draws exactly the numbers an uninterrupted one would.

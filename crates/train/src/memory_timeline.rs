@@ -20,7 +20,7 @@ use vramlab_stages::Staged;
 
 use crate::metrics::StepRecord;
 use crate::model::{LossParts, TrainModel};
-use crate::trainer::TrainError;
+use crate::error::TrainError;
 
 /// Events kept per recorded step: 4 Mi × 32 bytes, taken from the system allocator (virtual
 /// memory: only the pages written become resident) and not counted in the live bytes.
@@ -183,13 +183,13 @@ pub fn summary_section(files: &[TimelineFile]) -> String {
     );
     for f in files {
         s.push_str(&format!(
-            "| {} | `{}` | {} | {} | {} | {:.1} MiB | {} | {} |\n",
+            "| {} | `{}` | {} | {} | {} | {} MiB | {} | {} |\n",
             f.step,
             f.path.display(),
             f.events,
             f.written,
             f.dropped,
-            f.bytes as f64 / (1 << 20) as f64,
+            vramlab_bytes::mib_text(f.bytes),
             f.replayed_peak,
             f.peak_step_bytes
         ));

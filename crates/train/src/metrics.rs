@@ -1,6 +1,7 @@
 //! Per-step records (JSONL) and the run summary.
 
 use serde::{Deserialize, Serialize};
+use vramlab_bytes::human;
 
 /// One optimizer step. Bytes are bytes; times are seconds.
 ///
@@ -53,20 +54,6 @@ pub struct StepRecord {
     pub peak_device_used_bytes: Option<u64>,
 }
 
-/// Human-readable bytes (MiB/GiB with one decimal).
-pub fn fmt_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= 1024.0 * 1024.0 * 1024.0 {
-        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
-    } else if b >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", b / (1024.0 * 1024.0))
-    } else if b >= 1024.0 {
-        format!("{:.1} KiB", b / 1024.0)
-    } else {
-        format!("{b} B")
-    }
-}
-
 /// Median of the step records after the first `skip` (warm-up) steps.
 pub fn median_by(records: &[StepRecord], skip: usize, f: impl Fn(&StepRecord) -> f64) -> f64 {
     let mut v: Vec<f64> = records.iter().skip(skip.min(records.len().saturating_sub(1))).map(f).collect();
@@ -115,13 +102,13 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
         ("activations (fwd peak − live before)", max(|r| r.activation_bytes)),
     ];
     for (k, v) in rows {
-        s.push_str(&format!("| {k} | {v} | {} |\n", fmt_bytes(v)));
+        s.push_str(&format!("| {k} | {v} | {} |\n", human(v)));
     }
     if let Some(v) = steady.iter().filter_map(|r| r.peak_device_used_bytes).max() {
-        s.push_str(&format!("| device used, NVML (what nvidia-smi shows; whole device, sampled) | {v} | {} |\n", fmt_bytes(v)));
+        s.push_str(&format!("| device used, NVML (what nvidia-smi shows; whole device, sampled) | {v} | {} |\n", human(v)));
     }
     if let Some(v) = steady.iter().filter_map(|r| r.loader_peak_bytes).max() {
-        s.push_str(&format!("| data loader host memory (workers + prefetch queue; not in the rows above) | {v} | {} |\n", fmt_bytes(v)));
+        s.push_str(&format!("| data loader host memory (workers + prefetch queue; not in the rows above) | {v} | {} |\n", human(v)));
     }
     s
 }

@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn writes_both_pictures_and_links_them() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("train-plots");
         let md = write_memory_plots(dir.path(), &[record(1), record(2)]);
         assert!(md.contains("![memory per step](memory.svg)"), "{md}");
         assert!(md.contains("](memory_breakdown.svg)"), "{md}");
@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn an_unwritable_directory_is_only_a_warning() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("train-plots");
         let missing = dir.path().join("does/not/exist");
         assert_eq!(write_memory_plots(&missing, &[record(1)]), "");
         assert_eq!(write_memory_plots(dir.path(), &[]), "");

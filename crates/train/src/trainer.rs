@@ -22,36 +22,8 @@ use crate::model::{LossParts, TrainModel};
 use crate::checkpoint;
 use crate::optim::{OptimConfig, Optimizer, grad_bytes, param_bytes, trainable_params};
 use crate::schedule::LrSchedule;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error(transparent)]
-    Store(#[from] vramlab_store::WeightError),
-    #[error("{path}: bad trainer state: {msg}")]
-    State { path: PathBuf, msg: String },
-    #[error("data for step {step}: {source}")]
-    Data { step: u64, source: BoxError },
-    #[error("loss is {value} at step {step}; stopped. Last good checkpoint: {checkpoint}")]
-    NonFinite { step: u64, value: f64, checkpoint: String },
-    #[error("--resume: no checkpoint in {0}")]
-    NothingToResume(PathBuf),
-    #[error("--resume: no intact checkpoint in {dir}: {}", why.join("; "))]
-    NoIntactCheckpoint { dir: PathBuf, why: Vec<String> },
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error("{0} already holds checkpoints: pass --resume to continue that run, or choose another --output_dir")]
-    OutputExists(PathBuf),
-    #[error(transparent)]
-    Optim(#[from] crate::optim::OptimError),
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io { path: path.to_path_buf(), source }
-}
+pub use crate::error::{BoxError, TrainError};
+use crate::error::io;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainConfig {

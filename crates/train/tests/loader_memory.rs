@@ -81,7 +81,7 @@ fn loader_thread() -> (mpsc::Sender<()>, JoinHandle<()>) {
 }
 
 fn run(with_loader: bool) -> Vec<StepRecord> {
-    let dir = std::env::temp_dir().join(format!("vramlab-loader-memory-{}-{with_loader}", std::process::id()));
+    let tmp = vramlab_testkit::temp_dir(&format!("loader-memory-{with_loader}"));
     let cfg = TrainConfig {
         save_checkpoint: false,
         steps: 4,
@@ -93,7 +93,7 @@ fn run(with_loader: bool) -> Vec<StepRecord> {
         loss_scale: None,
         seed: 3,
         save_freq: 0,
-        output_dir: dir.clone(),
+        output_dir: tmp.join("run"),
         resume: false,
         memory_timeline: Vec::new(),
         memory_timeline_min_bytes: 0,
@@ -118,7 +118,6 @@ fn run(with_loader: bool) -> Vec<StepRecord> {
         stop.send(()).unwrap();
         h.join().unwrap();
     }
-    let _ = std::fs::remove_dir_all(dir);
     out.records
 }
 

@@ -11,6 +11,7 @@ use rand::Rng;
 use vramlab_probe::{CountingAllocator, CpuProbe};
 use vramlab_train::recompute::{compare_gradients, named_gradients};
 use vramlab_train::*;
+use vramlab_testkit::{TempDir, temp_dir};
 
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
@@ -114,10 +115,12 @@ fn config(dir: PathBuf, steps: u64, resume: bool, mode: CheckpointMode) -> Train
     }
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vramlab-train-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A run directory (not created yet) inside a fresh temporary directory that is removed when
+/// the returned guard drops.
+fn tmpdir(name: &str) -> (TempDir, PathBuf) {
+    let tmp = temp_dir(&format!("train-test-{name}"));
+    let run = tmp.join("run");
+    (tmp, run)
 }
 
 fn train(cfg: TrainConfig, model: Mlp<B>) -> Result<TrainOutcome<Mlp<B>>, TrainError> {
@@ -132,11 +135,11 @@ fn resume_reproduces_the_uninterrupted_run_bit_for_bit() {
     // Parameters initialise lazily, and clones of an uninitialised parameter initialise apart:
     // touch every value once so all runs start from the same weights.
     vramlab_train::optim::param_bytes::<B, _>(&init);
-    let full_dir = tmpdir("full");
+    let (_full_tmp, full_dir) = tmpdir("full");
     let full = train(config(full_dir.clone(), 8, false, CheckpointMode::Off), init.clone()).unwrap();
     // "Killed" while writing step 4's checkpoint: its weights are truncated, so --resume falls
     // back to step 3's; step 4 is logged but recomputed.
-    let part_dir = tmpdir("part");
+    let (_part_tmp, part_dir) = tmpdir("part");
     let mut cfg = config(part_dir.clone(), 4, false, CheckpointMode::Off);
     cfg.schedule.total_steps = 8; // the same schedule as the 8-step run
     train(cfg, init.clone()).unwrap();
@@ -155,13 +158,11 @@ fn resume_reproduces_the_uninterrupted_run_bit_for_bit() {
     assert_eq!(wa, wb);
     // A second run into the same directory without --resume is refused.
     assert!(matches!(train(config(full_dir.clone(), 2, false, CheckpointMode::Off), Mlp::new(&Default::default())), Err(TrainError::OutputExists(_))));
-    let _ = std::fs::remove_dir_all(full_dir);
-    let _ = std::fs::remove_dir_all(part_dir);
 }
 
 #[test]
 fn loss_falls_and_records_are_complete() {
-    let dir = tmpdir("fall");
+    let (_tmp, dir) = tmpdir("fall");
     let mut cfg = config(dir.clone(), 30, false, CheckpointMode::Blocks);
     cfg.schedule = LrSchedule::constant();
     let out = train(cfg, Mlp::new(&Default::default())).unwrap();
@@ -173,12 +174,11 @@ fn loss_falls_and_records_are_complete() {
     assert_eq!(last.optimizer_state_bytes, 2 * last.param_bytes);
     assert!(last.peak_backward_bytes > 0 && last.peak_forward_bytes > 0);
     assert!(dir.join("summary.md").exists());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn frozen_parameters_get_no_gradient_no_state_and_do_not_move() {
-    let dir = tmpdir("frozen");
+    let (_tmp, dir) = tmpdir("frozen");
     let mut model = Mlp::<B>::new(&Default::default());
     vramlab_train::optim::param_bytes::<B, _>(&model);
     // Freeze the first layer as a model would freeze its backbone.
@@ -191,12 +191,11 @@ fn frozen_parameters_get_no_gradient_no_state_and_do_not_move() {
     let frozen = (4 * (16 * 16 + 16)) as u64;
     assert_eq!(last.grad_bytes, last.param_bytes - frozen);
     assert_eq!(last.optimizer_state_bytes, 2 * (last.param_bytes - frozen));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
-    let dir = tmpdir("nan");
+    let (_tmp, dir) = tmpdir("nan");
     let mut cfg = config(dir.clone(), 50, false, CheckpointMode::Off);
     cfg.optim.lr = 1e30;
     cfg.optim.grad_clip_norm = None;
@@ -210,7 +209,6 @@ fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
     // The last good state (step - 1) was written.
     assert!(checkpoint.ends_with(&format!("{:06}", step - 1)), "{msg}");
     assert!(std::path::Path::new(checkpoint).join("pretrained_model/model.safetensors").exists());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -228,11 +226,10 @@ fn a_parameter_group_that_matches_nothing_is_an_error() {
         assert!(err.to_string().contains(&format!("`{bad}`")), "{err}");
     }
     // The trainer refuses to start with it.
-    let dir = tmpdir("group");
+    let (_tmp, dir) = tmpdir("group");
     let mut cfg = config(dir.clone(), 1, false, CheckpointMode::Off);
     cfg.optim.groups = with("backbone").groups;
     assert!(matches!(train(cfg, model), Err(TrainError::Optim(OptimError::UnmatchedGroup { .. }))));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -249,7 +246,7 @@ fn a_materialized_model_clones_with_its_weights() {
 
 #[test]
 fn optimizer_state_reads_back_in_torch_layout_with_or_without_param_names() {
-    let dir = tmpdir("optim");
+    let (_tmp, dir) = tmpdir("optim");
     let cfg = config(dir.clone(), 2, false, CheckpointMode::Off);
     let out = train(cfg.clone(), Mlp::new(&Default::default())).unwrap();
     let state_dir = dir.join("checkpoints/000002/training_state");
@@ -273,7 +270,6 @@ fn optimizer_state_reads_back_in_torch_layout_with_or_without_param_names() {
     std::fs::write(&bare, serde_json::to_string(&groups).unwrap()).unwrap();
     let err = optim.load(&state_dir.join("optimizer_state.safetensors"), &bare, &params, 2, &Default::default()).unwrap_err();
     assert!(err.to_string().contains("group 0 holds 2 parameters"), "{err}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -283,7 +279,7 @@ fn memory_timeline_writes_a_labelled_snapshot_of_the_chosen_step() {
         (CheckpointMode::Off, &["data", "forward/0", "forward/3", "forward/exit+loss", "backward", "optimizer"][..]),
         (CheckpointMode::Blocks, &["data", "forward/0", "forward/2", "backward/2", "backward/0", "optimizer"][..]),
     ] {
-        let dir = tmpdir(&format!("timeline-{mode}"));
+        let (_tmp, dir) = tmpdir(&format!("timeline-{mode}"));
         let mut cfg = config(dir.clone(), 3, false, mode);
         cfg.memory_timeline = vec![2];
         train(cfg, Mlp::new(&Default::default())).unwrap();
@@ -297,6 +293,5 @@ fn memory_timeline_writes_a_labelled_snapshot_of_the_chosen_step() {
         }
         let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
         assert!(summary.contains("memory_timeline/step_2.pickle") && summary.contains("https://pytorch.org/memory_viz"), "{summary}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -18,7 +18,7 @@
 use serde::Serialize;
 use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
-use vramlab_train::metrics::fmt_bytes;
+use vramlab_bytes::human as fmt_bytes;
 
 use crate::config::RunConfig;
 use crate::policy::Workload;

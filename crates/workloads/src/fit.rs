@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use vramlab_train::StepRecord;
-use vramlab_train::metrics::{fmt_bytes, median_by};
+use vramlab_bytes::human as fmt_bytes;
+use vramlab_train::metrics::median_by;
 
 use crate::backend::BackendKind;
 use crate::config::{self, RunConfig};

@@ -11,7 +11,8 @@ use std::process::Command;
 
 use serde_json::Value;
 use vramlab_train::StepRecord;
-use vramlab_train::metrics::{fmt_bytes, median_by};
+use vramlab_bytes::human as fmt_bytes;
+use vramlab_train::metrics::median_by;
 
 use crate::config::{self, RunConfig};
 use crate::training::timestamp;

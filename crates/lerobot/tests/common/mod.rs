@@ -30,20 +30,11 @@ pub fn diffusion_norm_map() -> NormMap {
     [("VISUAL", NormMode::MeanStd), ("STATE", NormMode::MinMax), ("ACTION", NormMode::MinMax)].into()
 }
 
-/// `../../../shared/datasets/<name>` relative to this crate, or None (with a message) when absent.
-///
-/// With `VRAMLAB_REQUIRE_SHARED=1` (as `.ci/run` sets) an absent dataset fails the test instead:
-/// CI always has `../shared`, and a golden test that skips there has silently stopped testing.
+/// `../shared/datasets/<name>` beside the repository, or None (with a message) when it has no
+/// `meta/info.json`; a failure instead under `VRAMLAB_REQUIRE_SHARED=1` ([`vramlab_testkit::shared`]).
 pub fn shared_dataset(name: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/datasets").join(name);
-    if p.join("meta/info.json").exists() {
-        Some(p)
-    } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
-        panic!("shared dataset {} not found (no meta/info.json) and VRAMLAB_REQUIRE_SHARED=1", p.display());
-    } else {
-        eprintln!("SKIP: shared dataset {} not found (../shared absent?)", p.display());
-        None
-    }
+    let info = vramlab_testkit::shared(&format!("datasets/{name}/meta/info.json"))?;
+    info.ancestors().nth(2).map(PathBuf::from)
 }
 pub mod synth;
 

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use parquet::basic::Compression;
@@ -156,20 +156,6 @@ pub fn action_of(row: usize) -> Vec<f32> {
 pub const EP_LENGTHS: [usize; 3] = [5, 7, 4];
 pub const IMG_W: usize = 8;
 pub const IMG_H: usize = 6;
-
-/// A unique temporary directory.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "vramlab-lerobot-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&d);
-    fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// Synthetic v3.0 dataset: 3 episodes (5, 7, 4 frames) at 10 fps; episodes 0+1 in
 /// data file-000, episode 2 in file-001; `observation.state` [3] as list<float>, `action` [2],

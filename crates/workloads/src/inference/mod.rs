@@ -299,19 +299,7 @@ fn run_mode<B: LeanBackend>(req: &BenchRequest, mode: Mode, io: &PolicyIo, proce
 mod tests {
     use super::*;
 
-    /// `../shared` beside the repository, or `None` with a skip message (an error with
-    /// `VRAMLAB_REQUIRE_SHARED=1`).
-    fn shared_dir() -> Option<PathBuf> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
-        if dir.is_dir() {
-            Some(dir)
-        } else if std::env::var_os("VRAMLAB_REQUIRE_SHARED").is_some_and(|v| v == "1") {
-            panic!("../shared not found (looked for {}) and VRAMLAB_REQUIRE_SHARED=1", dir.display());
-        } else {
-            eprintln!("skipping: ../shared not found (looked for {})", dir.display());
-            None
-        }
-    }
+    use vramlab_testkit::shared_dir;
 
     /// The bench on flex (`bench` itself dispatches, which needs the CLI's counting allocator).
     fn run(req: &BenchRequest) -> Result<BenchReport> {
