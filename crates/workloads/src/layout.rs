@@ -26,6 +26,10 @@ pub use vramlab_train::checkpoint::{LAST_LINK, PRETRAINED_MODEL_DIR};
 
 use crate::error::{Result, WorkloadError};
 
+/// The `type` of every model this build knows, as a checkpoint's `config.json` and
+/// `policy.type` name it, in [`crate::config::Workload`]'s order.
+pub const MODEL_TYPES: [&str; 3] = ["vae3d", "act", "diffusion"];
+
 /// vramlab's own run config inside each checkpoint: what `--resume` continues with.
 pub const RUN_CONFIG_FILE: &str = "training_state/run_config.json";
 /// The run config at the top of the output directory (what the run was started with).
@@ -56,6 +60,10 @@ pub fn checkpoint_type(dir: &Path) -> Result<String> {
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| WorkloadError::file(&path, format!("invalid JSON: {e}")))?;
     match v.get("type").and_then(|t| t.as_str()) {
         Some(t) => Ok(t.to_string()),
-        None => Err(WorkloadError::file(&path, "field `type` is missing (expected \"vae3d\", \"act\" or \"diffusion\")".into())),
+        None => {
+            let quoted: Vec<String> = MODEL_TYPES.iter().map(|t| format!("\"{t}\"")).collect();
+            let (last, rest) = quoted.split_last().expect("at least one model type");
+            Err(WorkloadError::file(&path, format!("field `type` is missing (expected {} or {last})", rest.join(", "))))
+        }
     }
 }

@@ -18,17 +18,20 @@
 //!   only dispatch to the model modules; and the commands built on them: [`sweep`], [`fit`]
 //!   (trials in child processes, [`child_run`]), [`inference`], [`probe_check`].
 //!
-//! **Adding a model**, exactly these touch points:
+//! **Adding a model**, exactly these touch points (the compiler points at each `match` that
+//! lacks the new arm):
 //! 1. `crates/models/src/<name>/` (config, model with its stage plan, weight loading, its
 //!    `estimate::training_graph`) and its `pub mod` in the models crate's `lib.rs`;
 //! 2. `crates/workloads/src/<name>/` with `setup`, `info`, `predict`, `estimate` (and its
 //!    `train.rs` adapter), and its `pub mod` in this `lib.rs`;
-//! 3. in [`config::policy`]: the [`Workload`] variant and its policy struct, its `policy.type`
-//!    in `PolicyConfig::try_from`, [`PolicyConfig::name`] and `NAMES` (and an arm in
-//!    `has_backbone` / `is_vae3d` / `notes` only where it differs from the default), plus its
-//!    arm in [`PolicyConfig::validate`] (`config/validate.rs`);
-//! 4. in `workload.rs`: its arm in each dispatch (train, info, estimate, and its checkpoint
-//!    `type` in predict).
+//! 3. the enum arm: the [`Workload`] variant with its policy struct (`config/policy.rs`), its
+//!    arm in `PolicyConfig::try_from` (fields → typed config) and [`PolicyConfig::name`], in
+//!    [`PolicyConfig::validate`] (`config/validate.rs`), and its `type` in
+//!    [`layout::MODEL_TYPES`];
+//! 4. its arm in each dispatch of `workload.rs`: train, info, predict (by checkpoint `type`)
+//!    and the estimate's shapes;
+//! 5. only for a robot policy that `bench-inference` drives: its `bench_<name>` and arm in
+//!    [`inference`] (`mod.rs`) and its `Runner` variant in `inference/policy.rs`.
 
 pub mod act;
 pub mod backend;

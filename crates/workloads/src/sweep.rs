@@ -1,6 +1,6 @@
-//! `vramlab sweep`: a grid of short training runs, each in its own process ([`crate::child_run`]: so one run's
+//! `vramlab sweep`: a grid of short training runs, each in its own process (so one run's
 //! memory cannot leak into another's figures, and an out-of-memory run does not end the
-//! sweep), summarised as CSV + markdown.
+//! sweep; started and read back by [`crate::child_run`]), summarised as CSV + markdown.
 //!
 //! `--sweep.<field>=a,b,c` names an axis; several axes make the full grid. A killed sweep can
 //! be started again with the same `--output_dir`: finished points are kept.

@@ -129,7 +129,7 @@ impl Job for PredictJob<'_> {
             "act" => act::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
             "diffusion" => diffusion::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
             other => {
-                return Err(WorkloadError::file(dir.join(layout::CONFIG_FILE), format!("policy type `{other}` is not supported by this build (supported: vae3d, act, diffusion)")));
+                return Err(WorkloadError::file(dir.join(layout::CONFIG_FILE), format!("policy type `{other}` is not supported by this build (supported: {})", layout::MODEL_TYPES.join(", "))));
             }
         };
         let mut outputs: Vec<(String, TensorData)> = outputs.into_iter().map(|(k, d)| (k, d.convert::<f32>())).collect();

@@ -145,7 +145,7 @@ impl TryFrom<Map<String, Value>> for PolicyConfig {
         let kind = match fields.remove("type") {
             Some(Value::String(t)) => t,
             Some(other) => return Err(format!("policy.type: expected a string, found {other}")),
-            None => return Err(format!("policy.type is required (--policy.type=…); valid: {}", Self::NAMES)),
+            None => return Err(format!("policy.type is required (--policy.type=…); valid: {}", Self::names())),
         };
         let kind = match kind.as_str() {
             "vae3d" if pretrained.is_some() => return Err("policy.path: fine-tuning from a pretrained_model/ is for act and diffusion".into()),
@@ -168,14 +168,17 @@ impl TryFrom<Map<String, Value>> for PolicyConfig {
                 let features = take_features("diffusion", &mut fields, &FeatureFlags::KEYS[..3])?;
                 Workload::Diffusion(DiffusionPolicy { config: fields_into("diffusion", fields)?, features, pretrained })
             }
-            other => return Err(format!("policy.type={other}: unknown; valid: {}", Self::NAMES)),
+            other => return Err(format!("policy.type={other}: unknown; valid: {}", Self::names())),
         };
         Ok(Self { kind, raw })
     }
 }
 
 impl PolicyConfig {
-    pub const NAMES: &'static str = "vae3d, act, diffusion";
+    /// The valid `policy.type`s, for messages: `vae3d, act, diffusion`.
+    pub fn names() -> String {
+        layout::MODEL_TYPES.join(", ")
+    }
 
     /// `policy.type`.
     pub fn name(&self) -> &'static str {
@@ -197,10 +200,7 @@ impl PolicyConfig {
 
     /// Whether the policy trains a vision backbone with its own learning rate.
     pub fn has_backbone(&self) -> bool {
-        match &self.kind {
-            Workload::Act(a) => a.features.num_cameras != Some(0),
-            Workload::Vae3d(_) | Workload::Diffusion(_) => false,
-        }
+        matches!(&self.kind, Workload::Act(a) if a.features.num_cameras != Some(0))
     }
 
     /// What to print before the run starts about the policy's own fields: the ACT backbone's

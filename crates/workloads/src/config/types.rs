@@ -340,6 +340,6 @@ impl RunConfig {
 
     /// The policy, or an error saying how to name one.
     pub fn policy(&self) -> Result<&PolicyConfig, WorkloadError> {
-        self.policy.as_ref().ok_or_else(|| WorkloadError::invalid("policy.type", format!("required (--policy.type=…); valid: {}", PolicyConfig::NAMES)))
+        self.policy.as_ref().ok_or_else(|| WorkloadError::invalid("policy.type", format!("required (--policy.type=…); valid: {}", PolicyConfig::names())))
     }
 }
