@@ -26,8 +26,9 @@
 //!    `train.rs` adapter), and its `pub mod` in this `lib.rs`;
 //! 3. the enum arm: the [`Workload`] variant with its policy struct (`config/policy.rs`), its
 //!    arm in `PolicyConfig::try_from` (fields → typed config) and [`PolicyConfig::name`], in
-//!    [`PolicyConfig::validate`] (`config/validate.rs`), and its `type` in
-//!    [`layout::MODEL_TYPES`];
+//!    [`PolicyConfig::validate`] (`config/validate.rs`), its `type` in
+//!    [`layout::MODEL_TYPES`], and for a policy whose features come from the data, its config
+//!    in `feature_config!` (`config/policy.rs`);
 //! 4. its arm in each dispatch of `workload.rs`: train, info, predict (by checkpoint `type`)
 //!    and the estimate's shapes;
 //! 5. only for a robot policy that `bench-inference` drives: its `bench_<name>` and arm in

@@ -240,35 +240,26 @@ pub trait FeatureConfig: Clone {
     fn check(&self) -> std::result::Result<(), InvalidField>;
 }
 
-impl FeatureConfig for ActConfig {
-    fn set_state(self, dim: usize) -> Self {
-        self.with_robot_state(dim)
-    }
-    fn add_camera(self, key: &str, shape: [usize; 3]) -> Self {
-        self.with_camera(key, shape)
-    }
-    fn set_action(self, dim: usize) -> Self {
-        self.with_action(dim)
-    }
-    fn check(&self) -> std::result::Result<(), InvalidField> {
-        self.validate()
-    }
+/// The models' own builders behind [`FeatureConfig`], for each config that has them.
+macro_rules! feature_config {
+    ($($ty:ty),*) => {$(
+        impl FeatureConfig for $ty {
+            fn set_state(self, dim: usize) -> Self {
+                self.with_robot_state(dim)
+            }
+            fn add_camera(self, key: &str, shape: [usize; 3]) -> Self {
+                self.with_camera(key, shape)
+            }
+            fn set_action(self, dim: usize) -> Self {
+                self.with_action(dim)
+            }
+            fn check(&self) -> std::result::Result<(), InvalidField> {
+                self.validate()
+            }
+        }
+    )*};
 }
-
-impl FeatureConfig for DiffusionConfig {
-    fn set_state(self, dim: usize) -> Self {
-        self.with_robot_state(dim)
-    }
-    fn add_camera(self, key: &str, shape: [usize; 3]) -> Self {
-        self.with_camera(key, shape)
-    }
-    fn set_action(self, dim: usize) -> Self {
-        self.with_action(dim)
-    }
-    fn check(&self) -> std::result::Result<(), InvalidField> {
-        self.validate()
-    }
-}
+feature_config!(ActConfig, DiffusionConfig);
 
 /// A config value the model refuses, named as the flag that sets it.
 fn invalid(e: InvalidField) -> WorkloadError {
