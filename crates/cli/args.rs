@@ -3,11 +3,13 @@
 //! overrides of the config tree: they are taken out before clap sees the rest, and the config
 //! loader names the valid fields on a typo. Top-level run flags are clap arguments (so clap
 //! suggests `--batch_size` for `--batchsize`) and become overrides too.
+//!
+//! Every clap type of the binary is here; `commands/` only reads them.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
 /// Memory-instrumented training on Burn: ACT, Diffusion Policy and the 4D-Radar 3D-VAE.
@@ -55,7 +57,7 @@ pub enum Command {
     /// Run a checkpoint on model-level inputs and write the outputs (port parity checks).
     Predict(PredictArgs),
     /// Per-call select_action latency of a policy checkpoint at a fixed rate (p50/p95/p99/max).
-    BenchInference(crate::commands::BenchInferenceArgs),
+    BenchInference(BenchInferenceArgs),
     /// LeRobot datasets: inspect, benchmark the loader, record the built-in demonstrations.
     #[command(subcommand)]
     Dataset(DatasetCommand),
@@ -184,6 +186,55 @@ pub struct PredictArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchInferenceArgs {
+    /// A policy `pretrained_model/` dir (config.json + model.safetensors), a checkpoint dir
+    /// holding one (vramlab's `checkpoints/<step>/`), or a run's `checkpoints/` (its `last`).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Control rate: one `select_action` call per 1/fps seconds (the frame budget).
+    #[arg(long, default_value_t = 30.0)]
+    pub fps: f64,
+    /// Measured calls per mode.
+    #[arg(long, default_value_t = 300)]
+    pub calls: usize,
+    /// Calls before the measured ones, excluded (then the policy is reset).
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// both: ACT's action queue and temporal ensembling (Diffusion: queue only).
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    pub mode: ModeArg,
+    /// Queue mode's actions per model call [default: the checkpoint's].
+    #[arg(long = "n_action_steps", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_action_steps: Option<u64>,
+    /// ACT ensembling weight decay wᵢ = exp(−coeff·i) [default: the checkpoint's, else 0.01];
+    /// ensembling runs with n_action_steps = 1, as lerobot requires.
+    #[arg(long = "temporal_ensemble_coeff", value_name = "C")]
+    pub temporal_ensemble_coeff: Option<f64>,
+    /// flex (CPU, default), wgpu or cuda — those compiled into this binary.
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
+    /// GPU index for wgpu / cuda [default: 0].
+    #[arg(long, value_name = "N")]
+    pub device: Option<String>,
+    /// f32 (default), bf16 or f16: compute precision.
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+    /// Seed of the synthetic cameras, states and diffusion noise.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write `latency.jsonl` (one line per call) and `summary.md` here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ModeArg {
+    Both,
+    Queue,
+    Ensemble,
 }
 
 #[derive(Subcommand, Debug)]

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     // A memory cap for this process (set by `vramlab fit` for its trials; usable by hand to
     // stand in for a smaller GPU on the CPU backend).
     if let Some(v) = std::env::var_os(vramlab_probe::BUDGET_ENV) {
-        match v.to_str().and_then(vramlab_workloads::fit::parse_bytes) {
+        match v.to_str().and_then(vramlab_bytes::parse) {
             Some(b) => vramlab_probe::set_budget(Some(b)),
             None => {
                 eprintln!("error: {}={v:?}: not a byte count (e.g. 2GiB, 512MiB, 1000000)", vramlab_probe::BUDGET_ENV);

@@ -7,7 +7,7 @@ use vramlab_workloads::fit::{self, FitSpec};
 use crate::args::FitArgs;
 
 pub fn run(args: &FitArgs, overrides: &[(String, String)]) -> Result<()> {
-    let Some(budget) = fit::parse_bytes(&args.budget) else {
+    let Some(budget) = vramlab_bytes::parse(&args.budget) else {
         bail!("--budget={}: not a byte count (e.g. 24GiB, 512MiB, 16GB)", args.budget);
     };
     let exe = std::env::current_exe().context("cannot find the vramlab executable")?;
@@ -24,7 +24,7 @@ pub fn run(args: &FitArgs, overrides: &[(String, String)]) -> Result<()> {
     };
     // The shape-only estimate prunes candidates far over the budget and is shown next to each
     // measurement; a config it cannot estimate is simply run.
-    let estimate = |cfg: &vramlab_workloads::RunConfig| vramlab_workloads::estimate::estimate(cfg).ok().map(|e| e.peak_step_bytes);
+    let estimate = |cfg: &vramlab_workloads::RunConfig| vramlab_workloads::estimate(cfg).ok().map(|e| e.peak_step_bytes);
     let outcome = fit::run(&spec, &estimate)?;
     if let Some(c) = outcome.command {
         println!("{c}");

@@ -9,11 +9,13 @@ mod paper;
 mod info;
 mod train;
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
+use serde::Serialize;
 use vramlab_workloads::{PredictRequest, RunConfig, config};
 
 use crate::args::{Cli, Command, RunArgs};
-pub use bench_inference::BenchInferenceArgs;
 
 /// The run config of a command: file, then top-level flags, then dotted overrides.
 fn run_config(run: &RunArgs, overrides: &[(String, String)]) -> Result<RunConfig> {
@@ -30,6 +32,16 @@ fn all_overrides(run: &RunArgs, overrides: &[(String, String)]) -> Vec<(String, 
     let mut all = run.flags.overrides();
     all.extend(overrides.iter().cloned());
     all
+}
+
+/// `estimate.json` and `estimate.md` in `dir` (created), for both estimators: a training
+/// config's ([`estimate`]) and a model on paper's ([`paper`]).
+fn write_estimate(dir: &Path, report: &impl Serialize, md: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let json = serde_json::to_string_pretty(report).context("estimate to JSON")?;
+    std::fs::write(dir.join("estimate.json"), json).with_context(|| format!("cannot write {}", dir.join("estimate.json").display()))?;
+    std::fs::write(dir.join("estimate.md"), md).with_context(|| format!("cannot write {}", dir.join("estimate.md").display()))?;
+    Ok(())
 }
 
 pub fn run(cli: Cli) -> Result<()> {

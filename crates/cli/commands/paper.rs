@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use vramlab_paper as paper;
 
 /// Whether `file` is a paper description rather than a training config.
@@ -24,11 +24,7 @@ pub fn run(file: &Path, overrides: &[(String, String)]) -> Result<()> {
     let md = report.markdown();
     print!("{md}");
     if let Some(dir) = out_dir {
-        let dir = Path::new(&dir);
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let json = serde_json::to_string_pretty(&report).context("estimate to JSON")?;
-        std::fs::write(dir.join("estimate.json"), json).with_context(|| format!("cannot write {}", dir.join("estimate.json").display()))?;
-        std::fs::write(dir.join("estimate.md"), md).with_context(|| format!("cannot write {}", dir.join("estimate.md").display()))?;
+        super::write_estimate(Path::new(&dir), &report, &md)?;
     }
     Ok(())
 }

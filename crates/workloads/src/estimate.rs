@@ -2,8 +2,9 @@
 //!
 //! Each model describes its training forward as a shape-only graph
 //! (`vramlab_models::<model>::estimate::training_graph`, rules in
-//! [`vramlab_models::estimate`]); this module adds what the trainer holds around it and says
-//! when the peak happens:
+//! [`vramlab_models::estimate`]), which its workload module's `estimate` returns as [`Shapes`]
+//! (`crate::workload::estimate` dispatches); this module adds what the trainer holds around it
+//! and says when the peak happens ([`estimate_from`]):
 //! - parameters: f32 master weights (frozen ones included), exact from the graph's weights;
 //! - gradients: one f32 tensor per trainable parameter, complete after the backward;
 //! - optimizer state: AdamW's two f32 moments per trainable parameter (present from the end
@@ -20,9 +21,7 @@ use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
 use vramlab_bytes::human as fmt_bytes;
 
-use crate::config::RunConfig;
-use crate::policy::Workload;
-use crate::{Result, WorkloadError};
+use crate::config::{DataFeatures, RunConfig};
 
 /// Bytes the flex runtime keeps allocated from the second step on, whatever the model
 /// (thread-pool and kernel scratch, autodiff bookkeeping): measured once, 3.4 MiB, on the
@@ -57,63 +56,27 @@ pub struct MemoryEstimate {
     pub assumptions: Vec<String>,
 }
 
-struct Shapes {
-    model: String,
-    graph: Graph,
-    batch_bytes: u64,
+pub struct Shapes {
+    pub model: String,
+    pub graph: Graph,
+    pub batch_bytes: u64,
     /// Non-trainable parameters and buffers (f32) not seen in the graph's weights.
-    extra_frozen_bytes: u64,
+    pub extra_frozen_bytes: u64,
     /// The config's exact parameter count, where the model's config computes it.
-    num_params: Option<u64>,
-    notes: Vec<String>,
+    pub num_params: Option<u64>,
+    pub notes: Vec<String>,
 }
 
-fn shapes(cfg: &RunConfig) -> Result<Shapes> {
-    let b = cfg.batch_size as usize;
-    let p = cfg.precision;
-    match &cfg.policy()?.kind {
-        Workload::Vae3d(v) => {
-            let vc = &v.config;
-            vc.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
-            let grid = cfg.dataset.grid;
-            let graph = vramlab_models::vae3d::estimate::training_graph(vc, b, grid, p);
-            let f = vc.downsample_factor();
-            let voxels = grid.iter().product::<usize>();
-            let latent = vc.latent_dim * (0..3).map(|a| grid[a] / f[a]).product::<usize>();
-            let batch_bytes = (b * (vc.in_channels * voxels + latent) * 4) as u64;
-            Ok(Shapes { model: format!("vae3d grid {grid:?}"), graph, batch_bytes, extra_frozen_bytes: 0, num_params: Some(vc.num_params() as u64), notes: Vec::new() })
-        }
-        Workload::Act(a) => {
-            let data = crate::policy_data::dataset_features(cfg)?;
-            let ac = match &data {
-                Some(f) => a.resolve_for(f)?,
-                None => a.resolve()?,
-            };
-            let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, b, p);
-            Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
-        }
-        Workload::Diffusion(d) => {
-            let data = crate::policy_data::dataset_features(cfg)?;
-            let dc = match &data {
-                Some(f) => d.resolve_for(f)?,
-                None => d.resolve()?,
-            };
-            let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, b, p);
-            Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
-        }
-    }
-}
-
-fn features_note(data: &Option<crate::policy_data::DataFeatures>) -> String {
+/// Where a policy's features came from, for the estimate's assumptions.
+pub fn features_note(data: &Option<DataFeatures>) -> String {
     match data {
         Some(f) => format!("features from the dataset's meta/info.json: state {:?}, action {}, cameras {:?}", f.state_dim, f.action_dim, f.cameras),
         None => "features from policy.state_dim/action_dim/camera_shape/num_cameras (--dataset.type=random)".into(),
     }
 }
 
-/// Predict the peak memory of `cfg`'s training step on flex, from shapes alone.
-pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
-    let s = shapes(cfg)?;
+/// Predict the peak memory of `cfg`'s training step on flex from its model's shapes `s`.
+pub fn estimate_from(cfg: &RunConfig, s: Shapes) -> MemoryEstimate {
     let (graph_params, graph_trainable) = s.graph.param_bytes();
     // The config's exact count where it has one (the graph's weights may split or merge a
     // parameter); frozen weights are the graph's non-trainable ones.
@@ -140,7 +103,7 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
     let mut settings = vec![
         ("batch_size".to_string(), cfg.batch_size.to_string()),
         ("grad_accum_steps".to_string(), accum.to_string()),
-        ("precision".to_string(), precision_name(cfg.precision).to_string()),
+        ("precision".to_string(), cfg.precision.name().to_string()),
         ("gradient_checkpointing".to_string(), cfg.gradient_checkpointing.to_string()),
     ];
     settings.push(("model".into(), s.model.clone()));
@@ -156,7 +119,7 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
         assumptions.push("half precision: parameter gradients held in the compute dtype until the end of the backward (Burn runs the weights' depth-1 casts last), then cast to f32 one at a time (flex: contiguous copy, f64 buffer, f32 result)".to_string());
     }
     assumptions.extend(s.notes);
-    Ok(MemoryEstimate {
+    MemoryEstimate {
         model: s.model,
         settings,
         param_bytes,
@@ -175,14 +138,6 @@ pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
         peak_module: module,
         modules: s.graph.module_rows(),
         assumptions,
-    })
-}
-
-fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::F32 => "f32",
-        Precision::Bf16 => "bf16",
-        Precision::F16 => "f16",
     }
 }
 
@@ -227,6 +182,7 @@ impl MemoryEstimate {
 mod tests {
     use super::*;
     use crate::config;
+    use crate::workload::{estimate, shapes};
 
     fn cfg(flags: &[&str]) -> RunConfig {
         let ov: Vec<(String, String)> = flags

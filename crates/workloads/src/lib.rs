@@ -1,29 +1,51 @@
 //! vramlab-workloads: what vramlab trains, as a library. The CLI (`crates/cli`) is a thin shell
 //! over it: raw args → [`config::load`] → [`RunConfig::validate`] → [`train`], [`info`],
-//! [`predict`] or [`sweep`].
+//! [`predict`], [`estimate()`](workload::estimate) or [`sweep`] / [`fit`].
 //!
 //! Models (`vramlab-models`) know nothing about training; the trainer (`vramlab-train`) knows
-//! nothing about which model it trains. This crate joins them: for each model family a module
-//! with the typed policy config's resolution, the training adapter (`<model>/train.rs`, a
-//! `TrainModel`), its data, its info rows and `predict`. [`Workload`] is the one place that
-//! matches on the policy: each command goes through one `match`.
+//! nothing about which model it trains. This crate joins them, in layers (each reaches only
+//! those above it in this list):
+//! - [`error`](WorkloadError), [`layout`] (checkpoint file names and paths), [`backend`],
+//!   [`inputs`], [`processors`], [`sim`];
+//! - [`config`]: the typed run config, its `policy` section ([`Workload`]: the model family),
+//!   loading (TOML, lerobot's `train_config.json`, overrides) and validation;
+//! - [`policy_data`], [`training`] (one run of any model), [`estimate`] (the peak around a
+//!   model's graph), [`model_info`];
+//! - one module per model family, [`vae3d`], [`act`], [`diffusion`], each with the same entry
+//!   points: `setup` (model, data, optimizer preset of a run; its `train.rs` adapter),
+//!   `info`, `predict`, `estimate`;
+//! - `workload.rs`: [`train`], [`info`], [`predict`], [`estimate()`](workload::estimate), which
+//!   only dispatch to the model modules; and the commands built on them: [`sweep`], [`fit`]
+//!   (trials in child processes, [`child_run`]), [`inference`], [`probe_check`].
 //!
-//! **Adding a model:** the model itself goes in `crates/models/src/<name>/` (config, model with
-//! its stage plan, weight loading). Here: a `<name>/` module (config resolution, `train.rs`
-//! adapter, `predict`), a [`Workload`] variant with its arm in each method of `workload.rs`,
-//! and its `policy.type` in [`policy::PolicyConfig`].
+//! **Adding a model**, exactly these touch points (the compiler points at each `match` that
+//! lacks the new arm):
+//! 1. `crates/models/src/<name>/` (config, model with its stage plan, weight loading, its
+//!    `estimate::training_graph`) and its `pub mod` in the models crate's `lib.rs`;
+//! 2. `crates/workloads/src/<name>/` with `setup`, `info`, `predict`, `estimate` (and its
+//!    `train.rs` adapter), and its `pub mod` in this `lib.rs`;
+//! 3. the enum arm: the [`Workload`] variant with its policy struct (`config/policy.rs`), its
+//!    arm in `PolicyConfig::try_from` (fields → typed config) and [`PolicyConfig::name`], in
+//!    [`PolicyConfig::validate`] (`config/validate.rs`), its `type` in
+//!    [`layout::MODEL_TYPES`], and for a policy whose features come from the data, a
+//!    [`config::FeatureConfig`] impl for its config (`config/policy.rs`);
+//! 4. its arm in each dispatch of `workload.rs`: train, info, predict (by checkpoint `type`)
+//!    and the estimate's shapes;
+//! 5. only for a robot policy that `bench-inference` drives: its `bench_<name>` and arm in
+//!    [`inference`] (`mod.rs`) and its `Runner` variant in `inference/policy.rs`.
 
 pub mod act;
 pub mod backend;
+pub mod child_run;
 pub mod config;
 pub mod diffusion;
-pub mod fit;
 mod error;
 pub mod estimate;
+pub mod fit;
 pub mod inference;
 pub mod inputs;
-pub mod lerobot_compat;
-pub mod policy;
+pub mod layout;
+pub mod model_info;
 pub mod policy_data;
 pub mod probe_check;
 pub mod processors;
@@ -34,11 +56,11 @@ pub mod vae3d;
 mod workload;
 
 pub use backend::{BackendInfo, BackendKind};
-pub use config::{DatasetType, RunConfig};
+pub use config::{DatasetType, PolicyConfig, RunConfig, Workload};
 pub use error::{Result, WorkloadError};
-pub use policy::{PolicyConfig, Workload};
+pub use model_info::InfoReport;
 pub use training::{RunEnd, RunStart, TrainObserver};
-pub use workload::{InfoReport, PredictRequest, info, predict, train};
+pub use workload::{PredictRequest, estimate, info, predict, train};
 
 /// Box–Muller standard normals from a seeded RNG (host side, so runs are reproducible on every
 /// backend and across resumes).

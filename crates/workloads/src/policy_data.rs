@@ -15,17 +15,8 @@ use vramlab_lerobot::transforms::{self, ImageTransformsConfig};
 use vramlab_lerobot::{DeltaIndices, EpochSampler, FeatureKind, LeRobotDataset, LoaderConfig, Normalizer, Prefetcher, SampleOptions};
 use vramlab_train::step_rng;
 
-use crate::config::{DatasetType, RunConfig};
-use crate::{Result, WorkloadError};
-
-/// Features of a dataset, as the policies need them.
-#[derive(Clone, Debug)]
-pub struct DataFeatures {
-    pub state_dim: Option<usize>,
-    pub action_dim: usize,
-    /// (key, [C, H, W]) per camera, in the dataset's order (after `image_size`).
-    pub cameras: Vec<(String, [usize; 3])>,
-}
+use crate::config::{DataFeatures, DatasetType, RunConfig};
+use crate::error::{Result, WorkloadError};
 
 /// What one sample holds, per policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

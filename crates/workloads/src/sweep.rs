@@ -1,22 +1,22 @@
 //! `vramlab sweep`: a grid of short training runs, each in its own process (so one run's
 //! memory cannot leak into another's figures, and an out-of-memory run does not end the
-//! sweep), summarised as CSV + markdown.
+//! sweep; started and read back by [`crate::child_run`]), summarised as CSV + markdown.
 //!
 //! `--sweep.<field>=a,b,c` names an axis; several axes make the full grid. A killed sweep can
 //! be started again with the same `--output_dir`: finished points are kept.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use vramlab_train::StepRecord;
 use vramlab_bytes::human as fmt_bytes;
 use vramlab_train::metrics::median_by;
 
+use crate::child_run::{last_error, read_jsonl, train_command};
 use crate::config::{self, RunConfig};
+use crate::error::{Result, WorkloadError};
 use crate::training::timestamp;
-use crate::{Result, WorkloadError};
 
 struct Point {
     name: String,
@@ -73,41 +73,8 @@ fn summarize(records: &[StepRecord]) -> Summary {
     }
 }
 
-/// The lines of a JSONL file that parse (a torn last line of a killed run is dropped); none
-/// when the file is missing.
-pub(crate) fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
-    std::fs::read_to_string(path)
-        .map(|t| t.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
-        .unwrap_or_default()
-}
-
 fn read_records(path: &Path) -> Vec<StepRecord> {
     read_jsonl(path)
-}
-
-/// `exe train [--config=F] --k=v … --output_dir=DIR`: one measured run in its own process
-/// (later flags win over earlier ones).
-pub(crate) fn train_command(exe: &Path, config_file: Option<&Path>, flags: &[(String, String)], dir: &Path) -> Command {
-    let mut cmd = Command::new(exe);
-    cmd.arg("train");
-    if let Some(c) = config_file {
-        cmd.arg(format!("--config={}", c.display()));
-    }
-    for (k, v) in flags {
-        cmd.arg(format!("--{k}={v}"));
-    }
-    cmd.arg(format!("--output_dir={}", dir.display()));
-    cmd
-}
-
-/// The line that says why a child `vramlab` failed: its last `error:` line, or the message of
-/// its panic (on the line after the location).
-pub(crate) fn last_error(stderr: &str) -> Option<String> {
-    let l = stderr.lines().rev().find(|l| l.starts_with("error:") || l.contains("panicked at"))?;
-    Some(match l.contains("panicked at") {
-        true => stderr.lines().skip_while(|x| *x != l).nth(1).map_or(l.to_string(), |m| format!("panic: {m}")),
-        false => l.to_string(),
-    })
 }
 
 /// A sweep: the base config (file + flags other than `sweep.*` and `output_dir`) and its axes.
@@ -260,10 +227,6 @@ fn csv(names: &[&str], results: &[(&Point, Summary)]) -> String {
     csv
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.1}", b as f64 / (1024.0 * 1024.0))
-}
-
 fn markdown(cfg: &RunConfig, command_line: &str, axes: &[(String, Vec<String>)], results: &[(&Point, Summary)]) -> String {
     let names: Vec<&str> = axes.iter().map(|(a, _)| a.as_str()).collect();
     let mut md = String::new();
@@ -278,15 +241,15 @@ fn markdown(cfg: &RunConfig, command_line: &str, axes: &[(String, Vec<String>)],
                 md,
                 "| {} | {} | {} | {} | **{}** | {} | {} | {} | {} | **{}** | {:.3} | {:.4}→{:.4} |",
                 vals.join(" | "),
-                mib(s.peak_fwd),
-                mib(s.peak_bwd),
-                mib(s.peak_opt),
-                mib(s.peak_step),
-                mib(s.reserved),
-                mib(s.params),
-                mib(s.grads),
-                mib(s.optim),
-                mib(s.activations),
+                vramlab_bytes::mib_text(s.peak_fwd),
+                vramlab_bytes::mib_text(s.peak_bwd),
+                vramlab_bytes::mib_text(s.peak_opt),
+                vramlab_bytes::mib_text(s.peak_step),
+                vramlab_bytes::mib_text(s.reserved),
+                vramlab_bytes::mib_text(s.params),
+                vramlab_bytes::mib_text(s.grads),
+                vramlab_bytes::mib_text(s.optim),
+                vramlab_bytes::mib_text(s.activations),
                 s.step_time,
                 s.loss_first,
                 s.loss_last
@@ -384,11 +347,11 @@ fn effect_table(md: &mut String, ai: usize, axis: &str, values: &[String], resul
             "| {} | {} | {} → {} MiB ({}) | {} → {} MiB ({}) | {:.3} → {:.3} s ({}) |",
             p.settings[ai].1,
             others.join(", "),
-            mib(b.activations),
-            mib(s.activations),
+            vramlab_bytes::mib_text(b.activations),
+            vramlab_bytes::mib_text(s.activations),
             pct(s.activations as f64, b.activations as f64),
-            mib(b.peak_step),
-            mib(s.peak_step),
+            vramlab_bytes::mib_text(b.peak_step),
+            vramlab_bytes::mib_text(s.peak_step),
             pct(s.peak_step as f64, b.peak_step as f64),
             b.step_time,
             s.step_time,

@@ -14,7 +14,8 @@ use vramlab_train::{LrSchedule, OptimConfig, OptimKind, ParamGroup, ScheduleKind
 
 use crate::backend::BackendInfo;
 use crate::config::RunConfig;
-use crate::{Result, WorkloadError};
+use crate::error::{Result, WorkloadError};
+use crate::layout::{CONFIG_FILE, RUN_CONFIG_FILE, RUN_CONFIG_TOP_FILE, TRAIN_CONFIG_FILE, in_pretrained};
 
 /// The trainer's settings: the run config where it says something, the policy's optimizer
 /// preset (lerobot's `get_optimizer_preset`, from the model config) elsewhere.
@@ -140,9 +141,6 @@ pub struct TrainSetup<'a, M, Batch> {
     pub data: Box<dyn FnMut(u64, u64) -> std::result::Result<Batch, BoxError> + 'a>,
 }
 
-/// vramlab's own run config inside each checkpoint: what `--resume` continues with.
-pub const RUN_CONFIG_FILE: &str = "training_state/run_config.json";
-
 /// lerobot's `train_config.json` (`TrainPipelineConfig` as lerobot 0.4.4 saves it) for this
 /// run: the fields lerobot has, with this run's values; vramlab's own switches (backend,
 /// precision, checkpointing, …) are in [`RUN_CONFIG_FILE`].
@@ -216,7 +214,7 @@ where
     let tcfg = train_config(cfg, out.clone(), &optim)?;
     std::fs::create_dir_all(&out).map_err(|source| WorkloadError::Io { path: out.clone(), source })?;
     let run_json = serde_json::to_string_pretty(cfg).expect("a run config serialises");
-    write_file(&out.join("run_config.json"), run_json.as_bytes())?;
+    write_file(&out.join(RUN_CONFIG_TOP_FILE), run_json.as_bytes())?;
     let o = &tcfg.optim;
     let compact_config = serde_json::from_str::<serde_json::Value>(&config_json).map(|v| v.to_string()).unwrap_or_default();
     let mut summary_header = vec![
@@ -235,11 +233,11 @@ where
     }
     let train_config = lerobot_train_config(cfg, &config_json, policy, &out, &tcfg);
     let mut builder = Trainer::builder(tcfg, probe)
-        .checkpoint_file("pretrained_model/config.json", format!("{config_json}\n").into_bytes())
-        .checkpoint_file("pretrained_model/train_config.json", train_config.into_bytes())
+        .checkpoint_file(in_pretrained(CONFIG_FILE), format!("{config_json}\n").into_bytes())
+        .checkpoint_file(in_pretrained(TRAIN_CONFIG_FILE), train_config.into_bytes())
         .checkpoint_file(RUN_CONFIG_FILE, run_json.into_bytes());
     for (name, bytes) in pretrained_files {
-        builder = builder.checkpoint_file(format!("pretrained_model/{name}"), bytes);
+        builder = builder.checkpoint_file(in_pretrained(&name), bytes);
     }
     let trainer = builder.stop(observer.stop_flag()).summary_header(summary_header).build();
     // Where the progress bar starts: the newest checkpoint (the trainer verifies it and may fall

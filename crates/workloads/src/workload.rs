@@ -1,8 +1,9 @@
-//! The commands' entry points. Each matches on the workload once and runs on the backend the
+//! The commands' entry points: [`train`], [`info`], [`predict`], [`estimate`]. Each only
+//! dispatches: one `match` on the [`Workload`] (or, for a checkpoint, its `type`) with one arm
+//! per model calling that model module's entry point of the same name, run on the backend the
 //! run config names ([`crate::backend::dispatch`]).
 
 use crate::backend::TrainBackend;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
@@ -10,11 +11,14 @@ use vramlab_models::nn::Precision;
 use vramlab_probe::MemoryProbe;
 
 use crate::backend::{BackendInfo, Job, dispatch};
-use crate::config::RunConfig;
+use crate::config::{RunConfig, Workload};
+use crate::error::{Result, WorkloadError};
+use crate::estimate::{MemoryEstimate, Shapes, estimate_from};
 use crate::inputs::Inputs;
-use crate::policy::Workload;
+use crate::layout::{self, checkpoint_type, pretrained_dir};
+use crate::model_info::InfoReport;
 use crate::training::{TrainObserver, run_training};
-use crate::{Result, WorkloadError, act, diffusion, vae3d};
+use crate::{act, diffusion, vae3d};
 
 /// Validate `cfg` (before any data or model exists), then train on its backend.
 pub fn train(cfg: RunConfig, observer: &mut dyn TrainObserver) -> Result<()> {
@@ -42,25 +46,6 @@ impl Job for TrainJob<'_> {
     }
 }
 
-/// Parameter counts of a config, per module: `(module, parameters, trainable)`.
-pub struct InfoReport {
-    /// The policy and its shape-deciding fields.
-    pub title: String,
-    pub rows: Vec<(String, u64, u64)>,
-    /// Further lines (buffers that are not parameters).
-    pub notes: Vec<String>,
-}
-
-impl InfoReport {
-    pub fn total(&self) -> u64 {
-        self.rows.iter().map(|r| r.1).sum()
-    }
-
-    pub fn trainable(&self) -> u64 {
-        self.rows.iter().map(|r| r.2).sum()
-    }
-}
-
 /// Parameter counts of `cfg`'s model (built on the CPU side of its backend, never trained).
 pub fn info(cfg: &RunConfig) -> Result<InfoReport> {
     // `info` describes the shorthand features (no dataset is opened).
@@ -74,41 +59,15 @@ struct InfoJob<'a> {
     cfg: &'a RunConfig,
 }
 
-/// Rows grouped by the first segment of each parameter name.
-fn rows_by_top_module(shapes: &[(String, Vec<usize>)]) -> Vec<(String, u64, u64)> {
-    let mut per_module: BTreeMap<String, u64> = BTreeMap::new();
-    for (name, shape) in shapes {
-        let top = name.split('.').next().unwrap_or(name).to_string();
-        *per_module.entry(top).or_default() += shape.iter().product::<usize>() as u64;
-    }
-    per_module.into_iter().map(|(m, n)| (m, n, n)).collect()
-}
-
 impl Job for InfoJob<'_> {
     type Output = InfoReport;
 
     fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<InfoReport> {
         match &self.cfg.policy()?.kind {
-            Workload::Vae3d(p) => {
-                let model = p.config.init::<B::InnerBackend>(&device);
-                let shapes = vramlab_store::param_shapes::<B::InnerBackend, _>(&model);
-                let json = serde_json::to_string(&p.config).expect("a VAE config serialises");
-                Ok(InfoReport { title: format!("vae3d {json}"), rows: rows_by_top_module(&shapes), notes: Vec::new() })
-            }
-            Workload::Act(p) => act::info::<B::InnerBackend>(&p.resolve()?, &device),
-            Workload::Diffusion(p) => diffusion::info::<B::InnerBackend>(&p.resolve()?, &device),
+            Workload::Vae3d(p) => vae3d::info::<B::InnerBackend>(p, &device),
+            Workload::Act(p) => act::info::<B::InnerBackend>(p, &device),
+            Workload::Diffusion(p) => diffusion::info::<B::InnerBackend>(p, &device),
         }
-    }
-}
-
-/// The `type` of a checkpoint directory's `config.json`.
-pub(crate) fn checkpoint_type(dir: &Path) -> Result<String> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| WorkloadError::file(&path, format!("invalid JSON: {e}")))?;
-    match v.get("type").and_then(|t| t.as_str()) {
-        Some(t) => Ok(t.to_string()),
-        None => Err(WorkloadError::file(&path, "field `type` is missing (expected \"vae3d\", \"act\" or \"diffusion\")".into())),
     }
 }
 
@@ -150,17 +109,6 @@ pub fn predict(req: &PredictRequest, cfg: &RunConfig) -> Result<Vec<(String, Vec
     dispatch(cfg.backend, cfg.device, &cfg.gpu_options(), cfg.gradient_checkpointing, cfg.precision, PredictJob { kind, dir, out: &req.out, inputs, processors, precision: cfg.precision })
 }
 
-/// The `pretrained_model/` a path names: `dir/pretrained_model/` (a checkpoint step
-/// directory), then `dir/last/pretrained_model/` (a run's `checkpoints/`), else `dir` itself
-/// (a `pretrained_model/` directory, or a fixture with the files directly in it).
-pub fn pretrained_dir(dir: &Path) -> PathBuf {
-    let model = vramlab_train::checkpoint::PRETRAINED_MODEL_DIR;
-    [dir.join(model), dir.join(vramlab_train::checkpoint::LAST_LINK).join(model)]
-        .into_iter()
-        .find(|d| d.join(vramlab_models::policy::CONFIG_FILE).is_file())
-        .unwrap_or_else(|| dir.to_path_buf())
-}
-
 struct PredictJob<'a> {
     kind: String,
     dir: PathBuf,
@@ -181,7 +129,7 @@ impl Job for PredictJob<'_> {
             "act" => act::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
             "diffusion" => diffusion::predict::<B::InnerBackend>(dir, &mut inputs, precision, &device)?,
             other => {
-                return Err(WorkloadError::file(dir.join("config.json"), format!("policy type `{other}` is not supported by this build (supported: vae3d, act, diffusion)")));
+                return Err(WorkloadError::file(dir.join(layout::CONFIG_FILE), format!("policy type `{other}` is not supported by this build (supported: {})", layout::MODEL_TYPES.join(", "))));
             }
         };
         let mut outputs: Vec<(String, TensorData)> = outputs.into_iter().map(|(k, d)| (k, d.convert::<f32>())).collect();
@@ -191,4 +139,19 @@ impl Job for PredictJob<'_> {
         vramlab_store::write_safetensors(&outputs, out)?;
         Ok(outputs.into_iter().map(|(k, d)| (k, d.shape.to_vec())).collect())
     }
+}
+
+/// The shapes of `cfg`'s training step, from its model module.
+pub(crate) fn shapes(cfg: &RunConfig) -> Result<Shapes> {
+    match &cfg.policy()?.kind {
+        Workload::Vae3d(p) => vae3d::estimate(p, cfg),
+        Workload::Act(p) => act::estimate(p, cfg),
+        Workload::Diffusion(p) => diffusion::estimate(p, cfg),
+    }
+}
+
+/// `vramlab estimate`: the peak memory of `cfg`'s training step on flex, predicted from shapes
+/// alone ([`crate::estimate`]).
+pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
+    Ok(estimate_from(cfg, shapes(cfg)?))
 }

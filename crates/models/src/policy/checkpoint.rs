@@ -1,4 +1,8 @@
-//! The checkpoint directory every model uses: file names, the error, writing the config.
+//! The checkpoint directory every model uses (lerobot's `pretrained_model/`): file names, the
+//! error, writing the config. The models' loaders read these names here; the rest of the
+//! checkpoint layout (where `pretrained_model/` sits in a run's checkpoints, the `type` of its
+//! config, vramlab's run config) is the workloads crate's `layout` module, which re-exports
+//! these two names so that its users name one module.
 
 use std::path::{Path, PathBuf};
 

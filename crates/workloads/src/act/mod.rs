@@ -1,5 +1,7 @@
-//! ACT (lerobot) as a vramlab workload: the config with its features, info rows, predict;
-//! the training adapter is in [`train`].
+//! ACT (lerobot) as a vramlab workload, with the entry points every model module has:
+//! [`setup`] (model, data and optimizer preset of a run; the training adapter is in
+//! [`train`]), [`info`], [`predict`] and [`estimate`]. Its typed `policy` section is
+//! [`crate::config::ActPolicy`].
 
 pub mod train;
 
@@ -10,81 +12,25 @@ use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
 use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, PolicyFeatures, is_act_buffer};
 use vramlab_models::nn::Precision;
-use vramlab_models::policy::InvalidField;
 use vramlab_models::resnet::count_params_and_buffers;
 
 use vramlab_train::trainer::BoxError;
 
-use crate::config::RunConfig;
+use crate::config::{ActPolicy, RunConfig};
+use crate::error::{Result, WorkloadError};
+use crate::estimate::{Shapes, features_note};
 use crate::inputs::{Dim, Inputs};
-use crate::policy::ActPolicy;
-use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, norm_map, open_policy_data, policy_loader, random_source};
+use crate::layout;
+use crate::model_info::InfoReport;
+use crate::policy_data::{PolicyDataSpec, PolicySource, dataset_features, norm_map, open_policy_data, policy_loader, random_source};
 use crate::training::TrainSetup;
-use crate::InfoReport;
-use crate::{Result, WorkloadError};
 
-/// A config value the model refuses, named as the flag that sets it.
-fn invalid(e: InvalidField) -> WorkloadError {
-    WorkloadError::invalid(&format!("policy.{}", e.field), e.msg)
-}
-
-impl ActPolicy {
-    /// `pretrained_backbone_weights` naming a local file: it must exist (unless `policy.path`
-    /// brings the whole model, backbone included).
-    pub fn check_backbone_weights(&self) -> Result<()> {
-        match self.config.backbone_weights() {
-            BackboneWeights::File(path) if self.pretrained.is_none() && !path.is_file() => Err(WorkloadError::invalid(
-                "policy.pretrained_backbone_weights",
-                format!("{}: no such file (expected a torchvision ResNet state dict as safetensors, made with: {BACKBONE_WEIGHTS_HOWTO})", path.display()),
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// The config with the shorthand features (for random data). Defaults: ALOHA-like, 14-dim
-    /// state and action, one 480×640 camera.
-    pub fn resolve(&self) -> Result<ActConfig> {
-        if self.pretrained.is_some() && self.features.first_set().is_none() {
-            // A pretrained config brings its own features.
-            self.config.validate().map_err(invalid)?;
-            return Ok(self.config.clone());
-        }
-        let f = &self.features;
-        let (state, action) = (f.state_dim.unwrap_or(14), f.action_dim.unwrap_or(14));
-        let (cams, shape) = (f.num_cameras.unwrap_or(1), f.camera_shape.unwrap_or([3, 480, 640]));
-        let mut cfg = self.config.clone();
-        if state > 0 {
-            cfg = cfg.with_robot_state(state);
-        }
-        for i in 0..cams {
-            let key = if cams == 1 { "observation.images.top".to_string() } else { format!("observation.images.cam{i}") };
-            cfg = cfg.with_camera(&key, shape);
-        }
-        cfg = cfg.with_action(action);
-        cfg.validate().map_err(invalid)?;
-        Ok(cfg)
-    }
-
-    /// The config with the features of a dataset (lerobot takes the features from the dataset).
-    pub fn resolve_for(&self, f: &DataFeatures) -> Result<ActConfig> {
-        let mut cfg = self.config.clone();
-        if let Some(d) = f.state_dim {
-            cfg = cfg.with_robot_state(d);
-        }
-        for (k, s) in &f.cameras {
-            cfg = cfg.with_camera(k, *s);
-        }
-        cfg = cfg.with_action(f.action_dim);
-        cfg.validate().map_err(invalid)?;
-        Ok(cfg)
-    }
-}
-
-/// `vramlab info`: parameters per module (backbone, VAE encoder, encoder, decoder, the rest).
-pub fn info<B: LeanBackend>(ac: &ActConfig, device: &B::Device) -> Result<InfoReport> {
+/// `vramlab info`: parameters per module (backbone, VAE encoder, encoder, decoder, the rest)
+/// of the config with the shorthand features.
+pub fn info<B: LeanBackend>(p: &ActPolicy, device: &B::Device) -> Result<InfoReport> {
+    let ac = &p.resolve()?;
     let mut model = ac.init::<B>(device);
     if ac.freeze_backbone {
         model = model.with_frozen_backbone();
@@ -201,7 +147,7 @@ pub fn setup<'a, B: TrainBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::De
     }
     if let Some(dir) = &p.pretrained {
         // lerobot's --policy.path: fine-tune from those weights.
-        model = vramlab_models::act::load_weights(model, &dir.join(vramlab_models::policy::WEIGHTS_FILE))?;
+        model = vramlab_models::act::load_weights(model, &dir.join(layout::WEIGHTS_FILE))?;
     }
     if ac.freeze_backbone {
         model = model.with_frozen_backbone();
@@ -240,6 +186,18 @@ pub fn setup<'a, B: TrainBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::De
     })
 }
 
+/// `vramlab estimate`: the training graph of the run's config (features from the dataset's
+/// `meta/info.json`, or the shorthands), its batch and frozen bytes.
+pub fn estimate(p: &ActPolicy, cfg: &RunConfig) -> Result<Shapes> {
+    let data = dataset_features(cfg)?;
+    let ac = match &data {
+        Some(f) => p.resolve_for(f)?,
+        None => p.resolve()?,
+    };
+    let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, cfg.batch_size as usize, cfg.precision);
+    Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
+}
+
 #[cfg(test)]
 mod tests {
     use burn::backend::{Autodiff, Flex};
@@ -275,7 +233,7 @@ mod tests {
         let cfg = crate::config::load(None, &flags.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
         cfg.validate().unwrap();
         assert!(cfg.notes.is_empty(), "a local file: no warning: {:?}", cfg.notes);
-        let crate::Workload::Act(p) = &cfg.policy().unwrap().kind else { panic!("act") };
+        let crate::config::Workload::Act(p) = &cfg.policy().unwrap().kind else { panic!("act") };
         let setup = setup::<Autodiff<Flex>>(p, &cfg, &dev).unwrap();
         let backbone = setup.model.act.backbone.as_ref().expect("a camera");
         let loaded = vramlab_store::named_tensors::<Autodiff<Flex>, _>(backbone);

@@ -13,7 +13,8 @@ use vramlab_models::nn::Precision;
 use vramlab_store::WeightError;
 use vramlab_train::{LossParts, TrainModel, step_rng};
 
-use crate::policy_data::{DataFeatures, HostBatch, Window};
+use crate::config::DataFeatures;
+use crate::policy_data::{HostBatch, Window};
 
 /// The trainable wrapper: ACT plus the compute precision of its forward pass. The trainer sees
 /// ACT's parameters under `act.` (`act.backbone.conv1.weight`, …).

@@ -1,5 +1,7 @@
-//! Diffusion Policy (lerobot) as a vramlab workload: the config with its features, predict;
-//! the training adapter is in [`train`].
+//! Diffusion Policy (lerobot) as a vramlab workload, with the entry points every model module
+//! has: [`setup`] (model, data and optimizer preset of a run; the training adapter is in
+//! [`train`]), [`info`], [`predict`] and [`estimate`]. Its typed `policy` section is
+//! [`crate::config::DiffusionPolicy`].
 
 pub mod train;
 
@@ -12,58 +14,22 @@ use std::path::Path;
 use burn::prelude::*;
 use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx, PolicyFeatures};
 use vramlab_models::nn::Precision;
-use vramlab_models::policy::InvalidField;
 
 use vramlab_train::trainer::BoxError;
 
-use crate::config::RunConfig;
+use crate::config::{DataFeatures, DiffusionPolicy, RunConfig};
+use crate::error::{Result, WorkloadError};
+use crate::estimate::{Shapes, features_note};
 use crate::inputs::{Dim, Inputs};
-use crate::policy::DiffusionPolicy;
-use crate::policy_data::{DataFeatures, PolicyDataSpec, PolicySource, Window, norm_map, open_policy_data, policy_loader, random_source};
+use crate::layout;
+use crate::model_info::InfoReport;
+use crate::policy_data::{PolicyDataSpec, PolicySource, Window, dataset_features, norm_map, open_policy_data, policy_loader, random_source};
 use crate::training::TrainSetup;
-use crate::InfoReport;
-use crate::{Result, WorkloadError};
 
-/// A config value the model refuses, named as the flag that sets it.
-fn invalid(e: InvalidField) -> WorkloadError {
-    WorkloadError::invalid(&format!("policy.{}", e.field), e.msg)
-}
-
-impl DiffusionPolicy {
-    /// The config with the shorthand features (for random data). Defaults: PushT (state 2,
-    /// action 2, one 96×96 camera).
-    pub fn resolve(&self) -> Result<DiffusionConfig> {
-        if self.pretrained.is_some() && self.features.first_set().is_none() {
-            // A pretrained config brings its own features.
-            self.config.validate().map_err(invalid)?;
-            return Ok(self.config.clone());
-        }
-        let f = &self.features;
-        let cfg = self
-            .config
-            .clone()
-            .with_robot_state(f.state_dim.unwrap_or(2))
-            .with_camera("observation.image", f.camera_shape.unwrap_or([3, 96, 96]))
-            .with_action(f.action_dim.unwrap_or(2));
-        cfg.validate().map_err(invalid)?;
-        Ok(cfg)
-    }
-
-    /// The config with the features of a dataset (lerobot takes the features from the dataset).
-    pub fn resolve_for(&self, f: &DataFeatures) -> Result<DiffusionConfig> {
-        let state = f.state_dim.ok_or_else(|| WorkloadError::invalid("dataset", "Diffusion Policy needs `observation.state`; the dataset has none".into()))?;
-        let mut cfg = self.config.clone().with_robot_state(state);
-        for (k, s) in &f.cameras {
-            cfg = cfg.with_camera(k, *s);
-        }
-        cfg = cfg.with_action(f.action_dim);
-        cfg.validate().map_err(invalid)?;
-        Ok(cfg)
-    }
-}
-
-/// `vramlab info`: parameters of the RGB encoder(s) and the UNet.
-pub fn info<B: LeanBackend>(dc: &DiffusionConfig, device: &B::Device) -> Result<InfoReport> {
+/// `vramlab info`: parameters of the RGB encoder(s) and the UNet, of the config with the
+/// shorthand features.
+pub fn info<B: LeanBackend>(p: &DiffusionPolicy, device: &B::Device) -> Result<InfoReport> {
+    let dc = &p.resolve()?;
     let (enc, unet) = (dc.rgb_encoder_num_params() as u64, dc.unet_num_params() as u64);
     // A frozen backbone: the ResNet trunk's parameters stop being trainable.
     let frozen: u64 = if dc.freeze_backbone {
@@ -155,7 +121,7 @@ pub fn setup<'a, B: TrainBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: 
     let mut model = dc.init(device);
     if let Some(dir) = &p.pretrained {
         // lerobot's --policy.path: fine-tune from those weights.
-        model = vramlab_models::diffusion::load_weights(model, &dir.join(vramlab_models::policy::WEIGHTS_FILE))?;
+        model = vramlab_models::diffusion::load_weights(model, &dir.join(layout::WEIGHTS_FILE))?;
     }
     let data_desc = source.describe();
     let config_json = dc.to_json_string();
@@ -177,4 +143,16 @@ pub fn setup<'a, B: TrainBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: 
             Ok(to_batch::<B>(h, &dcc, seed, step, micro, &dev))
         }),
     })
+}
+
+/// `vramlab estimate`: the training graph of the run's config (features from the dataset's
+/// `meta/info.json`, or the shorthands), its batch and frozen bytes.
+pub fn estimate(p: &DiffusionPolicy, cfg: &RunConfig) -> Result<Shapes> {
+    let data = dataset_features(cfg)?;
+    let dc = match &data {
+        Some(f) => p.resolve_for(f)?,
+        None => p.resolve()?,
+    };
+    let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, cfg.batch_size as usize, cfg.precision);
+    Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
 }

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use vramlab_models::act::{ActConfig, ActPolicyRunner};
 use vramlab_models::diffusion::{DiffusionConfig, PolicyFeatures};
 use vramlab_models::nn::Precision;
-use vramlab_models::policy::CONFIG_FILE;
 use vramlab_probe::MemoryProbe;
 
 use crate::backend::{BackendInfo, BackendKind, Job, dispatch};
-use crate::{Result, WorkloadError};
+use crate::error::{Result, WorkloadError};
+use crate::layout::{CONFIG_FILE, checkpoint_type, pretrained_dir};
 use policy::{PolicyIo, Processor, Runner, Stats};
 pub use report::{Governor, LatencyStats, Machine, percentile};
 use robot::SyntheticRobot;
@@ -149,8 +149,8 @@ pub fn bench_on<B: LeanBackend>(req: &BenchRequest, backend: BackendKind, machin
     if req.calls == 0 {
         return Err(WorkloadError::invalid("calls", "must be at least 1".into()));
     }
-    let dir = crate::workload::pretrained_dir(&req.checkpoint);
-    let kind = crate::workload::checkpoint_type(&dir)?;
+    let dir = pretrained_dir(&req.checkpoint);
+    let kind = checkpoint_type(&dir)?;
     let stats = Stats::read(&dir)?;
     let mut report = BenchReport {
         checkpoint: dir.clone(),
@@ -330,7 +330,7 @@ mod tests {
         for f in ["config.json", "model.safetensors"] {
             std::os::unix::fs::symlink(shared.join("oracle/act_small/pretrained_model").join(f), inner.join(f)).unwrap();
         }
-        assert_eq!(crate::workload::pretrained_dir(step.path()), inner);
+        assert_eq!(crate::layout::pretrained_dir(step.path()), inner);
         let report = run(&request(step.path().to_path_buf())).unwrap();
         assert_eq!(report.runs.len(), 2);
         let (queue, ens) = (&report.runs[0], &report.runs[1]);

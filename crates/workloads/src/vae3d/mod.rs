@@ -1,5 +1,7 @@
-//! The 3D-VAE as a vramlab workload: data ([`data`]), predict, and the training adapter
-//! ([`train`]). Its config is [`crate::policy::Vae3dPolicy`].
+//! The 3D-VAE as a vramlab workload, with the entry points every model module has: [`setup`]
+//! (model, data and optimizer preset of a run; the training adapter is in [`train`], the
+//! voxel data in [`data`]), [`info`], [`predict`] and [`estimate`]. Its typed `policy` section
+//! is [`crate::config::Vae3dPolicy`].
 
 pub mod data;
 pub mod train;
@@ -13,21 +15,20 @@ use std::path::Path;
 
 use burn::prelude::*;
 use vramlab_models::nn::Precision;
-use vramlab_models::vae3d::Vae3dConfig;
 
-use crate::config::RunConfig;
+use crate::config::{RunConfig, Vae3dPolicy, grid_mismatch};
+use crate::error::{Result, WorkloadError};
+use crate::estimate::Shapes;
 use crate::inputs::{Dim, Inputs};
-use crate::policy::Vae3dPolicy;
+use crate::model_info::{InfoReport, rows_by_top_module};
 use crate::training::TrainSetup;
-use crate::{Result, WorkloadError};
 
-/// Why a `(D, H, W)` grid cannot go through `cfg`'s VAE (a size its downsampling does not
-/// divide), or `None` when it can.
-pub fn grid_mismatch(cfg: &Vae3dConfig, grid: [usize; 3]) -> Option<String> {
-    let axes = ["D", "H", "W"].into_iter().zip(grid.into_iter().zip(cfg.downsample_factor()));
-    axes.into_iter()
-        .find(|(_, (size, factor))| size % factor != 0)
-        .map(|(axis, (size, factor))| format!("{axis}={size} is not divisible by the VAE's downsampling factor {factor} along {axis}"))
+/// `vramlab info`: parameters per top-level module (encoder, decoder, …) of the config.
+pub fn info<B: LeanBackend>(p: &Vae3dPolicy, device: &B::Device) -> Result<InfoReport> {
+    let model = p.config.init::<B>(device);
+    let shapes = vramlab_store::param_shapes::<B, _>(&model);
+    let json = serde_json::to_string(&p.config).expect("a VAE config serialises");
+    Ok(InfoReport { title: format!("vae3d {json}"), rows: rows_by_top_module(&shapes), notes: Vec::new() })
 }
 
 /// `vramlab predict` for a VAE checkpoint: `mean`, `logvar`, `recon` (posterior mean, no
@@ -71,4 +72,18 @@ pub fn setup<'a, B: TrainBackend>(p: &Vae3dPolicy, cfg: &RunConfig, device: &B::
         data_desc: format!("{} grid {:?}", kind.name(), cfg.dataset.grid),
         data: Box::new(move |step, micro| make_batch::<B>(&source, &vc, bs, seed, step, micro, &dev).map_err(|e| e.into())),
     })
+}
+
+/// `vramlab estimate`: the training graph of the config on `dataset.grid`, and the batch
+/// (input volume and latent noise).
+pub fn estimate(p: &Vae3dPolicy, cfg: &RunConfig) -> Result<Shapes> {
+    let (b, vc) = (cfg.batch_size as usize, &p.config);
+    vc.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
+    let grid = cfg.dataset.grid;
+    let graph = vramlab_models::vae3d::estimate::training_graph(vc, b, grid, cfg.precision);
+    let f = vc.downsample_factor();
+    let voxels = grid.iter().product::<usize>();
+    let latent = vc.latent_dim * (0..3).map(|a| grid[a] / f[a]).product::<usize>();
+    let batch_bytes = (b * (vc.in_channels * voxels + latent) * 4) as u64;
+    Ok(Shapes { model: format!("vae3d grid {grid:?}"), graph, batch_bytes, extra_frozen_bytes: 0, num_params: Some(vc.num_params() as u64), notes: Vec::new() })
 }

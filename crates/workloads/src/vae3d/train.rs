@@ -76,7 +76,7 @@ pub fn make_batch<B: Backend>(
         return Err(WorkloadError::invalid("policy.in_channels", format!("{} but the data has {} channels", vae.in_channels, vb.shape[1])));
     }
     let [b, _, d, h, w] = vb.shape;
-    if let Some(why) = super::grid_mismatch(vae, [d, h, w]) {
+    if let Some(why) = crate::config::grid_mismatch(vae, [d, h, w]) {
         return Err(WorkloadError::invalid("dataset.grid", why));
     }
     let f = vae.downsample_factor();

@@ -50,14 +50,12 @@
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
-use vramlab_models::act::BackboneWeights;
-use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
 use vramlab_models::nn::Precision;
 
+use super::tree::set_dotted;
+use super::types::RunConfig;
 use crate::backend::{self, BackendKind};
-use crate::config::RunConfig;
-use crate::policy::Workload;
-use crate::{Result, WorkloadError};
+use crate::error::{Result, WorkloadError};
 
 /// lerobot's `policy.device` → vramlab's backend and, for `cuda:N`, the GPU index.
 fn backend_of_device(device: &str) -> std::result::Result<(BackendKind, Option<usize>), String> {
@@ -77,7 +75,7 @@ fn backend_of_device(device: &str) -> std::result::Result<(BackendKind, Option<u
 /// Act on the policy's generic lerobot keys (table above): set the run's backend, GPU and
 /// precision from `device` / `use_amp`, reject what vramlab cannot do, and return the notes
 /// to print at start (`note: …`, or `WARNING: …` for the ACT backbone's missing ImageNet
-/// weights). `tree` is the config tree the run was typed from: a top-level `backend` /
+/// weights, [`super::PolicyConfig::notes`]). `tree` is the config tree the run was typed from: a top-level `backend` /
 /// `device` / `precision` in it was given explicitly.
 pub fn apply_policy_keys(cfg: &mut RunConfig, tree: &Map<String, Value>) -> Result<Vec<String>> {
     let Some(policy) = cfg.policy.clone() else { return Ok(Vec::new()) };
@@ -151,17 +149,7 @@ pub fn apply_policy_keys(cfg: &mut RunConfig, tree: &Map<String, Value>) -> Resu
     if raw.get("push_to_hub") == Some(&Value::Bool(true)) {
         notes.push("note: policy.push_to_hub=true: vramlab does not upload to the Hugging Face Hub; upload a checkpoint yourself (`huggingface-cli upload REPO_ID DIR`)".into());
     }
-    if let Workload::Act(a) = &policy.kind
-        && a.pretrained.is_none()
-        && a.features.num_cameras != Some(0)
-        && let BackboneWeights::Torchvision(name) = a.config.backbone_weights()
-    {
-        notes.push(format!(
-            "WARNING: policy.pretrained_backbone_weights={name}: torchvision's ImageNet weights are not available to vramlab, so the ResNet \
-             backbone starts from random init (lerobot starts from ImageNet). Pass a local torchvision state dict instead, \
-             --policy.pretrained_backbone_weights=FILE.safetensors, made with: {BACKBONE_WEIGHTS_HOWTO}; or set it to null to silence this"
-        ));
-    }
+    notes.extend(policy.notes());
     Ok(notes)
 }
 
@@ -202,7 +190,7 @@ impl Mapping<'_> {
     }
 
     fn set(&mut self, key: &str, value: Value) -> Result<()> {
-        crate::config::set_dotted(&mut self.tree, key, value)
+        set_dotted(&mut self.tree, key, value)
     }
 
     fn dataset(&mut self, d: &Map<String, Value>) -> Result<()> {
@@ -360,6 +348,7 @@ pub fn train_config_tree(text: &str, path: &Path) -> Result<(Map<String, Value>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Workload;
 
     fn ov(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

@@ -4,17 +4,23 @@
 //!
 //! A typo (`--policy.chunk_sise`) is therefore an error of config loading, before anything is
 //! generated or built. The raw fields are kept so `run_config.json` shows what the user wrote.
+//!
+//! Here too: the features a policy takes ([`DataFeatures`], from a dataset or the shorthands)
+//! and their one resolution for ACT and Diffusion ([`FeatureConfig`], `resolve` /
+//! `resolve_for`), so that validation needs nothing above the config.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
-use vramlab_models::act::ActConfig;
+use vramlab_models::act::config::BACKBONE_WEIGHTS_HOWTO;
+use vramlab_models::act::{ActConfig, BackboneWeights};
 use vramlab_models::diffusion::DiffusionConfig;
+use vramlab_models::policy::{InvalidField, PolicyFeatures};
 use vramlab_models::vae3d::Vae3dConfig;
 
-use crate::WorkloadError;
-use crate::config::DatasetType;
+use crate::error::{Result, WorkloadError};
+use crate::layout;
 
 /// vramlab's shorthand for a policy's features when no dataset defines them (lerobot takes
 /// them from the dataset). Absent fields take the policy's defaults.
@@ -85,18 +91,18 @@ pub enum Workload {
 }
 
 impl Serialize for PolicyConfig {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         self.raw.serialize(s)
     }
 }
 
 /// A model config from plain fields, its serde errors prefixed with the policy.
-fn fields_into<T: serde::de::DeserializeOwned>(policy: &str, fields: Map<String, Value>) -> Result<T, String> {
+fn fields_into<T: serde::de::DeserializeOwned>(policy: &str, fields: Map<String, Value>) -> std::result::Result<T, String> {
     serde_json::from_value(Value::Object(fields)).map_err(|e| format!("policy ({policy}): {e}"))
 }
 
 /// Split the shorthands out of `fields` (those that `allowed` lists).
-fn take_features(policy: &str, fields: &mut Map<String, Value>, allowed: &[&str]) -> Result<FeatureFlags, String> {
+fn take_features(policy: &str, fields: &mut Map<String, Value>, allowed: &[&str]) -> std::result::Result<FeatureFlags, String> {
     let mut flags = Map::new();
     for k in allowed {
         if let Some(v) = fields.remove(*k) {
@@ -109,13 +115,13 @@ fn take_features(policy: &str, fields: &mut Map<String, Value>, allowed: &[&str]
 /// lerobot's `--policy.path=DIR`: take DIR's `config.json` (DIR is a `pretrained_model/` or a
 /// checkpoint step directory holding one) as the policy's fields, the other `policy.*` fields
 /// on top; returns the directory whose weights the run loads before its first step.
-fn pretrained_config(fields: &mut Map<String, Value>) -> Result<Option<PathBuf>, String> {
+fn pretrained_config(fields: &mut Map<String, Value>) -> std::result::Result<Option<PathBuf>, String> {
     let dir = match fields.remove("path") {
         None => return Ok(None),
-        Some(Value::String(p)) => crate::workload::pretrained_dir(Path::new(&p)),
+        Some(Value::String(p)) => layout::pretrained_dir(Path::new(&p)),
         Some(other) => return Err(format!("policy.path: expected a directory, found {other}")),
     };
-    let path = dir.join("config.json");
+    let path = dir.join(layout::CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("policy.path: {}: {e}", path.display()))?;
     let Ok(Value::Object(mut base)) = serde_json::from_str::<Value>(&text) else {
         return Err(format!("policy.path: {}: not a JSON object", path.display()));
@@ -133,13 +139,13 @@ fn pretrained_config(fields: &mut Map<String, Value>) -> Result<Option<PathBuf>,
 impl TryFrom<Map<String, Value>> for PolicyConfig {
     type Error = String;
 
-    fn try_from(raw: Map<String, Value>) -> Result<Self, String> {
+    fn try_from(raw: Map<String, Value>) -> std::result::Result<Self, String> {
         let mut fields = raw.clone();
         let pretrained = pretrained_config(&mut fields)?;
         let kind = match fields.remove("type") {
             Some(Value::String(t)) => t,
             Some(other) => return Err(format!("policy.type: expected a string, found {other}")),
-            None => return Err(format!("policy.type is required (--policy.type=…); valid: {}", Self::NAMES)),
+            None => return Err(format!("policy.type is required (--policy.type=…); valid: {}", Self::names())),
         };
         let kind = match kind.as_str() {
             "vae3d" if pretrained.is_some() => return Err("policy.path: fine-tuning from a pretrained_model/ is for act and diffusion".into()),
@@ -162,14 +168,17 @@ impl TryFrom<Map<String, Value>> for PolicyConfig {
                 let features = take_features("diffusion", &mut fields, &FeatureFlags::KEYS[..3])?;
                 Workload::Diffusion(DiffusionPolicy { config: fields_into("diffusion", fields)?, features, pretrained })
             }
-            other => return Err(format!("policy.type={other}: unknown; valid: {}", Self::NAMES)),
+            other => return Err(format!("policy.type={other}: unknown; valid: {}", Self::names())),
         };
         Ok(Self { kind, raw })
     }
 }
 
 impl PolicyConfig {
-    pub const NAMES: &'static str = "vae3d, act, diffusion";
+    /// The valid `policy.type`s, for messages: `vae3d, act, diffusion`.
+    pub fn names() -> String {
+        layout::MODEL_TYPES.join(", ")
+    }
 
     /// `policy.type`.
     pub fn name(&self) -> &'static str {
@@ -191,36 +200,133 @@ impl PolicyConfig {
 
     /// Whether the policy trains a vision backbone with its own learning rate.
     pub fn has_backbone(&self) -> bool {
-        match &self.kind {
-            Workload::Act(a) => a.features.num_cameras != Some(0),
-            Workload::Vae3d(_) | Workload::Diffusion(_) => false,
-        }
+        matches!(&self.kind, Workload::Act(a) if a.features.num_cameras != Some(0))
     }
 
-    /// Ranges and the shorthands against the data source, with the shorthand features (the
-    /// dataset's features are checked again once it is open).
-    pub fn validate(&self, dataset: DatasetType) -> Result<(), WorkloadError> {
-        let features = match &self.kind {
-            Workload::Vae3d(v) => {
-                return v.config.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")));
-            }
-            Workload::Act(a) => {
-                a.resolve()?;
-                a.check_backbone_weights()?;
-                &a.features
-            }
-            Workload::Diffusion(d) => {
-                d.resolve()?;
-                &d.features
-            }
-        };
-        match features.first_set() {
-            Some(k) if dataset != DatasetType::Random => Err(WorkloadError::invalid(
-                &format!("policy.{k}"),
-                format!("the dataset (dataset.type={}) defines the features; drop this flag or use dataset.type=random", dataset.name()),
+    /// What to print before the run starts about the policy's own fields: the ACT backbone's
+    /// ImageNet weights, which vramlab cannot download (a `WARNING: …`).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Workload::Act(a) = &self.kind
+            && a.pretrained.is_none()
+            && a.features.num_cameras != Some(0)
+            && let BackboneWeights::Torchvision(name) = a.config.backbone_weights()
+        {
+            notes.push(format!(
+                "WARNING: policy.pretrained_backbone_weights={name}: torchvision's ImageNet weights are not available to vramlab, so the ResNet \
+             backbone starts from random init (lerobot starts from ImageNet). Pass a local torchvision state dict instead, \
+             --policy.pretrained_backbone_weights=FILE.safetensors, made with: {BACKBONE_WEIGHTS_HOWTO}; or set it to null to silence this"
+            ));
+        }
+        notes
+    }
+}
+
+/// Features of a dataset, as the policies need them.
+#[derive(Clone, Debug)]
+pub struct DataFeatures {
+    pub state_dim: Option<usize>,
+    pub action_dim: usize,
+    /// (key, [C, H, W]) per camera, in the dataset's order (after `image_size`).
+    pub cameras: Vec<(String, [usize; 3])>,
+}
+
+/// A model config that takes its features from the data (lerobot's `input_features` /
+/// `output_features`, set through the models' [`PolicyFeatures`] builders): ACT's and
+/// Diffusion's, resolved by one function.
+pub trait FeatureConfig: PolicyFeatures + Clone {
+    fn check(&self) -> std::result::Result<(), InvalidField>;
+}
+
+impl FeatureConfig for ActConfig {
+    fn check(&self) -> std::result::Result<(), InvalidField> {
+        self.validate()
+    }
+}
+
+impl FeatureConfig for DiffusionConfig {
+    fn check(&self) -> std::result::Result<(), InvalidField> {
+        self.validate()
+    }
+}
+
+/// A config value the model refuses, named as the flag that sets it.
+fn invalid(e: InvalidField) -> WorkloadError {
+    WorkloadError::invalid(&format!("policy.{}", e.field), e.msg)
+}
+
+/// `config` with the features `f` (the state where there is one, each camera, the action),
+/// validated.
+fn resolve_with<C: FeatureConfig>(config: &C, f: &DataFeatures) -> Result<C> {
+    let mut cfg = config.clone();
+    if let Some(d) = f.state_dim {
+        cfg = cfg.with_robot_state(d);
+    }
+    for (k, s) in &f.cameras {
+        cfg = cfg.with_camera(k, *s);
+    }
+    cfg = cfg.with_action(f.action_dim);
+    cfg.check().map_err(invalid)?;
+    Ok(cfg)
+}
+
+/// `config` with the shorthand features (`shorthand` gives the policy's defaults for the
+/// flags left out); a `policy.path` config without shorthands brings its own features.
+fn resolve_shorthand<C: FeatureConfig>(config: &C, pretrained: &Option<PathBuf>, flags: &FeatureFlags, shorthand: impl FnOnce(&FeatureFlags) -> DataFeatures) -> Result<C> {
+    if pretrained.is_some() && flags.first_set().is_none() {
+        config.check().map_err(invalid)?;
+        return Ok(config.clone());
+    }
+    resolve_with(config, &shorthand(flags))
+}
+
+impl ActPolicy {
+    /// `pretrained_backbone_weights` naming a local file: it must exist (unless `policy.path`
+    /// brings the whole model, backbone included).
+    pub fn check_backbone_weights(&self) -> Result<()> {
+        match self.config.backbone_weights() {
+            BackboneWeights::File(path) if self.pretrained.is_none() && !path.is_file() => Err(WorkloadError::invalid(
+                "policy.pretrained_backbone_weights",
+                format!("{}: no such file (expected a torchvision ResNet state dict as safetensors, made with: {BACKBONE_WEIGHTS_HOWTO})", path.display()),
             )),
             _ => Ok(()),
         }
+    }
+
+    /// The config with the shorthand features (for random data). Defaults: ALOHA-like, 14-dim
+    /// state and action, one 480×640 camera.
+    pub fn resolve(&self) -> Result<ActConfig> {
+        resolve_shorthand(&self.config, &self.pretrained, &self.features, |f| {
+            let state = f.state_dim.unwrap_or(14);
+            let (cams, shape) = (f.num_cameras.unwrap_or(1), f.camera_shape.unwrap_or([3, 480, 640]));
+            let key = |i| if cams == 1 { "observation.images.top".to_string() } else { format!("observation.images.cam{i}") };
+            DataFeatures { state_dim: (state > 0).then_some(state), action_dim: f.action_dim.unwrap_or(14), cameras: (0..cams).map(|i| (key(i), shape)).collect() }
+        })
+    }
+
+    /// The config with the features of a dataset (lerobot takes the features from the dataset).
+    pub fn resolve_for(&self, f: &DataFeatures) -> Result<ActConfig> {
+        resolve_with(&self.config, f)
+    }
+}
+
+impl DiffusionPolicy {
+    /// The config with the shorthand features (for random data). Defaults: PushT (state 2,
+    /// action 2, one 96×96 camera).
+    pub fn resolve(&self) -> Result<DiffusionConfig> {
+        resolve_shorthand(&self.config, &self.pretrained, &self.features, |f| DataFeatures {
+            state_dim: Some(f.state_dim.unwrap_or(2)),
+            action_dim: f.action_dim.unwrap_or(2),
+            cameras: vec![("observation.image".to_string(), f.camera_shape.unwrap_or([3, 96, 96]))],
+        })
+    }
+
+    /// The config with the features of a dataset (lerobot takes the features from the dataset).
+    pub fn resolve_for(&self, f: &DataFeatures) -> Result<DiffusionConfig> {
+        if f.state_dim.is_none() {
+            return Err(WorkloadError::invalid("dataset", "Diffusion Policy needs `observation.state`; the dataset has none".into()));
+        }
+        resolve_with(&self.config, f)
     }
 }
 
@@ -229,7 +335,7 @@ mod tests {
     use super::*;
     use vramlab_models::policy::PolicyFeatures;
 
-    fn parse(json: serde_json::Value) -> Result<PolicyConfig, String> {
+    fn parse(json: serde_json::Value) -> std::result::Result<PolicyConfig, String> {
         let Value::Object(m) = json else { unreachable!() };
         PolicyConfig::try_from(m)
     }

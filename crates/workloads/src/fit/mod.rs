@@ -20,151 +20,28 @@
 //! The recommendation is re-measured in a fresh process before it is printed; a configuration
 //! whose measured peak exceeds the budget is never recommended. Every finished trial is one
 //! line of `fit.jsonl`: a killed `fit` started again with the same `--output_dir` keeps them.
+//!
+//! Here: the searches and the trial runner; what a trial is in [`trial`], the reports in
+//! `report.rs`, the child process (command, records, error line) in [`crate::child_run`].
+
+mod report;
+mod trial;
+
+pub use trial::{FitSpec, Status, Toggles, Trial};
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use vramlab_train::StepRecord;
 use vramlab_bytes::human as fmt_bytes;
 use vramlab_train::metrics::median_by;
 
 use crate::backend::BackendKind;
+use crate::child_run::{last_error, read_jsonl, train_command};
 use crate::config::{self, RunConfig};
-use crate::sweep::{last_error, read_jsonl, train_command};
+use crate::error::{Result, WorkloadError};
 use crate::training::timestamp;
-use crate::{Result, WorkloadError};
-
-/// `24GiB`, `1.5 GiB`, `512MiB`, `100MB`, `2e9`, `1000000` → bytes (GiB/MiB/KiB binary,
-/// GB/MB/KB decimal, a bare number is bytes).
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().ok()?;
-    let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0_f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    let bytes = v * mult;
-    (bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64).then_some(bytes.round() as u64)
-}
-
-/// What `fit` is asked.
-pub struct FitSpec<'a> {
-    /// `vramlab` itself: each trial is `exe train …` in its own process.
-    pub exe: &'a Path,
-    pub config_file: Option<&'a Path>,
-    /// Every flag of the command line (config fields, `output_dir` included).
-    pub overrides: &'a [(String, String)],
-    pub budget: u64,
-    /// Steps per trial: the first pays one-time costs, the median of the others is the speed.
-    pub trial_steps: u64,
-    /// Upper end of the largest-batch search.
-    pub max_batch: u64,
-    /// Estimator pruning: candidates estimated above `prune × budget` are not run.
-    pub prune: f64,
-    pub command_line: String,
-}
-
-/// The toggles of one candidate (values as config flags take them).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Toggles {
-    pub batch_size: u64,
-    pub grad_accum_steps: u64,
-    pub precision: String,
-    pub gradient_checkpointing: String,
-    pub freeze_backbone: Option<bool>,
-}
-
-impl Toggles {
-    fn name(&self) -> String {
-        let mut n = format!("b{}x{}_{}_ckpt-{}", self.batch_size, self.grad_accum_steps, self.precision, self.gradient_checkpointing);
-        if self.freeze_backbone == Some(true) {
-            n.push_str("_frozen");
-        }
-        n
-    }
-
-    fn flags(&self) -> Vec<(String, String)> {
-        let mut f = vec![
-            ("batch_size".to_string(), self.batch_size.to_string()),
-            ("grad_accum_steps".to_string(), self.grad_accum_steps.to_string()),
-            ("precision".to_string(), self.precision.clone()),
-            ("gradient_checkpointing".to_string(), self.gradient_checkpointing.clone()),
-        ];
-        if let Some(b) = self.freeze_backbone {
-            f.push(("policy.freeze_backbone".to_string(), b.to_string()));
-        }
-        f
-    }
-
-    /// The settings as a person reads them.
-    pub fn describe(&self) -> String {
-        let mut d = format!("batch {} × accum {}, {}, checkpointing {}", self.batch_size, self.grad_accum_steps, self.precision, self.gradient_checkpointing);
-        if self.freeze_backbone == Some(true) {
-            d.push_str(", frozen backbone (not trained)");
-        }
-        d
-    }
-}
-
-/// How a trial ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Ran every step; its measured peak is within the budget.
-    Fits,
-    /// Ran, but its measured peak is above the budget (GPU backends, which have no cap).
-    OverBudget,
-    /// Ended by the budget cap or a device out-of-memory error.
-    OutOfMemory,
-    /// Not run: the estimator puts it well over the budget.
-    Pruned,
-    /// Failed for another reason (its error is kept).
-    Failed,
-}
-
-impl Status {
-    fn text(self) -> &'static str {
-        match self {
-            Status::Fits => "fits",
-            Status::OverBudget => "over budget",
-            Status::OutOfMemory => "out of memory",
-            Status::Pruned => "skipped (estimate)",
-            Status::Failed => "failed",
-        }
-    }
-}
-
-/// One finished trial (a line of `fit.jsonl`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Trial {
-    pub name: String,
-    /// `batch` (largest-batch search), `toggles` (fastest toggle set) or `verify`.
-    pub search: String,
-    pub toggles: Toggles,
-    pub status: Status,
-    /// Highest allocated bytes over all steps (exact on the CPU backend).
-    pub peak_bytes: Option<u64>,
-    /// Highest reserved bytes over all steps (RSS on CPU; CubeCL pools on GPU).
-    pub reserved_bytes: Option<u64>,
-    /// Median optimizer-step time after the first step.
-    pub step_time_s: Option<f64>,
-    pub samples_per_s: Option<f64>,
-    /// The estimator's peak for this candidate, when it has one.
-    pub estimate_bytes: Option<u64>,
-    pub steps_done: u64,
-    pub message: String,
-}
+use report::{io, write_atomic, write_reports};
 
 /// What `fit` found.
 pub struct FitOutcome {
@@ -325,22 +202,11 @@ fn line(t: &Trial) -> String {
     s
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WorkloadError + '_ {
-    move |source| WorkloadError::Io { path: path.to_path_buf(), source }
-}
-
 fn append_line(path: &Path, t: &Trial) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io(path))?;
     let line = serde_json::to_string(t).expect("a trial serialises");
     writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(io(path))
-}
-
-/// Write `text` to `path` whole or not at all (temporary file, then rename).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
 }
 
 /// What a `fit` directory was asked (`fit_request.json`): a later `fit` keeps its trials only
@@ -465,7 +331,7 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
         eprintln!("  did not hold on re-measurement; trying the next candidate");
     }
     let command = recommended.as_ref().map(|(r, _)| recommended_command(spec, &ctx.base, &r.toggles));
-    write_reports(&ctx, &cfg, largest, recommended.as_ref(), command.as_deref())?;
+    write_reports(spec, &ctx.out, &ctx.done, &cfg, largest, recommended.as_ref(), command.as_deref())?;
     match (&recommended, &command) {
         (Some((r, ranked)), Some(c)) => {
             if r.toggles.freeze_backbone == Some(true) {
@@ -551,159 +417,14 @@ fn recommended_command(spec: &FitSpec<'_>, base: &[(String, String)], t: &Toggle
     c
 }
 
-/// `fit.svg`: the toggle-set candidates (fastest first) against the budget line. A plot that
-/// cannot be drawn is a warning: the tables are the result.
-fn write_plot(ctx: &Ctx<'_>, rows: &[&Trial]) {
-    let cands: Vec<vramlab_plot::Candidate> = rows
-        .iter()
-        .map(|t| {
-            let g = &t.toggles;
-            let mut label = format!("b{}×{} {} ckpt-{}", g.batch_size, g.grad_accum_steps, g.precision, g.gradient_checkpointing);
-            if g.freeze_backbone == Some(true) {
-                label.push_str(" frozen");
-            }
-            vramlab_plot::Candidate {
-                label,
-                // Skipped by the estimate: its estimated peak; out of memory: unknown (over the line).
-                peak_bytes: t.peak_bytes.or(t.estimate_bytes.filter(|_| t.status == Status::Pruned)).unwrap_or(0),
-                fits: t.status == Status::Fits,
-                oom: t.status == Status::OutOfMemory,
-                samples_per_s: t.samples_per_s,
-            }
-        })
-        .collect();
-    if cands.is_empty() {
-        return;
-    }
-    let path = ctx.out.join("fit.svg");
-    match vramlab_plot::fit_candidates("vramlab fit: candidates against the budget", &cands, ctx.spec.budget) {
-        Ok(svg) => {
-            if let Err(e) = write_atomic(&path, svg.as_bytes()) {
-                eprintln!("warning: {e}");
-            }
-        }
-        Err(e) => eprintln!("warning: {}: {e}", path.display()),
-    }
-}
-
-fn mib(b: Option<u64>) -> String {
-    b.map_or("–".into(), |b| format!("{:.1}", b as f64 / (1024.0 * 1024.0)))
-}
-
-fn write_reports(ctx: &Ctx<'_>, cfg: &RunConfig, largest: Option<u64>, rec: Option<&(Trial, f64)>, command: Option<&str>) -> Result<()> {
-    let spec = ctx.spec;
-    let mut md = String::new();
-    let _ = writeln!(md, "# vramlab fit\n\nCommand: `{}`\n", spec.command_line);
-    let cap = match cfg.backend {
-        BackendKind::Flex => "enforced in every trial as a cap on allocated bytes (the counting allocator: exact); a trial that crosses it ends at that allocation",
-        _ => "compared with each trial's peak reserved bytes (CubeCL pools); a device out-of-memory error ends a trial",
-    };
-    let _ = writeln!(md, "- **budget**: {} ({} bytes), {cap}", fmt_bytes(spec.budget), spec.budget);
-    let _ = writeln!(md, "- **backend**: {}; {} steps per trial (peak = max over all steps; speed = median of steps 2..N)", cfg.backend, spec.trial_steps);
-    let next = largest.and_then(|b| ctx.done.iter().find(|t| t.search == "batch" && t.toggles.batch_size == b + 1));
-    let bound = match next {
-        Some(t) if t.status == Status::Pruned => format!(" (batch {}: skipped, {})", t.toggles.batch_size, t.message),
-        Some(t) => format!(" (batch {}: {})", t.toggles.batch_size, t.status.text()),
-        None => format!(" (the search's upper end, --max_batch={})", spec.max_batch),
-    };
-    let _ = writeln!(
-        md,
-        "- **largest batch** ({}, checkpointing {}, no accumulation): {}",
-        cfg.precision.name(),
-        cfg.gradient_checkpointing,
-        largest.map_or("none fits".into(), |b| format!("{b}{bound}"))
-    );
-    match (rec, command) {
-        (Some((r, ranked)), Some(c)) => {
-            let _ = writeln!(
-                md,
-                "- **recommended**: {} — the fastest that fits ({ranked:.2} samples/s in the search); re-measured in a fresh process: peak {} ≤ {}, {:.2} samples/s\n\n```\n{c}\n```\n",
-                r.toggles.describe(),
-                fmt_bytes(r.peak_bytes.unwrap_or(0)),
-                fmt_bytes(spec.budget),
-                r.samples_per_s.unwrap_or(0.0)
-            );
-            if r.toggles.freeze_backbone == Some(true) {
-                let _ = writeln!(md, "  The recommendation freezes the vision backbone: it is no longer trained. Without it, see the fastest row without \"frozen backbone\" below.\n");
-            }
-        }
-        _ => {
-            let _ = writeln!(md, "- **recommended**: nothing fits this budget\n");
-        }
-    }
-    let _ = writeln!(md, "![candidates against the budget](fit.svg)\n");
-    let _ = writeln!(md, "## Candidates, fastest first\n");
-    let _ = writeln!(md, "| rank | settings | status | peak MiB | estimate MiB | s/step | samples/s | note |\n|---:|---|---|---:|---:|---:|---:|---|");
-    let mut rows: Vec<&Trial> = ctx.done.iter().filter(|t| t.search == "toggles").collect();
-    rows.sort_by(|a, b| {
-        let key = |t: &Trial| (t.status != Status::Fits, -(t.samples_per_s.unwrap_or(0.0)));
-        key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal)
-    });
-    for (i, t) in rows.iter().enumerate() {
-        let rank = if t.status == Status::Fits { (i + 1).to_string() } else { "–".into() };
-        let _ = writeln!(
-            md,
-            "| {rank} | {} | {} | {} | {} | {} | {} | {} |",
-            t.toggles.describe(),
-            t.status.text(),
-            mib(t.peak_bytes),
-            mib(t.estimate_bytes),
-            t.step_time_s.map_or("–".into(), |s| format!("{s:.3}")),
-            t.samples_per_s.map_or("–".into(), |s| format!("{s:.2}")),
-            t.message.replace('|', "/")
-        );
-    }
-    let _ = writeln!(md, "\n## Largest-batch search\n\n| batch | status | peak MiB | estimate MiB | s/step | note |\n|---:|---|---:|---:|---:|---|");
-    let mut batch: Vec<&Trial> = ctx.done.iter().filter(|t| t.search == "batch").collect();
-    batch.sort_by_key(|t| t.toggles.batch_size);
-    for t in batch {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} |",
-            t.toggles.batch_size,
-            t.status.text(),
-            mib(t.peak_bytes),
-            mib(t.estimate_bytes),
-            t.step_time_s.map_or("–".into(), |s| format!("{s:.3}")),
-            t.message.replace('|', "/")
-        );
-    }
-    write_atomic(&ctx.out.join("fit.md"), md.as_bytes())?;
-    write_plot(ctx, &rows);
-
-    let mut csv = String::from("search,batch_size,grad_accum_steps,precision,gradient_checkpointing,freeze_backbone,status,peak_bytes,reserved_bytes,estimate_bytes,step_time_s,samples_per_s,message\n");
-    for t in &ctx.done {
-        let o = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-        let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
-        let g = &t.toggles;
-        let _ = writeln!(
-            csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
-            t.search,
-            g.batch_size,
-            g.grad_accum_steps,
-            g.precision,
-            g.gradient_checkpointing,
-            g.freeze_backbone.map_or(String::new(), |b| b.to_string()),
-            t.status.text(),
-            o(t.peak_bytes),
-            o(t.reserved_bytes),
-            o(t.estimate_bytes),
-            f(t.step_time_s),
-            f(t.samples_per_s),
-            t.message.replace('"', "'")
-        );
-    }
-    write_atomic(&ctx.out.join("fit.csv"), csv.as_bytes())?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `--budget` and the probe's budget variable are read by `vramlab_bytes::parse`.
     #[test]
     fn byte_sizes_parse_binary_and_decimal_units() {
+        let parse_bytes = vramlab_bytes::parse;
         assert_eq!(parse_bytes("2GiB"), Some(2 << 30));
         assert_eq!(parse_bytes("1.5 GiB"), Some(3 << 29));
         assert_eq!(parse_bytes("100MiB"), Some(100 << 20));
