@@ -5,7 +5,8 @@
 //!
 //! Reference: huggingface/lerobot v0.4.4 `src/lerobot/policies/diffusion/modeling_diffusion.py`
 //! (`DiffusionPolicy.reset`, `select_action`, `predict_action_chunk`). ACT's counterpart is
-//! [`crate::act::ActPolicyRunner`].
+//! `ActPolicyRunner` in `act/runner.rs`; the caller normalises the observations and
+//! unnormalises the actions.
 
 use std::collections::VecDeque;
 
