@@ -1,8 +1,8 @@
 //! `vramlab estimate`: the peak memory of a training step predicted from shapes alone.
 //!
 //! Each model describes its training forward as a shape-only graph
-//! (`vramlab_models::<model>::estimate::training_graph`, rules in
-//! [`vramlab_models::estimate`]); this module adds what the trainer holds around it and says
+//! (`vramlab_models::<model>::graph::training_graph`, rules in
+//! [`vramlab_models::graph`]); this module adds what the trainer holds around it and says
 //! when the peak happens:
 //! - parameters: f32 master weights (frozen ones included), exact from the graph's weights;
 //! - gradients: one f32 tensor per trainable parameter, complete after the backward;
@@ -16,7 +16,7 @@
 //!   through the forward and backward.
 
 use serde::Serialize;
-use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow};
+use vramlab_models::graph::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
 use vramlab_train::metrics::fmt_bytes;
 
@@ -76,7 +76,7 @@ fn shapes(cfg: &RunConfig) -> Result<Shapes> {
             let vc = &v.config;
             vc.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
             let grid = cfg.dataset.grid;
-            let graph = vramlab_models::vae3d::estimate::training_graph(vc, b, grid, p);
+            let graph = vramlab_models::vae3d::graph::training_graph(vc, b, grid, p);
             let f = vc.downsample_factor();
             let voxels = grid.iter().product::<usize>();
             let latent = vc.latent_dim * (0..3).map(|a| grid[a] / f[a]).product::<usize>();
@@ -89,7 +89,7 @@ fn shapes(cfg: &RunConfig) -> Result<Shapes> {
                 Some(f) => a.resolve_for(f)?,
                 None => a.resolve()?,
             };
-            let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, b, p);
+            let (graph, batch_bytes, frozen) = vramlab_models::act::graph::training_graph(&ac, b, p);
             Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
         }
         Workload::Diffusion(d) => {
@@ -98,7 +98,7 @@ fn shapes(cfg: &RunConfig) -> Result<Shapes> {
                 Some(f) => d.resolve_for(f)?,
                 None => d.resolve()?,
             };
-            let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, b, p);
+            let (graph, batch_bytes, frozen) = vramlab_models::diffusion::graph::training_graph(&dc, b, p);
             Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
         }
     }

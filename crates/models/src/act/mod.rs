@@ -14,7 +14,7 @@
 //! [`crate::resnet::ResNet`] with FrozenBatchNorm2d.
 
 pub mod config;
-pub mod estimate;
+pub mod graph;
 pub mod load;
 pub mod model;
 pub mod runner;
