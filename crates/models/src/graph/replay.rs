@@ -31,6 +31,37 @@ impl Graph {
         rows
     }
 
+    /// What plain autodiff holds at the end of the forward, per stage of the model's plan, in
+    /// stage order: the saved tensors (and the forward's final output) the ops of each stage
+    /// produced, each counted once. Their sum is [`ActivationPeaks::stored`] of
+    /// `simulate(CheckpointMode::Off)`; data, parameters and the tensors a builder declares with
+    /// [`Graph::input`] (the caller's) are not counted. The drift tests compare these with the
+    /// bytes each stage of the real forward still holds when the backward begins.
+    pub fn stored_by_stage(&self) -> Vec<(usize, u64)> {
+        let mut held = vec![false; self.bufs.len()];
+        for op in self.ops.iter().filter(|o| o.tracked) {
+            for b in &op.saves {
+                held[b.0] = true;
+            }
+        }
+        if let Some(last) = self.ops.last() {
+            held[last.out.0] = true;
+        }
+        let mut rows: Vec<(usize, u64)> = Vec::new();
+        for op in &self.ops {
+            if rows.last().is_none_or(|r| r.0 != op.stage) {
+                rows.push((op.stage, 0));
+            }
+        }
+        for (i, b) in self.bufs.iter().enumerate() {
+            let Some(p) = b.producer.filter(|_| held[i] && !b.param) else { continue };
+            if let Some(r) = rows.iter_mut().find(|r| r.0 == self.ops[p].stage) {
+                r.1 += b.bytes;
+            }
+        }
+        rows
+    }
+
     /// Replay the graph under `mode`.
     pub fn simulate(&self, mode: CheckpointMode) -> ActivationPeaks {
         match mode {
@@ -356,5 +387,9 @@ mod tests {
         let blocks = g.simulate(CheckpointMode::Blocks);
         assert_eq!(blocks.stored, 4000);
         assert!(blocks.stored < plain.stored);
+        // Per stage: each conv keeps its input (x is data: not counted) and each SiLU its
+        // input; stage 1 also holds the loss scalar.
+        assert_eq!(g.stored_by_stage(), vec![(0, 4000 + 4000), (1, 4000 + 4)]);
+        assert_eq!(g.stored_by_stage().iter().map(|r| r.1).sum::<u64>(), plain.stored);
     }
 }
