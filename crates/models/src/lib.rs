@@ -12,7 +12,7 @@
 //! files, checkpoints, lerobot's policy features and facts), [`resnet`] (the vision trunk). No
 //! model imports another: `act`, `diffusion` and `vae3d` each use only these.
 
-pub mod estimate;
+pub mod graph;
 pub mod nn;
 pub mod policy;
 pub mod resnet;

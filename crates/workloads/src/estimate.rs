@@ -1,8 +1,8 @@
 //! `vramlab estimate`: the peak memory of a training step predicted from shapes alone.
 //!
 //! Each model describes its training forward as a shape-only graph
-//! (`vramlab_models::<model>::estimate::training_graph`, rules in
-//! [`vramlab_models::estimate`]), which its workload module's `estimate` returns as [`Shapes`]
+//! (`vramlab_models::<model>::graph::training_graph`, rules in
+//! [`vramlab_models::graph`]), which its workload module's `estimate` returns as [`Shapes`]
 //! (`crate::workload::estimate` dispatches); this module adds what the trainer holds around it
 //! and says when the peak happens ([`estimate_from`]):
 //! - parameters: f32 master weights (frozen ones included), exact from the graph's weights;
@@ -17,7 +17,7 @@
 //!   through the forward and backward.
 
 use serde::Serialize;
-use vramlab_models::estimate::{ActivationPeaks, Graph, ModuleRow};
+use vramlab_models::graph::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
 use vramlab_bytes::human as fmt_bytes;
 

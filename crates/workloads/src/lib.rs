@@ -21,7 +21,7 @@
 //! **Adding a model**, exactly these touch points (the compiler points at each `match` that
 //! lacks the new arm):
 //! 1. `crates/models/src/<name>/` (config, model with its stage plan, weight loading, its
-//!    `estimate::training_graph`) and its `pub mod` in the models crate's `lib.rs`;
+//!    `graph::training_graph`) and its `pub mod` in the models crate's `lib.rs`;
 //! 2. `crates/workloads/src/<name>/` with `setup`, `info`, `predict`, `estimate` (and its
 //!    `train.rs` adapter), and its `pub mod` in this `lib.rs`;
 //! 3. the enum arm: the [`Workload`] variant with its policy struct (`config/policy.rs`), its

@@ -16,7 +16,7 @@
 //! [`crate::resnet::ResNet`] with FrozenBatchNorm2d.
 
 pub mod config;
-pub mod estimate;
+pub mod graph;
 pub mod layers;
 pub mod load;
 pub mod model;

@@ -16,7 +16,7 @@
 //! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — lerobot `pretrained_model/` dirs.
 
 pub mod config;
-pub mod estimate;
+pub mod graph;
 pub mod layers;
 pub mod load;
 pub mod model;

@@ -8,7 +8,7 @@
 //! - [`load`]: [`load_pretrained`] / [`save_pretrained`] — checkpoint directories.
 
 pub mod config;
-pub mod estimate;
+pub mod graph;
 pub mod load;
 pub mod model;
 

@@ -194,7 +194,7 @@ pub fn estimate(p: &ActPolicy, cfg: &RunConfig) -> Result<Shapes> {
         Some(f) => p.resolve_for(f)?,
         None => p.resolve()?,
     };
-    let (graph, batch_bytes, frozen) = vramlab_models::act::estimate::training_graph(&ac, cfg.batch_size as usize, cfg.precision);
+    let (graph, batch_bytes, frozen) = vramlab_models::act::graph::training_graph(&ac, cfg.batch_size as usize, cfg.precision);
     Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
 }
 

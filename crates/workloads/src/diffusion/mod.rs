@@ -153,6 +153,6 @@ pub fn estimate(p: &DiffusionPolicy, cfg: &RunConfig) -> Result<Shapes> {
         Some(f) => p.resolve_for(f)?,
         None => p.resolve()?,
     };
-    let (graph, batch_bytes, frozen) = vramlab_models::diffusion::estimate::training_graph(&dc, cfg.batch_size as usize, cfg.precision);
+    let (graph, batch_bytes, frozen) = vramlab_models::diffusion::graph::training_graph(&dc, cfg.batch_size as usize, cfg.precision);
     Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
 }

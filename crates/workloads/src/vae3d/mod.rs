@@ -80,7 +80,7 @@ pub fn estimate(p: &Vae3dPolicy, cfg: &RunConfig) -> Result<Shapes> {
     let (b, vc) = (cfg.batch_size as usize, &p.config);
     vc.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
     let grid = cfg.dataset.grid;
-    let graph = vramlab_models::vae3d::estimate::training_graph(vc, b, grid, cfg.precision);
+    let graph = vramlab_models::vae3d::graph::training_graph(vc, b, grid, cfg.precision);
     let f = vc.downsample_factor();
     let voxels = grid.iter().product::<usize>();
     let latent = vc.latent_dim * (0..3).map(|a| grid[a] / f[a]).product::<usize>();

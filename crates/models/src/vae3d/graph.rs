@@ -1,8 +1,8 @@
-//! The 3D-VAE's training forward as a shape-only [`Graph`] (see [`crate::estimate`]): the same
+//! The 3D-VAE's training forward as a shape-only [`Graph`] (see [`crate::graph`]): the same
 //! layers, stage boundaries and dtypes as [`super::model`], with nothing allocated.
 
 use super::config::{Vae3dConfig, Vae3dLossKind, level_stride};
-use crate::estimate::{Buf, Graph, dtype_bytes};
+use crate::graph::{Buf, Graph, dtype_bytes};
 use crate::nn::{Precision, group_count};
 
 /// A volume flowing through the graph: `[batch, c, d, h, w]` in the compute dtype.
@@ -238,7 +238,7 @@ fn loss(g: &mut Graph, cfg: &Vae3dConfig, x: Buf, recon: Buf, mean: Buf, logvar:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::CheckpointMode;
+    use crate::graph::CheckpointMode;
 
     #[test]
     fn stored_bytes_grow_with_batch_and_shrink_with_blocks() {

@@ -1,10 +1,11 @@
-//! Diffusion Policy's training forward as a shape-only [`Graph`] (see [`crate::estimate`]):
+//! Diffusion Policy's training forward as a shape-only [`Graph`] (see [`crate::graph`]):
 //! the RGB encoder (crop, ResNet-18 with GroupNorm, SpatialSoftmax, Linear, ReLU) on every
 //! observation frame, the conditioning, the conditional 1-D UNet and the noise MSE, with the
 //! stage boundaries of the model's plan (backbone stages, conditioning, each UNet block).
 
 use super::config::{DiffusionConfig, PolicyFeatures};
-use crate::estimate::{Buf, Graph, Map2d, dtype_bytes, resnet18};
+use crate::graph::{Buf, Graph, Map2d, dtype_bytes};
+use crate::resnet::graph::resnet18;
 use crate::nn::Precision;
 
 struct Unet<'a> {

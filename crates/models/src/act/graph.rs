@@ -1,11 +1,12 @@
-//! ACT's training forward as a shape-only [`Graph`] (see [`crate::estimate`]): VAE encoder,
+//! ACT's training forward as a shape-only [`Graph`] (see [`crate::graph`]): VAE encoder,
 //! ResNet-18 backbone, transformer encoder and decoder, action head and loss, with the stage
 //! boundaries of [`super::model::ActStage`]. The residual stream is f32 (LayerNorm outputs);
 //! projections run in the compute dtype; attention scores and softmax in f32; dropout keeps
 //! its 1-byte mask.
 
 use super::config::{ActConfig, PolicyFeatures};
-use crate::estimate::{Buf, Graph, Map2d, dtype_bytes, resnet18};
+use crate::graph::{Buf, Graph, Map2d, dtype_bytes};
+use crate::resnet::graph::resnet18;
 use crate::nn::Precision;
 
 struct Tx<'a> {

@@ -34,6 +34,10 @@
 //! [`ResNet::stages`]: the stem (conv1, bn1, ReLU, max-pool), then `layer1` .. `layer4`;
 //! [`ResNet::forward`] is the fold of [`ResNet::stage`] over them, and the models that embed
 //! the trunk put the same stages in their own stage plans (block checkpointing).
+//!
+//! [`graph`]: the same ResNet-18 trunk as a shape-only op graph, for the memory estimate.
+
+pub mod graph;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};

@@ -1,0 +1,395 @@
+//! Replaying a [`Graph`]: plain autodiff, block recomputation over the stage plan and Burn's
+//! balanced checkpointing ([`Graph::simulate`]), op by op, forward then backward, tracking
+//! live tensors, saved tensors, gradients and workspaces; and the per-module rows of what
+//! autodiff keeps ([`Graph::module_rows`]).
+
+use super::{ActivationPeaks, Buf, CheckpointMode, Graph, ModuleRow};
+
+impl Graph {
+    /// Per-module stored bytes (plain autodiff) and largest workspace, in forward order.
+    pub fn module_rows(&self) -> Vec<ModuleRow> {
+        let mut rows: Vec<ModuleRow> = Vec::new();
+        let mut counted = vec![false; self.bufs.len()];
+        for op in &self.ops {
+            let mut stored = 0;
+            for s in &op.saves {
+                let b = &self.bufs[s.0];
+                if !b.param && !counted[s.0] {
+                    counted[s.0] = true;
+                    stored += b.bytes;
+                }
+            }
+            let ws = op.fwd_workspace.max(op.bwd_workspace);
+            match rows.last_mut() {
+                Some(r) if r.module == op.module => {
+                    r.stored_bytes += stored;
+                    r.workspace_bytes = r.workspace_bytes.max(ws);
+                }
+                _ => rows.push(ModuleRow { module: op.module.clone(), stored_bytes: stored, workspace_bytes: ws }),
+            }
+        }
+        rows
+    }
+
+    /// What plain autodiff holds at the end of the forward, per stage of the model's plan, in
+    /// stage order: the saved tensors (and the forward's final output) the ops of each stage
+    /// produced, each counted once. Their sum is [`ActivationPeaks::stored`] of
+    /// `simulate(CheckpointMode::Off)`; data, parameters and the tensors a builder declares with
+    /// [`Graph::input`] (the caller's) are not counted. The drift tests compare these with the
+    /// bytes each stage of the real forward still holds when the backward begins.
+    pub fn stored_by_stage(&self) -> Vec<(usize, u64)> {
+        let mut held = vec![false; self.bufs.len()];
+        for op in self.ops.iter().filter(|o| o.tracked) {
+            for b in &op.saves {
+                held[b.0] = true;
+            }
+        }
+        if let Some(last) = self.ops.last() {
+            held[last.out.0] = true;
+        }
+        let mut rows: Vec<(usize, u64)> = Vec::new();
+        for op in &self.ops {
+            if rows.last().is_none_or(|r| r.0 != op.stage) {
+                rows.push((op.stage, 0));
+            }
+        }
+        for (i, b) in self.bufs.iter().enumerate() {
+            let Some(p) = b.producer.filter(|_| held[i] && !b.param) else { continue };
+            if let Some(r) = rows.iter_mut().find(|r| r.0 == self.ops[p].stage) {
+                r.1 += b.bytes;
+            }
+        }
+        rows
+    }
+
+    /// Replay the graph under `mode`.
+    pub fn simulate(&self, mode: CheckpointMode) -> ActivationPeaks {
+        match mode {
+            CheckpointMode::Off => self.replay(&self.saved_sets(false)),
+            CheckpointMode::Balanced => {
+                let (kept, recomputed): (Vec<Vec<Buf>>, Vec<u64>) = self.saved_and_recomputed(true).into_iter().unzip();
+                let mut peaks = empty_peaks();
+                self.replay_range_with(&kept, &recomputed, 0..self.ops.len(), 0, 0, 0, &mut peaks);
+                peaks
+            }
+            CheckpointMode::Blocks => self.replay_blocks(),
+        }
+    }
+
+    /// For each op, the buffers its backward needs kept: its saves, or (balanced) the
+    /// compute-bound ancestors a memory-bound save is recomputed from.
+    fn saved_sets(&self, balanced: bool) -> Vec<Vec<Buf>> {
+        self.saved_and_recomputed(balanced).into_iter().map(|(kept, _)| kept).collect()
+    }
+
+    /// Per op: the buffers kept for its backward, and the bytes its backward recomputes
+    /// first (balanced checkpointing: the memory-bound chain back to kept tensors).
+    fn saved_and_recomputed(&self, balanced: bool) -> Vec<(Vec<Buf>, u64)> {
+        self.ops
+            .iter()
+            .map(|op| {
+                if !balanced {
+                    return (op.saves.clone(), 0);
+                }
+                let (mut out, mut recomputed) = (Vec::new(), 0u64);
+                let mut stack: Vec<Buf> = op.saves.clone();
+                let mut seen = Vec::new();
+                while let Some(b) = stack.pop() {
+                    if seen.contains(&b.0) || seen.len() > 64 {
+                        continue;
+                    }
+                    seen.push(b.0);
+                    let info = &self.bufs[b.0];
+                    match info.producer {
+                        Some(p) if !self.ops[p].compute_bound && self.ops[p].tracked => {
+                            recomputed += info.bytes;
+                            stack.extend(self.ops[p].inputs.iter().copied());
+                        }
+                        _ => out.push(b),
+                    }
+                }
+                (out, recomputed)
+            })
+            .collect()
+    }
+
+    /// Plain replay of ops `range` (forward, then backward in reverse), with `base` bytes
+    /// held throughout, `upstream` the gradient flowing into the range's output. Buffers made
+    /// outside the range (data, parameters, an earlier stage's output) are the caller's.
+    #[allow(clippy::too_many_arguments)]
+    fn replay_range(&self, saved: &[Vec<Buf>], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
+        self.replay_range_with(saved, &vec![0; self.ops.len()], range, base, upstream, grads_before, peaks)
+    }
+
+    /// [`Self::replay_range`] with `recomputed[i]` bytes rebuilt before op i's backward.
+    #[allow(clippy::too_many_arguments)]
+    fn replay_range_with(&self, saved: &[Vec<Buf>], recomputed: &[u64], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
+        let nb = self.bufs.len();
+        let inside = |b: Buf| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some_and(|p| range.contains(&p));
+        let mut last_use = vec![None::<usize>; nb];
+        for i in range.clone() {
+            for b in &self.ops[i].inputs {
+                last_use[b.0] = Some(i);
+            }
+        }
+        // The earliest op whose backward reads the buffer: it is freed after that backward.
+        let mut keep_until = vec![None::<usize>; nb];
+        for i in range.clone() {
+            for b in &saved[i] {
+                if inside(*b) {
+                    keep_until[b.0] = Some(keep_until[b.0].map_or(i, |k: usize| k.min(i)));
+                }
+            }
+        }
+        let last_op = range.end.saturating_sub(1);
+        let mut live = vec![false; nb];
+        let mut live_bytes = 0u64;
+        let (mut fwd_peak, mut fwd_module) = (0u64, String::new());
+        for i in range.clone() {
+            let op = &self.ops[i];
+            let out = self.bufs[op.out.0].bytes;
+            let here = base + live_bytes + out + op.fwd_workspace;
+            if here > fwd_peak {
+                (fwd_peak, fwd_module) = (here, op.module.clone());
+            }
+            let kept = keep_until[op.out.0].is_some() || last_use[op.out.0].is_some() || i == last_op;
+            if kept {
+                live[op.out.0] = true;
+                live_bytes += out;
+            }
+            for b in &op.inputs {
+                if inside(*b) && live[b.0] && last_use[b.0] == Some(i) && keep_until[b.0].is_none() {
+                    live[b.0] = false;
+                    live_bytes -= self.bufs[b.0].bytes;
+                }
+            }
+        }
+        if fwd_peak > peaks.forward_peak {
+            (peaks.forward_peak, peaks.forward_peak_module) = (fwd_peak, fwd_module);
+        }
+        peaks.forward_end = base + live_bytes;
+        peaks.stored = live_bytes;
+        // Backward, last op first: each op's output gradient is consumed, its inputs'
+        // gradients appear (or are summed into existing ones), its parameter gradients stay.
+        let mut grad = vec![0u64; nb];
+        let mut grad_bytes = upstream;
+        grad[self.ops[last_op].out.0] = upstream;
+        let mut pgrads = grads_before;
+        for i in range.clone().rev() {
+            let op = &self.ops[i];
+            if !op.tracked || op.param_cast.is_some() {
+                continue;
+            }
+            let needs = |b: &Buf| self.bufs[b.0].requires_grad && !self.bufs[b.0].param;
+            let new_grads: u64 = op.inputs.iter().filter(|b| needs(b)).map(|b| self.bufs[b.0].bytes).sum();
+            let here = base + live_bytes + grad_bytes + new_grads + op.bwd_workspace + recomputed[i] + pgrads + op.param_grad;
+            if here > peaks.backward_peak {
+                peaks.backward_peak = here;
+                peaks.grads_at_backward_peak = pgrads + op.param_grad;
+                peaks.backward_peak_module = op.module.clone();
+            }
+            pgrads += op.param_grad;
+            for b in op.inputs.iter().filter(|b| needs(b)) {
+                if grad[b.0] == 0 {
+                    grad[b.0] = self.bufs[b.0].bytes.max(1);
+                    grad_bytes += self.bufs[b.0].bytes;
+                }
+            }
+            grad_bytes -= grad[op.out.0].min(grad_bytes);
+            grad[op.out.0] = 0;
+            for b in &saved[i] {
+                if keep_until[b.0] == Some(i) && live[b.0] {
+                    live[b.0] = false;
+                    live_bytes -= self.bufs[b.0].bytes;
+                }
+            }
+        }
+        // Burn's tape runs the backward steps by depth (a node's depth is one more than its
+        // deepest parent's), deepest first. A parameter's in-graph cast has depth 1 (the
+        // parameter is a depth-0 leaf), so every such cast runs last, after the whole network's
+        // backward: until then each parameter's gradient is held as the gradient of its cast,
+        // in the compute dtype (already in `grad_bytes`). The casts then run one by one in
+        // the order the tape was built (Burn's depth-first traversal from the loss, see
+        // `burn_visit_order`); flex's cast copies a strided gradient contiguous, converts
+        // through an f64 buffer and allocates the f32 result, then frees the compute-dtype
+        // gradient.
+        let mut pending: u64 = range.clone().filter_map(|i| self.ops[i].param_cast.map(|c| c.f32_bytes / 4 * c.width)).sum();
+        for i in self.burn_visit_order(range.clone()).into_iter().filter(|&i| self.ops[i].param_cast.is_some()) {
+            let (op, c) = (&self.ops[i], self.ops[i].param_cast.expect("filtered"));
+            let elems = c.f32_bytes / 4;
+            let copy = if c.strided_grad { elems * c.width } else { 0 };
+            let here = base + live_bytes + grad_bytes + recomputed[i] + pgrads + copy + 8 * elems + c.f32_bytes;
+            if here > peaks.backward_peak {
+                peaks.backward_peak = here;
+                peaks.grads_at_backward_peak = pgrads + pending + c.f32_bytes;
+                peaks.backward_peak_module = op.module.clone();
+            }
+            let g = elems * c.width;
+            grad_bytes -= g.min(grad_bytes);
+            pending -= g.min(pending);
+            pgrads += c.f32_bytes;
+        }
+    }
+
+    /// The order in which Burn's autodiff visits the tracked ops of `range` when it builds the
+    /// tape (`BreadthFirstSearch::traverse`, burn-autodiff 0.21): from the range's last op, a
+    /// stack of parent ids (the op's inputs that require a gradient, in argument order), the
+    /// last pushed popped first, each op visited once. Steps of equal depth run in this order.
+    fn burn_visit_order(&self, range: std::ops::Range<usize>) -> Vec<usize> {
+        let Some(root) = range.clone().next_back() else { return Vec::new() };
+        let mut visited = vec![false; self.ops.len()];
+        let parents = |i: usize| self.ops[i].inputs.iter().copied().filter(|b| self.bufs[b.0].requires_grad).collect::<Vec<Buf>>();
+        let mut order = vec![root];
+        visited[root] = true;
+        let mut stack = parents(root);
+        while let Some(b) = stack.pop() {
+            let Some(p) = self.bufs[b.0].producer else { continue };
+            if !range.contains(&p) || !self.ops[p].tracked || visited[p] {
+                continue;
+            }
+            visited[p] = true;
+            stack.extend(parents(p).into_iter().filter(|q| self.bufs[q.0].producer.is_none_or(|o| !visited[o])));
+            order.push(p);
+        }
+        // Ops the traversal does not reach from the root (none in a connected graph) last.
+        order.extend(range.filter(|&i| self.ops[i].tracked && !visited[i]));
+        order
+    }
+
+    fn replay(&self, saved: &[Vec<Buf>]) -> ActivationPeaks {
+        let mut peaks = empty_peaks();
+        self.replay_range(saved, 0..self.ops.len(), 0, 0, 0, &mut peaks);
+        peaks
+    }
+
+    /// Block recomputation: a graph-free forward keeping stage inputs, then per stage in
+    /// reverse a recorded forward of that stage and its backward.
+    fn replay_blocks(&self) -> ActivationPeaks {
+        let saved = self.saved_sets(false);
+        let none: Vec<Vec<Buf>> = vec![Vec::new(); self.ops.len()];
+        let mut stages: Vec<usize> = self.ops.iter().map(|o| o.stage).collect();
+        stages.dedup();
+        let range_of = |s: usize| {
+            let start = self.ops.iter().position(|o| o.stage == s).unwrap_or(0);
+            let end = self.ops.iter().rposition(|o| o.stage == s).map_or(0, |e| e + 1);
+            start..end
+        };
+        let inputs_of = |s: usize| -> Vec<usize> { self.boundaries.iter().filter(|(i, _)| *i == s).flat_map(|(_, b)| b.iter()).filter(|b| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some()).map(|b| b.0).collect() };
+        let boundary = |s: usize| -> u64 { inputs_of(s).iter().map(|&b| self.bufs[b].bytes).sum() };
+        // kept[k]: stage inputs held while stage k runs (inputs of stages 1..=k). A tensor
+        // carried through several states (the encoder memory, the conditioning) shares its
+        // storage: counted once.
+        let kept: Vec<u64> = (0..stages.len())
+            .map(|k| {
+                let mut ids: Vec<usize> = stages[1..=k.min(stages.len() - 1)].iter().take(k).flat_map(|&t| inputs_of(t)).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.iter().map(|&b| self.bufs[b].bytes).sum()
+            })
+            .collect();
+        let mut peaks = empty_peaks();
+        for (k, &s) in stages.iter().enumerate() {
+            let mut sub = empty_peaks();
+            self.replay_range(&none, range_of(s), kept[k], 0, 0, &mut sub);
+            if sub.forward_peak > peaks.forward_peak {
+                (peaks.forward_peak, peaks.forward_peak_module) = (sub.forward_peak, sub.forward_peak_module);
+            }
+        }
+        let total_kept = kept.last().copied().unwrap_or(0) + stages.last().map_or(0, |_| 0);
+        (peaks.forward_end, peaks.stored) = (total_kept, total_kept);
+        let mut pgrads = 0u64;
+        for (k, &s) in stages.iter().enumerate().rev() {
+            let upstream = stages.get(k + 1).map_or(0, |&t| boundary(t));
+            let mut sub = empty_peaks();
+            self.replay_range(&saved, range_of(s), kept[k], upstream, pgrads, &mut sub);
+            let recompute_peak = sub.forward_peak + upstream + pgrads;
+            let (top, module, grads) = if sub.backward_peak >= recompute_peak {
+                (sub.backward_peak, sub.backward_peak_module, sub.grads_at_backward_peak)
+            } else {
+                (recompute_peak, sub.forward_peak_module, pgrads)
+            };
+            if top > peaks.backward_peak {
+                (peaks.backward_peak, peaks.backward_peak_module, peaks.grads_at_backward_peak) = (top, module, grads);
+            }
+            pgrads += self.ops[range_of(s)].iter().map(|o| o.param_grad).sum::<u64>();
+        }
+        peaks
+    }
+}
+
+fn empty_peaks() -> ActivationPeaks {
+    ActivationPeaks { forward_peak: 0, forward_end: 0, backward_peak: 0, stored: 0, grads_at_backward_peak: 0, backward_peak_module: String::new(), forward_peak_module: String::new() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::Precision;
+
+    #[test]
+    fn frozen_inputs_keep_nothing() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 9, 100, 100, true, false, Precision::F32);
+        let s = g.silu(y, 4);
+        let _ = g.reduce(s, 4);
+        assert_eq!(g.simulate(CheckpointMode::Off).stored, 4, "only the loss scalar");
+    }
+
+    #[test]
+    fn silu_after_conv_keeps_only_its_input() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32); // 4000 B
+        let s = g.silu(y, 4);
+        let _ = g.reduce(s, 4);
+        // By hand: x is the caller's (data); the lean SiLU keeps y (4000 B) and the loss
+        // scalar (4 B) stays. Forward peak at the SiLU: y, its output and sigmoid(y).
+        let p = g.simulate(CheckpointMode::Off);
+        assert_eq!(p.stored, 4000 + 4);
+        assert_eq!(p.forward_peak, 3 * 4000);
+        // Backward peak at the SiLU: y, the scalar, grad(s), the new grad(y) and three f32
+        // temporaries: 4004 + 4000 + 4000 + 12 000.
+        assert_eq!(p.backward_peak, 24_004);
+        assert_eq!(p.backward_peak_module, "");
+    }
+
+    #[test]
+    fn half_precision_parameter_casts_run_last() {
+        // A bf16 linear (100×100 weight, no bias) on a data input, then a reduce. By hand:
+        // the weight's cast (20 000 B) is saved by the matmul; the linear's backward makes the
+        // cast's bf16 gradient (20 000 B) with its workspace (x + 1 weight-sized: 20 200 B):
+        // 4 + 200 + 20 000 + 20 000 + 20 200 = 60 404. The cast's backward (depth 1) runs
+        // after it, once the saved weight copy is freed: the bf16 gradient, its contiguous
+        // copy (20 000), the f64 buffer (80 000) and the f32 gradient (40 000) with the loss
+        // scalar: 160 004.
+        let mut g = Graph::new();
+        let x = g.input(100, 2);
+        let y = g.linear(x, 1, 100, 100, false, true, Precision::Bf16);
+        let _ = g.reduce(y, 4);
+        let p = g.simulate(CheckpointMode::Off);
+        assert_eq!(p.backward_peak, 160_004);
+        assert_eq!(p.grads_at_backward_peak, 60_000);
+    }
+
+    #[test]
+    fn blocks_keep_only_stage_inputs_forward() {
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        g.stage(0, &[x]);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let y = g.silu(y, 4);
+        g.stage(1, &[y]);
+        let z = g.conv(y, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let z = g.silu(z, 4);
+        let _ = g.reduce(z, 4);
+        let plain = g.simulate(CheckpointMode::Off);
+        let blocks = g.simulate(CheckpointMode::Blocks);
+        assert_eq!(blocks.stored, 4000);
+        assert!(blocks.stored < plain.stored);
+        // Per stage: each conv keeps its input (x is data: not counted) and each SiLU its
+        // input; stage 1 also holds the loss scalar.
+        assert_eq!(g.stored_by_stage(), vec![(0, 4000 + 4000), (1, 4000 + 4)]);
+        assert_eq!(g.stored_by_stage().iter().map(|r| r.1).sum::<u64>(), plain.stored);
+    }
+}
