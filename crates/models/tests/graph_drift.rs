@@ -20,8 +20,8 @@
 //! masks and the max-pool's indices are not counted, the GroupNorm trunk's early stages are
 //! over-counted, bookkeeping weighs on small maps). Those stages are listed per model as a
 //! [`Gap`] with the graph ÷ measured ratio found when this test was written, and are held to
-//! ±10 % around it, so they still fail on a change; every other stage is held to ±10 % around
-//! 1. Stages under [`FLOOR_SHARE`] of the forward's bytes are printed only. The sizes are
+//! ±10 % around it, so they still fail on a change; every other stage is held to ±10 %
+//! around a ratio of one. Stages under [`FLOOR_SHARE`] of the forward's bytes are printed only. The sizes are
 //! the smallest where the checked stages are well above autodiff's bookkeeping and the three
 //! tests run in a few seconds; Diffusion's UNet stages (~0.1 MB each here) stay under the
 //! floor, checking them would take a batch of ~32 (`--nocapture` prints every stage).
@@ -29,7 +29,6 @@
 use std::sync::Mutex;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::{Distribution, TensorData};
 use vramlab_models::act::{ActBatch, ActConfig, ActCtx, ActInput};
@@ -41,6 +40,7 @@ use vramlab_models::stages::Staged;
 use vramlab_models::vae3d::{Vae3dConfig, Vae3dInput};
 use vramlab_probe::attribution::attribute;
 use vramlab_probe::{CountingAllocator, scope, timeline};
+use vramlab_train::recompute::materialize;
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -55,9 +55,9 @@ const BAND: f64 = 0.10;
 
 /// Per stage of `model`'s plan on `input`: the bytes the forward allocated in that stage and
 /// still holds when the backward begins. `loss` turns the forward's output into the loss.
-fn measure<M: Staged<A> + Module<A>>(model: &M, input: &M::Input, loss: impl Fn(M::Output) -> Tensor<A, 1> + Sync) -> Vec<(String, u64)>
+fn measure<M>(model: &M, input: &M::Input, loss: impl Fn(M::Output) -> Tensor<A, 1> + Sync) -> Vec<(String, u64)>
 where
-    M: Sync,
+    M: Staged<A> + Module<A> + Sync,
     M::Input: Sync,
 {
     // One worker thread: the kernels' per-thread scratch is then made once, in the warm-up,
@@ -154,18 +154,6 @@ fn check(model: &str, measured: &[(String, u64)], graph: &Graph, gaps: &[Gap]) {
     let e = estimated.iter().map(|r| r.1).sum::<u64>();
     eprintln!("{model}: total | {total:>10} | {e:>10} | {:.3}", e as f64 / total as f64);
     assert!(bad.is_empty(), "{model}: stages outside the band:\n{}", bad.join("\n"));
-}
-
-/// Initialise every lazily created parameter now (as the trainer does before training), so
-/// that no stage is charged for its weights.
-fn materialize<M: Module<A>>(module: &M) {
-    struct Touch;
-    impl ModuleVisitor<A> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
-            let _ = param.val();
-        }
-    }
-    module.visit(&mut Touch);
 }
 
 fn normal<const D: usize>(shape: [usize; D], dev: &burn::backend::flex::FlexDevice) -> Tensor<A, D> {
