@@ -20,6 +20,9 @@
 //!
 //! [`StateGrads`] holds what block checkpointing keeps between stages: the gradient of every
 //! tensor of a state, rank-erased (float primitives), in visit order.
+//!
+//! [`CheckpointMode`] names how a training pass saves what its backward needs: the trainer runs
+//! it, the estimator (`vramlab-models`' graph) replays it.
 
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
