@@ -18,6 +18,9 @@
 //!   multipath "ghost" Doppler).
 //!
 //! Scene `index` depends only on `(seed, index)`, never on call order.
+//!
+//! One file on purpose: one scene generator whose object kinds share the scene's RNG and the
+//! voxel-writing helpers; ~680 lines, its unit tests (~220 lines) at the bottom.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -38,6 +38,9 @@
 //!
 //! The exit is [`Diffusion::loss_from_prediction`]. The FiLM input and the skips travel in the
 //! state (the first depends on parameters, so it carries its gradient back).
+//!
+//! One file on purpose: the model and its stage plan, read against the table above (its layers
+//! are in `layers.rs`); ~690 lines of model, its unit tests at the bottom.
 
 use burn::module::Module;
 use burn::nn::PaddingConfig1d;

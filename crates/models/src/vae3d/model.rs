@@ -20,6 +20,9 @@
 //! [`Vae3d`] implements [`Staged`]: [`Vae3d::forward`] is the fold over [`Vae3d::stages`]
 //! ([`Vae3dStage`]) (encode and decode fold over its two halves), and block checkpointing
 //! runs the same stages.
+//!
+//! One file on purpose: the VAE's layers are only the stages' parts, and the stage table above
+//! reads against them; ~620 lines of model, its unit tests at the bottom.
 
 use burn::module::Module;
 use burn::nn::PaddingConfig3d;
