@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn backbone_starts_from_a_torchvision_state_dict() {
         let dev = Default::default();
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("act-backbone");
         let file = dir.path().join("resnet18.safetensors");
         let source = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Flex>(&dev);
         let tensors = vramlab_store::named_tensors::<Flex, _>(&source);

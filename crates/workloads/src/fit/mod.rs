@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn a_torn_last_line_of_fit_jsonl_is_dropped() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("fit");
         let t = Trial {
             name: "batch-b1x1_f32_ckpt-off".into(),
             search: "batch".into(),

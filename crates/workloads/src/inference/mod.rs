@@ -216,7 +216,7 @@ mod tests {
     fn act_fixture_runs_the_model_every_n_action_steps_and_every_call_when_ensembling() {
         let Some(shared) = shared_dir() else { return };
         // A step dir holding `pretrained_model/` resolves to it.
-        let step = tempfile::tempdir().unwrap();
+        let step = vramlab_testkit::temp_dir("bench-step");
         let inner = step.path().join("pretrained_model");
         std::fs::create_dir(&inner).unwrap();
         for f in ["config.json", "model.safetensors"] {
@@ -232,7 +232,7 @@ mod tests {
         assert_eq!(ran, [true, false, false, false, true, false, false, false, true]);
         assert!(ens.records.len() == 9 && ens.records.iter().all(|r| r.ran_model));
         assert!(queue.records.iter().enumerate().all(|(i, r)| r.call == i && r.latency_ms > 0.0));
-        let out = tempfile::tempdir().unwrap();
+        let out = vramlab_testkit::temp_dir("bench-out");
         report.write(out.path(), "vramlab bench-inference (test)").unwrap();
         let lines = std::fs::read_to_string(out.path().join("latency.jsonl")).unwrap();
         assert_eq!(lines.lines().count(), 18);
