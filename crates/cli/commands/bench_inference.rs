@@ -1,5 +1,6 @@
 //! `vramlab bench-inference`: per-call `select_action` latency of a policy checkpoint at a fixed
-//! control rate (the workloads library's [`vramlab_workloads::inference`]).
+//! control rate (the workloads library's [`vramlab_workloads::bench_inference`] over
+//! [`vramlab_workloads::inference`]).
 
 use anyhow::Result;
 use vramlab_workloads::config;
@@ -33,7 +34,7 @@ pub fn run(a: &BenchInferenceArgs) -> Result<()> {
     if let Some(w) = machine.governor.warning() {
         eprintln!("\n{w}\n");
     }
-    let report = vramlab_workloads::inference::bench(&req, cfg.backend, cfg.device, machine)?;
+    let report = vramlab_workloads::bench_inference(&req, cfg.backend, cfg.device, machine)?;
     for line in report.header() {
         println!("{line}");
     }

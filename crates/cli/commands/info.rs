@@ -1,7 +1,7 @@
 //! `vramlab info`: parameter counts and static bytes of a config, without training.
 
 use anyhow::Result;
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 use vramlab_workloads::{RunConfig, thousands};
 
 pub fn run(cfg: &RunConfig) -> Result<()> {
@@ -21,7 +21,7 @@ pub fn run(cfg: &RunConfig) -> Result<()> {
     // Sizes of tensors that exist for the whole run: f32 master weights, one f32 gradient and
     // two f32 Adam moments per trainable parameter. Exact sizes, not a measurement of a run.
     let (p, g, o) = (4 * total, 4 * train, 8 * train);
-    println!("static bytes (f32 params + grads + Adam state): {} = params {} + grads {} + optimizer {}", fmt_bytes(p + g + o), fmt_bytes(p), fmt_bytes(g), fmt_bytes(o));
+    println!("static bytes (f32 params + grads + Adam state): {} = params {} + grads {} + optimizer {}", human(p + g + o), human(p), human(g), human(o));
     println!("static_bytes: {}", p + g + o);
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramlab_train::StepRecord;
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 use vramlab_workloads::{RunConfig, RunEnd, RunStart, TrainObserver};
 
 pub fn run(cfg: RunConfig) -> Result<()> {
@@ -76,8 +76,8 @@ impl TrainObserver for Progress {
             r.step_time_s,
             r.data_wait_s,
             self.peak_kind,
-            fmt_bytes(r.peak_step_bytes),
-            fmt_bytes(r.activation_bytes)
+            human(r.peak_step_bytes),
+            human(r.activation_bytes)
         );
         match &self.bar {
             Some(bar) => {
@@ -103,8 +103,8 @@ impl TrainObserver for Progress {
                 last.loss,
                 first.step,
                 last.step,
-                fmt_bytes(r.records.iter().map(|r| r.peak_step_bytes).max().unwrap_or(0)),
-                fmt_bytes(r.records.iter().map(|r| r.activation_bytes).max().unwrap_or(0)),
+                human(r.records.iter().map(|r| r.peak_step_bytes).max().unwrap_or(0)),
+                human(r.records.iter().map(|r| r.activation_bytes).max().unwrap_or(0)),
                 r.output_dir.join("summary.md").display()
             );
         }

@@ -696,7 +696,7 @@ mod tests {
     /// what to do.
     #[test]
     fn offline_without_a_copy_says_what_to_do() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("hub");
         let env = HubEnv { offline: true, progress: false, ..env_of(&[("HF_HOME", dir.path().to_str().unwrap())]) };
         let err = resolve(&HubRequest { repo_id: "lerobot/absent", revision: None, root: None }, &env).unwrap_err().to_string();
         for want in ["lerobot/absent", "v3.0", "HF_HUB_OFFLINE", "datasets--lerobot--absent", "--dataset.root"] {
@@ -707,7 +707,7 @@ mod tests {
     /// A snapshot whose metadata names files that are absent is not used (it is incomplete).
     #[test]
     fn cached_refs_lead_to_snapshots() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("hub");
         let repo = dir.path().join("datasets--o--n");
         let sha = "0123456789abcdef0123456789abcdef01234567";
         std::fs::create_dir_all(repo.join("snapshots").join(sha)).unwrap();

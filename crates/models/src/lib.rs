@@ -8,9 +8,16 @@
 //! implementation. Each also exposes its loss and its policy facts (delta indices,
 //! normalisation mapping, optimizer preset) on its config.
 //!
-//! Shared by the models: [`nn`] (PyTorch-layout layers, mixed precision), [`policy`] (config
-//! files, checkpoints, lerobot's policy features and facts), [`resnet`] (the vision trunk). No
-//! model imports another: `act`, `diffusion` and `vae3d` each use only these.
+//! Shared by the models: [`nn`] (PyTorch-layout layers, mixed precision; `nn/lean/` the
+//! autodiff nodes over `nn/flex/` the CPU kernels they run), [`policy`] (config files,
+//! checkpoints, lerobot's policy features and facts), [`resnet`] (the vision trunk and its
+//! ResNet-18 graph), `graph` (the shape-only op graph of a training step, which each model's
+//! `graph.rs` builds and the estimator replays for its peak memory). No model imports another:
+//! `act`, `diffusion` and `vae3d` each use only these.
+//!
+//! The robot policies' lerobot `select_action` runners live beside their models:
+//! `act/runner.rs` (action queue, temporal ensembling) and `diffusion/runner.rs` (observation
+//! and action queues).
 
 pub mod graph;
 pub mod nn;

@@ -357,7 +357,7 @@ fn save_then_load_round_trips_with_lerobot_names() {
     let cfg = ActConfig { freeze_backbone: true, ..small(false, true) };
     let model = cfg.init::<B>(&dev);
     let batch = small_batch::<B>(&cfg, 2, &dev);
-    let dir = std::env::temp_dir().join(format!("vramlab-act-{}", std::process::id()));
+    let dir = vramlab_testkit::temp_dir("act-roundtrip");
     save_pretrained(&cfg, &model, &dir).unwrap();
     let keys = read_safetensors(&dir.join("model.safetensors")).unwrap();
     assert!(keys.keys().all(|k| k.starts_with("model.")), "lerobot names");
@@ -387,5 +387,4 @@ fn save_then_load_round_trips_with_lerobot_names() {
     std::fs::write(dir.join("config.json"), r#"{"type": "act", "chunk_sise": 4}"#).unwrap();
     let e = load_pretrained::<B>(&dir, &dev).err().unwrap().to_string();
     assert!(e.contains("config.json") && e.contains("chunk_sise"), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -326,7 +326,7 @@ fn save_then_load_round_trips_with_lerobot_names() {
     let cfg = DiffusionConfig { freeze_backbone: true, ..small(true) };
     let model = cfg.init::<B>(&dev);
     let batch = small_batch::<B>(&cfg, 2, &dev);
-    let dir = std::env::temp_dir().join(format!("vramlab-diffusion-{}", std::process::id()));
+    let dir = vramlab_testkit::temp_dir("diffusion-roundtrip");
     save_pretrained(&cfg, &model, &dir).unwrap();
     let keys = read_safetensors(&dir.join("model.safetensors")).unwrap();
     assert!(keys.keys().all(|k| k.starts_with("diffusion.")), "lerobot names");
@@ -347,7 +347,6 @@ fn save_then_load_round_trips_with_lerobot_names() {
     std::fs::write(dir.join("config.json"), r#"{"type": "diffusion", "horizn": 4}"#).unwrap();
     let e = load_pretrained::<B>(&dir, &dev).err().unwrap().to_string();
     assert!(e.contains("config.json") && e.contains("horizn"), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

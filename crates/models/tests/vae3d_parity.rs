@@ -18,31 +18,6 @@ use common::*;
 
 type B = Flex;
 
-
-/// Errors of `got` against the reference `want`:
-/// - `scale`: max |a − b| / max|b| — the asserted metric (relative to the tensor's scale);
-/// - `elem`: max |a − b| / max(|b|, 1e-3 · max|b|) — element-wise relative error with a floor,
-///   reported only: this network amplifies f32 rounding (perturbing the input by 1e-7
-///   relative moves recon by ~1e-5 absolute), so near-zero elements reach ~1e-3 here even
-///   between two f32 implementations;
-/// - `abs`: max |a − b|.
-struct Errors {
-    scale: f32,
-    elem: f32,
-    abs: f32,
-}
-
-fn errors(name: &str, got: TensorData, want: &TensorData) -> Errors {
-    assert_eq!(got.shape, want.shape, "{name}: shape");
-    let a = got.convert::<f32>().to_vec::<f32>().unwrap();
-    let b = want.clone().convert::<f32>().to_vec::<f32>().unwrap();
-    let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
-    let floor = 1e-3 * max_b;
-    let abs = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    let elem = a.iter().zip(&b).map(|(x, y)| (x - y).abs() / y.abs().max(floor)).fold(0f32, f32::max);
-    Errors { scale: abs / max_b, elem, abs }
-}
-
 #[test]
 fn parity_with_reference_ultra_lightweight() {
     let Some(shared) = shared_dir() else { return };
@@ -72,13 +47,17 @@ fn parity_with_reference_ultra_lightweight() {
         let want = &outputs[name];
         // The reference's scalar losses are 0-d tensors; ours are [1].
         let data = if want.shape.is_empty() { TensorData::new(data.convert::<f32>().to_vec::<f32>().unwrap(), Vec::<usize>::new()) } else { data };
-        let e = errors(name, data, want);
-        println!(
-            "vae3d parity {name:>10}: max rel error (to scale) {:.2e}; element-wise (floor 1e-3·max) {:.2e}; max abs {:.2e}",
-            e.scale, e.elem, e.abs
-        );
-        worst = worst.max(e.scale);
-        failures.extend((e.scale > 1e-4).then(|| format!("{name}: max relative error {:e} > 1e-4", e.scale)));
+        assert_eq!(data.shape, want.shape, "{name}: shape");
+        let (got, want) = (data.convert::<f32>().to_vec::<f32>().unwrap(), want.clone().convert::<f32>().to_vec::<f32>().unwrap());
+        // Asserted: max |a − b| / max |b| (relative to the tensor's scale). Reported only: the
+        // element-wise relative error with a floor of 1e-3 · max |b|; this network amplifies f32
+        // rounding (perturbing the input by 1e-7 relative moves recon by ~1e-5 absolute), so
+        // near-zero elements reach ~1e-3 there even between two f32 implementations.
+        let d = vramlab_testkit::diff(name, &got, &want);
+        let elem = vramlab_testkit::elementwise_rel(name, &got, &want, 1e-3);
+        println!("vae3d parity {name:>10}: max rel error (to scale) {:.2e}; element-wise (floor 1e-3·max) {:.2e}; max abs {:.2e}", d.rel, elem, d.abs);
+        worst = worst.max(d.rel);
+        failures.extend((d.rel > 1e-4).then(|| format!("{name}: max relative error {:e} > 1e-4", d.rel)));
     }
     println!("vae3d parity worst (to scale): {worst:.2e}");
     assert!(failures.is_empty(), "{failures:?}");
@@ -224,7 +203,7 @@ fn bf16_gradients_reach_f32_parameters() {
 fn save_then_load_round_trips() {
     let (model, x) = small_model();
     let cfg = model.config.clone();
-    let dir = std::env::temp_dir().join(format!("vramlab-vae3d-{}", std::process::id()));
+    let dir = vramlab_testkit::temp_dir("vae3d-roundtrip");
     save_pretrained(&cfg, &model, &dir).unwrap();
     let (cfg2, model2) = load_pretrained::<B>(&dir, &x.device()).unwrap();
     assert_eq!(cfg2, cfg);
@@ -239,5 +218,4 @@ fn save_then_load_round_trips() {
     std::fs::write(dir.join("config.json"), r#"{"type": "vae3d", "latent_dims": 4}"#).unwrap();
     let e = load_pretrained::<B>(&dir, &Default::default()).err().unwrap().to_string();
     assert!(e.contains("config.json") && e.contains("latent_dims"), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -5,7 +5,8 @@
 //!   repository; a test skips without them, or fails under `VRAMLAB_REQUIRE_SHARED=1` (CI).
 //! - [`temp_dir`]: a fresh directory, removed when the test drops it, even when it fails.
 //! - [`diff`], [`assert_close`]: how far a tensor is from its reference (max absolute and
-//!   scale-relative difference), as the parity tests measure it.
+//!   scale-relative difference), as the parity tests measure it; [`elementwise_rel`], the
+//!   element-wise relative error with a floor, for reports.
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -91,6 +92,16 @@ pub fn diff(name: &str, got: &[f32], want: &[f32]) -> Diff {
     Diff { abs, rel: abs / scale, scale }
 }
 
+/// max |got − want| / max(|want|, `floor` · max |want|): the element-wise relative error, with
+/// a floor relative to the tensor's scale so that near-zero elements do not dominate (reported
+/// beside [`Diff::rel`] where a network amplifies rounding); panics, naming `name`, when their
+/// lengths differ.
+pub fn elementwise_rel(name: &str, got: &[f32], want: &[f32], floor: f32) -> f32 {
+    let d = diff(name, got, want);
+    let floor = floor * d.scale;
+    got.iter().zip(want).map(|(x, y)| (x - y).abs() / y.abs().max(floor)).fold(0f32, f32::max)
+}
+
 /// Panics, naming `name` and both differences, unless `got` is within `rel_tol` of `want`'s
 /// scale ([`Diff::rel`]).
 pub fn assert_close(name: &str, got: &[f32], want: &[f32], rel_tol: f32) -> Diff {
@@ -111,6 +122,14 @@ mod tests {
         assert_eq!(d.rel, 0.125);
         assert_eq!(diff("zeros", &[0.0; 3], &[0.0; 3]).rel, 0.0);
         assert_close("t", &[1.0, 2.0001], &[1.0, 2.0], 1e-4);
+    }
+
+    #[test]
+    fn elementwise_error_has_a_floor_relative_to_the_scale() {
+        // |Δ| 0.5 on 2.0 → 0.25; |Δ| 0.01 on 0.001 is measured against the floor 0.1 · 4 → 0.025.
+        assert_eq!(elementwise_rel("t", &[2.5, 0.011, -4.0], &[2.0, 0.001, -4.0], 0.1), 0.25);
+        assert!((elementwise_rel("t", &[2.0, 0.011, -4.0], &[2.0, 0.001, -4.0], 0.1) - 0.025).abs() < 1e-7);
+        assert_eq!(elementwise_rel("zeros", &[0.0; 2], &[0.0; 2], 1e-3), 0.0);
     }
 
     #[test]

@@ -157,9 +157,9 @@ mod tests {
     use super::*;
 
     /// An inputs file with f32 `x` [2, 3, 4] and i64 `t` = [1, 7], in their own dtypes.
-    fn file() -> (tempfile::TempDir, PathBuf) {
+    fn file() -> (vramlab_testkit::TempDir, PathBuf) {
         use safetensors::{Dtype, tensor::TensorView};
-        let dir = tempfile::Builder::new().prefix("vramlab-inputs-").tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("inputs");
         let path = dir.path().join("inputs.safetensors");
         let x: Vec<u8> = (0..24).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let t: Vec<u8> = [1i64, 7].iter().flat_map(|v| v.to_le_bytes()).collect();

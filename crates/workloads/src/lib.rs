@@ -10,29 +10,30 @@
 //! - [`config`]: the typed run config, its `policy` section ([`Workload`]: the model family),
 //!   loading (TOML, lerobot's `train_config.json`, overrides) and validation;
 //! - [`policy_data`], [`training`] (one run of any model), [`estimate`] (the peak around a
-//!   model's graph), [`model_info`];
+//!   model's graph), [`model_info`], [`inference`] (bench-inference's model-agnostic machinery:
+//!   timing loop, synthetic robot, pre/post-processing, report);
 //! - one module per model family, [`vae3d`], [`act`], [`diffusion`], each with the same entry
 //!   points: `setup` (model, data, optimizer preset of a run; its `train.rs` adapter),
-//!   `info`, `predict`, `estimate`;
-//! - `workload.rs`: [`train`], [`info`], [`predict`], [`estimate()`](workload::estimate), which
-//!   only dispatch to the model modules; and the commands built on them: [`sweep`], [`fit`]
-//!   (trials in child processes, [`child_run`]), [`inference`], [`probe_check`].
+//!   `info`, `predict`, `estimate`, and for a robot policy `bench_inference`;
+//! - `workload.rs`: [`train`], [`info`], [`predict`], [`estimate()`](workload::estimate),
+//!   [`bench_inference`], which only dispatch to the model modules; and the commands built on
+//!   them: [`sweep`], [`fit`] (trials in child processes, [`child_run`]), [`probe_check`].
 //!
 //! **Adding a model**, exactly these touch points (the compiler points at each `match` that
 //! lacks the new arm):
 //! 1. `crates/models/src/<name>/` (config, model with its stage plan, weight loading, its
 //!    `graph::training_graph`) and its `pub mod` in the models crate's `lib.rs`;
 //! 2. `crates/workloads/src/<name>/` with `setup`, `info`, `predict`, `estimate` (and its
-//!    `train.rs` adapter), and its `pub mod` in this `lib.rs`;
+//!    `train.rs` adapter), for a robot policy that `bench-inference` drives also
+//!    `bench_inference` (its modes and an [`inference::policy::SelectAction`] over its
+//!    runner), and its `pub mod` in this `lib.rs`;
 //! 3. the enum arm: the [`Workload`] variant with its policy struct (`config/policy.rs`), its
 //!    arm in `PolicyConfig::try_from` (fields → typed config) and [`PolicyConfig::name`], in
 //!    [`PolicyConfig::validate`] (`config/validate.rs`), its `type` in
 //!    [`layout::MODEL_TYPES`], and for a policy whose features come from the data, a
 //!    [`config::FeatureConfig`] impl for its config (`config/policy.rs`);
-//! 4. its arm in each dispatch of `workload.rs`: train, info, predict (by checkpoint `type`)
-//!    and the estimate's shapes;
-//! 5. only for a robot policy that `bench-inference` drives: its `bench_<name>` and arm in
-//!    [`inference`] (`mod.rs`) and its `Runner` variant in `inference/policy.rs`.
+//! 4. its arm in each dispatch of `workload.rs`: train, info, predict (by checkpoint `type`),
+//!    the estimate's shapes, and for a robot policy bench-inference (by checkpoint `type`).
 
 pub mod act;
 pub mod backend;
@@ -60,7 +61,7 @@ pub use config::{DatasetType, PolicyConfig, RunConfig, Workload};
 pub use error::{Result, WorkloadError};
 pub use model_info::InfoReport;
 pub use training::{RunEnd, RunStart, TrainObserver};
-pub use workload::{PredictRequest, estimate, info, predict, train};
+pub use workload::{PredictRequest, bench_inference, bench_inference_on, estimate, info, predict, train};
 
 /// Box–Muller standard normals from a seeded RNG (host side, so runs are reproducible on every
 /// backend and across resumes).

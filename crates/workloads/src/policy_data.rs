@@ -424,8 +424,9 @@ mod tests {
     /// is an error naming the field and the dataset.
     #[test]
     fn episodes_select_a_subset() {
-        let root = std::env::temp_dir().join(format!("vramlab-episodes-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let tmp = vramlab_testkit::temp_dir("episodes");
+        // `sim::generate` writes a new dataset directory.
+        let root = tmp.join("dataset");
         crate::sim::generate(&root, 3, 32, &mut || {}).unwrap();
         let window = Window { obs_steps: None, actions: 4 };
         let actions: Vec<i64> = (0..4).collect();
@@ -441,6 +442,5 @@ mod tests {
         }
         let err = LeRobotPolicyData::open(&root, window, delta, &norm, options(Some(vec![1, 7]))).err().expect("episode 7 does not exist").to_string();
         assert!(err.contains("dataset.episodes") && err.contains("[7]") && err.contains("3 episodes"), "{err}");
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

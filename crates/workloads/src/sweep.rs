@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use vramlab_train::StepRecord;
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 use vramlab_train::metrics::median_by;
 
 use crate::child_run::{last_error, read_jsonl, train_command};
@@ -163,7 +163,7 @@ pub fn run(spec: &SweepSpec<'_>) -> Result<PathBuf> {
             summary = run_point(spec, &base, p, &dir)?;
         }
         if summary.ok {
-            eprintln!("    peak {} | act {} | {:.3} s/step", fmt_bytes(summary.peak_step), fmt_bytes(summary.activations), summary.step_time);
+            eprintln!("    peak {} | act {} | {:.3} s/step", human(summary.peak_step), human(summary.activations), summary.step_time);
         }
         results.push((p, summary));
     }

@@ -1,19 +1,22 @@
-//! The commands' entry points: [`train`], [`info`], [`predict`], [`estimate`]. Each only
-//! dispatches: one `match` on the [`Workload`] (or, for a checkpoint, its `type`) with one arm
-//! per model calling that model module's entry point of the same name, run on the backend the
-//! run config names ([`crate::backend::dispatch`]).
+//! The commands' entry points: [`train`], [`info`], [`predict`], [`estimate`],
+//! [`bench_inference`]. Each only dispatches: one `match` on the [`Workload`] (or, for a
+//! checkpoint, its `type`) with one arm per model calling that model module's entry point of
+//! the same name, run on the backend the run config names ([`crate::backend::dispatch`]).
 
 use crate::backend::TrainBackend;
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
+use vramlab_models::nn::LeanBackend;
 use vramlab_models::nn::Precision;
 use vramlab_probe::MemoryProbe;
 
-use crate::backend::{BackendInfo, Job, dispatch};
+use crate::backend::{BackendInfo, BackendKind, GpuOptions, Job, dispatch};
 use crate::config::{RunConfig, Workload};
 use crate::error::{Result, WorkloadError};
 use crate::estimate::{MemoryEstimate, Shapes, estimate_from};
+use crate::inference::policy::Stats;
+use crate::inference::{BenchReport, BenchRequest, Machine};
 use crate::inputs::Inputs;
 use crate::layout::{self, checkpoint_type, pretrained_dir};
 use crate::model_info::InfoReport;
@@ -154,4 +157,42 @@ pub(crate) fn shapes(cfg: &RunConfig) -> Result<Shapes> {
 /// alone ([`crate::estimate`]).
 pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
     Ok(estimate_from(cfg, shapes(cfg)?))
+}
+
+/// `vramlab bench-inference`: measure `req` on `backend` (device index `device`) with the
+/// model-agnostic machinery of [`crate::inference`]; `machine` goes into the report.
+pub fn bench_inference(req: &BenchRequest, backend: BackendKind, device: usize, machine: Machine) -> Result<BenchReport> {
+    dispatch(backend, device, &GpuOptions::default(), Default::default(), req.precision, BenchJob { req, backend, machine })
+}
+
+struct BenchJob<'a> {
+    req: &'a BenchRequest,
+    backend: BackendKind,
+    machine: Machine,
+}
+
+impl Job for BenchJob<'_> {
+    type Output = BenchReport;
+
+    fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
+        bench_inference_on::<B::InnerBackend>(self.req, self.backend, self.machine, &device)
+    }
+}
+
+/// [`bench_inference`] on backend `B` (`backend` names it in the report): by the checkpoint's
+/// `type`, the robot policy's `bench_inference`.
+pub fn bench_inference_on<B: LeanBackend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
+    req.validate()?;
+    let dir = pretrained_dir(&req.checkpoint);
+    let kind = checkpoint_type(&dir)?;
+    let stats = Stats::read(&dir)?;
+    let mut report = BenchReport::new(req, dir.clone(), backend, machine);
+    match kind.as_str() {
+        "act" => act::bench_inference::<B>(req, &dir, &stats, device, &mut report)?,
+        "diffusion" => diffusion::bench_inference::<B>(req, &dir, &stats, device, &mut report)?,
+        other => {
+            return Err(WorkloadError::file(dir.join(layout::CONFIG_FILE), format!("policy type `{other}` has no select_action to bench (supported: act, diffusion)")));
+        }
+    }
+    Ok(report)
 }

@@ -80,7 +80,7 @@ fn open_episodes(cfg: &RunConfig) -> usize {
 /// which training opens; the default revision is lerobot's `v3.0` tag.
 #[test]
 fn cached_snapshot_is_used_offline() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     let src = dataset(dir.path());
     let repo = dir.path().join("hub/datasets--lerobot--tiny");
     let snapshot = repo.join("snapshots").join(SHA);
@@ -105,7 +105,7 @@ fn cached_snapshot_is_used_offline() {
 /// `--dataset.root` holding the dataset is used as is (lerobot's `root`), with no cache.
 #[test]
 fn root_holding_the_dataset_is_used_as_is() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     let src = dataset(dir.path());
     let cfg = act_config(&[("dataset.repo_id", "lerobot/tiny"), ("dataset.root", src.to_str().unwrap())]);
     cfg.validate_with(&offline(dir.path())).unwrap();
@@ -117,7 +117,7 @@ fn root_holding_the_dataset_is_used_as_is() {
 /// what to do.
 #[test]
 fn uncached_repo_offline_says_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     let cfg = act_config(&[("dataset.repo_id", "lerobot/absent")]);
     let err = cfg.validate_with(&offline(dir.path())).unwrap_err().to_string();
     for want in ["dataset.repo_id", "lerobot/absent", "v3.0", "HF_HUB_OFFLINE", "datasets--lerobot--absent", "--dataset.root"] {
@@ -128,7 +128,7 @@ fn uncached_repo_offline_says_what_to_do() {
 #[test]
 fn repo_id_fits_lerobot_data_only() {
     let check = |flags: &[(&str, &str)], want: &[&str]| {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("workloads-hub");
         let err = config::load(None, &flags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>())
             .and_then(|c| c.validate_with(&offline(dir.path())))
             .unwrap_err()
@@ -203,7 +203,7 @@ fn serve(src: PathBuf) -> (String, RequestLog) {
 /// training opens the snapshot, and a later offline run finds it.
 #[test]
 fn download_fills_the_hub_cache() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     let src = dataset(dir.path());
     let (endpoint, log) = serve(src.clone());
     let online = env(dir.path(), &[("HF_ENDPOINT", endpoint.clone()), ("HF_TOKEN", "hf_secret".into())]);
@@ -234,7 +234,7 @@ fn download_fills_the_hub_cache() {
 /// With `--dataset.root`, files go there (lerobot's `local_dir`), as plain files.
 #[test]
 fn download_into_root() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     let src = dataset(dir.path());
     let (endpoint, _) = serve(src.clone());
     let root = dir.path().join("mine");
@@ -250,7 +250,7 @@ fn download_into_root() {
 /// An unknown repo (404) and an unreachable endpoint: errors name the repo and the URL.
 #[test]
 fn network_failures_name_the_repo_and_url() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = vramlab_testkit::temp_dir("workloads-hub");
     std::fs::create_dir_all(dir.path().join("nothing")).unwrap();
     let (endpoint, _) = serve(dir.path().join("nothing"));
     let cfg = act_config(&[("dataset.repo_id", "lerobot/nope")]);

@@ -1,7 +1,8 @@
 //! ACT (lerobot) as a vramlab workload, with the entry points every model module has:
 //! [`setup`] (model, data and optimizer preset of a run; the training adapter is in
-//! [`train`]), [`info`], [`predict`] and [`estimate`]. Its typed `policy` section is
-//! [`crate::config::ActPolicy`].
+//! [`train`]), [`info`], [`predict`] and [`estimate`]; and, as a robot policy,
+//! [`bench_inference`] (its modes and `select_action` runner in `vramlab bench-inference`).
+//! Its typed `policy` section is [`crate::config::ActPolicy`].
 
 pub mod train;
 
@@ -12,7 +13,7 @@ use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, BackboneWeights, PolicyFeatures, is_act_buffer};
+use vramlab_models::act::{Act, ActBatch, ActConfig, ActCtx, ActPolicyRunner, BackboneWeights, PolicyFeatures, is_act_buffer};
 use vramlab_models::nn::Precision;
 use vramlab_models::resnet::count_params_and_buffers;
 
@@ -21,6 +22,8 @@ use vramlab_train::trainer::BoxError;
 use crate::config::{ActPolicy, RunConfig};
 use crate::error::{Result, WorkloadError};
 use crate::estimate::{Shapes, features_note};
+use crate::inference::policy::{DeviceObs, PolicyIo, Processor, SelectAction, Stats};
+use crate::inference::{self, BenchReport, BenchRequest, DEFAULT_ENSEMBLE_COEFF, Mode, ModeChoice};
 use crate::inputs::{Dim, Inputs};
 use crate::layout;
 use crate::model_info::InfoReport;
@@ -198,6 +201,78 @@ pub fn estimate(p: &ActPolicy, cfg: &RunConfig) -> Result<Shapes> {
     Ok(Shapes { model: "act".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(ac.num_params() as u64), notes: vec![features_note(&data)] })
 }
 
+
+/// `vramlab bench-inference` on an ACT checkpoint `dir` (its normaliser `stats` read): the
+/// queue mode (`n_action_steps` of the request, else the checkpoint's) and the temporal
+/// ensembling mode, as `req.modes` asks; fills `report`'s policy line, notes and runs.
+pub fn bench_inference<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
+    let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device)?;
+    let cams: Vec<String> = cfg.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
+    report.policy = format!(
+        "act: chunk_size {}, dim_model {}, {} encoder / {} decoder layers, {}, state {}, action {}, cameras [{}], {} parameters",
+        cfg.chunk_size,
+        cfg.dim_model,
+        cfg.n_encoder_layers,
+        cfg.n_decoder_layers,
+        cfg.vision_backbone,
+        cfg.robot_state_dim().map_or("none".into(), |d| d.to_string()),
+        cfg.action_dim(),
+        cams.join(", "),
+        crate::thousands(model.num_parameters() as u64)
+    );
+    let io = PolicyIo {
+        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
+        state: cfg.robot_state_dim().map(|d| (vramlab_models::policy::OBS_STATE.to_string(), d)),
+        env_state: cfg.env_state().map(|(k, d)| (k.to_string(), d)),
+        action_dim: cfg.action_dim(),
+        mapping: cfg.normalization_mapping.clone(),
+    };
+    let processor = Processor::<B>::new(&io, stats, device)?;
+    report.normalisation = stats.note(&processor.neutral);
+    let mut modes = Vec::new();
+    if req.modes != ModeChoice::Ensemble {
+        modes.push(ActConfig { n_action_steps: req.n_action_steps.unwrap_or(cfg.n_action_steps), temporal_ensemble_coeff: None, ..cfg.clone() });
+    }
+    if req.modes != ModeChoice::Queue {
+        let coeff = req.temporal_ensemble_coeff.or(cfg.temporal_ensemble_coeff).unwrap_or(DEFAULT_ENSEMBLE_COEFF);
+        modes.push(ActConfig { n_action_steps: 1, temporal_ensemble_coeff: Some(coeff), ..cfg.clone() });
+        report.notes.push("temporal ensembling requires n_action_steps = 1 (lerobot's ACTConfig): the ensemble mode runs with it".into());
+    }
+    for c in modes {
+        c.validate().map_err(inference::invalid)?;
+        let mode = match c.temporal_ensemble_coeff {
+            Some(coeff) => Mode::Ensemble { coeff },
+            None => Mode::Queue { n_action_steps: c.n_action_steps },
+        };
+        let runner = ActSelect { model: &model, runner: ActPolicyRunner::new(&c) };
+        report.runs.push(inference::run_mode(req, mode, &io, &processor, runner)?);
+    }
+    Ok(())
+}
+
+/// ACT's [`ActPolicyRunner`] on a loaded model, for the bench's timed loop.
+struct ActSelect<'m, B: Backend> {
+    model: &'m Act<B>,
+    runner: ActPolicyRunner<B>,
+}
+
+impl<B: LeanBackend> SelectAction<B> for ActSelect<'_, B> {
+    fn reset(&mut self) {
+        self.runner.reset();
+    }
+
+    fn select_action(&mut self, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
+        let mut ran = false;
+        let batch = ActBatch { state: obs.state, env_state: obs.env_state, images: obs.images, action: None, action_is_pad: None };
+        let model = self.model;
+        let action = self.runner.select_action_with(|| {
+            ran = true;
+            model.forward(&batch, &ActCtx::eval(precision)).actions
+        });
+        (action, ran)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use burn::backend::{Autodiff, Flex};
@@ -211,7 +286,7 @@ mod tests {
     #[test]
     fn backbone_starts_from_a_torchvision_state_dict() {
         let dev = Default::default();
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("act-backbone");
         let file = dir.path().join("resnet18.safetensors");
         let source = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Flex>(&dev);
         let tensors = vramlab_store::named_tensors::<Flex, _>(&source);

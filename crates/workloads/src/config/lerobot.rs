@@ -399,7 +399,7 @@ mod tests {
         let c = load(&[("policy.type", "act"), ("policy.push_to_hub", "true"), ("policy.repo_id", "me/act")]).unwrap();
         assert!(c.notes.iter().any(|n| n.contains("push_to_hub")), "{:?}", c.notes);
         assert!(!load(&[("policy.type", "act"), ("policy.push_to_hub", "false")]).unwrap().notes.iter().any(|n| n.contains("push_to_hub")));
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("lerobot-config");
         let toml = dir.path().join("features.toml");
         std::fs::write(&toml, "[policy]\ntype = \"act\"\n[policy.input_features.\"observation.state\"]\ntype = \"STATE\"\nshape = [2]\n").unwrap();
         let e = crate::config::load(Some(&toml), &[]).unwrap_err().to_string();
@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn lerobot_train_config_json_maps_onto_the_run_config() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("lerobot-config");
         let path = write(dir.path(), &lerobot_train_config(Path::new("/data/pusht")));
         let c = crate::config::load(Some(&path), &ov(&[("steps", "10")])).unwrap();
         assert_eq!((c.batch_size, c.steps, c.seed, c.num_workers, c.log_freq, c.save_freq), (64, 10, 7, 4, 200, 25000));

@@ -1,7 +1,8 @@
 //! Diffusion Policy (lerobot) as a vramlab workload, with the entry points every model module
 //! has: [`setup`] (model, data and optimizer preset of a run; the training adapter is in
-//! [`train`]), [`info`], [`predict`] and [`estimate`]. Its typed `policy` section is
-//! [`crate::config::DiffusionPolicy`].
+//! [`train`]), [`info`], [`predict`] and [`estimate`]; and, as a robot policy,
+//! [`bench_inference`] (its mode and `select_action` runner in `vramlab bench-inference`).
+//! Its typed `policy` section is [`crate::config::DiffusionPolicy`].
 
 pub mod train;
 
@@ -12,7 +13,7 @@ use crate::backend::TrainBackend;
 use std::path::Path;
 
 use burn::prelude::*;
-use vramlab_models::diffusion::{DiffusionBatch, DiffusionConfig, DiffusionCtx, PolicyFeatures};
+use vramlab_models::diffusion::{Diffusion, DiffusionBatch, DiffusionConfig, DiffusionCtx, DiffusionObs, DiffusionPolicyRunner, PolicyFeatures};
 use vramlab_models::nn::Precision;
 
 use vramlab_train::trainer::BoxError;
@@ -20,6 +21,8 @@ use vramlab_train::trainer::BoxError;
 use crate::config::{DataFeatures, DiffusionPolicy, RunConfig};
 use crate::error::{Result, WorkloadError};
 use crate::estimate::{Shapes, features_note};
+use crate::inference::policy::{DeviceObs, PolicyIo, Processor, SelectAction, Stats};
+use crate::inference::{self, BenchReport, BenchRequest, Mode, ModeChoice};
 use crate::inputs::{Dim, Inputs};
 use crate::layout;
 use crate::model_info::InfoReport;
@@ -155,4 +158,70 @@ pub fn estimate(p: &DiffusionPolicy, cfg: &RunConfig) -> Result<Shapes> {
     };
     let (graph, batch_bytes, frozen) = vramlab_models::diffusion::graph::training_graph(&dc, cfg.batch_size as usize, cfg.precision);
     Ok(Shapes { model: "diffusion".into(), graph, batch_bytes, extra_frozen_bytes: frozen, num_params: Some(dc.num_params() as u64), notes: vec![features_note(&data)] })
+}
+
+/// `vramlab bench-inference` on a Diffusion Policy checkpoint `dir` (its normaliser `stats`
+/// read): the queue mode only (lerobot's DiffusionPolicy has no temporal ensembling), with the
+/// request's `n_action_steps` else the checkpoint's; fills `report`'s policy line, notes and runs.
+pub fn bench_inference<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
+    if req.modes == ModeChoice::Ensemble || req.temporal_ensemble_coeff.is_some() {
+        return Err(WorkloadError::invalid("temporal_ensemble_coeff", "temporal ensembling is ACT's; lerobot's DiffusionPolicy has none".into()));
+    }
+    let (cfg, mut model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device)?;
+    let cfg = DiffusionConfig { n_action_steps: req.n_action_steps.unwrap_or(cfg.n_action_steps), ..cfg };
+    cfg.validate().map_err(inference::invalid)?;
+    let cams: Vec<String> = cfg.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
+    // `generate_actions` keeps the model config's n_action_steps actions.
+    model.config.n_action_steps = cfg.n_action_steps;
+    report.policy = format!(
+        "diffusion: n_obs_steps {}, horizon {}, {} {} inference steps, down_dims {:?}, crop {}, state {}, action {}, cameras [{}], {} parameters",
+        cfg.n_obs_steps,
+        cfg.horizon,
+        cfg.noise_scheduler_type,
+        cfg.inference_steps(),
+        cfg.down_dims,
+        cfg.crop_shape.map_or("none".into(), |c| format!("{c:?}")),
+        cfg.state_dim(),
+        cfg.action_dim(),
+        cams.join(", "),
+        crate::thousands(model.num_parameters() as u64)
+    );
+    let io = PolicyIo {
+        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
+        state: Some((vramlab_models::policy::OBS_STATE.to_string(), cfg.state_dim())),
+        env_state: cfg.env_state().map(|(k, d)| (k.to_string(), d)),
+        action_dim: cfg.action_dim(),
+        mapping: cfg.normalization_mapping.clone(),
+    };
+    let processor = Processor::<B>::new(&io, stats, device)?;
+    report.normalisation = stats.note(&processor.neutral);
+    let runner = DiffusionSelect { model: &model, runner: DiffusionPolicyRunner::new(&cfg) };
+    report.runs.push(inference::run_mode(req, Mode::Queue { n_action_steps: cfg.n_action_steps }, &io, &processor, runner)?);
+    if req.modes == ModeChoice::Both {
+        report.notes.push("Diffusion Policy has no temporal ensembling in lerobot: queue mode only".into());
+    }
+    Ok(())
+}
+
+/// Diffusion's [`DiffusionPolicyRunner`] on a loaded model, for the bench's timed loop.
+struct DiffusionSelect<'m, B: Backend> {
+    model: &'m Diffusion<B>,
+    runner: DiffusionPolicyRunner<B>,
+}
+
+impl<B: LeanBackend> SelectAction<B> for DiffusionSelect<'_, B> {
+    fn reset(&mut self) {
+        self.runner.reset();
+    }
+
+    fn select_action(&mut self, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
+        let mut ran = false;
+        let obs = DiffusionObs { state: obs.state.expect("Diffusion Policy has observation.state"), images: obs.images, env_state: obs.env_state };
+        let model = self.model;
+        let action = self.runner.select_action_with(obs, |batch| {
+            ran = true;
+            DiffusionPolicyRunner::predict_action_chunk(model, batch, precision)
+        });
+        (action, ran)
+    }
 }

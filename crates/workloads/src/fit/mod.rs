@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use vramlab_train::StepRecord;
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 use vramlab_train::metrics::median_by;
 
 use crate::backend::BackendKind;
@@ -96,7 +96,7 @@ impl Ctx<'_> {
                 samples_per_s: None,
                 estimate_bytes: Some(e),
                 steps_done: 0,
-                message: format!("estimated peak {}{how} > {:.2} × budget", fmt_bytes(c as u64), self.spec.prune),
+                message: format!("estimated peak {}{how} > {:.2} × budget", human(c as u64), self.spec.prune),
             },
             _ => {
                 self.count += 1;
@@ -123,7 +123,7 @@ impl Ctx<'_> {
         match nearest {
             Some(d) => {
                 let ratio = d.peak_bytes.unwrap_or(0) as f64 / d.estimate_bytes.unwrap_or(1) as f64;
-                (estimate as f64 * ratio, format!(" (estimate {} × {ratio:.2}, measured ÷ estimated at batch {})", fmt_bytes(estimate), d.toggles.batch_size))
+                (estimate as f64 * ratio, format!(" (estimate {} × {ratio:.2}, measured ÷ estimated at batch {})", human(estimate), d.toggles.batch_size))
             }
             None => (estimate as f64, String::new()),
         }
@@ -159,7 +159,7 @@ impl Ctx<'_> {
             let measured = if self.backend == BackendKind::Flex { peak } else { reserved.max(peak) };
             match measured {
                 Some(p) if p <= self.spec.budget => (Status::Fits, String::new()),
-                Some(p) => (Status::OverBudget, format!("measured peak {} > budget", fmt_bytes(p))),
+                Some(p) => (Status::OverBudget, format!("measured peak {} > budget", human(p))),
                 None => (Status::Failed, "no step records".into()),
             }
         };
@@ -191,7 +191,7 @@ fn is_device_oom(l: &str) -> bool {
 fn line(t: &Trial) -> String {
     let mut s = t.status.text().to_string();
     if let Some(p) = t.peak_bytes {
-        let _ = write!(s, " | peak {}", fmt_bytes(p));
+        let _ = write!(s, " | peak {}", human(p));
     }
     if let Some(v) = t.samples_per_s {
         let _ = write!(s, " | {v:.2} samples/s");
@@ -274,7 +274,7 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
     };
     eprintln!(
         "vramlab fit: budget {} on {} ({budget_note}); effective batch {effective}; {} steps per trial → {}",
-        fmt_bytes(spec.budget),
+        human(spec.budget),
         cfg.backend,
         spec.trial_steps,
         out.display()
@@ -351,15 +351,15 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
             eprintln!(
                 "recommended: {} — the fastest in the search ({ranked:.2} samples/s); re-measured in a fresh process: peak {} ≤ budget {} ({:.2} samples/s)\n  {c}",
                 r.toggles.describe(),
-                fmt_bytes(r.peak_bytes.unwrap_or(0)),
-                fmt_bytes(spec.budget),
+                human(r.peak_bytes.unwrap_or(0)),
+                human(spec.budget),
                 r.samples_per_s.unwrap_or(0.0)
             );
         }
         _ => {
             return Err(WorkloadError::invalid(
                 "budget",
-                format!("nothing fits {} at an effective batch of {effective} (see {})", fmt_bytes(spec.budget), out.join("fit.md").display()),
+                format!("nothing fits {} at an effective batch of {effective} (see {})", human(spec.budget), out.join("fit.md").display()),
             ));
         }
     }
@@ -455,7 +455,7 @@ mod tests {
 
     #[test]
     fn a_torn_last_line_of_fit_jsonl_is_dropped() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = vramlab_testkit::temp_dir("fit");
         let t = Trial {
             name: "batch-b1x1_f32_ckpt-off".into(),
             search: "batch".into(),

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 
 use super::trial::{FitSpec, Status, Trial};
 use crate::backend::BackendKind;
@@ -71,7 +71,7 @@ pub(super) fn write_reports(spec: &FitSpec<'_>, out: &Path, done: &[Trial], cfg:
         BackendKind::Flex => "enforced in every trial as a cap on allocated bytes (the counting allocator: exact); a trial that crosses it ends at that allocation",
         _ => "compared with each trial's peak reserved bytes (CubeCL pools); a device out-of-memory error ends a trial",
     };
-    let _ = writeln!(md, "- **budget**: {} ({} bytes), {cap}", fmt_bytes(spec.budget), spec.budget);
+    let _ = writeln!(md, "- **budget**: {} ({} bytes), {cap}", human(spec.budget), spec.budget);
     let _ = writeln!(md, "- **backend**: {}; {} steps per trial (peak = max over all steps; speed = median of steps 2..N)", cfg.backend, spec.trial_steps);
     let next = largest.and_then(|b| done.iter().find(|t| t.search == "batch" && t.toggles.batch_size == b + 1));
     let bound = match next {
@@ -92,8 +92,8 @@ pub(super) fn write_reports(spec: &FitSpec<'_>, out: &Path, done: &[Trial], cfg:
                 md,
                 "- **recommended**: {} — the fastest that fits ({ranked:.2} samples/s in the search); re-measured in a fresh process: peak {} ≤ {}, {:.2} samples/s\n\n```\n{c}\n```\n",
                 r.toggles.describe(),
-                fmt_bytes(r.peak_bytes.unwrap_or(0)),
-                fmt_bytes(spec.budget),
+                human(r.peak_bytes.unwrap_or(0)),
+                human(spec.budget),
                 r.samples_per_s.unwrap_or(0.0)
             );
             if r.toggles.freeze_backbone == Some(true) {

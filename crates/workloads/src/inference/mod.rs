@@ -1,32 +1,28 @@
-//! `vramlab bench-inference`: drive a policy checkpoint at a fixed control rate with a
-//! synthetic robot and measure the latency of every `select_action` call against the frame
-//! budget (1/fps), with lerobot 0.4.4's semantics (`ACTPolicy.select_action` with its action
-//! queue or `ACTTemporalEnsembler`, `DiffusionPolicy.select_action` with its observation and
-//! action queues).
+//! `vramlab bench-inference`'s model-agnostic machinery: drive a policy checkpoint at a fixed
+//! control rate with a synthetic robot and measure the latency of every `select_action` call
+//! against the frame budget (1/fps), with lerobot 0.4.4's semantics. What is model-specific
+//! (loading, the measured modes, the `select_action` runner) is each robot policy's
+//! `bench_inference` ([`crate::act::bench_inference`], [`crate::diffusion::bench_inference`]),
+//! and [`crate::bench_inference`] dispatches on the checkpoint's `type` (`workload.rs`).
 //!
+//! - this file: the request, the modes, [`run_mode`] (the timed loop) and [`BenchReport`].
 //! - [`robot`]: cameras with a new uint8 frame per call, random-walk states.
-//! - [`policy`]: pre/post-processing (normaliser stats of the checkpoint when present) and the
-//!   `select_action` runners.
+//! - [`policy`]: pre/post-processing (normaliser stats of the checkpoint when present) and
+//!   [`SelectAction`](policy::SelectAction), what the timed loop calls.
 //! - [`report`]: percentiles, machine and CPU governor, markdown, `latency.jsonl`, `summary.md`.
 
 pub mod policy;
 pub mod report;
 pub mod robot;
 
-use vramlab_models::nn::LeanBackend;
-use crate::backend::TrainBackend;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vramlab_models::act::{ActConfig, ActPolicyRunner};
-use vramlab_models::diffusion::{DiffusionConfig, PolicyFeatures};
-use vramlab_models::nn::Precision;
-use vramlab_probe::MemoryProbe;
+use vramlab_models::nn::{LeanBackend, Precision};
 
-use crate::backend::{BackendInfo, BackendKind, Job, dispatch};
+use crate::backend::BackendKind;
 use crate::error::{Result, WorkloadError};
-use crate::layout::{CONFIG_FILE, checkpoint_type, pretrained_dir};
-use policy::{PolicyIo, Processor, Runner, Stats};
+use policy::{PolicyIo, Processor, SelectAction};
 pub use report::{Governor, LatencyStats, Machine, percentile};
 use robot::SyntheticRobot;
 
@@ -105,7 +101,7 @@ pub struct ModeRun {
     pub wall_s: f64,
 }
 
-/// Everything [`bench`] measured, with what the report prints about it.
+/// Everything [`crate::bench_inference`] measured, with what the report prints about it.
 #[derive(Clone, Debug)]
 pub struct BenchReport {
     pub checkpoint: PathBuf,
@@ -122,151 +118,46 @@ pub struct BenchReport {
     pub runs: Vec<ModeRun>,
 }
 
-/// Measure `req` on `backend` (device index `device`); `machine` goes into the report.
-pub fn bench(req: &BenchRequest, backend: BackendKind, device: usize, machine: Machine) -> Result<BenchReport> {
-    dispatch(backend, device, &crate::backend::GpuOptions::default(), Default::default(), req.precision, BenchJob { req, backend, machine })
-}
-
-struct BenchJob<'a> {
-    req: &'a BenchRequest,
-    backend: BackendKind,
-    machine: Machine,
-}
-
-impl Job for BenchJob<'_> {
-    type Output = BenchReport;
-
-    fn run<B: TrainBackend>(self, device: B::Device, _probe: &dyn MemoryProbe, _info: &BackendInfo) -> Result<BenchReport> {
-        bench_on::<B::InnerBackend>(self.req, self.backend, self.machine, &device)
+impl BenchRequest {
+    /// The request's own fields, checked before any checkpoint is read.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.fps.is_finite() && self.fps > 0.0) {
+            return Err(WorkloadError::invalid("fps", format!("must be a positive number, got {}", self.fps)));
+        }
+        if self.calls == 0 {
+            return Err(WorkloadError::invalid("calls", "must be at least 1".into()));
+        }
+        Ok(())
     }
 }
 
-/// [`bench`] on backend `B` (`backend` names it in the report).
-pub fn bench_on<B: LeanBackend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
-    if !(req.fps.is_finite() && req.fps > 0.0) {
-        return Err(WorkloadError::invalid("fps", format!("must be a positive number, got {}", req.fps)));
-    }
-    if req.calls == 0 {
-        return Err(WorkloadError::invalid("calls", "must be at least 1".into()));
-    }
-    let dir = pretrained_dir(&req.checkpoint);
-    let kind = checkpoint_type(&dir)?;
-    let stats = Stats::read(&dir)?;
-    let mut report = BenchReport {
-        checkpoint: dir.clone(),
-        policy: String::new(),
-        backend,
-        precision: req.precision,
-        fps: req.fps,
-        warmup: req.warmup,
-        machine,
-        normalisation: String::new(),
-        notes: Vec::new(),
-        runs: Vec::new(),
-    };
-    match kind.as_str() {
-        "act" => bench_act::<B>(req, &dir, &stats, device, &mut report)?,
-        "diffusion" => bench_diffusion::<B>(req, &dir, &stats, device, &mut report)?,
-        other => {
-            return Err(WorkloadError::file(dir.join(CONFIG_FILE), format!("policy type `{other}` has no select_action to bench (supported: act, diffusion)")));
+impl BenchReport {
+    /// An empty report of `req` on the checkpoint `dir`: the model's `bench_inference` fills
+    /// in the policy, the normalisation note, the notes and the runs.
+    pub fn new(req: &BenchRequest, dir: PathBuf, backend: BackendKind, machine: Machine) -> Self {
+        BenchReport {
+            checkpoint: dir,
+            policy: String::new(),
+            backend,
+            precision: req.precision,
+            fps: req.fps,
+            warmup: req.warmup,
+            machine,
+            normalisation: String::new(),
+            notes: Vec::new(),
+            runs: Vec::new(),
         }
     }
-    Ok(report)
 }
 
 /// A config value the policy refuses, named as the bench flag that set it.
-fn invalid(e: vramlab_models::policy::InvalidField) -> WorkloadError {
+pub fn invalid(e: vramlab_models::policy::InvalidField) -> WorkloadError {
     WorkloadError::invalid(e.field, e.msg)
-}
-
-fn bench_act<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
-    let (cfg, model) = vramlab_models::act::load_pretrained::<B>(dir, device)?;
-    let cams: Vec<String> = cfg.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
-    report.policy = format!(
-        "act: chunk_size {}, dim_model {}, {} encoder / {} decoder layers, {}, state {}, action {}, cameras [{}], {} parameters",
-        cfg.chunk_size,
-        cfg.dim_model,
-        cfg.n_encoder_layers,
-        cfg.n_decoder_layers,
-        cfg.vision_backbone,
-        cfg.robot_state_dim().map_or("none".into(), |d| d.to_string()),
-        cfg.action_dim(),
-        cams.join(", "),
-        crate::thousands(model.num_parameters() as u64)
-    );
-    let io = PolicyIo {
-        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
-        state: cfg.robot_state_dim().map(|d| (vramlab_models::policy::OBS_STATE.to_string(), d)),
-        env_state: cfg.env_state().map(|(k, d)| (k.to_string(), d)),
-        action_dim: cfg.action_dim(),
-        mapping: cfg.normalization_mapping.clone(),
-    };
-    let processor = Processor::<B>::new(&io, stats, device)?;
-    report.normalisation = stats.note(&processor.neutral);
-    let mut modes = Vec::new();
-    if req.modes != ModeChoice::Ensemble {
-        modes.push(ActConfig { n_action_steps: req.n_action_steps.unwrap_or(cfg.n_action_steps), temporal_ensemble_coeff: None, ..cfg.clone() });
-    }
-    if req.modes != ModeChoice::Queue {
-        let coeff = req.temporal_ensemble_coeff.or(cfg.temporal_ensemble_coeff).unwrap_or(DEFAULT_ENSEMBLE_COEFF);
-        modes.push(ActConfig { n_action_steps: 1, temporal_ensemble_coeff: Some(coeff), ..cfg.clone() });
-        report.notes.push("temporal ensembling requires n_action_steps = 1 (lerobot's ACTConfig): the ensemble mode runs with it".into());
-    }
-    for c in modes {
-        c.validate().map_err(invalid)?;
-        let mode = match c.temporal_ensemble_coeff {
-            Some(coeff) => Mode::Ensemble { coeff },
-            None => Mode::Queue { n_action_steps: c.n_action_steps },
-        };
-        let runner = Runner::Act { model: &model, runner: ActPolicyRunner::new(&c) };
-        report.runs.push(run_mode(req, mode, &io, &processor, runner)?);
-    }
-    Ok(())
-}
-
-fn bench_diffusion<B: LeanBackend>(req: &BenchRequest, dir: &Path, stats: &Stats, device: &B::Device, report: &mut BenchReport) -> Result<()> {
-    if req.modes == ModeChoice::Ensemble || req.temporal_ensemble_coeff.is_some() {
-        return Err(WorkloadError::invalid("temporal_ensemble_coeff", "temporal ensembling is ACT's; lerobot's DiffusionPolicy has none".into()));
-    }
-    let (cfg, mut model) = vramlab_models::diffusion::load_pretrained::<B>(dir, device)?;
-    let cfg = DiffusionConfig { n_action_steps: req.n_action_steps.unwrap_or(cfg.n_action_steps), ..cfg };
-    cfg.validate().map_err(invalid)?;
-    let cams: Vec<String> = cfg.image_features().iter().map(|(k, s)| format!("{k} {s:?}")).collect();
-    // `generate_actions` keeps the model config's n_action_steps actions.
-    model.config.n_action_steps = cfg.n_action_steps;
-    report.policy = format!(
-        "diffusion: n_obs_steps {}, horizon {}, {} {} inference steps, down_dims {:?}, crop {}, state {}, action {}, cameras [{}], {} parameters",
-        cfg.n_obs_steps,
-        cfg.horizon,
-        cfg.noise_scheduler_type,
-        cfg.inference_steps(),
-        cfg.down_dims,
-        cfg.crop_shape.map_or("none".into(), |c| format!("{c:?}")),
-        cfg.state_dim(),
-        cfg.action_dim(),
-        cams.join(", "),
-        crate::thousands(model.num_parameters() as u64)
-    );
-    let io = PolicyIo {
-        cameras: cfg.image_features().iter().map(|(k, s)| (k.to_string(), *s)).collect(),
-        state: Some((vramlab_models::policy::OBS_STATE.to_string(), cfg.state_dim())),
-        env_state: cfg.env_state().map(|(k, d)| (k.to_string(), d)),
-        action_dim: cfg.action_dim(),
-        mapping: cfg.normalization_mapping.clone(),
-    };
-    let processor = Processor::<B>::new(&io, stats, device)?;
-    report.normalisation = stats.note(&processor.neutral);
-    let runner = Runner::Diffusion { model: &model, runner: vramlab_models::diffusion::DiffusionPolicyRunner::new(&cfg) };
-    report.runs.push(run_mode(req, Mode::Queue { n_action_steps: cfg.n_action_steps }, &io, &processor, runner)?);
-    if req.modes == ModeChoice::Both {
-        report.notes.push("Diffusion Policy has no temporal ensembling in lerobot: queue mode only".into());
-    }
-    Ok(())
 }
 
 /// `warmup` calls, a reset (as at an episode start), then `calls` measured calls, each
 /// starting a period of 1/fps.
-fn run_mode<B: LeanBackend>(req: &BenchRequest, mode: Mode, io: &PolicyIo, processor: &Processor<B>, mut runner: Runner<'_, B>) -> Result<ModeRun> {
+pub fn run_mode<B: LeanBackend>(req: &BenchRequest, mode: Mode, io: &PolicyIo, processor: &Processor<B>, mut runner: impl SelectAction<B>) -> Result<ModeRun> {
     let period = Duration::from_secs_f64(1.0 / req.fps);
     let cams: Vec<[usize; 3]> = io.cameras.iter().map(|(_, s)| *s).collect();
     let mut robot = SyntheticRobot::new(&cams, io.state.as_ref().map(|s| s.1), io.env_state.as_ref().map(|s| s.1), req.seed);
@@ -301,9 +192,10 @@ mod tests {
 
     use vramlab_testkit::shared_dir;
 
-    /// The bench on flex (`bench` itself dispatches, which needs the CLI's counting allocator).
+    /// The bench on flex (`bench_inference` itself dispatches to a backend, which needs the
+    /// CLI's counting allocator).
     fn run(req: &BenchRequest) -> Result<BenchReport> {
-        bench_on::<burn::backend::Flex>(req, BackendKind::Flex, Machine::read(), &Default::default())
+        crate::workload::bench_inference_on::<burn::backend::Flex>(req, BackendKind::Flex, Machine::read(), &Default::default())
     }
 
     fn request(checkpoint: PathBuf) -> BenchRequest {
@@ -324,7 +216,7 @@ mod tests {
     fn act_fixture_runs_the_model_every_n_action_steps_and_every_call_when_ensembling() {
         let Some(shared) = shared_dir() else { return };
         // A step dir holding `pretrained_model/` resolves to it.
-        let step = tempfile::tempdir().unwrap();
+        let step = vramlab_testkit::temp_dir("bench-step");
         let inner = step.path().join("pretrained_model");
         std::fs::create_dir(&inner).unwrap();
         for f in ["config.json", "model.safetensors"] {
@@ -340,7 +232,7 @@ mod tests {
         assert_eq!(ran, [true, false, false, false, true, false, false, false, true]);
         assert!(ens.records.len() == 9 && ens.records.iter().all(|r| r.ran_model));
         assert!(queue.records.iter().enumerate().all(|(i, r)| r.call == i && r.latency_ms > 0.0));
-        let out = tempfile::tempdir().unwrap();
+        let out = vramlab_testkit::temp_dir("bench-out");
         report.write(out.path(), "vramlab bench-inference (test)").unwrap();
         let lines = std::fs::read_to_string(out.path().join("latency.jsonl")).unwrap();
         assert_eq!(lines.lines().count(), 18);

@@ -2,20 +2,17 @@
 //! observation (uint8 HWC → float CHW in [0, 1], to the device, normalise), `select_action`,
 //! then unnormalise the action and bring it back to the host.
 //!
-//! `select_action` is lerobot's, beside each model: ACT through [`ActPolicyRunner`] (action
-//! queue of `n_action_steps`, or the temporal ensembler that queries the model every call),
-//! Diffusion through [`DiffusionPolicyRunner`] (`DiffusionPolicy.select_action`: observation
-//! queues of `n_obs_steps`, action queue of `n_action_steps`). The normalisation constants and
-//! the statistics reader are [`vramlab_lerobot::normalize`]'s.
+//! `select_action` is lerobot's, beside each model (`act/runner.rs`, `diffusion/runner.rs` in
+//! the models crate); each robot policy's workload module wraps its runner in a
+//! [`SelectAction`] for the timed loop. The normalisation constants and the statistics reader
+//! are [`vramlab_lerobot::normalize`]'s.
 
 use std::path::{Path, PathBuf};
 
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use vramlab_lerobot::normalize::{EPS, IMAGENET_MEAN, IMAGENET_STD};
-use vramlab_models::act::{Act, ActBatch, ActCtx, ActPolicyRunner};
-use vramlab_models::diffusion::{Diffusion, DiffusionObs, DiffusionPolicyRunner};
-use vramlab_models::nn::{LeanBackend, Precision};
+use vramlab_models::nn::Precision;
 use vramlab_models::policy::{FeatureType, NormalizationMapping, NormalizationMode};
 
 use super::robot::{Frame, Observation};
@@ -222,45 +219,14 @@ fn chw(f: &Frame) -> Vec<f32> {
     out
 }
 
-/// A loaded policy with its `select_action` state.
-pub enum Runner<'m, B: Backend> {
-    Act { model: &'m Act<B>, runner: ActPolicyRunner<B> },
-    Diffusion { model: &'m Diffusion<B>, runner: DiffusionPolicyRunner<B> },
-}
-
-impl<B: LeanBackend> Runner<'_, B> {
+/// A loaded policy with its `select_action` state, as the timed loop drives it.
+pub trait SelectAction<B: Backend> {
     /// Call when the environment resets (empties the queues and the ensembler).
-    pub fn reset(&mut self) {
-        match self {
-            Runner::Act { runner, .. } => runner.reset(),
-            Runner::Diffusion { runner, .. } => runner.reset(),
-        }
-    }
+    fn reset(&mut self);
 
     /// `select_action` on a preprocessed observation: the action `[1, action_dim]` and
     /// whether the model ran.
-    pub fn select_action(&mut self, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool) {
-        match self {
-            Runner::Act { model, runner } => {
-                let mut ran = false;
-                let batch = ActBatch { state: obs.state, env_state: obs.env_state, images: obs.images, action: None, action_is_pad: None };
-                let action = runner.select_action_with(|| {
-                    ran = true;
-                    model.forward(&batch, &ActCtx::eval(precision)).actions
-                });
-                (action, ran)
-            }
-            Runner::Diffusion { model, runner } => {
-                let mut ran = false;
-                let obs = DiffusionObs { state: obs.state.expect("Diffusion Policy has observation.state"), images: obs.images, env_state: obs.env_state };
-                let action = runner.select_action_with(obs, |batch| {
-                    ran = true;
-                    DiffusionPolicyRunner::predict_action_chunk(model, batch, precision)
-                });
-                (action, ran)
-            }
-        }
-    }
+    fn select_action(&mut self, obs: DeviceObs<B>, precision: Precision) -> (Tensor<B, 2>, bool);
 }
 
 #[cfg(test)]

@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn governor_from_a_fake_sysfs() {
-        let root = tempfile::tempdir().unwrap();
+        let root = vramlab_testkit::temp_dir("bench-report");
         assert_eq!(Governor::read(root.path()), Governor::NotExposed);
         assert_eq!(Governor::read(&root.path().join("missing")).line(), "governor: not exposed by this machine");
         for (cpu, g) in [("cpu0", "powersave\n"), ("cpu1", "performance\n"), ("cpu2", "powersave\n")] {

@@ -504,13 +504,6 @@ mod tests {
         Tensor::<B, 5>::from_primitive(TensorPrimitive::Float(t)).into_data().to_vec().unwrap()
     }
 
-    fn close(a: &[f32], b: &[f32], what: &str) {
-        assert_eq!(a.len(), b.len(), "{what}");
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(worst <= 1e-5 * scale, "{what}: worst |Δ| {worst} vs max |ref| {scale}");
-    }
-
     /// Forward and weight gradient against flex's own (im2col) convolution: kernel 3³ and
     /// 1³, uneven kernels, widths that are not whole vectors, output channels that are not
     /// whole tiles, padding beyond the kernel's reach; both the AVX2 and the plain loops.
@@ -539,9 +532,9 @@ mod tests {
                 }
                 let what = format!("case {i} {xs:?} * {ws:?} pad {pad:?}, avx {avx}");
                 let y = conv3d_with(&x, &w, Some(&b), &o, avx).expect("handled");
-                close(&vals(y), &y_ref, &format!("{what}: forward"));
+                vramlab_testkit::assert_close(&format!("{what}: forward"), &vals(y), &y_ref, 1e-5);
                 let dw = conv3d_weight_backward_with(&x, &w, &dy, &o, avx).expect("handled");
-                close(&vals(dw), &dw_ref, &format!("{what}: weight gradient"));
+                vramlab_testkit::assert_close(&format!("{what}: weight gradient"), &vals(dw), &dw_ref, 1e-5);
             }
             // bf16: read and written in bf16, summed in f32, so equal to the f32 convolution
             // of the bf16-rounded tensors up to the output's bf16 rounding (2⁻⁸ relative).
