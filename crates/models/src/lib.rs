@@ -11,7 +11,7 @@
 //! Shared by the models: [`nn`] (PyTorch-layout layers, mixed precision; `nn/lean/` the
 //! autodiff nodes over `nn/flex/` the CPU kernels they run), [`policy`] (config files,
 //! checkpoints, lerobot's policy features and facts), [`resnet`] (the vision trunk and its
-//! ResNet-18 graph), `graph` (the shape-only op graph of a training step, which each model's
+//! ResNet-18 graph), [`graph`] (the shape-only op graph of a training step, which each model's
 //! `graph.rs` builds and the estimator replays for its peak memory). No model imports another:
 //! `act`, `diffusion` and `vae3d` each use only these.
 //!

@@ -19,7 +19,7 @@
 use serde::Serialize;
 use vramlab_models::graph::{ActivationPeaks, Graph, ModuleRow};
 use vramlab_models::nn::Precision;
-use vramlab_bytes::human as fmt_bytes;
+use vramlab_bytes::human;
 
 use crate::config::{DataFeatures, RunConfig};
 
@@ -109,7 +109,7 @@ pub fn estimate_from(cfg: &RunConfig, s: Shapes) -> MemoryEstimate {
     settings.push(("model".into(), s.model.clone()));
     let mut assumptions = vec![
         "flex (CPU) backend; Burn 0.21 autodiff save rules; saved tensors share storage with the forward's".to_string(),
-        format!("runtime baseline {} (flex buffers kept from the second step on)", fmt_bytes(RUNTIME_BASELINE_BYTES)),
+        format!("runtime baseline {} (flex buffers kept from the second step on)", human(RUNTIME_BASELINE_BYTES)),
         "steady state: steps after the first (the optimizer state exists); step 1 peaks lower by the optimizer state".to_string(),
         "optimizer: AdamW, two f32 moments per trainable parameter; updated in place (no temporaries)".to_string(),
         "conv workspace on flex: forward NHWC input copy + flattened weight; weight gradient: f32 im2col blocks of at most the input + output gradient bytes (4–32 MiB) and their output-gradient columns; stride-1 input gradient: the flipped-kernel convolution's copies; none for an input that needs no gradient".to_string(),
@@ -159,16 +159,16 @@ impl MemoryEstimate {
             ("stored activations", self.stored_activation_bytes),
             ("transient workspace (max)", self.transient_bytes),
         ] {
-            let _ = writeln!(s, "| {k} | {v} | {} |", fmt_bytes(v));
+            let _ = writeln!(s, "| {k} | {v} | {} |", human(v));
         }
         let _ = writeln!(s, "\n| phase | predicted peak |\n|---|---:|");
         for (k, v) in [("forward", self.peak_forward_bytes), ("backward", self.peak_backward_bytes), ("optimizer", self.peak_optimizer_bytes)] {
-            let _ = writeln!(s, "| {k} | {} |", fmt_bytes(v));
+            let _ = writeln!(s, "| {k} | {} |", human(v));
         }
-        let _ = writeln!(s, "\n**Predicted peak: {} ({} bytes), in the {} phase ({}).**\n", fmt_bytes(self.peak_step_bytes), self.peak_step_bytes, self.peak_phase, self.peak_module);
+        let _ = writeln!(s, "\n**Predicted peak: {} ({} bytes), in the {} phase ({}).**\n", human(self.peak_step_bytes), self.peak_step_bytes, self.peak_phase, self.peak_module);
         let _ = writeln!(s, "Stored activations per module (plain autodiff):\n\n| module | stored | largest workspace |\n|---|---:|---:|");
         for r in &self.modules {
-            let _ = writeln!(s, "| {} | {} | {} |", r.module, fmt_bytes(r.stored_bytes), fmt_bytes(r.workspace_bytes));
+            let _ = writeln!(s, "| {} | {} | {} |", r.module, human(r.stored_bytes), human(r.workspace_bytes));
         }
         let _ = writeln!(s, "\nAssumptions:");
         for a in &self.assumptions {

@@ -599,12 +599,12 @@ mod tests {
         tensors.push(("fc.bias".into(), vec![0; 1000 * 4], vec![1000], safetensors::Dtype::F32));
         tensors.push(("bn1.num_batches_tracked".into(), 7i64.to_le_bytes().to_vec(), vec![], safetensors::Dtype::I64));
         let views: Vec<_> = tensors.iter().map(|(k, b, s, t)| (k.clone(), safetensors::tensor::TensorView::new(*t, s.clone(), b).unwrap())).collect();
-        let path = std::env::temp_dir().join(format!("vramlab-resnet18-tv-{}.safetensors", std::process::id()));
+        let dir = vramlab_testkit::temp_dir("resnet18-tv");
+        let path = dir.join("resnet18.safetensors");
         std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
 
         let target = ResNetConfig::resnet18(ResNetNorm::FrozenBatchNorm).init::<Tb>(&dev).frozen();
         let loaded = load_torchvision_weights(target, &path).unwrap();
-        let _ = std::fs::remove_file(&path);
         let get = |m: &ResNet<Tb>, key: &str| crate::weights::named_tensors::<Tb, _>(m).into_iter().find(|(k, _)| k == key).unwrap().1;
         for key in ["conv1.weight", "layer3.1.conv2.weight", "layer2.0.downsample.1.running_var"] {
             assert_eq!(get(&loaded, key), get(&source, key), "{key}");
