@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     match commands::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(commands::ok_exit_code()),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)

@@ -44,6 +44,12 @@ fn write_estimate(dir: &Path, report: &impl Serialize, md: &str) -> Result<()> {
     Ok(())
 }
 
+/// The exit status of a command that returned `Ok`: 0, or 128 + the signal that stopped a
+/// training run after its checkpoint (130 for Ctrl-C, 143 for SIGTERM).
+pub fn ok_exit_code() -> u8 {
+    train::interrupt_exit_code().unwrap_or(0)
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     let overrides = &cli.overrides;
     match &cli.command {

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -109,6 +109,9 @@ impl TrainObserver for Progress {
             );
         }
         if r.interrupted {
+            if let Some(code) = signals::exit_code() {
+                INTERRUPT_EXIT.store(code, Ordering::Relaxed);
+            }
             eprintln!("interrupted; continue with: vramlab train ... --output_dir={} --resume", r.output_dir.display());
         }
     }
@@ -118,8 +121,23 @@ impl TrainObserver for Progress {
     }
 }
 
-/// Stop flag set by Ctrl-C / SIGTERM: the trainer finishes the step and checkpoints; a second
-/// signal exits at once.
+/// Exit status of a run stopped by a signal after its checkpoint: 128 + the signal's number
+/// (130 for SIGINT / Ctrl-C, 143 for SIGTERM), as a shell reports a job the signal killed, so
+/// a scheduler (SLURM, Kubernetes) requeues it; `None` when no signal stopped a run.
+static INTERRUPT_EXIT: AtomicU8 = AtomicU8::new(0);
+
+pub fn interrupt_exit_code() -> Option<u8> {
+    Some(INTERRUPT_EXIT.load(Ordering::Relaxed)).filter(|&c| c != 0)
+}
+
+/// Stop flag set by Ctrl-C / SIGTERM / SIGHUP: the trainer finishes the step and checkpoints; a
+/// second signal exits at once.
+#[cfg(unix)]
+fn stop_flag() -> Arc<AtomicBool> {
+    signals::install()
+}
+
+#[cfg(not(unix))]
 fn stop_flag() -> Arc<AtomicBool> {
     let flag = Arc::new(AtomicBool::new(false));
     let f = flag.clone();
@@ -127,7 +145,63 @@ fn stop_flag() -> Arc<AtomicBool> {
         if f.swap(true, Ordering::Relaxed) {
             std::process::exit(130);
         }
+        signals::SIGNAL.store(2, Ordering::Relaxed);
         eprintln!("\ninterrupt: finishing this step and writing a checkpoint (again to abort)");
     });
     flag
+}
+
+/// The signal handler (unix): it records which signal came (ctrlc's handler does not say), so
+/// that the exit status can name it. Only async-signal-safe work happens in the handler: atomics,
+/// `write(2)` and `_exit(2)`.
+mod signals {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    #[cfg(unix)]
+    use std::sync::atomic::AtomicBool;
+    #[cfg(unix)]
+    use std::sync::{Arc, OnceLock};
+
+    /// The first stopping signal's number (0: none yet).
+    pub static SIGNAL: AtomicI32 = AtomicI32::new(0);
+    #[cfg(unix)]
+    static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+    /// 128 + the signal that stopped the run, if one did.
+    pub fn exit_code() -> Option<u8> {
+        u8::try_from(SIGNAL.load(Ordering::Relaxed)).ok().filter(|&s| s != 0).map(|s| 128u8.saturating_add(s))
+    }
+
+    #[cfg(unix)]
+    extern "C" fn on_signal(sig: libc::c_int) {
+        if SIGNAL.swap(sig, Ordering::SeqCst) != 0 {
+            // SAFETY: `_exit` is async-signal-safe.
+            unsafe { libc::_exit(128 + sig) }
+        }
+        if let Some(f) = STOP.get() {
+            f.store(true, Ordering::SeqCst);
+        }
+        let msg = b"\ninterrupt: finishing this step and writing a checkpoint (again to abort)\n";
+        // SAFETY: `write` is async-signal-safe; the buffer is static.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+    }
+
+    /// Handlers for SIGINT, SIGTERM and SIGHUP that set the returned flag (one flag per process).
+    #[cfg(unix)]
+    pub fn install() -> Arc<AtomicBool> {
+        let flag = STOP.get_or_init(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                // SAFETY: a zeroed sigaction with a plain handler, an empty mask and no flags
+                // but SA_RESTART; `on_signal` only does async-signal-safe work.
+                unsafe {
+                    let mut action: libc::sigaction = std::mem::zeroed();
+                    action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                    action.sa_flags = libc::SA_RESTART;
+                    libc::sigemptyset(&mut action.sa_mask);
+                    libc::sigaction(sig, &action, std::ptr::null_mut());
+                }
+            }
+            Arc::new(AtomicBool::new(false))
+        });
+        flag.clone()
+    }
 }

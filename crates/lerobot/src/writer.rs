@@ -356,19 +356,98 @@ impl Columns {
     }
 }
 
+/// The marker file in a `<root>.partial` staging directory that vramlab made: only such a
+/// directory is ever removed (a stale one, left by a killed run). It also holds the writing
+/// process's advisory lock and pid: a second writer of the same dataset refuses at once.
+pub const STAGING_MARKER: &str = ".vramlab-partial";
+
+/// `<root>.partial`, made and locked by this process: where [`Staging::write`] assembles the
+/// dataset before renaming it to `root`.
+#[derive(Debug)]
+pub struct Staging {
+    root: PathBuf,
+    dir: PathBuf,
+    _lock: File,
+}
+
+impl Staging {
+    /// Check that `root` does not exist and claim `<root>.partial` (before any costly work).
+    /// A `<root>.partial` without vramlab's marker is refused, naming it; one whose marker
+    /// another live process holds is refused, naming its pid; one left by a killed run is
+    /// replaced.
+    pub fn open(root: &Path) -> Result<Staging, DatasetError> {
+        if root.exists() {
+            return Err(DatasetError::arg(format!("{}: already exists; refusing to overwrite", root.display())));
+        }
+        let mut dir = root.as_os_str().to_os_string();
+        dir.push(".partial");
+        let dir = PathBuf::from(dir);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let marker = dir.join(STAGING_MARKER);
+                if !marker.is_file() {
+                    return Err(DatasetError::arg(format!(
+                        "{}: exists and was not made by vramlab (no {STAGING_MARKER} inside); move it away or choose another path",
+                        dir.display()
+                    )));
+                }
+                drop(lock_marker(&marker, &dir)?);
+                // Left by a killed run of ours: start over.
+                std::fs::remove_dir_all(&dir).map_err(|x| DatasetError::io(&dir, x))?;
+                std::fs::create_dir(&dir).map_err(|x| DatasetError::io(&dir, x))?;
+            }
+            Err(e) => return Err(DatasetError::io(&dir, e)),
+        }
+        let lock = lock_marker(&dir.join(STAGING_MARKER), &dir)?;
+        Ok(Staging { root: root.to_path_buf(), dir, _lock: lock })
+    }
+
+    /// Write `episodes` into the staging directory and rename it to the dataset's root.
+    pub fn write(self, spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<(), DatasetError> {
+        write_staged(&self.dir, spec, episodes)?;
+        let marker = self.dir.join(STAGING_MARKER);
+        std::fs::remove_file(&marker).map_err(|x| DatasetError::io(&marker, x))?;
+        std::fs::rename(&self.dir, &self.root).map_err(|x| DatasetError::io(&self.root, x))
+    }
+}
+
+/// Lock `marker` (created if missing) and write this process's pid into it; held by another
+/// process: an error naming its pid.
+fn lock_marker(marker: &Path, dir: &Path) -> Result<File, DatasetError> {
+    use std::io::{Read, Seek, Write};
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(marker).map_err(|x| DatasetError::io(marker, x))?;
+    match f.try_lock() {
+        Ok(()) => {
+            f.set_len(0).and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes())).map_err(|x| DatasetError::io(marker, x))?;
+            Ok(f)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            for _ in 0..20 {
+                pid.clear();
+                if f.rewind().is_ok() && f.read_to_string(&mut pid).is_ok() && !pid.trim().is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            let pid = if pid.trim().is_empty() { "pid unknown".to_string() } else { format!("pid {}", pid.trim()) };
+            Err(DatasetError::arg(format!("{}: another vramlab process ({pid}) is writing this dataset; wait for it to finish", dir.display())))
+        }
+        Err(std::fs::TryLockError::Error(x)) => Err(DatasetError::io(marker, x)),
+    }
+}
+
 /// Write `episodes` as a LeRobot v3.0 dataset at `root` (which must not exist): one data file,
 /// one episodes file, tasks, info and stats (image stats per channel in `[0, 1]`, shaped
-/// `[3, 1, 1]` as lerobot's). Everything is written under `<root>.partial`, renamed last.
+/// `[3, 1, 1]` as lerobot's). Everything is written under `<root>.partial` ([`Staging`]),
+/// renamed last.
 pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<(), DatasetError> {
-    if root.exists() {
-        return Err(DatasetError::arg(format!("{}: already exists; refusing to overwrite", root.display())));
-    }
-    let mut staging = root.as_os_str().to_os_string();
-    staging.push(".partial");
-    let staging = PathBuf::from(staging);
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(|x| DatasetError::io(&staging, x))?;
-    }
+    Staging::open(root)?.write(spec, episodes)
+}
+
+/// The dataset's files in `staging`.
+fn write_staged(staging: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) -> Result<(), DatasetError> {
     let c = Columns::gather(spec, episodes)?;
     let (total, n_ep, n_tasks) = (c.index.len(), c.episodes.len(), c.tasks.len());
     let stats = json!({
@@ -382,8 +461,7 @@ pub fn write_dataset(root: &Path, spec: &DatasetSpec, episodes: &[EpisodeData]) 
     write_tasks(&staging, &c.tasks)?;
     write_frames(&staging, spec, c)?;
     write_file(&staging.join("meta/stats.json"), serde_json::to_string_pretty(&stats).expect("json").as_bytes())?;
-    write_file(&staging.join("meta/info.json"), serde_json::to_string_pretty(&info_json(spec, n_ep, total, n_tasks)).expect("json").as_bytes())?;
-    std::fs::rename(&staging, root).map_err(|x| DatasetError::io(root, x))
+    write_file(&staging.join("meta/info.json"), serde_json::to_string_pretty(&info_json(spec, n_ep, total, n_tasks)).expect("json").as_bytes())
 }
 
 /// `stats` with lerobot's `count` added.

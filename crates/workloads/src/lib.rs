@@ -46,6 +46,7 @@ pub mod fit;
 pub mod inference;
 pub mod inputs;
 pub mod layout;
+pub mod lock;
 pub mod model_info;
 pub mod policy_data;
 pub mod probe_check;

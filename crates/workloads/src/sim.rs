@@ -25,6 +25,11 @@ pub fn generate(root: &Path, episodes: usize, image_size: usize, on_episode: &mu
     if !(16..=1024).contains(&image_size) {
         return Err(WorkloadError::invalid("image_size", format!("must be in 16..=1024, found {image_size}")));
     }
+    if let Some(dir) = root.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| WorkloadError::Io { path: dir.to_path_buf(), source })?;
+    }
+    // Claimed before the episodes are recorded: a refusal comes at once.
+    let staging = vramlab_lerobot::writer::Staging::open(root)?;
     let eps: Vec<_> = (0..episodes)
         .map(|e| {
             let ep = vramlab_data::push::record_episode(SIM_SEED + e as u64, 300, image_size);
@@ -34,10 +39,7 @@ pub fn generate(root: &Path, episodes: usize, image_size: usize, on_episode: &mu
         .collect();
     let solved = eps.iter().filter(|e| e.success.iter().any(|&s| s)).count();
     let frames: usize = eps.iter().map(|e| e.frames.len()).sum();
-    if let Some(dir) = root.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| WorkloadError::Io { path: dir.to_path_buf(), source })?;
-    }
-    vramlab_lerobot::writer::write_dataset(root, &vramlab_data::push::dataset_spec(image_size), &eps)?;
+    staging.write(&vramlab_data::push::dataset_spec(image_size), &eps)?;
     Ok(Generated { episodes, solved, frames })
 }
 

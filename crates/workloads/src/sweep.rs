@@ -150,6 +150,8 @@ pub fn run(spec: &SweepSpec<'_>) -> Result<PathBuf> {
     let points = grid(&axes);
     let out_dir = cfg.output_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("sweep-{}", timestamp())));
     std::fs::create_dir_all(&out_dir).map_err(|source| WorkloadError::Io { path: out_dir.clone(), source })?;
+    // The sweep directory is this process's; each point's `train` locks its own directory.
+    let _lock = crate::lock::lock_dir(&out_dir, "output_dir")?;
     eprintln!("sweep: {} points × {} steps → {}", points.len(), cfg.steps, out_dir.display());
 
     let mut results = Vec::new();

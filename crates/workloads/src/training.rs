@@ -196,6 +196,36 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })
 }
 
+/// What a run may not do to its output directory, checked before anything is written into it:
+/// a new run into a directory that holds checkpoints (they would be mixed with another run's),
+/// a new run over a `metrics.jsonl` that no vramlab run wrote (no `run_config.json` beside it),
+/// and a `--resume` of a run that already reached `--steps` (it would rewrite the summary
+/// with no steps).
+fn check_output_dir(cfg: &RunConfig, out: &Path) -> Result<()> {
+    let ckpts = out.join("checkpoints");
+    let train_err = |e: vramlab_train::checkpoint::CheckpointError| WorkloadError::from(vramlab_train::TrainError::from(e));
+    if cfg.resume {
+        let step = vramlab_train::trainer::resume_step(&ckpts)?;
+        if step >= cfg.steps {
+            return Err(WorkloadError::invalid(
+                "resume",
+                format!("{} is already at step {step} (--steps={}): nothing to train; to train longer, resume with --steps above {step}, e.g. --steps={}", out.display(), cfg.steps, step + cfg.steps.max(1)),
+            ));
+        }
+        return Ok(());
+    }
+    if out.is_dir() && !vramlab_train::checkpoint::step_dirs(&ckpts).map_err(train_err)?.is_empty() {
+        return Err(WorkloadError::from(vramlab_train::TrainError::OutputExists(out.to_path_buf())));
+    }
+    if out.join("metrics.jsonl").exists() && !out.join(RUN_CONFIG_TOP_FILE).exists() {
+        return Err(WorkloadError::invalid(
+            "output_dir",
+            format!("{} holds a metrics.jsonl that no vramlab run wrote (no {RUN_CONFIG_TOP_FILE} beside it); choose another --output_dir", out.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Train any workload: output directory, checkpoint files, summary header, observer.
 pub fn run_training<B, M>(
     cfg: &RunConfig,
@@ -212,7 +242,12 @@ where
     let TrainSetup { policy, model, config_json, pretrained_files, num_params, optim, data_desc, mut data } = setup;
     let out = output_dir(cfg, policy);
     let tcfg = train_config(cfg, out.clone(), &optim)?;
+    // Every refusal before the first write; checked again under the lock (another process may
+    // have written in between).
+    check_output_dir(cfg, &out)?;
     std::fs::create_dir_all(&out).map_err(|source| WorkloadError::Io { path: out.clone(), source })?;
+    let _lock = crate::lock::lock_dir(&out, "output_dir")?;
+    check_output_dir(cfg, &out)?;
     let run_json = serde_json::to_string_pretty(cfg).expect("a run config serialises");
     write_file(&out.join(RUN_CONFIG_TOP_FILE), run_json.as_bytes())?;
     let o = &tcfg.optim;

@@ -61,6 +61,9 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, W
     let Some(out) = get("output_dir") else {
         return Err(WorkloadError::invalid("resume", "needs --output_dir: the run directory to continue".into()));
     };
+    if Path::new(out).is_file() {
+        return Err(WorkloadError::invalid("output_dir", format!("{out} is a file, not a run directory")));
+    }
     let ckpts = Path::new(out).join("checkpoints");
     // The trainer reports skipped checkpoints when it resumes; here only the choice matters.
     let vramlab_train::checkpoint::Intact { newest, skipped, .. } =
@@ -79,11 +82,23 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, W
         }
     }
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
-    match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(m)) => Ok(Some((m, Vec::new()))),
-        Ok(_) => Err(WorkloadError::ConfigFile { path, msg: "not a JSON object".into() }),
-        Err(e) => Err(WorkloadError::ConfigFile { path, msg: e.to_string() }),
+    let tree = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err(WorkloadError::ConfigFile { path, msg: "not a JSON object".into() }),
+        Err(e) => return Err(WorkloadError::ConfigFile { path, msg: e.to_string() }),
+    };
+    // Another policy on top of the checkpoint's would fail on the first field it lacks: say
+    // what the checkpoint is instead.
+    let saved = tree.get("policy").and_then(|p| p.get("type")).and_then(Value::as_str);
+    if let (Some(asked), Some(saved)) = (get("policy.type"), saved)
+        && asked != saved
+    {
+        return Err(WorkloadError::invalid(
+            "policy.type",
+            format!("{asked}: this checkpoint is a {saved} run ({}); --resume continues its policy: drop --policy.type, or start a new run in another --output_dir", dir.display()),
+        ));
     }
+    Ok(Some((tree, Vec::new())))
 }
 
 /// Load `file` (if any), apply overrides, and type the result. Shape and name errors are

@@ -48,6 +48,14 @@ impl RunConfig {
     /// [`Self::validate`] with the given Hugging Face environment (cache, offline, endpoint).
     pub fn validate_with(&self, hub: &HubEnv) -> Result<(), WorkloadError> {
         let policy = self.policy()?;
+        if let Some(out) = &self.output_dir {
+            if out.as_os_str().is_empty() {
+                return Err(WorkloadError::invalid("output_dir", "is empty: name the run's directory (or leave the flag out for runs/<name>-<time>)".into()));
+            }
+            if out.exists() && !out.is_dir() {
+                return Err(WorkloadError::invalid("output_dir", format!("{} is a file, not a directory", out.display())));
+            }
+        }
         for (name, v) in [("steps", self.steps), ("batch_size", self.batch_size), ("grad_accum_steps", self.grad_accum_steps)] {
             if v == 0 {
                 return Err(WorkloadError::invalid(name, "must be at least 1".into()));

@@ -257,6 +257,8 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
         .collect();
     let out = cfg.output_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("fit-{}", timestamp())));
     std::fs::create_dir_all(&out).map_err(io(&out))?;
+    // The fit directory is this process's; each trial's `train` locks its own directory.
+    let _lock = crate::lock::lock_dir(&out, "output_dir")?;
     check_request(&out, spec, &base)?;
     let done = finished_trials(&out);
     let asked = Toggles {
