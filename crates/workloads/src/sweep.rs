@@ -135,6 +135,7 @@ pub fn run(spec: &SweepSpec<'_>) -> Result<PathBuf> {
     if cfg.sweep.is_empty() {
         return Err(WorkloadError::invalid("sweep", "no axis given; use --sweep.<field>=v1,v2,… (e.g. --sweep.batch_size=1,2,4)".into()));
     }
+    cfg.validate_output_dir()?;
     let axes = axes_of(&cfg.sweep);
     // Every axis value must make a valid config on its own (fail before hours of runs).
     let base: Vec<(String, String)> = spec.overrides.iter().filter(|(k, _)| !k.starts_with("sweep.") && k != "output_dir").cloned().collect();

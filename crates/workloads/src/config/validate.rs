@@ -45,9 +45,8 @@ impl RunConfig {
         self.validate_with(&HubEnv::from_process())
     }
 
-    /// [`Self::validate`] with the given Hugging Face environment (cache, offline, endpoint).
-    pub fn validate_with(&self, hub: &HubEnv) -> Result<(), WorkloadError> {
-        let policy = self.policy()?;
+    /// `output_dir`, when given, names a directory (existing or not): not empty, not a file.
+    pub fn validate_output_dir(&self) -> Result<(), WorkloadError> {
         if let Some(out) = &self.output_dir {
             if out.as_os_str().is_empty() {
                 return Err(WorkloadError::invalid("output_dir", "is empty: name the run's directory (or leave the flag out for runs/<name>-<time>)".into()));
@@ -56,6 +55,13 @@ impl RunConfig {
                 return Err(WorkloadError::invalid("output_dir", format!("{} is a file, not a directory", out.display())));
             }
         }
+        Ok(())
+    }
+
+    /// [`Self::validate`] with the given Hugging Face environment (cache, offline, endpoint).
+    pub fn validate_with(&self, hub: &HubEnv) -> Result<(), WorkloadError> {
+        let policy = self.policy()?;
+        self.validate_output_dir()?;
         for (name, v) in [("steps", self.steps), ("batch_size", self.batch_size), ("grad_accum_steps", self.grad_accum_steps)] {
             if v == 0 {
                 return Err(WorkloadError::invalid(name, "must be at least 1".into()));
