@@ -242,12 +242,15 @@ where
     let TrainSetup { policy, model, config_json, pretrained_files, num_params, optim, data_desc, mut data } = setup;
     let out = output_dir(cfg, policy);
     let tcfg = train_config(cfg, out.clone(), &optim)?;
-    // Every refusal before the first write; checked again under the lock (another process may
-    // have written in between).
+    // Every refusal before the first write; a new run's checked again under the lock (another
+    // process may have written checkpoints in between; a resume's checkpoints are verified once
+    // more by the trainer).
     check_output_dir(cfg, &out)?;
     std::fs::create_dir_all(&out).map_err(|source| WorkloadError::Io { path: out.clone(), source })?;
     let _lock = crate::lock::lock_dir(&out, "output_dir")?;
-    check_output_dir(cfg, &out)?;
+    if !cfg.resume {
+        check_output_dir(cfg, &out)?;
+    }
     let run_json = serde_json::to_string_pretty(cfg).expect("a run config serialises");
     write_file(&out.join(RUN_CONFIG_TOP_FILE), run_json.as_bytes())?;
     let o = &tcfg.optim;
