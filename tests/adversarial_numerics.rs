@@ -185,3 +185,30 @@ fn predict_refuses_non_finite_inputs_naming_the_tensor() {
         assert!(!out.exists(), "{name}");
     }
 }
+
+#[test]
+fn policy_path_refuses_a_checkpoint_whose_model_bytes_changed() {
+    let act = [
+        "--policy.type=act", "--policy.chunk_size=8", "--policy.n_action_steps=8", "--policy.dim_model=32", "--policy.n_heads=4",
+        "--policy.dim_feedforward=64", "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.latent_dim=8",
+        "--policy.camera_shape=3,32,32", "--policy.state_dim=4", "--policy.action_dim=4", "--dataset.type=random",
+        "--dataset.num_scenes=4", "--batch_size=1", "--steps=1",
+    ];
+    let tmp = temp_dir("numerics-policy-path");
+    let run = |out: &Path, extra: Option<String>| {
+        let mut args: Vec<String> = std::iter::once("train").chain(act).map(str::to_string).collect();
+        args.extend(extra);
+        args.push(format!("--output_dir={}", out.display()));
+        vramlab(&args)
+    };
+    let o = run(&tmp.join("a"), None);
+    assert!(o.status.success(), "{}", text(&o));
+    let ckpt = tmp.join("a/checkpoints/000001");
+    // Intact, it fine-tunes from it.
+    let o = run(&tmp.join("b"), Some(format!("--policy.path={}", ckpt.display())));
+    assert!(o.status.success(), "{}", text(&o));
+    poke_data(&ckpt.join("pretrained_model/model.safetensors"), [1, 2, 3, 4]);
+    let o = run(&tmp.join("c"), Some(format!("--policy.path={}", ckpt.display())));
+    assert_refused(&o, &["--policy.path", "pretrained_model/model.safetensors", "SHA-256 differs", "refusing to load"]);
+    assert!(!tmp.join("c").exists(), "nothing is written for a refused run");
+}
