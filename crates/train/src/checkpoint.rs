@@ -401,6 +401,22 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_with_non_finite_weights_is_skipped_naming_the_tensor() {
+        use burn::tensor::TensorData;
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
+        let root = tmp.path();
+        for (step, bad) in [(1, 0.5f32), (2, f32::NAN)] {
+            let dir = root.join(step_dir_name(step, 10));
+            fs::create_dir_all(dir.join(PRETRAINED_MODEL_DIR)).unwrap();
+            vramlab_store::write_safetensors(&[("w".into(), TensorData::new(vec![0.0, bad], [2]))], &dir.join(MODEL_FILE)).unwrap();
+            write_manifest(&dir, step).unwrap();
+        }
+        let Intact { newest, skipped, .. } = newest_intact(root).unwrap();
+        assert_eq!(newest.unwrap().0, 1);
+        assert!(skipped[0].reason.contains("tensor `w` has 1 non-finite value(s)"), "{}", skipped[0].reason);
+    }
+
+    #[test]
     fn a_set_aside_checkpoint_is_no_step_directory() {
         let tmp = vramlab_testkit::temp_dir("train-checkpoint");
         checkpoint(tmp.path(), 1, b"a");
