@@ -187,7 +187,7 @@ fn predict_refuses_non_finite_inputs_naming_the_tensor() {
 }
 
 #[test]
-fn policy_path_refuses_a_checkpoint_whose_model_bytes_changed() {
+fn policy_path_and_bench_inference_refuse_a_checkpoint_whose_model_bytes_changed() {
     let act = [
         "--policy.type=act", "--policy.chunk_size=8", "--policy.n_action_steps=8", "--policy.dim_model=32", "--policy.n_heads=4",
         "--policy.dim_feedforward=64", "--policy.n_encoder_layers=2", "--policy.n_vae_encoder_layers=1", "--policy.latent_dim=8",
@@ -211,4 +211,9 @@ fn policy_path_refuses_a_checkpoint_whose_model_bytes_changed() {
     let o = run(&tmp.join("c"), Some(format!("--policy.path={}", ckpt.display())));
     assert_refused(&o, &["--policy.path", "pretrained_model/model.safetensors", "SHA-256 differs", "refusing to load"]);
     assert!(!tmp.join("c").exists(), "nothing is written for a refused run");
+    // bench-inference loads it the same way.
+    let bench = tmp.join("bench");
+    let o = vramlab(&["bench-inference".to_string(), format!("--checkpoint={}", ckpt.display()), "--calls=3".into(), "--warmup=1".into(), format!("--out={}", bench.display())]);
+    assert_refused(&o, &["--checkpoint", "pretrained_model/model.safetensors", "SHA-256 differs"]);
+    assert!(!bench.exists());
 }
