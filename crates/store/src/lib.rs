@@ -4,7 +4,7 @@
 //! struct field names and `Vec` indices. Enum variants are *not* part of the name: a
 //! heterogeneous PyTorch `ModuleList` maps to a `Vec` of an enum whose variants wrap the
 //! layer types, so the names match the reference's state dict without a remap table.
-//! A missing, misshapen or unused weight is an error naming the file and the key.
+//! A missing, misshapen, unused or non-finite (NaN, ±inf) weight is an error naming the file and the key.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -30,6 +30,30 @@ pub enum WeightError {
     Missing { path: PathBuf, missing: Vec<String> },
     #[error("{path}: {} weight(s) in the file are not used by the model: {}", unused.len(), preview(unused))]
     Unused { path: PathBuf, unused: Vec<String> },
+    #[error("{path}: tensor `{key}` has {count} non-finite value(s) (NaN or ±inf) of {total}: not usable (written by a run that diverged, or damaged)")]
+    NonFinite { path: PathBuf, key: String, count: usize, total: usize },
+}
+
+/// How many values of a float tensor are NaN or ±inf (0 for other dtypes).
+pub fn non_finite_count(data: &TensorData) -> usize {
+    match data.dtype {
+        burn::tensor::DType::F32 => data.as_slice::<f32>().map_or(0, |v| v.iter().filter(|x| !x.is_finite()).count()),
+        dt if dt.is_float() => data.clone().convert::<f32>().to_vec::<f32>().map_or(0, |v| v.iter().filter(|x| !x.is_finite()).count()),
+        _ => 0,
+    }
+}
+
+/// `Err` naming `path` and `key` when float tensor `data` holds a NaN or an infinity.
+pub fn check_finite(path: &Path, key: &str, data: &TensorData) -> Result<(), WeightError> {
+    match non_finite_count(data) {
+        0 => Ok(()),
+        count => Err(WeightError::NonFinite { path: path.to_path_buf(), key: key.to_string(), count, total: data.num_elements() }),
+    }
+}
+
+/// Every float tensor of a safetensors file is finite; `Err` names the first that is not.
+pub fn check_finite_file(path: &Path) -> Result<(), WeightError> {
+    read_safetensors(path)?.iter().try_for_each(|(key, data)| check_finite(path, key, data))
 }
 
 fn preview(keys: &[String]) -> String {
@@ -259,6 +283,10 @@ fn load_named<B: Backend, M: Module<B>>(
                         found: data.shape.to_vec(),
                     });
                 }
+                return param;
+            }
+            if let Err(e) = check_finite(&self.file, &file_key, &data) {
+                self.error.get_or_insert(e);
                 return param;
             }
             let require_grad = param.is_require_grad();

@@ -374,3 +374,30 @@ fn loading_keeps_trainable_and_frozen_parameters_as_they_were() {
     assert!(net.embed.weight.val().grad(&grads).is_some());
     assert!(net.head.bias.as_ref().unwrap().val().grad(&grads).is_none());
 }
+
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor_and_the_file() {
+    let tmp = temp_dir("nonfinite");
+    let path = tmp.path().join("model.safetensors");
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let tensors: Vec<(String, TensorData)> = net_tensors()
+            .into_iter()
+            .map(|(k, shape, mut v)| {
+                if k == "blocks.1.gamma" {
+                    v[2] = bad;
+                }
+                (k, TensorData::new(v, shape))
+            })
+            .collect();
+        write_safetensors(&tensors, &path).unwrap();
+        let e = err_text(load_safetensors(Net::<B>::new(&Default::default()), &path, |k| Some(k.to_string())));
+        assert!(e.contains("model.safetensors") && e.contains("`blocks.1.gamma`") && e.contains("1 non-finite value(s)") && e.contains("of 4"), "{bad}: {e}");
+        let e = err_text(vramlab_store::check_finite_file(&path));
+        assert!(e.contains("`blocks.1.gamma`"), "{e}");
+    }
+    // Finite weights pass both.
+    let tensors: Vec<(String, TensorData)> = net_tensors().into_iter().map(|(k, s, v)| (k, TensorData::new(v, s))).collect();
+    write_safetensors(&tensors, &path).unwrap();
+    vramlab_store::check_finite_file(&path).unwrap();
+    load_safetensors(Net::<B>::new(&Default::default()), &path, |k| Some(k.to_string())).unwrap();
+}

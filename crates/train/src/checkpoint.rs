@@ -14,8 +14,11 @@
 //!
 //! A checkpoint is built under a temporary name (`.000500.tmp`) and renamed when complete, so
 //! a killed run never leaves a half-written `000500/`. [`newest_intact`] checks each
-//! checkpoint's files against its manifest, newest first, and skips (with a reason) any that
-//! was truncated or altered afterwards.
+//! checkpoint's files against its manifest (which must cover them all), newest first, and skips
+//! (with a reason) any that was truncated or altered afterwards or holds non-finite weights.
+//! [`verify_for_load`] checks a `pretrained_model/` the same way before `predict`,
+//! `--policy.path` or `bench-inference` load it. A checkpoint whose weights led to a
+//! non-finite loss is set aside as `<step>.nonfinite/` ([`set_aside`]).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -115,13 +118,28 @@ pub fn write_manifest(dir: &Path, step: u64) -> Result<(), CheckpointError> {
     fs::write(&path, text).map_err(io(&path))
 }
 
-/// Check every file of the manifest (size, then hash). `Err` says what is wrong.
+/// Check every file of the manifest (size, then hash), and that it covers every file of the
+/// checkpoint (a manifest listing no files, or missing one, proves nothing). `Err` says what
+/// is wrong.
 pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
+    verify_under(dir, "")
+}
+
+/// [`verify`] restricted to the files under `prefix` (`"pretrained_model/"`: what a policy
+/// load reads); `""` is the whole checkpoint.
+pub fn verify_under(dir: &Path, prefix: &str) -> Result<Manifest, CheckpointError> {
     let path = dir.join(MANIFEST_FILE);
     let bad = |msg: String| CheckpointError::Bad { path: dir.to_path_buf(), msg };
     let text = fs::read_to_string(&path).map_err(|e| bad(format!("no readable {MANIFEST_FILE} ({e})")))?;
     let manifest: Manifest = serde_json::from_str(&text).map_err(|e| bad(format!("{MANIFEST_FILE} is not valid: {e}")))?;
-    for (rel, want) in &manifest.files {
+    if manifest.files.is_empty() {
+        return Err(bad(format!("{MANIFEST_FILE} lists no files: it verifies nothing")));
+    }
+    let present = files_under(dir)?;
+    if let Some(extra) = present.iter().find(|f| f.starts_with(prefix) && *f != MANIFEST_FILE && !manifest.files.contains_key(*f)) {
+        return Err(bad(format!("{extra} is not in {MANIFEST_FILE} (added after the checkpoint was written?)")));
+    }
+    for (rel, want) in manifest.files.iter().filter(|(rel, _)| rel.starts_with(prefix)) {
         let file = dir.join(rel);
         let len = fs::metadata(&file).map_err(|e| bad(format!("{rel}: {e}")))?.len();
         if len != want.bytes {
@@ -132,6 +150,55 @@ pub fn verify(dir: &Path) -> Result<Manifest, CheckpointError> {
         }
     }
     Ok(manifest)
+}
+
+/// The weights and optimizer state of checkpoint `dir` hold no NaN or infinity (`Err` names
+/// the file and the tensor).
+pub fn check_finite(dir: &Path) -> Result<(), vramlab_store::WeightError> {
+    for rel in [MODEL_FILE, OPTIMIZER_STATE_FILE] {
+        let path = dir.join(rel);
+        if path.exists() {
+            vramlab_store::check_finite_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// How a policy directory about to be loaded (`predict`, `--policy.path`, `bench-inference`)
+/// was checked by [`verify_for_load`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadCheck {
+    /// Its files match the manifest of the checkpoint holding it.
+    Verified,
+    /// Nothing to check against (lerobot writes no manifest; a bare `pretrained_model/`): why.
+    Unverified(String),
+}
+
+/// Verify `pretrained` (a `pretrained_model/` directory, or a checkpoint step directory) against
+/// its checkpoint's manifest before its files are loaded: the files under `pretrained_model/`
+/// must match it and be covered by it. A vramlab checkpoint (it has `trainer_state.json`)
+/// without a manifest is an error; lerobot's checkpoints and bare directories have none to
+/// check ([`LoadCheck::Unverified`]).
+pub fn verify_for_load(pretrained: &Path) -> Result<LoadCheck, CheckpointError> {
+    if pretrained.join(MANIFEST_FILE).exists() {
+        verify(pretrained)?;
+        return Ok(LoadCheck::Verified);
+    }
+    let step = pretrained.parent().filter(|_| pretrained.file_name().is_some_and(|n| n == PRETRAINED_MODEL_DIR));
+    let Some(step) = step else {
+        return Ok(LoadCheck::Unverified(format!("{} has no {MANIFEST_FILE} (not inside a vramlab checkpoint)", pretrained.display())));
+    };
+    if step.join(MANIFEST_FILE).exists() {
+        verify_under(step, &format!("{PRETRAINED_MODEL_DIR}/"))?;
+        Ok(LoadCheck::Verified)
+    } else if step.join(TRAINER_STATE_FILE).exists() {
+        let msg = format!("no {MANIFEST_FILE}: vramlab writes it last, so this checkpoint is incomplete or its manifest was removed; its files cannot be trusted");
+        Err(CheckpointError::Bad { path: step.to_path_buf(), msg })
+    } else if is_lerobot_checkpoint(step) {
+        Ok(LoadCheck::Unverified(format!("{} has no {MANIFEST_FILE} (written by lerobot)", step.display())))
+    } else {
+        Ok(LoadCheck::Unverified(format!("{} has no {MANIFEST_FILE}", step.display())))
+    }
 }
 
 /// Complete checkpoint directories (named by their step; temporaries start with '.'), newest
@@ -177,21 +244,45 @@ fn is_lerobot_checkpoint(dir: &Path) -> bool {
     !dir.join(MANIFEST_FILE).exists() && dir.join(TRAINING_STEP_FILE).exists() && !dir.join(TRAINER_STATE_FILE).exists()
 }
 
-/// The newest checkpoint whose files match its manifest (or, having none, was written by
-/// lerobot), and the newer ones skipped (with why).
+/// The newest checkpoint whose files match its manifest and whose weights are finite (or,
+/// having no manifest, was written by lerobot), and the newer ones skipped (with why).
 pub fn newest_intact(root: &Path) -> Result<Intact, CheckpointError> {
     let mut skipped = Vec::new();
     for (step, dir) in step_dirs(root)? {
         if is_lerobot_checkpoint(&dir) {
             return Ok(Intact { newest: Some((step, dir)), skipped, unverified: true });
         }
-        match verify(&dir) {
+        // A file that does not parse is left to the load (which names it); NaN weights are
+        // skipped here, so that the run falls back to an older checkpoint.
+        let finite = |dir: &Path| match check_finite(dir) {
+            Err(e @ vramlab_store::WeightError::NonFinite { .. }) => Err(CheckpointError::Bad { path: dir.to_path_buf(), msg: e.to_string() }),
+            _ => Ok(()),
+        };
+        match verify(&dir).and_then(|_| finite(&dir)) {
             Ok(_) => return Ok(Intact { newest: Some((step, dir)), skipped, unverified: false }),
             Err(CheckpointError::Bad { msg, .. }) => skipped.push(Skipped { dir, reason: msg }),
             Err(e) => skipped.push(Skipped { dir, reason: e.to_string() }),
         }
     }
     Ok(Intact { newest: None, skipped, unverified: false })
+}
+
+/// What a checkpoint set aside by [`set_aside`] is renamed to: `<step>.nonfinite`.
+pub const NON_FINITE_SUFFIX: &str = ".nonfinite";
+
+/// Set checkpoint `step` of `root` aside (its weights gave a non-finite loss): renamed to
+/// `<name>.nonfinite`, so that `--resume` and `last` pass over it while it stays for
+/// inspection (an earlier one of that name, vramlab's own, is replaced). `None`: no such
+/// checkpoint.
+pub fn set_aside(root: &Path, step: u64) -> Result<Option<PathBuf>, CheckpointError> {
+    let Some((_, dir)) = step_dirs(root)?.into_iter().find(|(s, _)| *s == step) else { return Ok(None) };
+    let name = dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let target = root.join(format!("{name}{NON_FINITE_SUFFIX}"));
+    if target.exists() {
+        fs::remove_dir_all(&target).map_err(io(&target))?;
+    }
+    fs::rename(&dir, &target).map_err(io(&target))?;
+    Ok(Some(target))
 }
 
 /// Point `root/last` at `name` (relative link, swapped in with a rename). Where symbolic links
@@ -207,6 +298,15 @@ pub fn update_last_link(root: &Path, name: &str) -> Result<(), CheckpointError> 
     }
     #[cfg(not(unix))]
     let _ = (root, name);
+    Ok(())
+}
+
+/// Remove `root/last` (no checkpoint is left to point at).
+pub fn remove_last_link(root: &Path) -> Result<(), CheckpointError> {
+    let last = root.join(LAST_LINK);
+    if fs::symlink_metadata(&last).is_ok() {
+        fs::remove_file(&last).map_err(io(&last))?;
+    }
     Ok(())
 }
 
@@ -253,6 +353,82 @@ mod tests {
         let found = newest_intact(root).unwrap();
         assert_eq!(found.newest.unwrap().0, 2);
         assert!(found.unverified);
+    }
+
+    #[test]
+    fn a_manifest_must_cover_every_file_it_vouches_for() {
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
+        let dir = checkpoint(tmp.path(), 2, b"weights");
+        verify(&dir).unwrap();
+        // A file added after the manifest was written.
+        fs::write(dir.join(PRETRAINED_MODEL_DIR).join("extra.safetensors"), b"x").unwrap();
+        let e = verify(&dir).unwrap_err().to_string();
+        assert!(e.contains("pretrained_model/extra.safetensors is not in manifest.json"), "{e}");
+        // Outside the scope of a policy load, the extra file is still caught by a full verify.
+        fs::remove_file(dir.join(PRETRAINED_MODEL_DIR).join("extra.safetensors")).unwrap();
+        fs::create_dir_all(dir.join(TRAINING_STATE_DIR)).unwrap();
+        fs::write(dir.join(TRAINING_STEP_FILE), "{}").unwrap();
+        assert!(verify_under(&dir, "pretrained_model/").is_ok());
+        assert!(verify(&dir).unwrap_err().to_string().contains("training_state/training_step.json is not in"));
+        fs::remove_file(dir.join(TRAINING_STEP_FILE)).unwrap();
+        // A manifest listing no files verifies nothing.
+        fs::write(dir.join(MANIFEST_FILE), r#"{"step": 2, "files": {}}"#).unwrap();
+        let e = verify(&dir).unwrap_err().to_string();
+        assert!(e.contains("lists no files"), "{e}");
+        assert!(newest_intact(tmp.path()).unwrap().newest.is_none());
+    }
+
+    #[test]
+    fn a_policy_load_verifies_its_checkpoint() {
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
+        let dir = checkpoint(tmp.path(), 2, b"weights");
+        let pretrained = dir.join(PRETRAINED_MODEL_DIR);
+        assert_eq!(verify_for_load(&pretrained).unwrap(), LoadCheck::Verified);
+        assert_eq!(verify_for_load(&dir).unwrap(), LoadCheck::Verified);
+        fs::write(dir.join(MODEL_FILE), b"weighTs").unwrap();
+        let e = verify_for_load(&pretrained).unwrap_err().to_string();
+        assert!(e.contains("model.safetensors: SHA-256 differs"), "{e}");
+        // A vramlab checkpoint with its manifest removed is refused; lerobot's and a bare
+        // directory load unverified.
+        fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+        fs::create_dir_all(dir.join(TRAINING_STATE_DIR)).unwrap();
+        fs::write(dir.join(TRAINER_STATE_FILE), "{}").unwrap();
+        assert!(verify_for_load(&pretrained).unwrap_err().to_string().contains("no manifest.json"));
+        fs::remove_file(dir.join(TRAINER_STATE_FILE)).unwrap();
+        fs::write(dir.join(TRAINING_STEP_FILE), "{\"step\": 2}").unwrap();
+        assert!(matches!(verify_for_load(&pretrained).unwrap(), LoadCheck::Unverified(why) if why.contains("lerobot")));
+        assert!(matches!(verify_for_load(tmp.path()).unwrap(), LoadCheck::Unverified(_)));
+    }
+
+    #[test]
+    fn a_checkpoint_with_non_finite_weights_is_skipped_naming_the_tensor() {
+        use burn::tensor::TensorData;
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
+        let root = tmp.path();
+        for (step, bad) in [(1, 0.5f32), (2, f32::NAN)] {
+            let dir = root.join(step_dir_name(step, 10));
+            fs::create_dir_all(dir.join(PRETRAINED_MODEL_DIR)).unwrap();
+            vramlab_store::write_safetensors(&[("w".into(), TensorData::new(vec![0.0, bad], [2]))], &dir.join(MODEL_FILE)).unwrap();
+            write_manifest(&dir, step).unwrap();
+        }
+        let Intact { newest, skipped, .. } = newest_intact(root).unwrap();
+        assert_eq!(newest.unwrap().0, 1);
+        assert!(skipped[0].reason.contains("tensor `w` has 1 non-finite value(s)"), "{}", skipped[0].reason);
+    }
+
+    #[test]
+    fn a_set_aside_checkpoint_is_no_step_directory() {
+        let tmp = vramlab_testkit::temp_dir("train-checkpoint");
+        checkpoint(tmp.path(), 1, b"a");
+        checkpoint(tmp.path(), 2, b"b");
+        assert_eq!(set_aside(tmp.path(), 3).unwrap(), None);
+        let aside = set_aside(tmp.path(), 2).unwrap().unwrap();
+        assert!(aside.ends_with("000002.nonfinite") && aside.join(MODEL_FILE).exists());
+        assert_eq!(newest_intact(tmp.path()).unwrap().newest.unwrap().0, 1);
+        // Again at the same step: the earlier one set aside is replaced.
+        checkpoint(tmp.path(), 2, b"c");
+        set_aside(tmp.path(), 2).unwrap();
+        assert_eq!(fs::read(aside.join(MODEL_FILE)).unwrap(), b"c");
     }
 
     #[test]

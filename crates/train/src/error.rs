@@ -21,8 +21,12 @@ pub enum TrainError {
     State { path: PathBuf, msg: String },
     #[error("data for step {step}: {source}")]
     Data { step: u64, source: BoxError },
-    #[error("loss is {value} at step {step}; stopped. Last good checkpoint: {checkpoint}")]
-    NonFinite { step: u64, value: f64, checkpoint: String },
+    /// A non-finite loss, gradient norm or weights at `step`: nothing of that step, or of the
+    /// weights that produced it, is checkpointed; `last_good` (verified, finite) is where
+    /// `--resume` continues, `None` when there is nothing to resume from. `what` says what was
+    /// non-finite, `outcome` what became of the checkpoints.
+    #[error("{what} at step {step}; stopped. {outcome}")]
+    NonFinite { step: u64, what: String, outcome: String, last_good: Option<PathBuf> },
     #[error("--resume: no checkpoint in {0}")]
     NothingToResume(PathBuf),
     #[error("--resume: no intact checkpoint in {dir}: {}", why.join("; "))]

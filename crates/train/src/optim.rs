@@ -267,6 +267,7 @@ impl<B: AutodiffBackend> Optimizer<B> {
         let raw = vramlab_store::read_safetensors(state_path)?;
         let mut pending: BTreeMap<String, (Option<TensorData>, Option<TensorData>)> = BTreeMap::new();
         for (k, v) in raw {
+            vramlab_store::check_finite(state_path, &k, &v)?;
             let mut parts = k.split('/');
             let (Some("state"), Some(i), Some(field), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
                 return Err(WeightError::Unused { path: state_path.to_path_buf(), unused: vec![k] });

@@ -186,7 +186,10 @@ impl<'a> Trainer<'a> {
         let mut timelines = Vec::new();
         while state.step < cfg.steps {
             let window = crate::memory_timeline::Window::start(&cfg.memory_timeline, state.step + 1, self.probe);
-            let (new_model, record) = self.step(model, &mut optim, &mut state, data, p_bytes)?;
+            let (new_model, record) = match self.step(model, &mut optim, &mut state, data, p_bytes) {
+                Err(TrainError::NonFinite { step, what, .. }) => return Err(self.diverged(step, what, true)),
+                other => other?,
+            };
             if let Some(w) = window {
                 timelines.push(w.finish(&cfg.output_dir, cfg.memory_timeline_min_bytes, &record)?);
             }
@@ -200,7 +203,11 @@ impl<'a> Trainer<'a> {
             let stop = self.stop.load(Ordering::Relaxed);
             let periodic = cfg.save_freq > 0 && step.is_multiple_of(cfg.save_freq);
             if cfg.save_checkpoint && (periodic || step == cfg.steps || stop) {
-                last_checkpoint = Some(self.save_checkpoint::<B, M>(&model, &optim, &state)?);
+                last_checkpoint = Some(match self.save_checkpoint::<B, M>(&model, &optim, &state) {
+                    // The weights of this step were not saved; those before gave a finite loss.
+                    Err(TrainError::NonFinite { step, what, .. }) => return Err(self.diverged(step, what, false)),
+                    other => other?,
+                });
             }
             if stop {
                 interrupted = true;
@@ -319,8 +326,8 @@ impl<'a> Trainer<'a> {
         }
         let loss = loss_sum / accum as f64;
         if !loss.is_finite() {
-            let checkpoint = if state.step > 0 { self.save_checkpoint::<B, M>(&model, optim, state)?.display().to_string() } else { "none (failed at the first step)".into() };
-            return Err(TrainError::NonFinite { step, value: loss, checkpoint });
+            // Nothing is saved: these weights (of step - 1) gave it ([`Trainer::diverged`]).
+            return Err(TrainError::NonFinite { step, what: format!("loss is {loss}"), outcome: String::new(), last_good: None });
         }
         let grads = acc.grads();
         let g_bytes = grad_bytes::<B, M>(&model, &grads);
@@ -335,8 +342,8 @@ impl<'a> Trainer<'a> {
         let skipped = match self.update_loss_scale(state, info.applied) {
             Ok(skipped) => skipped,
             Err(()) => {
-                let dir = if state.step > 0 { self.save_checkpoint::<B, M>(&model, optim, state)?.display().to_string() } else { "none".into() };
-                return Err(TrainError::NonFinite { step, value: info.grad_norm, checkpoint: dir });
+                let what = format!("gradient norm is {}", info.grad_norm);
+                return Err(TrainError::NonFinite { step, what, outcome: String::new(), last_good: None });
             }
         };
         state.step = step;
@@ -456,6 +463,13 @@ impl<'a> Trainer<'a> {
         // The lr the next step would use, as torch's param groups hold it after scheduler.step().
         let lr_factor = self.config.schedule.factor(state.optimizer_step);
         optim.save(&tmp.join(checkpoint::OPTIMIZER_STATE_FILE), &tmp.join(checkpoint::OPTIMIZER_GROUPS_FILE), &params, lr_factor)?;
+        // Never a checkpoint of non-finite weights: read back what was written, before the rename.
+        if let Err(vramlab_store::WeightError::NonFinite { path, key, count, total }) = checkpoint::check_finite(&tmp) {
+            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+            let file = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+            let what = format!("the update made the weights non-finite ({file}: tensor `{key}` has {count} NaN/inf value(s) of {total})");
+            return Err(TrainError::NonFinite { step: state.step, what, outcome: String::new(), last_good: None });
+        }
         let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).expect("JSON values serialise");
         write(checkpoint::TRAINING_STEP_FILE, json(&serde_json::json!({ "step": state.step })).as_bytes())?;
         if let Some(sched) = scheduler_state(&self.config, state.optimizer_step) {
@@ -472,6 +486,39 @@ impl<'a> Trainer<'a> {
         fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
         checkpoint::update_last_link(&root, &name)?;
         Ok(final_dir)
+    }
+}
+
+impl Trainer<'_> {
+    /// What a non-finite `what` at `step` leaves. A non-finite loss or gradient came from the
+    /// weights of step - 1 (`previous_gave_it`), so their checkpoint (if one was written) is
+    /// set aside as `<step>.nonfinite/`. The last good checkpoint is then the newest intact one
+    /// with finite weights (`last` points at it), or there is none and nothing to resume from.
+    fn diverged(&self, step: u64, what: String, previous_gave_it: bool) -> TrainError {
+        let root = self.checkpoints_dir();
+        let mut outcome = Vec::new();
+        let aside = if previous_gave_it { checkpoint::set_aside(&root, step.saturating_sub(1)) } else { Ok(None) };
+        match aside {
+            Ok(Some(aside)) => outcome.push(format!("The checkpoint of step {} holds the weights that gave it: set aside as {}.", step - 1, aside.display())),
+            Ok(None) => {}
+            Err(e) => outcome.push(format!("The checkpoint of step {} holds the weights that gave it, but could not be set aside ({e}): do not resume from it.", step - 1)),
+        }
+        let last_good = checkpoint::newest_intact(&root).ok().and_then(|i| i.newest);
+        let link = match &last_good {
+            Some((_, dir)) => checkpoint::update_last_link(&root, &dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default()),
+            None => checkpoint::remove_last_link(&root),
+        };
+        if let Err(e) = link {
+            outcome.push(format!("({e})"));
+        }
+        match &last_good {
+            Some((_, dir)) => outcome.push(format!(
+                "Last good checkpoint: {} (verified, weights finite); continue from it with --resume and a smaller --optimizer.lr.",
+                dir.display()
+            )),
+            None => outcome.push("No checkpoint was written before the step that went bad: there is nothing to resume from (start again with a smaller --optimizer.lr).".into()),
+        }
+        TrainError::NonFinite { step, what, outcome: outcome.join(" "), last_good: last_good.map(|(_, d)| d) }
     }
 }
 

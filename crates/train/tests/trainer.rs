@@ -193,8 +193,10 @@ fn frozen_parameters_get_no_gradient_no_state_and_do_not_move() {
     assert_eq!(last.optimizer_state_bytes, 2 * (last.param_bytes - frozen));
 }
 
+/// Issue 25: the weights that gave a non-finite loss are never checkpointed (here none were
+/// saved before it: there is nothing to resume from, and no checkpoint is left behind).
 #[test]
-fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
+fn non_finite_loss_stops_naming_the_step_without_a_checkpoint_of_its_weights() {
     let (_tmp, dir) = tmpdir("nan");
     let mut cfg = config(dir.clone(), 50, false, CheckpointMode::Off);
     cfg.optim.lr = 1e30;
@@ -202,13 +204,40 @@ fn non_finite_loss_stops_naming_the_step_after_a_checkpoint() {
     cfg.schedule = LrSchedule::constant();
     cfg.save_freq = 1000;
     let err = train(cfg, Mlp::new(&Default::default())).err().expect("the run must stop");
-    let TrainError::NonFinite { step, checkpoint, .. } = &err else { panic!("unexpected error: {err}") };
+    let TrainError::NonFinite { step, last_good, .. } = &err else { panic!("unexpected error: {err}") };
     assert!(*step >= 2, "{err}");
     let msg = err.to_string();
-    assert!(msg.contains(&format!("at step {step}")), "{msg}");
-    // The last good state (step - 1) was written.
-    assert!(checkpoint.ends_with(&format!("{:06}", step - 1)), "{msg}");
-    assert!(std::path::Path::new(checkpoint).join("pretrained_model/model.safetensors").exists());
+    assert!(msg.contains(&format!("at step {step}")) && msg.contains("nothing to resume from"), "{msg}");
+    assert!(last_good.is_none(), "{msg}");
+    assert!(checkpoint::step_dirs(&dir.join("checkpoints")).unwrap().is_empty(), "{msg}");
+}
+
+/// A run that diverges after periodic checkpoints: the checkpoint of the weights that gave the
+/// non-finite loss is set aside, the one before is the last good one (and `last`), and
+/// resuming from it with a smaller lr trains.
+#[test]
+fn after_a_non_finite_loss_resume_continues_from_the_last_good_checkpoint() {
+    let (_tmp, dir) = tmpdir("nan-resume");
+    let with = |steps, resume, lr| {
+        let mut cfg = config(dir.clone(), steps, resume, CheckpointMode::Off);
+        (cfg.optim.lr, cfg.optim.grad_clip_norm, cfg.schedule, cfg.save_freq) = (lr, None, LrSchedule::constant(), 1);
+        cfg
+    };
+    train(with(3, false, 1e-2), Mlp::new(&Default::default())).unwrap();
+    let err = train(with(50, true, 1e30), Mlp::new(&Default::default())).err().expect("the run must stop");
+    let TrainError::NonFinite { step, last_good, .. } = &err else { panic!("unexpected error: {err}") };
+    let msg = err.to_string();
+    assert_eq!(*step, 5, "{msg}");
+    let root = dir.join("checkpoints");
+    assert!(root.join("000004.nonfinite/pretrained_model/model.safetensors").exists(), "{msg}");
+    assert_eq!(last_good.as_deref(), Some(root.join("000003").as_path()), "{msg}");
+    assert!(msg.contains("set aside") && msg.contains("Last good checkpoint") && msg.contains("000003"), "{msg}");
+    #[cfg(unix)]
+    assert_eq!(std::fs::read_link(root.join("last")).unwrap(), PathBuf::from("000003"));
+    checkpoint::check_finite(&root.join("000003")).unwrap();
+    let out = train(with(6, true, 1e-3), Mlp::new(&Default::default())).unwrap();
+    assert_eq!(out.records.iter().map(|r| r.step).collect::<Vec<_>>(), [4, 5, 6]);
+    assert!(out.records.iter().all(|r| r.loss.is_finite()));
 }
 
 #[test]

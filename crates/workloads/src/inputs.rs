@@ -41,8 +41,18 @@ pub struct Inputs {
 }
 
 impl Inputs {
+    /// The tensors of `path`; a float tensor holding a NaN or an infinity is an error naming it
+    /// (a model would only turn it into non-finite outputs).
     pub fn read(path: &Path) -> Result<Self> {
         let map = vramlab_store::read_safetensors(path)?;
+        for (name, data) in &map {
+            let count = vramlab_store::non_finite_count(data);
+            if count > 0 {
+                let all = if count == data.num_elements() { "all " } else { "" };
+                let msg = format!("tensor `{name}` has {all}{count} of {} values non-finite (NaN or ±inf); predict needs finite inputs", data.num_elements());
+                return Err(WorkloadError::file(path, msg));
+            }
+        }
         Ok(Self { path: path.to_path_buf(), map, bound: BTreeMap::new() })
     }
 
@@ -184,5 +194,16 @@ mod tests {
         assert!(err.contains("`y` is missing") && err.contains("present: t, x"), "{err}");
         let err = inputs.float::<Flex, 1>("t", [Dim::Any("B")], &dev).unwrap_err().to_string();
         assert!(err.contains("dtype") && err.contains("float"), "{err}");
+    }
+
+    #[test]
+    fn non_finite_inputs_are_refused_naming_the_tensor() {
+        let dir = vramlab_testkit::temp_dir("inputs");
+        let path = dir.path().join("inputs.safetensors");
+        for (values, needle) in [(vec![f32::NAN; 4], "all 4 of 4"), (vec![1.0, f32::INFINITY, 0.0, 2.0], "1 of 4"), (vec![f32::NEG_INFINITY; 4], "all 4 of 4")] {
+            vramlab_store::write_safetensors(&[("ok".into(), TensorData::new(vec![0.5f32; 2], [2])), ("x".into(), TensorData::new(values, [2, 2]))], &path).unwrap();
+            let err = Inputs::read(&path).err().expect("non-finite inputs").to_string();
+            assert!(err.contains("inputs.safetensors") && err.contains("tensor `x`") && err.contains(needle) && err.contains("non-finite"), "{err}");
+        }
     }
 }

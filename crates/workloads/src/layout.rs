@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 pub use vramlab_models::policy::{CONFIG_FILE, WEIGHTS_FILE};
 pub use vramlab_train::checkpoint::{LAST_LINK, PRETRAINED_MODEL_DIR};
 
+use vramlab_train::checkpoint::LoadCheck;
+
 use crate::error::{Result, WorkloadError};
 
 /// The `type` of every model this build knows, as a checkpoint's `config.json` and
@@ -51,6 +53,20 @@ pub fn pretrained_dir(dir: &Path) -> PathBuf {
         .into_iter()
         .find(|d| d.join(CONFIG_FILE).is_file())
         .unwrap_or_else(|| dir.to_path_buf())
+}
+
+/// [`pretrained_dir`], verified before anything in it is loaded (`predict`, `--policy.path`,
+/// `bench-inference`): where it lies in a vramlab checkpoint, its files must match that
+/// checkpoint's manifest and be covered by it; without a manifest (lerobot's checkpoints, a
+/// bare `pretrained_model/`) it loads with a note on stderr. `flag` names what gave the path.
+pub fn verified_pretrained_dir(dir: &Path, flag: &str) -> Result<PathBuf> {
+    let pretrained = pretrained_dir(dir);
+    match vramlab_train::checkpoint::verify_for_load(&pretrained) {
+        Ok(LoadCheck::Verified) => {}
+        Ok(LoadCheck::Unverified(why)) => eprintln!("note: {flag}: {why}: its files are not verified"),
+        Err(e) => return Err(WorkloadError::Flag { flag: flag.to_string(), msg: format!("{e}; refusing to load it") }),
+    }
+    Ok(pretrained)
 }
 
 /// The `type` of a checkpoint directory's `config.json`.

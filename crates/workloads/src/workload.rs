@@ -18,7 +18,7 @@ use crate::estimate::{MemoryEstimate, Shapes, estimate_from};
 use crate::inference::policy::Stats;
 use crate::inference::{BenchReport, BenchRequest, Machine};
 use crate::inputs::Inputs;
-use crate::layout::{self, checkpoint_type, pretrained_dir};
+use crate::layout::{self, checkpoint_type};
 use crate::model_info::InfoReport;
 use crate::training::{TrainObserver, run_training};
 use crate::{act, diffusion, vae3d};
@@ -102,7 +102,7 @@ pub struct PredictRequest {
 /// `action` (the first step, what lerobot's `select_action` returns first) are added in the
 /// dataset's units; without processors inputs are taken as already normalised.
 pub fn predict(req: &PredictRequest, cfg: &RunConfig) -> Result<Vec<(String, Vec<usize>)>> {
-    let dir = pretrained_dir(&req.checkpoint);
+    let dir = layout::verified_pretrained_dir(&req.checkpoint, "checkpoint")?;
     let kind = checkpoint_type(&dir)?;
     let mut inputs = Inputs::read(&req.inputs)?;
     let processors = crate::processors::read(&dir)?;
@@ -183,7 +183,7 @@ impl Job for BenchJob<'_> {
 /// `type`, the robot policy's `bench_inference`.
 pub fn bench_inference_on<B: LeanBackend>(req: &BenchRequest, backend: BackendKind, machine: Machine, device: &B::Device) -> Result<BenchReport> {
     req.validate()?;
-    let dir = pretrained_dir(&req.checkpoint);
+    let dir = layout::verified_pretrained_dir(&req.checkpoint, "checkpoint")?;
     let kind = checkpoint_type(&dir)?;
     let stats = Stats::read(&dir)?;
     let mut report = BenchReport::new(req, dir.clone(), backend, machine);

@@ -149,7 +149,8 @@ pub fn setup<'a, B: TrainBackend>(p: &ActPolicy, cfg: &RunConfig, device: &B::De
         model = load_backbone_weights(model, path)?;
     }
     if let Some(dir) = &p.pretrained {
-        // lerobot's --policy.path: fine-tune from those weights.
+        // lerobot's --policy.path: fine-tune from those weights (verified first).
+        let dir = &layout::verified_pretrained_dir(dir, "policy.path")?;
         model = vramlab_models::act::load_weights(model, &dir.join(layout::WEIGHTS_FILE))?;
     }
     if ac.freeze_backbone {

@@ -123,7 +123,8 @@ pub fn setup<'a, B: TrainBackend>(p: &DiffusionPolicy, cfg: &RunConfig, device: 
     B::seed(device, cfg.seed);
     let mut model = dc.init(device);
     if let Some(dir) = &p.pretrained {
-        // lerobot's --policy.path: fine-tune from those weights.
+        // lerobot's --policy.path: fine-tune from those weights (verified first).
+        let dir = &layout::verified_pretrained_dir(dir, "policy.path")?;
         model = vramlab_models::diffusion::load_weights(model, &dir.join(layout::WEIGHTS_FILE))?;
     }
     let data_desc = source.describe();
