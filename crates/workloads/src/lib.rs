@@ -49,6 +49,7 @@ pub mod layout;
 pub mod lock;
 pub mod model_info;
 pub mod policy_data;
+pub mod preflight;
 pub mod probe_check;
 pub mod processors;
 pub mod sim;
