@@ -26,6 +26,9 @@ pub const SKIP_ENV: &str = "VRAMLAB_SKIP_MEMORY_CHECK";
 /// that does not fit the machine).
 pub const REFUSAL: &str = "more memory than this machine has available";
 
+/// The words of the refusal of a batch too large to estimate at all ([`crate::estimate()`]).
+pub const BEYOND: &str = "beyond what any machine has";
+
 /// Memory the run can use now, and where the figure comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Available {
@@ -82,14 +85,15 @@ pub fn available(cfg: &RunConfig) -> Option<Available> {
     }
 }
 
-/// Refuses `need` bytes (`what`: what they are, e.g. "the estimated peak of a training step")
-/// when they exceed `avail`; `change` names the flags that lower them.
-pub fn check_against(need: u64, what: &str, avail: &Available, change: &str) -> Result<()> {
+/// Refuses `need` bytes (`what`: what they are, e.g. "the estimated peak of a training step";
+/// `kind`: "an estimate" or "exact") when they exceed `avail`; `change` names the flags that
+/// lower them.
+pub fn check_against(need: u64, what: &str, kind: &str, avail: &Available, change: &str) -> Result<()> {
     if need <= avail.bytes {
         return Ok(());
     }
     Err(WorkloadError::Preflight(format!(
-        "{what} is {} ({need} bytes, an estimate), {REFUSAL}: {} ({} bytes, {}); {change} (or set {SKIP_ENV}=1 to run anyway)",
+        "{what} is {} ({need} bytes, {kind}), {REFUSAL}: {} ({} bytes, {}); {change} (or set {SKIP_ENV}=1 to run anyway)",
         human(need),
         human(avail.bytes),
         avail.bytes,
@@ -118,14 +122,14 @@ pub fn check_train(cfg: &RunConfig, est: &MemoryEstimate, avail: &Available) -> 
     } else {
         format!("lower --batch_size={} (or use --gradient_checkpointing=blocks, --precision=bf16, --grad_accum_steps)", cfg.batch_size)
     };
-    check_against(est.peak_step_bytes, "the estimated peak of a training step", avail, &change)
+    check_against(est.peak_step_bytes, "the estimated peak of a training step", "an estimate", avail, &change)
 }
 
 /// `info`: the model's f32 parameter bytes (`params` parameters) against `avail`, before the
 /// model is built.
 pub fn check_info(cfg: &RunConfig, params: u64, avail: &Available) -> Result<()> {
     let need = params.saturating_mul(4);
-    check_against(need, &format!("building the model's {} f32 parameters", crate::thousands(params)), avail, &format!("choose {}", policy_flags(cfg)))
+    check_against(need, &format!("building the model's {} f32 parameters", crate::thousands(params)), "exact", avail, &format!("choose {}", policy_flags(cfg)))
 }
 
 #[cfg(test)]
@@ -143,8 +147,8 @@ mod tests {
     #[test]
     fn a_need_above_what_is_available_is_refused_with_both_figures_and_the_flags() {
         let avail = Available { bytes: 1 << 30, source: "test".into() };
-        check_against(1 << 30, "x", &avail, "lower --batch_size").unwrap();
-        let err = check_against((1 << 30) + 1, "the estimated peak", &avail, "lower --batch_size=9").unwrap_err().to_string();
+        check_against(1 << 30, "x", "an estimate", &avail, "lower --batch_size").unwrap();
+        let err = check_against((1 << 30) + 1, "the estimated peak", "an estimate", &avail, "lower --batch_size=9").unwrap_err().to_string();
         for want in ["the estimated peak", "1073741825 bytes", "an estimate", "1073741824 bytes", "--batch_size=9", SKIP_ENV, REFUSAL] {
             assert!(err.contains(want), "{want}: {err}");
         }

@@ -181,11 +181,15 @@ pub(crate) fn estimate_of(cfg: &RunConfig) -> Result<MemoryEstimate> {
     if cfg.batch_size > 1 {
         // Every figure grows at most linearly with the batch: bounded by batch × batch 1's.
         let one = RunConfig { batch_size: 1, ..cfg.clone() };
-        let bound = u128::from(estimate_from(&one, shapes(&one)?).peak_step_bytes) * u128::from(cfg.batch_size);
-        if bound > u128::from(u64::MAX >> 2) {
+        let e1 = estimate_from(&one, shapes(&one)?);
+        let b = u128::from(cfg.batch_size);
+        if u128::from(e1.peak_step_bytes) * b > u128::from(u64::MAX >> 2) {
+            // What grows with the batch: the stored activations and the batch itself.
+            let fixed = e1.param_bytes + e1.grad_bytes + e1.optimizer_state_bytes;
+            let about = u128::from(fixed) + b * u128::from(e1.stored_activation_bytes + e1.batch_bytes);
             return Err(WorkloadError::invalid(
                 "batch_size",
-                format!("{}: a training step would need about {bound} bytes (batch {} × its batch-1 peak), beyond what any machine has; lower --batch_size", cfg.batch_size, cfg.batch_size),
+                format!("{}: a training step would need about {about} bytes (an estimate: the batch-1 stored activations and batch times {}), {}; lower --batch_size", cfg.batch_size, cfg.batch_size, crate::preflight::BEYOND),
             ));
         }
     }

@@ -148,7 +148,7 @@ impl Ctx<'_> {
         let effective = (t.batch_size * t.grad_accum_steps) as f64;
         // A trial the pre-flight check refused needs more memory than the machine has: it does
         // not fit, as an out-of-memory trial does not.
-        let oom_line = stderr.lines().find(|l| l.starts_with(vramlab_probe::OUT_OF_MEMORY_MESSAGE) || is_device_oom(l) || l.contains(crate::preflight::REFUSAL));
+        let oom_line = stderr.lines().find(|l| l.starts_with(vramlab_probe::OUT_OF_MEMORY_MESSAGE) || is_device_oom(l) || l.contains(crate::preflight::REFUSAL) || l.contains(crate::preflight::BEYOND));
         let (status, message) = if output.status.code() == Some(vramlab_probe::OUT_OF_MEMORY_EXIT_CODE) || oom_line.is_some() {
             let at = format!("during step {}", records.len() + 1);
             (Status::OutOfMemory, format!("{at}: {}", oom_line.unwrap_or("device out of memory").trim()))
