@@ -89,6 +89,11 @@ pub struct RunConfig {
     /// Sweep axes (`--sweep.<field>=a,b,c`); used by `vramlab sweep` only.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub sweep: serde_json::Map<String, Value>,
+    /// Not a field: the step of the checkpoint a `--resume` continues from, when loading the
+    /// config already verified it ([`super::load`] reads that checkpoint's run config), so the
+    /// run's checks do not verify it again (the trainer does, under the run's lock).
+    #[serde(skip)]
+    pub resume_verified: Option<u64>,
     /// What the user should know before any command runs (lerobot keys mapped or ignored);
     /// printed by the CLI. See [`super::lerobot`]; what concerns training only is
     /// [`RunConfig::training_notes`].

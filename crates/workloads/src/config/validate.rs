@@ -291,6 +291,31 @@ mod tests {
     }
 
     #[test]
+    fn a_data_flag_the_source_ignores_names_the_flag_and_the_source() {
+        let err = |pairs: &[(&str, &str)]| load(None, &ov(pairs)).and_then(|c| c.validate()).err().map(|e| e.to_string());
+        for (pairs, field, source) in [
+            (&[("policy.type", "act"), ("dataset.grid", "4,16,16")][..], "dataset.grid", "dataset.type=sim"),
+            (&[("policy.type", "act"), ("dataset.num_scenes", "3")], "dataset.num_scenes", "dataset.type=sim"),
+            (&[("policy.type", "act"), ("dataset.type", "random"), ("dataset.shuffle", "false")], "dataset.shuffle", "dataset.type=random"),
+            (&[("policy.type", "vae3d"), ("dataset.num_episodes", "3")], "dataset.num_episodes", "dataset.type=voxels"),
+            (&[("policy.type", "vae3d"), ("dataset.root", "/d")], "dataset.root", "dataset.type=voxels"),
+            (&[("policy.type", "vae3d"), ("dataset.image_size", "8,8")], "dataset.image_size", "dataset.type=voxels"),
+            (&[("policy.type", "act"), ("policy.camera_shape", "3,480,640")], "policy.camera_shape", "dataset.type=sim"),
+        ] {
+            let e = err(pairs).unwrap_or_else(|| panic!("{pairs:?} accepted"));
+            assert!(e.starts_with(field) && e.contains(source), "{pairs:?}: {e}");
+        }
+        // Where the source reads them, and at their defaults: accepted.
+        assert_eq!(err(&[("policy.type", "vae3d"), ("dataset.grid", "4,16,16"), ("dataset.num_scenes", "3"), ("dataset.num_movers", "1")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.num_episodes", "3"), ("dataset.image_size", "64,64"), ("dataset.shuffle", "false")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.type", "random"), ("dataset.num_scenes", "3"), ("policy.camera_shape", "3,96,96")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.grid", "8,32,32")]), None);
+        // Loader bounds.
+        assert!(err(&[("policy.type", "vae3d"), ("num_workers", "257")]).is_some_and(|e| e.contains("num_workers") && e.contains("256")));
+        assert_eq!(err(&[("policy.type", "vae3d"), ("num_workers", "256")]), None);
+    }
+
+    #[test]
     fn synthetic_means_each_policys_built_in_data() {
         let t = |p: &str| load(None, &ov(&[("policy.type", p), ("dataset.type", "synthetic")])).unwrap().dataset_type().unwrap();
         assert_eq!(t("vae3d"), DatasetType::Voxels);
