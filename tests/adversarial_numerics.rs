@@ -117,7 +117,15 @@ fn a_run_that_goes_bad_before_any_good_checkpoint_leaves_nothing_to_resume() {
     assert_refused(&o, &["loss is NaN at step 2", "000001.nonfinite", "nothing to resume from"]);
     assert_eq!(checkpoint_names(&run), ["000001.nonfinite"]);
     let o = resume(&run, &[]);
-    assert_refused(&o, &["resume", "no checkpoint in", "checkpoints"]);
+    assert_refused(&o, &["resume", "no checkpoint to resume from", "diverged", "000001.nonfinite"]);
+    // Nor is the directory taken for a fresh run: it is the diverged run's (its metrics and
+    // config stay as they are).
+    let files = ["run_config.json", "metrics.jsonl"].map(|f| run.join(f));
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let o = train_tiny(&run, &["--steps=1"]);
+    assert_refused(&o, &["output_dir", "diverged", "000001.nonfinite", "another --output_dir"]);
+    assert_eq!(files.iter().map(|f| std::fs::read(f).unwrap()).collect::<Vec<_>>(), before);
+    assert_eq!(checkpoint_names(&run), ["000001.nonfinite"]);
 }
 
 #[test]

@@ -64,6 +64,10 @@ fn info(root: &Path) -> Result<()> {
 /// Loader throughput: ACT-style samples (state, 100 actions, every camera) in batches, through
 /// the prefetching loader with 0..N workers; and sequential decoding of one whole video.
 fn bench(root: &Path, samples: usize, batch: usize, workers: &[usize]) -> Result<()> {
+    let max = vramlab_workloads::config::validate::MAX_WORKERS;
+    if let Some(w) = workers.iter().find(|&&w| w > max) {
+        anyhow::bail!("--workers={w}: at most {max} loader threads");
+    }
     let ds = Arc::new(LeRobotDataset::open(root)?);
     let cams = ds.camera_keys().len();
     // ACT-like samples: the current frame and a chunk of 100 actions.

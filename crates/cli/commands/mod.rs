@@ -21,7 +21,8 @@ use crate::args::{Cli, Command, RunArgs};
 fn run_config(run: &RunArgs, overrides: &[(String, String)]) -> Result<RunConfig> {
     let all = all_overrides(run, overrides);
     let cfg = config::load(run.config.as_deref(), &all)?;
-    // lerobot keys mapped or ignored, missing ImageNet weights: said before anything runs.
+    // lerobot keys mapped or ignored: said before anything runs (what concerns training only,
+    // `RunConfig::training_notes`, the commands that train print).
     for note in &cfg.notes {
         eprintln!("{note}");
     }

@@ -11,6 +11,10 @@ use vramlab_bytes::human;
 use vramlab_workloads::{RunConfig, RunEnd, RunStart, TrainObserver};
 
 pub fn run(cfg: RunConfig) -> Result<()> {
+    // What concerns training only (the ACT backbone's missing ImageNet weights).
+    for note in cfg.training_notes() {
+        eprintln!("{note}");
+    }
     let mut progress = Progress { bar: None, every: cfg.log_freq, peak_kind: "peak", stop: stop_flag() };
     vramlab_workloads::train(cfg, &mut progress)?;
     Ok(())

@@ -27,7 +27,7 @@ pub mod video;
 pub use dataset::{Array, Frame, LeRobotDataset, Sample, SampleOptions, DEFAULT_TOLERANCE_S};
 pub use delta::{resolve_delta_indices, DeltaIndices};
 pub use error::DatasetError;
-pub use loader::{EpochSampler, LoaderConfig, Prefetcher};
+pub use loader::{EpochSampler, LoaderConfig, Prefetcher, SpawnError};
 pub use info::{Feature, FeatureKind, Info, Version};
 pub use meta::{Episode, EpisodeVideo, FeatureStats, Stats};
 pub use normalize::{FeatureSpec, NormMode, Normalizer};

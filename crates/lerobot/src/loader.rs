@@ -5,11 +5,22 @@
 //! `make(k)`), so workers can build any batch independently and a resumed run asks for the
 //! same batches as an uninterrupted one. Workers keep up to `num_workers × prefetch_factor`
 //! batches ready ahead of the consumer; `get(k)` blocks only when batch `k` is not ready yet
-//! (that time is the trainer's data wait).
+//! (that time is the trainer's data wait). A worker thread the OS refuses to start is an error
+//! of `get` ([`SpawnError`]), not a panic.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+
+/// The OS refused a loader worker thread (too many threads, no memory for its stack).
+#[derive(Debug, thiserror::Error)]
+#[error("num_workers: cannot start loader worker {worker} of {workers}: {source}; lower --num_workers")]
+pub struct SpawnError {
+    pub worker: usize,
+    pub workers: usize,
+    #[source]
+    pub source: std::io::Error,
+}
 
 /// Builds batch `k`.
 pub type MakeBatch<T, E> = Arc<dyn Fn(u64) -> Result<T, E> + Send + Sync>;
@@ -52,7 +63,7 @@ pub struct Prefetcher<T: Send + 'static, E: Send + 'static> {
     pub generations: u64,
 }
 
-impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
+impl<T: Send + 'static, E: Send + From<SpawnError> + 'static> Prefetcher<T, E> {
     pub fn new(cfg: LoaderConfig, make: MakeBatch<T, E>) -> Self {
         let state = Arc::new((
             Mutex::new(Shared { next: 0, ready: BTreeMap::new(), in_flight: 0, limit: 0, stop: false }),
@@ -68,7 +79,8 @@ impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
         }
     }
 
-    fn start_workers(&mut self, from: u64) {
+    /// Start the workers at batch `from`; a refused thread stops the ones already started.
+    fn start_workers(&mut self, from: u64) -> Result<(), SpawnError> {
         {
             let mut s = self.state.0.lock().unwrap_or_else(|p| p.into_inner());
             s.next = from;
@@ -82,23 +94,15 @@ impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
         for w in 0..self.cfg.num_workers {
             let state = self.state.clone();
             let make = self.make.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("vramlab-loader-{w}"))
-                .spawn(move || worker(&state, &*make, cap))
-                .expect("spawn loader worker");
-            self.workers.push_back(handle);
+            match std::thread::Builder::new().name(format!("vramlab-loader-{w}")).spawn(move || worker(&state, &*make, cap)) {
+                Ok(handle) => self.workers.push_back(handle),
+                Err(source) => {
+                    self.stop_workers();
+                    return Err(SpawnError { worker: w, workers: self.cfg.num_workers, source });
+                }
+            }
         }
-    }
-
-    fn stop_workers(&mut self) {
-        {
-            let mut s = self.state.0.lock().unwrap_or_else(|p| p.into_inner());
-            s.stop = true;
-        }
-        self.state.1.notify_all();
-        while let Some(h) = self.workers.pop_front() {
-            let _ = h.join();
-        }
+        Ok(())
     }
 
     /// Batch `k`. Batches are meant to be asked for in increasing order; asking for another
@@ -115,7 +119,7 @@ impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
         self.expected = k + 1;
         if restart {
             self.stop_workers();
-            self.start_workers(k);
+            self.start_workers(k)?;
         }
         let (lock, cv) = &*self.state;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -133,6 +137,19 @@ impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
                 return (self.make)(k);
             }
             s = cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl<T: Send + 'static, E: Send + 'static> Prefetcher<T, E> {
+    fn stop_workers(&mut self) {
+        {
+            let mut s = self.state.0.lock().unwrap_or_else(|p| p.into_inner());
+            s.stop = true;
+        }
+        self.state.1.notify_all();
+        while let Some(h) = self.workers.pop_front() {
+            let _ = h.join();
         }
     }
 }
@@ -236,6 +253,12 @@ impl EpochSampler {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    impl From<SpawnError> for String {
+        fn from(e: SpawnError) -> String {
+            e.to_string()
+        }
+    }
 
     #[test]
     fn sampler_is_a_permutation_per_epoch_and_drops_last_frames() {

@@ -26,6 +26,11 @@ pub enum WorkloadError {
     /// The backend or device cannot run the request.
     #[error("{0}")]
     Backend(String),
+    /// The run would need more memory than the machine has ([`crate::preflight`]).
+    #[error("{0}")]
+    Preflight(String),
+    #[error(transparent)]
+    LoaderSpawn(#[from] vramlab_lerobot::SpawnError),
     #[error(transparent)]
     Train(#[from] vramlab_train::TrainError),
     #[error(transparent)]

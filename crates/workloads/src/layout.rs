@@ -83,3 +83,13 @@ pub fn checkpoint_type(dir: &Path) -> Result<String> {
         }
     }
 }
+
+/// The checkpoints of `ckpts` (a run's `checkpoints/`) that a diverged run set aside
+/// (`<step>.nonfinite/`, [`vramlab_train::checkpoint::NON_FINITE_SUFFIX`]), by name, sorted.
+pub fn set_aside_checkpoints(ckpts: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(ckpts)
+        .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(vramlab_train::checkpoint::NON_FINITE_SUFFIX)).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}

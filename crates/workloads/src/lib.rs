@@ -1,5 +1,6 @@
 //! vramlab-workloads: what vramlab trains, as a library. The CLI (`crates/cli`) is a thin shell
-//! over it: raw args → [`config::load`] → [`RunConfig::validate`] → [`train`], [`info`],
+//! over it: raw args → [`config::load`] → [`RunConfig::validate`] (the one set of checks that
+//! `train`, `info`, `estimate`, `sweep` and `fit` each make) → [`train`], [`info`],
 //! [`predict`], [`estimate()`](workload::estimate) or [`sweep`] / [`fit`].
 //!
 //! Models (`vramlab-models`) know nothing about training; the trainer (`vramlab-train`) knows
@@ -10,7 +11,8 @@
 //! - [`config`]: the typed run config, its `policy` section ([`Workload`]: the model family),
 //!   loading (TOML, lerobot's `train_config.json`, overrides) and validation;
 //! - [`policy_data`], [`training`] (one run of any model), [`estimate`] (the peak around a
-//!   model's graph), [`model_info`], [`inference`] (bench-inference's model-agnostic machinery:
+//!   model's graph), [`preflight`] (a run's estimate against the memory available, before
+//!   anything is allocated), [`model_info`], [`inference`] (bench-inference's model-agnostic machinery:
 //!   timing loop, synthetic robot, pre/post-processing, report);
 //! - one module per model family, [`vae3d`], [`act`], [`diffusion`], each with the same entry
 //!   points: `setup` (model, data, optimizer preset of a run; its `train.rs` adapter),
@@ -49,6 +51,7 @@ pub mod layout;
 pub mod lock;
 pub mod model_info;
 pub mod policy_data;
+pub mod preflight;
 pub mod probe_check;
 pub mod processors;
 pub mod sim;

@@ -137,22 +137,41 @@ pub fn run(spec: &SweepSpec<'_>) -> Result<PathBuf> {
     }
     cfg.validate_output_dir()?;
     let axes = axes_of(&cfg.sweep);
-    // Every axis value must make a valid config on its own (fail before hours of runs).
+    if let Some((axis, _)) = axes.iter().find(|(_, values)| values.is_empty()) {
+        return Err(WorkloadError::Flag { flag: format!("sweep.{axis}"), msg: "an empty list: give the values to sweep (e.g. --sweep.batch_size=1,2,4)".into() });
+    }
+    // Every point must make a valid config, with the checks `train` makes (fail before hours
+    // of runs): each axis value on its own first (the clearer message), then each combination.
     let base: Vec<(String, String)> = spec.overrides.iter().filter(|(k, _)| !k.starts_with("sweep.") && k != "output_dir").cloned().collect();
+    let check = |settings: &[(String, String)]| {
+        let o: Vec<(String, String)> = base.iter().chain(settings).cloned().collect();
+        config::load(spec.config_file, &o).and_then(|c| c.validate()).map_err(|e| {
+            let flags: Vec<String> = settings.iter().map(|(k, v)| format!("sweep.{k}={v}")).collect();
+            WorkloadError::Flag { flag: flags.join(" --"), msg: e.to_string() }
+        })
+    };
     for (axis, values) in &axes {
         for v in values {
-            let mut o = base.clone();
-            o.push((axis.clone(), v.clone()));
-            config::load(spec.config_file, &o)
-                .and_then(|c| c.validate())
-                .map_err(|e| WorkloadError::Flag { flag: format!("sweep.{axis}={v}"), msg: e.to_string() })?;
+            check(&[(axis.clone(), v.clone())])?;
         }
     }
     let points = grid(&axes);
+    if axes.len() > 1 {
+        for p in &points {
+            check(&p.settings)?;
+        }
+    }
+    for note in cfg.training_notes() {
+        eprintln!("{note}");
+    }
     let out_dir = cfg.output_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(format!("sweep-{}", timestamp())));
     std::fs::create_dir_all(&out_dir).map_err(|source| WorkloadError::Io { path: out_dir.clone(), source })?;
     // The sweep directory is this process's; each point's `train` locks its own directory.
     let _lock = crate::lock::lock_dir(&out_dir, "output_dir")?;
+    // Finished points are kept only for the same config and flags (the axes may change: a
+    // point is named by its settings).
+    let request = serde_json::json!({ "config_file": spec.config_file, "flags": base });
+    crate::child_run::check_request(&out_dir, "sweep_request.json", &request)?;
     eprintln!("sweep: {} points × {} steps → {}", points.len(), cfg.steps, out_dir.display());
 
     let mut results = Vec::new();
@@ -185,7 +204,7 @@ fn write_out(path: &Path, text: &str) -> Result<()> {
 /// One point in its own process; a failed run is a failed point (its last error line kept),
 /// not a failed sweep.
 fn run_point(spec: &SweepSpec<'_>, base: &[(String, String)], p: &Point, dir: &Path) -> Result<Summary> {
-    let _ = std::fs::remove_dir_all(dir);
+    crate::child_run::clear_run_dir(dir)?;
     let flags: Vec<(String, String)> = base.iter().chain(p.settings.iter()).cloned().collect();
     let output = train_command(spec.exe, spec.config_file, &flags, dir).output().map_err(|source| WorkloadError::Io { path: spec.exe.to_path_buf(), source })?;
     let mut summary = summarize(&read_records(&dir.join("metrics.jsonl")));

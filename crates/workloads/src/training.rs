@@ -205,7 +205,12 @@ fn check_output_dir(cfg: &RunConfig, out: &Path) -> Result<()> {
     let ckpts = out.join("checkpoints");
     let train_err = |e: vramlab_train::checkpoint::CheckpointError| WorkloadError::from(vramlab_train::TrainError::from(e));
     if cfg.resume {
-        let step = vramlab_train::trainer::resume_step(&ckpts)?;
+        // Verified once when the config was read from it (else here); the trainer verifies
+        // what it loads.
+        let step = match cfg.resume_verified {
+            Some(step) => step,
+            None => vramlab_train::trainer::resume_step(&ckpts)?,
+        };
         if step >= cfg.steps {
             return Err(WorkloadError::invalid(
                 "resume",
@@ -216,6 +221,18 @@ fn check_output_dir(cfg: &RunConfig, out: &Path) -> Result<()> {
     }
     if out.is_dir() && !vramlab_train::checkpoint::step_dirs(&ckpts).map_err(train_err)?.is_empty() {
         return Err(WorkloadError::from(vramlab_train::TrainError::OutputExists(out.to_path_buf())));
+    }
+    // A run that diverged before its first good checkpoint: its directory, not a fresh one.
+    let aside = crate::layout::set_aside_checkpoints(&ckpts);
+    if !aside.is_empty() {
+        return Err(WorkloadError::invalid(
+            "output_dir",
+            format!(
+                "{} is the directory of a run that diverged (checkpoints set aside: {}; no good checkpoint to resume from); choose another --output_dir for a new run",
+                out.display(),
+                aside.join(", ")
+            ),
+        ));
     }
     if out.join("metrics.jsonl").exists() && !out.join(RUN_CONFIG_TOP_FILE).exists() {
         return Err(WorkloadError::invalid(

@@ -23,9 +23,13 @@ use crate::model_info::InfoReport;
 use crate::training::{TrainObserver, run_training};
 use crate::{act, diffusion, vae3d};
 
-/// Validate `cfg` (before any data or model exists), then train on its backend.
+/// Validate `cfg` (before any data or model exists), check that its estimated peak fits the
+/// memory available ([`crate::preflight`]), then train on its backend.
 pub fn train(cfg: RunConfig, observer: &mut dyn TrainObserver) -> Result<()> {
     cfg.validate()?;
+    if let Some(avail) = crate::preflight::applies(&cfg) {
+        crate::preflight::check_train(&cfg, &estimate_of(&cfg)?, &avail)?;
+    }
     let (backend, device, mode, precision) = (cfg.backend, cfg.device, cfg.gradient_checkpointing, cfg.precision);
     let gpu = cfg.gpu_options();
     dispatch(backend, device, &gpu, mode, precision, TrainJob { cfg, observer })
@@ -49,11 +53,13 @@ impl Job for TrainJob<'_> {
     }
 }
 
-/// Parameter counts of `cfg`'s model (built on the CPU side of its backend, never trained).
+/// Parameter counts of `cfg`'s model (built on the CPU side of its backend, never trained),
+/// after the checks `train` makes and a check that its parameters fit the memory available.
 pub fn info(cfg: &RunConfig) -> Result<InfoReport> {
     // `info` describes the shorthand features (no dataset is opened).
-    if let Workload::Vae3d(p) = &cfg.policy()?.kind {
-        p.config.validate().map_err(|e| WorkloadError::invalid("policy", format!("(vae3d) {e}")))?;
+    cfg.validate()?;
+    if let Some(avail) = crate::preflight::applies(cfg) {
+        crate::preflight::check_info(cfg, num_params(cfg)?, &avail)?;
     }
     dispatch(cfg.backend, cfg.device, &cfg.gpu_options(), cfg.gradient_checkpointing, cfg.precision, InfoJob { cfg })
 }
@@ -153,9 +159,40 @@ pub(crate) fn shapes(cfg: &RunConfig) -> Result<Shapes> {
     }
 }
 
+/// The exact parameter count of `cfg`'s model, from its config (nothing built).
+fn num_params(cfg: &RunConfig) -> Result<u64> {
+    Ok(match &cfg.policy()?.kind {
+        Workload::Vae3d(p) => p.config.num_params() as u64,
+        Workload::Act(p) => p.resolve()?.num_params() as u64,
+        Workload::Diffusion(p) => p.resolve()?.num_params() as u64,
+    })
+}
+
 /// `vramlab estimate`: the peak memory of `cfg`'s training step on flex, predicted from shapes
-/// alone ([`crate::estimate`]).
+/// alone ([`crate::estimate`]), after the checks `train` makes.
 pub fn estimate(cfg: &RunConfig) -> Result<MemoryEstimate> {
+    cfg.validate()?;
+    estimate_of(cfg)
+}
+
+/// [`estimate`] of a validated config. Its own time and memory do not grow with the batch; a
+/// batch whose figures would not fit in 64 bits is an error naming `batch_size`.
+pub(crate) fn estimate_of(cfg: &RunConfig) -> Result<MemoryEstimate> {
+    if cfg.batch_size > 1 {
+        // Every figure grows at most linearly with the batch: bounded by batch × batch 1's.
+        let one = RunConfig { batch_size: 1, ..cfg.clone() };
+        let e1 = estimate_from(&one, shapes(&one)?);
+        let b = u128::from(cfg.batch_size);
+        if u128::from(e1.peak_step_bytes) * b > u128::from(u64::MAX >> 2) {
+            // What grows with the batch: the stored activations and the batch itself.
+            let fixed = e1.param_bytes + e1.grad_bytes + e1.optimizer_state_bytes;
+            let about = u128::from(fixed) + b * u128::from(e1.stored_activation_bytes + e1.batch_bytes);
+            return Err(WorkloadError::invalid(
+                "batch_size",
+                format!("{}: a training step would need about {about} bytes (an estimate: the batch-1 stored activations and batch times {}), {}; lower --batch_size", cfg.batch_size, cfg.batch_size, crate::preflight::BEYOND),
+            ));
+        }
+    }
     Ok(estimate_from(cfg, shapes(cfg)?))
 }
 

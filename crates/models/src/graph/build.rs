@@ -5,6 +5,20 @@
 use super::{Buf, BufInfo, Graph, Op, ParamCast, dtype_bytes};
 use crate::nn::Precision;
 
+/// The batch chunks of flex's convolution weight gradient (`nn::lean::conv_chunks(batch,
+/// per_sample)`) as (the largest chunk's length, the number of chunks), computed without
+/// listing the chunks: the estimate's own memory and time do not grow with the batch.
+fn chunk_shape(batch: usize, per_sample: usize) -> (usize, usize) {
+    if batch == 0 {
+        return (0, 0);
+    }
+    // `conv_chunks`: n even chunks of `size` (the last one shorter), empty ones dropped.
+    let per_chunk = (crate::nn::lean::CONV_WORKSPACE_BYTES / per_sample.max(1)).clamp(1, batch);
+    let n = batch.div_ceil(per_chunk);
+    let size = batch.div_ceil(n);
+    (size, batch.div_ceil(size).min(n))
+}
+
 impl Graph {
     pub fn new() -> Self {
         Self::default()
@@ -268,13 +282,13 @@ impl Graph {
         // gradient bytes (4–32 MiB), each with its output-gradient columns and a weight-sized
         // result; with several blocks the running sum is one more; half precision converts
         // the f32 result back.
-        let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
-        let largest = chunks.iter().map(|r| r.len()).max().unwrap_or(batch) as u64;
+        let (largest, n_chunks) = chunk_shape(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
+        let largest = largest as u64;
         let per_col = (cin * k * 4) as u64;
         let chunk_cols = largest * out_spatial as u64;
         let bound = ((x32 + out32) * largest / batch.max(1) as u64).clamp(4 << 20, crate::nn::lean::CONV_WORKSPACE_BYTES as u64);
         let block_cols = (bound / per_col.max(1)).clamp(1, chunk_cols.max(1));
-        let blocks = chunk_cols.div_ceil(block_cols) * chunks.len() as u64;
+        let blocks = chunk_cols.div_ceil(block_cols) * n_chunks as u64;
         let bwd_w = block_cols * per_col + block_cols * (cout * 4) as u64 + w32 + if blocks > 1 { w32 } else { 0 } + if half { w32 / 2 } else { 0 };
         let bwd = bwd_x.max(bwd_w);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
@@ -310,11 +324,10 @@ impl Graph {
         // sum per task, the f32 gradient (and its bf16 copy); several chunks add a running sum.
         let w32 = (cout * cin * kv * 4) as u64;
         let x_bytes = (batch * cin * in_n) as u64 * wd;
-        let chunks = crate::nn::lean::conv_chunks(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
-        let m = chunks.iter().map(|r| r.len()).max().unwrap_or(batch);
+        let (m, n_chunks) = chunk_shape(batch, ((x_bytes + out) / batch.max(1) as u64) as usize);
         let dy_copy = if !half && wid.is_multiple_of(8) && cout.is_multiple_of(4) { 0 } else { (m * cout.div_ceil(4) * 4 * out_n / wid * wid.div_ceil(8) * 8 * 4) as u64 };
         let sums = (cout.div_ceil(4) * cin * k * k * k.div_ceil(3) * 4 * 3 * 4) as u64;
-        let bwd_w = padded(m, cin) + dy_copy + sums + w32 + if half { w32 / 2 } else { 0 } + if chunks.len() > 1 { w32 } else { 0 };
+        let bwd_w = padded(m, cin) + dy_copy + sums + w32 + if half { w32 / 2 } else { 0 } + if n_chunks > 1 { w32 } else { 0 };
         // Input gradient: the output gradient convolved with the flipped kernel (its copy in
         // the compute dtype), by the direct kernels when they take it, else flex's GEMM path
         // (`Graph::conv`'s model); none for an input that needs no gradient (the first layer's).
@@ -335,5 +348,23 @@ impl Graph {
         let d = self.elementwise(&[pred, target], n);
         let sq = self.unary_saving(d, n);
         self.reduce(sq, 4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_shape;
+
+    #[test]
+    fn chunk_shape_matches_the_listed_chunks() {
+        for batch in [0, 1, 2, 3, 7, 8, 31, 64, 100, 257, 1000, 4099] {
+            for per_sample in [0, 1, 1000, 1 << 20, 3 << 20, 5 << 20, 32 << 20, 33 << 20, 1 << 30] {
+                let chunks = crate::nn::lean::conv_chunks(batch, per_sample);
+                let listed = (chunks.iter().map(|r| r.len()).max().unwrap_or(batch), chunks.len());
+                assert_eq!(chunk_shape(batch, per_sample), listed, "batch {batch}, {per_sample} B per sample");
+            }
+        }
+        // A batch no list could hold: constant work.
+        assert_eq!(chunk_shape(1_000_000_000_000, 1 << 20), (32, 31_250_000_000));
     }
 }

@@ -308,7 +308,7 @@ mod tests {
         ];
         let cfg = crate::config::load(None, &flags.map(|(k, v)| (k.to_string(), v.to_string()))).unwrap();
         cfg.validate().unwrap();
-        assert!(cfg.notes.is_empty(), "a local file: no warning: {:?}", cfg.notes);
+        assert!(cfg.notes.is_empty() && cfg.training_notes().is_empty(), "a local file: no warning: {:?}", cfg.notes);
         let crate::config::Workload::Act(p) = &cfg.policy().unwrap().kind else { panic!("act") };
         let setup = setup::<Autodiff<Flex>>(p, &cfg, &dev).unwrap();
         let backbone = setup.model.act.backbone.as_ref().expect("a camera");

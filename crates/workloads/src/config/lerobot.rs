@@ -149,7 +149,6 @@ pub fn apply_policy_keys(cfg: &mut RunConfig, tree: &Map<String, Value>) -> Resu
     if raw.get("push_to_hub") == Some(&Value::Bool(true)) {
         notes.push("note: policy.push_to_hub=true: vramlab does not upload to the Hugging Face Hub; upload a checkpoint yourself (`huggingface-cli upload REPO_ID DIR`)".into());
     }
-    notes.extend(policy.notes());
     Ok(notes)
 }
 
@@ -408,10 +407,13 @@ mod tests {
 
     #[test]
     fn imagenet_backbone_weights_warn_at_start() {
+        // A training note (printed by the commands that train, not by estimate or info).
         let c = load(&[("policy.type", "act")]).unwrap();
-        assert!(c.notes.iter().any(|n| n.starts_with("WARNING") && n.contains("ResNet18_Weights.IMAGENET1K_V1") && n.contains("safetensors")), "{:?}", c.notes);
-        let c = load(&[("policy.type", "act"), ("policy.pretrained_backbone_weights", "null")]).unwrap();
         assert!(c.notes.is_empty(), "{:?}", c.notes);
+        let notes = c.training_notes();
+        assert!(notes.iter().any(|n| n.starts_with("WARNING") && n.contains("ResNet18_Weights.IMAGENET1K_V1") && n.contains("safetensors")), "{notes:?}");
+        let c = load(&[("policy.type", "act"), ("policy.pretrained_backbone_weights", "null")]).unwrap();
+        assert!(c.notes.is_empty() && c.training_notes().is_empty(), "{:?}", c.notes);
         // A missing file is an error naming the field and the path, before anything runs.
         let c = load(&[("policy.type", "act"), ("policy.pretrained_backbone_weights", "/nonexistent/r18.safetensors")]).unwrap();
         let e = c.validate().unwrap_err().to_string();

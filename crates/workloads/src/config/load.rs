@@ -17,18 +17,20 @@ use crate::layout;
 /// The config file (if any: TOML, or lerobot's `train_config.json`) with the overrides applied,
 /// as a JSON tree (what `sweep` varies).
 pub fn load_tree(file: Option<&Path>, overrides: &[(String, String)]) -> Result<serde_json::Map<String, Value>, WorkloadError> {
-    load_tree_noted(file, overrides).map(|(tree, _)| tree)
+    load_tree_noted(file, overrides).map(|(tree, _, _)| tree)
 }
 
 /// [`load_tree`] and the notes of reading the file: a `.json` file is lerobot's
 /// `train_config.json` ([`super::lerobot::train_config_tree`]), anything else TOML.
-fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Result<(serde_json::Map<String, Value>, Vec<String>), WorkloadError> {
+/// Also the verified step of the checkpoint a `--resume` without a file reads its config from.
+fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Result<(serde_json::Map<String, Value>, Vec<String>, Option<u64>), WorkloadError> {
     let mut notes = Vec::new();
     let mut tree = serde_json::Map::new();
+    let mut step = None;
     if file.is_none()
-        && let Some((resumed, resume_notes)) = resumed_run_config(overrides)?
+        && let Some((resumed, resume_notes, verified)) = resumed_run_config(overrides)?
     {
-        (tree, notes) = (resumed, resume_notes);
+        (tree, notes, step) = (resumed, resume_notes, Some(verified));
     }
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io { path: path.to_path_buf(), source })?;
@@ -44,7 +46,7 @@ fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Resul
     for (k, v) in overrides {
         set_dotted(&mut tree, k, parse_value(v))?;
     }
-    Ok((tree, notes))
+    Ok((tree, notes, step))
 }
 
 /// `--resume --output_dir=DIR` without a config file: the run config saved in DIR's newest
@@ -52,7 +54,7 @@ fn load_tree_noted(file: Option<&Path>, overrides: &[(String, String)]) -> Resul
 /// `--steps` to train longer). A checkpoint written by lerobot has no vramlab run config: its
 /// `pretrained_model/train_config.json` is read as `--config_path` would read it. `None` when
 /// not resuming.
-type Noted = (serde_json::Map<String, Value>, Vec<String>);
+type Noted = (serde_json::Map<String, Value>, Vec<String>, u64);
 fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, WorkloadError> {
     let get = |name: &str| overrides.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
     if !matches!(get("resume"), Some("true" | "1")) {
@@ -68,9 +70,18 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, W
     // The trainer reports skipped checkpoints when it resumes; here only the choice matters.
     let vramlab_train::checkpoint::Intact { newest, skipped, .. } =
         vramlab_train::checkpoint::newest_intact(&ckpts).map_err(|e| WorkloadError::invalid("resume", e.to_string()))?;
-    let Some((_, dir)) = newest else {
+    let Some((step, dir)) = newest else {
         let why: Vec<String> = skipped.iter().map(|s| format!("{}: {}", s.dir.display(), s.reason)).collect();
-        let msg = if why.is_empty() { format!("no checkpoint in {}", ckpts.display()) } else { format!("no intact checkpoint in {}: {}", ckpts.display(), why.join("; ")) };
+        let aside = layout::set_aside_checkpoints(&ckpts);
+        let msg = match (why.is_empty(), aside.is_empty()) {
+            (true, false) => format!(
+                "no checkpoint to resume from in {}: the run diverged before its first good checkpoint (set aside: {}); start a new run (with a smaller --optimizer.lr) in another --output_dir",
+                ckpts.display(),
+                aside.join(", ")
+            ),
+            (true, true) => format!("no checkpoint in {}", ckpts.display()),
+            (false, _) => format!("no intact checkpoint in {}: {}", ckpts.display(), why.join("; ")),
+        };
         return Err(WorkloadError::invalid("resume", msg));
     };
     let path = dir.join(layout::RUN_CONFIG_FILE);
@@ -78,7 +89,7 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, W
         let lerobot = dir.join(layout::PRETRAINED_MODEL_DIR).join(layout::TRAIN_CONFIG_FILE);
         if lerobot.exists() {
             let text = std::fs::read_to_string(&lerobot).map_err(|source| WorkloadError::Io { path: lerobot.clone(), source })?;
-            return train_config_tree(&text, &lerobot).map(Some);
+            return train_config_tree(&text, &lerobot).map(|(tree, notes)| Some((tree, notes, step)));
         }
     }
     let text = std::fs::read_to_string(&path).map_err(|source| WorkloadError::Io { path: path.clone(), source })?;
@@ -98,13 +109,13 @@ fn resumed_run_config(overrides: &[(String, String)]) -> Result<Option<Noted>, W
             format!("{asked}: this checkpoint is a {saved} run ({}); --resume continues its policy: drop --policy.type, or start a new run in another --output_dir", dir.display()),
         ));
     }
-    Ok(Some((tree, Vec::new())))
+    Ok(Some((tree, Vec::new(), step)))
 }
 
 /// Load `file` (if any), apply overrides, and type the result. Shape and name errors are
 /// reported here; [`RunConfig::validate`] then checks ranges, toggles and files.
 pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunConfig, WorkloadError> {
-    let (tree, notes) = load_tree_noted(file, overrides)?;
+    let (tree, notes, resume_verified) = load_tree_noted(file, overrides)?;
     let origin = file.map_or("command line".to_string(), |p| format!("{} + command line", p.display()));
     let mut cfg: RunConfig = serde_path_to_error::deserialize(Value::Object(tree.clone())).map_err(|e| {
         // The path names the field (`dataset.type: unknown variant …`); `policy` errors name
@@ -117,6 +128,7 @@ pub fn load(file: Option<&Path>, overrides: &[(String, String)]) -> Result<RunCo
     // lerobot's policy.device / use_amp act on the run (backend, precision).
     let policy_notes = apply_policy_keys(&mut cfg, &tree)?;
     cfg.notes = notes.into_iter().chain(policy_notes).collect();
+    cfg.resume_verified = resume_verified.filter(|_| cfg.resume);
     Ok(cfg)
 }
 

@@ -89,8 +89,14 @@ pub struct RunConfig {
     /// Sweep axes (`--sweep.<field>=a,b,c`); used by `vramlab sweep` only.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub sweep: serde_json::Map<String, Value>,
-    /// What the user should know before the run starts (lerobot keys mapped or ignored, the ACT
-    /// backbone's missing ImageNet weights); printed by the CLI. See [`super::lerobot`].
+    /// Not a field: the step of the checkpoint a `--resume` continues from, when loading the
+    /// config already verified it ([`super::load`] reads that checkpoint's run config), so the
+    /// run's checks do not verify it again (the trainer does, under the run's lock).
+    #[serde(skip)]
+    pub resume_verified: Option<u64>,
+    /// What the user should know before any command runs (lerobot keys mapped or ignored);
+    /// printed by the CLI. See [`super::lerobot`]; what concerns training only is
+    /// [`RunConfig::training_notes`].
     #[serde(skip)]
     pub notes: Vec<String>,
 }
@@ -336,6 +342,13 @@ impl RunConfig {
     /// CubeCL's caches and autotune level for the GPU backends.
     pub fn gpu_options(&self) -> GpuOptions {
         GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune }
+    }
+
+    /// What a command that trains (`train`, `warmup`, `sweep`, `fit`) says before it starts, on
+    /// top of [`RunConfig::notes`]: the ACT backbone's missing ImageNet weights
+    /// ([`PolicyConfig::notes`]). `estimate` and `info` do not print them.
+    pub fn training_notes(&self) -> Vec<String> {
+        self.policy.as_ref().map(PolicyConfig::notes).unwrap_or_default()
     }
 
     /// The policy, or an error saying how to name one.

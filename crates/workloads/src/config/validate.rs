@@ -9,9 +9,16 @@ use vramlab_lerobot::hub::{HubEnv, HubRequest};
 use vramlab_models::vae3d::Vae3dConfig;
 
 use super::policy::{PolicyConfig, Workload};
-use super::types::{DatasetType, RunConfig};
+use super::types::{DatasetConfig, DatasetType, RunConfig};
 use crate::backend::BackendKind;
 use crate::error::WorkloadError;
+
+/// The most loader worker threads a run may ask for (`--num_workers`): far more than any
+/// machine's cores, few enough that the OS always starts them.
+pub const MAX_WORKERS: usize = 256;
+
+/// The most batches in flight per loader worker (`--prefetch_factor`).
+pub const MAX_PREFETCH: usize = 64;
 
 impl RunConfig {
     /// The dataset type of this run (`lerobot` with a `repo_id`, else the policy's built-in data
@@ -95,7 +102,14 @@ impl RunConfig {
         if o.lr_backbone.is_some() && !policy.has_backbone() {
             return Err(WorkloadError::invalid("optimizer.lr_backbone", "this policy has no vision backbone".into()));
         }
+        if self.num_workers > MAX_WORKERS {
+            return Err(WorkloadError::invalid("num_workers", format!("{} loader threads: at most {MAX_WORKERS} (this machine runs {} threads at once)", self.num_workers, std::thread::available_parallelism().map_or(1, |n| n.get()))));
+        }
+        if self.prefetch_factor > MAX_PREFETCH {
+            return Err(WorkloadError::invalid("prefetch_factor", format!("{} batches in flight per worker: at most {MAX_PREFETCH}", self.prefetch_factor)));
+        }
         let dataset = self.dataset_type()?;
+        self.check_ignored_data_flags(dataset)?;
         policy.validate(dataset)?;
         if let Workload::Vae3d(v) = &policy.kind
             && let Some(why) = grid_mismatch(&v.config, self.dataset.grid)
@@ -129,6 +143,37 @@ impl RunConfig {
             }
         };
         Ok(self.dataset.resolved_root.get_or_init(|| root).clone())
+    }
+
+    /// A `dataset.*` field that the chosen data source does not read, set to something other
+    /// than its default, is an error naming the field and the source (it would be silently
+    /// ignored). The policies' feature shorthands are checked by [`PolicyConfig::validate`].
+    fn check_ignored_data_flags(&self, dataset: DatasetType) -> Result<(), WorkloadError> {
+        use DatasetType::*;
+        let (d, default) = (&self.dataset, DatasetConfig::default());
+        let json = |v: &vramlab_lerobot::transforms::ImageTransformsConfig| serde_json::to_value(v).unwrap_or_default();
+        // (field, set to something other than its default, the sources that read it)
+        let fields: [(&str, bool, &[DatasetType]); 9] = [
+            ("dataset.root", d.root.is_some(), &[Npz, Lerobot, Sim]),
+            ("dataset.grid", d.grid != default.grid, &[Voxels, Npz]),
+            ("dataset.num_scenes", d.num_scenes != default.num_scenes, &[Voxels, Random]),
+            ("dataset.num_static_boxes", d.num_static_boxes != default.num_static_boxes, &[Voxels]),
+            ("dataset.num_movers", d.num_movers != default.num_movers, &[Voxels]),
+            ("dataset.num_episodes", d.num_episodes != default.num_episodes, &[Sim]),
+            ("dataset.image_size", d.image_size.is_some(), &[Lerobot, Sim]),
+            ("dataset.image_transforms", json(&d.image_transforms) != json(&default.image_transforms), &[Lerobot, Sim]),
+            ("dataset.shuffle", d.shuffle != default.shuffle, &[Lerobot, Sim]),
+        ];
+        match fields.into_iter().find(|(_, set, read_by)| *set && !read_by.contains(&dataset)) {
+            Some((field, _, read_by)) => {
+                let names: Vec<&str> = read_by.iter().map(|t| t.name()).collect();
+                Err(WorkloadError::invalid(
+                    field,
+                    format!("dataset.type={} does not use it (it would be ignored); it is read with dataset.type={}: drop the flag or change dataset.type", dataset.name(), names.join(" or ")),
+                ))
+            }
+            None => Ok(()),
+        }
     }
 
     fn validate_dataset_files(&self, dataset: DatasetType, hub: &HubEnv) -> Result<(), WorkloadError> {
@@ -243,6 +288,31 @@ mod tests {
         check(&[("policy.type", "act"), ("dataset.episodes", "[]")], &["dataset.episodes", "no episode"]);
         check(&[("policy.type", "vae3d"), ("dataset.episodes", "0,1")], &["dataset.episodes", "voxels"]);
         check(&[("policy.type", "act"), ("dataset.episodes", "3,20")], &["dataset.episodes", "0..20"]);
+    }
+
+    #[test]
+    fn a_data_flag_the_source_ignores_names_the_flag_and_the_source() {
+        let err = |pairs: &[(&str, &str)]| load(None, &ov(pairs)).and_then(|c| c.validate()).err().map(|e| e.to_string());
+        for (pairs, field, source) in [
+            (&[("policy.type", "act"), ("dataset.grid", "4,16,16")][..], "dataset.grid", "dataset.type=sim"),
+            (&[("policy.type", "act"), ("dataset.num_scenes", "3")], "dataset.num_scenes", "dataset.type=sim"),
+            (&[("policy.type", "act"), ("dataset.type", "random"), ("dataset.shuffle", "false")], "dataset.shuffle", "dataset.type=random"),
+            (&[("policy.type", "vae3d"), ("dataset.num_episodes", "3")], "dataset.num_episodes", "dataset.type=voxels"),
+            (&[("policy.type", "vae3d"), ("dataset.root", "/d")], "dataset.root", "dataset.type=voxels"),
+            (&[("policy.type", "vae3d"), ("dataset.image_size", "8,8")], "dataset.image_size", "dataset.type=voxels"),
+            (&[("policy.type", "act"), ("policy.camera_shape", "3,480,640")], "policy.camera_shape", "dataset.type=sim"),
+        ] {
+            let e = err(pairs).unwrap_or_else(|| panic!("{pairs:?} accepted"));
+            assert!(e.starts_with(field) && e.contains(source), "{pairs:?}: {e}");
+        }
+        // Where the source reads them, and at their defaults: accepted.
+        assert_eq!(err(&[("policy.type", "vae3d"), ("dataset.grid", "4,16,16"), ("dataset.num_scenes", "3"), ("dataset.num_movers", "1")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.num_episodes", "3"), ("dataset.image_size", "64,64"), ("dataset.shuffle", "false")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.type", "random"), ("dataset.num_scenes", "3"), ("policy.camera_shape", "3,96,96")]), None);
+        assert_eq!(err(&[("policy.type", "act"), ("dataset.grid", "8,32,32")]), None);
+        // Loader bounds.
+        assert!(err(&[("policy.type", "vae3d"), ("num_workers", "257")]).is_some_and(|e| e.contains("num_workers") && e.contains("256")));
+        assert_eq!(err(&[("policy.type", "vae3d"), ("num_workers", "256")]), None);
     }
 
     #[test]

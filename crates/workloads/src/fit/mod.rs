@@ -41,7 +41,7 @@ use crate::child_run::{last_error, read_jsonl, train_command};
 use crate::config::{self, RunConfig};
 use crate::error::{Result, WorkloadError};
 use crate::training::timestamp;
-use report::{io, write_atomic, write_reports};
+use report::{io, write_reports};
 
 /// What `fit` found.
 pub struct FitOutcome {
@@ -131,7 +131,7 @@ impl Ctx<'_> {
 
     fn run(&self, search: &str, name: String, t: &Toggles, estimate: Option<u64>) -> Result<Trial> {
         let dir = self.out.join("trials").join(&name);
-        let _ = std::fs::remove_dir_all(&dir);
+        crate::child_run::clear_run_dir(&dir)?;
         let steps = if search == "verify" { self.spec.trial_steps + 2 } else { self.spec.trial_steps };
         let mut flags: Vec<(String, String)> = self.base.iter().cloned().chain(t.flags()).collect();
         flags.extend([("steps", steps.to_string()), ("save_checkpoint", "false".into()), ("resume", "false".into()), ("log_freq", "0".into())].map(|(k, v)| (k.to_string(), v)));
@@ -146,7 +146,9 @@ impl Ctx<'_> {
         let reserved = records.iter().map(|r| r.peak_reserved_bytes).max();
         let step_time = (records.len() > 1).then(|| median_by(&records, 1, |r| r.step_time_s));
         let effective = (t.batch_size * t.grad_accum_steps) as f64;
-        let oom_line = stderr.lines().find(|l| l.starts_with(vramlab_probe::OUT_OF_MEMORY_MESSAGE) || is_device_oom(l));
+        // A trial the pre-flight check refused needs more memory than the machine has: it does
+        // not fit, as an out-of-memory trial does not.
+        let oom_line = stderr.lines().find(|l| l.starts_with(vramlab_probe::OUT_OF_MEMORY_MESSAGE) || is_device_oom(l) || l.contains(crate::preflight::REFUSAL) || l.contains(crate::preflight::BEYOND));
         let (status, message) = if output.status.code() == Some(vramlab_probe::OUT_OF_MEMORY_EXIT_CODE) || oom_line.is_some() {
             let at = format!("during step {}", records.len() + 1);
             (Status::OutOfMemory, format!("{at}: {}", oom_line.unwrap_or("device out of memory").trim()))
@@ -164,7 +166,7 @@ impl Ctx<'_> {
             }
         };
         // A trial's own run directory is scratch: the line in fit.jsonl is its result.
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = crate::child_run::clear_run_dir(&dir);
         Ok(Trial {
             name,
             search: search.into(),
@@ -209,9 +211,10 @@ fn append_line(path: &Path, t: &Trial) -> Result<()> {
     writeln!(f, "{line}").and_then(|_| f.sync_data()).map_err(io(path))
 }
 
-/// What a `fit` directory was asked (`fit_request.json`): a later `fit` keeps its trials only
-/// when it asks the same (budget, steps per trial, config file, other flags); otherwise it is
-/// refused, so trials measured under another budget are never reused.
+/// What a `fit` directory was asked (`fit_request.json`, [`crate::child_run::check_request`]):
+/// a later `fit` keeps its trials only when it asks the same (budget, steps per trial, config
+/// file, other flags); otherwise it is refused, so trials measured under another budget are
+/// never reused.
 fn check_request(out: &Path, spec: &FitSpec<'_>, base: &[(String, String)]) -> Result<()> {
     let request = serde_json::json!({
         "budget": spec.budget,
@@ -219,18 +222,7 @@ fn check_request(out: &Path, spec: &FitSpec<'_>, base: &[(String, String)]) -> R
         "config_file": spec.config_file,
         "flags": base,
     });
-    let path = out.join("fit_request.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-            Ok(earlier) if earlier == request => Ok(()),
-            Ok(earlier) => Err(WorkloadError::file(
-                &path,
-                format!("this directory holds a fit for another request ({earlier}); give another --output_dir, or the same budget, config and flags to continue it"),
-            )),
-            Err(e) => Err(WorkloadError::file(&path, format!("not valid JSON: {e}"))),
-        },
-        Err(_) => write_atomic(&path, serde_json::to_string_pretty(&request).expect("JSON values serialise").as_bytes()),
-    }
+    crate::child_run::check_request(out, "fit_request.json", &request)
 }
 
 /// Trials an earlier `fit` in this directory finished (a torn last line is dropped).
@@ -244,8 +236,26 @@ pub fn run(spec: &FitSpec<'_>, estimate: &Estimator<'_>) -> Result<FitOutcome> {
     if spec.trial_steps < 2 {
         return Err(WorkloadError::invalid("trial_steps", "at least 2: the first step pays one-time costs, the others give the speed".into()));
     }
+    if spec.max_batch == 0 {
+        return Err(WorkloadError::invalid("max_batch", "must be at least 1: the largest batch the search may try".into()));
+    }
+    if spec.budget == 0 {
+        return Err(WorkloadError::invalid("budget", "must be more than 0 bytes".into()));
+    }
     let cfg = config::load(spec.config_file, spec.overrides)?;
     cfg.validate()?;
+    // Bounds before any trial: the f32 master weights stay whatever the toggles, so a model
+    // whose parameters alone exceed the budget fits at no batch.
+    let params = crate::estimate(&cfg)?.param_bytes;
+    if params > spec.budget {
+        return Err(WorkloadError::invalid(
+            "budget",
+            format!("{}: the model's f32 parameters alone take {} ({params} bytes), more than the budget at any batch or setting; raise --budget or choose a smaller model", human(spec.budget), human(params)),
+        ));
+    }
+    for note in cfg.training_notes() {
+        eprintln!("{note}");
+    }
     if !cfg.sweep.is_empty() {
         return Err(WorkloadError::invalid("sweep", "fit chooses the settings itself; drop the --sweep.* flags".into()));
     }
