@@ -259,6 +259,38 @@ vp_rows() {
   vp_report rows --tag "$tag" $sel
 }
 
+# The CPU's vector extensions that matter to the kernels, from /proc/cpuinfo (e.g. "avx512f
+# avx512bw avx512dq avx512vl avx2 fma").
+vp_cpu_isa_flags() {
+  local have="" f flags
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2- || true) "
+  for f in avx2 fma avx512f avx512bw avx512dq avx512vl avx512_bf16; do
+    case "$flags" in *" $f "*) have+="${have:+ }$f" ;; esac
+  done
+  echo "${have:-none of avx2/fma/avx512 (or /proc/cpuinfo unreadable)}"
+}
+
+# PyTorch's CPU capability from `baseline.py probe`'s JSON ($1).
+vp_torch_capability() {
+  "$(vp_report_py)" -c 'import json, sys
+try:
+    print(json.loads(sys.argv[1]).get("cpu_capability", "?"))
+except ValueError:
+    print("?")' "$1"
+}
+
+# vramlab's flex-kernel ISA level, as its runs' summary.md reports it (the first row's run under
+# OUT_DIR's scratch dir), e.g. "avx512" or "avx2 (VRAMLAB_SIMD=avx2; the CPU has avx512)".
+vp_vramlab_isa() {
+  local f line
+  for f in "$VP_SCRATCH_OUT"/*/run/summary.md; do
+    [ -f "$f" ] || continue
+    line=$(grep -m1 -F '**cpu kernels (flex)**' "$f" | sed 's/^.*\*\*: //')
+    [ -n "$line" ] && { echo "$line"; return; }
+  done
+  echo "? (no run's summary.md names it)"
+}
+
 # vp_header FILE MODE OUT_DIR: the table's preamble (machine, versions, method), markdown.
 vp_header() {
   local file=$1 mode=$2 out=$3
@@ -270,6 +302,7 @@ vp_header() {
     local host_cpu=""
     [ "$mode" = cuda ] && host_cpu="; host CPU $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //') × $(nproc)"
     echo "- **Machine**: $VP_DEVICE_NAME$host_cpu; $mem RAM; host \`$(hostname)\`; $(date -u '+%Y-%m-%d %H:%M UTC')."
+    [ "$mode" = cuda ] || echo "- **Vector ISA**: CPU flags: $(vp_cpu_isa_flags); PyTorch's \`torch.backends.cpu.get_cpu_capability()\`: \`$(vp_torch_capability "$torch_info")\`; vramlab's flex kernels: \`$(vp_vramlab_isa "$out")\` (\`VRAMLAB_SIMD\` caps it; the GEMM under flex dispatches on its own, up to AVX-512)."
     echo "- **PyTorch side**: $(vp_report torch-line "$torch_info"); eager, no torch.compile."
     echo "- **vramlab side**: \`$VP_BIN\` — $VP_BIN_VERSION; \`--backend=$( [ "$mode" = cuda ] && echo cuda || echo flex)\`, \`--dataset.type=random\` for ACT/Diffusion, built-in voxel scenes for the VAE, \`--num_workers=0 --save_checkpoint=false\`."
     echo "- **Command**: \`$VP_COMMAND\`; $( [ -n "${STEPS:-}" ] && echo "STEPS=$STEPS" || { [ "$mode" = cuda ] && echo "8 steps" || echo "5 steps"; }) per run, each run its own process, the two sides of a row back to back."

@@ -395,6 +395,12 @@ def probe(with_lerobot: bool) -> int:
     info = {"python": sys.executable, "torch": torch.__version__, "cuda_available": cuda,
             "device": torch.cuda.get_device_name(0) if cuda else cpu_model(), "cpu_model": cpu_model(),
             "cpus": os.cpu_count()}
+    # The widest vector ISA PyTorch's CPU kernels dispatch to on this machine (e.g. "AVX512",
+    # "AVX2", "DEFAULT"; ATEN_CPU_CAPABILITY caps it).
+    try:
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception as e:  # noqa: BLE001  (older torch: no such function)
+        info["cpu_capability"] = f"unknown ({type(e).__name__})"
     rc = 0
     if with_lerobot:
         try:

@@ -312,7 +312,8 @@ def main() -> int:
             d = {}
         av = d.get("av", "?")
         av = av if av.startswith("PyAV") else f"PyAV stand-in ({av})"
-        print(f"torch {d.get('torch', '?')}, lerobot {d.get('lerobot', '?')}, {av}, python `{d.get('python', '?')}`")
+        cap = f", CPU capability `{d['cpu_capability']}`" if d.get("cpu_capability") else ""
+        print(f"torch {d.get('torch', '?')}{cap}, lerobot {d.get('lerobot', '?')}, {av}, python `{d.get('python', '?')}`")
     elif a.cmd == "table":
         text = table(a)
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -286,6 +286,10 @@ where
     if let Some(note) = &info.device_memory {
         summary_header.insert(3, ("device memory (driver)".into(), note.clone()));
     }
+    #[cfg(feature = "flex")]
+    if info.backend == crate::backend::BackendKind::Flex {
+        summary_header.insert(2, ("cpu kernels (flex)".into(), vramlab_models::nn::flex_isa()));
+    }
     let train_config = lerobot_train_config(cfg, &config_json, policy, &out, &tcfg);
     let mut builder = Trainer::builder(tcfg, probe)
         .checkpoint_file(in_pretrained(CONFIG_FILE), format!("{config_json}\n").into_bytes())

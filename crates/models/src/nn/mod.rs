@@ -35,6 +35,14 @@ pub use linear::{Activation, Embedding, Linear, xavier_uniform};
 pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
+/// The vector instructions flex's CPU kernels run at in this process, for run summaries:
+/// `avx512`, `avx2` or `scalar` (detected once; capped by `VRAMLAB_SIMD=avx512|avx2|scalar`,
+/// or `VRAMLAB_NO_SIMD` = scalar), with the cap and the CPU's own level when a cap applies.
+#[cfg(feature = "flex")]
+pub fn flex_isa() -> String {
+    flex::isa::describe()
+}
+
 /// The longest reduction (`cin · k³`) flex's direct 3-D convolution takes (`nn::flex::conv3d`;
 /// e.g. 64 channels × 3³); past it flex's GEMM wins. The estimator models the same split.
 pub const DIRECT_CONV3D_MAX_REDUCTION: usize = 1728;

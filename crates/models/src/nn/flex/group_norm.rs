@@ -1,12 +1,13 @@
 //! Flex's GroupNorm (+ fused SiLU) kernels, f32 or bf16 input computed in f32: `group_norm`
 //! (forward, with the per-group mean and 1/std) and `group_norm_backward`. One task per
-//! contiguous `(sample, group)` block; f32 blocks run vectorisable loops (compiled for AVX2
-//! where available) with a polynomial `exp` (`exp_fast`) and lane sums (`sum_lanes`).
+//! contiguous `(sample, group)` block; f32 blocks run vectorisable loops with a polynomial `exp`
+//! (`exp_fast`) and lane sums (`sum_lanes`), compiled for the instruction level the process runs
+//! at ([`Isa`]: AVX-512 with 16-lane sums, AVX2 + FMA with 8-lane sums, or the baseline).
 
 use burn::tensor::DType;
 use rayon::prelude::*;
 
-use super::{Num, T, f32_data, f32_slice, simd_available, tensor, typed};
+use super::{Isa, Num, T, f32_data, f32_slice, tensor, typed};
 
 #[inline(always)]
 fn sigmoid(z: f32) -> f32 {
@@ -41,24 +42,25 @@ fn sigmoid_fast(z: f32) -> f32 {
     1.0 / (1.0 + exp_fast(-z))
 }
 
-/// Elements summed per f32 partial sum (8 lanes) before it is added to an f64 total.
+/// Elements summed per f32 partial sum (`L` lanes) before it is added to an f64 total.
 const SUM_CHUNK: usize = 256;
 
-/// `Σ f(v)` over `xs` in f64 totals of 8-lane f32 partial sums (vectorisable).
+/// `Σ f(v)` over `xs` in f64 totals of `L`-lane f32 partial sums (vectorisable; `L` = the
+/// vector's lanes: 8 for AVX2, 16 for AVX-512).
 #[inline(always)]
-fn sum_lanes(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
-    sum_pairs(xs, xs, |v, _| f(v))
+fn sum_lanes<const L: usize>(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    sum_pairs::<L>(xs, xs, |v, _| f(v))
 }
 
 /// `Σ f(x, y)` over `xs` and `ys` (same length) as [`sum_lanes`] sums.
 #[inline(always)]
-fn sum_pairs(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+fn sum_pairs<const L: usize>(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
     let mut total = 0f64;
     for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
-        let mut acc = [0f32; 8];
-        let (mut xi, mut yi) = (xc.chunks_exact(8), yc.chunks_exact(8));
+        let mut acc = [0f32; L];
+        let (mut xi, mut yi) = (xc.chunks_exact(L), yc.chunks_exact(L));
         for (x, y) in (&mut xi).zip(&mut yi) {
-            for l in 0..8 {
+            for l in 0..L {
                 acc[l] += f(x[l], y[l]);
             }
         }
@@ -69,30 +71,42 @@ fn sum_pairs(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
 }
 
 /// One `(sample, group)` block of the f32 GroupNorm (+ SiLU) forward: `(mean, rstd)`.
-/// `w`, `b`: the group's channels. With `avx`, compiled for AVX2 (8-lane vectors).
+/// `w`, `b`: the group's channels. Compiled for `isa` (which the CPU must support).
 #[allow(clippy::too_many_arguments)]
-fn gn_forward_block(avx: bool, inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+fn gn_forward_block(isa: Isa, inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+    assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
-            gn_forward_body(inp, out, spatial, eps, w, b, silu)
+    match isa {
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+                gn_forward_body::<16>(inp, out, spatial, eps, w, b, silu)
+            }
+            // SAFETY: AVX-512 and FMA are supported (asserted above).
+            return unsafe { wide(inp, out, spatial, eps, w, b, silu) };
         }
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { wide(inp, out, spatial, eps, w, b, silu) };
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+                gn_forward_body::<8>(inp, out, spatial, eps, w, b, silu)
+            }
+            // SAFETY: AVX2 and FMA are supported (asserted above).
+            return unsafe { wide(inp, out, spatial, eps, w, b, silu) };
+        }
+        Isa::Scalar => {}
     }
-    let _ = avx;
-    gn_forward_body(inp, out, spatial, eps, w, b, silu)
+    gn_forward_body::<8>(inp, out, spatial, eps, w, b, silu)
 }
 
 #[inline(always)]
-fn gn_forward_body(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+fn gn_forward_body<const L: usize>(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
     let len = inp.len() as f64;
-    let m = sum_lanes(inp, |v| v) / len;
+    let m = sum_lanes::<L>(inp, |v| v) / len;
     let mf = m as f32;
     // Two passes (mean, then squared deviations): no cancellation.
-    let var = sum_lanes(inp, |v| (v - mf) * (v - mf)) / len - (m - mf as f64).powi(2);
+    let var = sum_lanes::<L>(inp, |v| (v - mf) * (v - mf)) / len - (m - mf as f64).powi(2);
     let rstd = (1.0 / (var.max(0.0) + eps).sqrt()) as f32;
     for (j, (o, src)) in out.chunks_mut(spatial).zip(inp.chunks(spatial)).enumerate() {
         let (a, sh) = (rstd * w[j], b[j] - mf * rstd * w[j]);
@@ -112,24 +126,36 @@ fn gn_forward_body(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[
 /// affine's output (through SiLU) is written into `dx` while its per-channel sums are taken
 /// (`part[j] = (Σ g·x̂, Σ g)`), then turned into `dx` in place.
 #[allow(clippy::too_many_arguments)]
-fn gn_backward_block(avx: bool, xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+fn gn_backward_block(isa: Isa, xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+    assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
-            gn_backward_body(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+    match isa {
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+                gn_backward_body::<16>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+            }
+            // SAFETY: AVX-512 and FMA are supported (asserted above).
+            return unsafe { wide(xin, dyin, dx, part, spatial, mu, rs, w, b, silu) };
         }
-        // SAFETY: AVX2 and FMA were detected at run time.
-        return unsafe { wide(xin, dyin, dx, part, spatial, mu, rs, w, b, silu) };
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+                gn_backward_body::<8>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+            }
+            // SAFETY: AVX2 and FMA are supported (asserted above).
+            return unsafe { wide(xin, dyin, dx, part, spatial, mu, rs, w, b, silu) };
+        }
+        Isa::Scalar => {}
     }
-    let _ = avx;
-    gn_backward_body(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+    gn_backward_body::<8>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gn_backward_body(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+fn gn_backward_body<const L: usize>(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
     let (mut s1, mut s2) = (0f64, 0f64);
     for (j, ((xr, dr), gr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).zip(dx.chunks_mut(spatial)).enumerate() {
         let (wc, bc) = (w[j], b[j]);
@@ -142,9 +168,9 @@ fn gn_backward_body(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64,
         } else {
             gr.copy_from_slice(dr);
         }
-        let gs = sum_lanes(gr, |g| g);
+        let gs = sum_lanes::<L>(gr, |g| g);
         // Σ g·x̂, from the stored g.
-        let gx = sum_pairs(gr, xr, |g, x| g * ((x - mu) * rs));
+        let gx = sum_pairs::<L>(gr, xr, |g, x| g * ((x - mu) * rs));
         part[j] = (gx, gs);
         s1 += gs * wc as f64;
         s2 += gx * wc as f64;
@@ -164,17 +190,22 @@ fn gn_backward_body(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64,
 /// views element by element and, in bf16, makes f32 copies of the whole input. `None`: another
 /// dtype or layout.
 pub fn group_norm(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool) -> Option<(T, T, T)> {
+    group_norm_with(x, weight, bias, groups, eps, silu, super::isa::level())
+}
+
+/// [`group_norm`] compiled for `isa` (which the CPU must support).
+fn group_norm_with(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool, isa: Isa) -> Option<(T, T, T)> {
     if weight.dtype() != DType::F32 || bias.dtype() != DType::F32 {
         return None;
     }
     match x.dtype() {
-        DType::F32 => group_norm_typed::<f32>(x, weight, bias, groups, eps, silu),
-        DType::BF16 => group_norm_typed::<half::bf16>(x, weight, bias, groups, eps, silu),
+        DType::F32 => group_norm_typed::<f32>(x, weight, bias, groups, eps, silu, isa),
+        DType::BF16 => group_norm_typed::<half::bf16>(x, weight, bias, groups, eps, silu, isa),
         _ => None,
     }
 }
 
-fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool) -> Option<(T, T, T)> {
+fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64, silu: bool, isa: Isa) -> Option<(T, T, T)> {
     let xs = x.as_slice::<E>()?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
     let (n, c) = (dims[0], dims[1]);
@@ -188,10 +219,9 @@ fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64
     let mut y = vec![E::of(0.0); xs.len()];
     let mut stats = vec![(0f32, 0f32); n * groups];
     if let (Some(xf), Some(yf)) = (f32_slice(xs), f32_slice_mut(&mut y)) {
-        let avx = simd_available();
         yf.par_chunks_mut(block).zip(xf.par_chunks(block)).zip(stats.par_iter_mut()).enumerate().for_each(|(i, ((out, inp), st))| {
             let ch0 = (i % groups) * cg;
-            *st = gn_forward_block(avx, inp, out, spatial, eps, &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
+            *st = gn_forward_block(isa, inp, out, spatial, eps, &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
         });
         let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().unzip();
         return Some((typed(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])));
@@ -223,18 +253,24 @@ fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64
 /// `dx` in `x`'s dtype, per `(sample, group)` block one pass for the block sums and one for `dx`.
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_backward(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool) -> Option<(T, T, T)> {
+    group_norm_backward_with(x, mean, rstd, weight, bias, dy, groups, silu, super::isa::level())
+}
+
+/// [`group_norm_backward`] compiled for `isa` (which the CPU must support).
+#[allow(clippy::too_many_arguments)]
+fn group_norm_backward_with(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool, isa: Isa) -> Option<(T, T, T)> {
     if ![mean, rstd, weight, bias].iter().all(|t| t.dtype() == DType::F32) || dy.dtype() != x.dtype() {
         return None;
     }
     match x.dtype() {
-        DType::F32 => group_norm_backward_typed::<f32>(x, mean, rstd, weight, bias, dy, groups, silu),
-        DType::BF16 => group_norm_backward_typed::<half::bf16>(x, mean, rstd, weight, bias, dy, groups, silu),
+        DType::F32 => group_norm_backward_typed::<f32>(x, mean, rstd, weight, bias, dy, groups, silu, isa),
+        DType::BF16 => group_norm_backward_typed::<half::bf16>(x, mean, rstd, weight, bias, dy, groups, silu, isa),
         _ => None,
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool) -> Option<(T, T, T)> {
+fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias: &T, dy: &T, groups: usize, silu: bool, isa: Isa) -> Option<(T, T, T)> {
     let xs = x.as_slice::<E>()?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
     let (n, c) = (dims[0], dims[1]);
@@ -253,10 +289,9 @@ fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias
     // Per block: the per-channel sums of g·x̂ and g (for dweight, dbias).
     let mut partial = vec![(0f64, 0f64); n * c];
     if let (Some(xf), Some(dyf), Some(dxf)) = (f32_slice(xs), f32_slice(&dys), f32_slice_mut(&mut dx)) {
-        let avx = simd_available();
         dxf.par_chunks_mut(block).zip(xf.par_chunks(block)).zip(dyf.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
             let ch0 = (i % groups) * cg;
-            gn_backward_block(avx, xin, dyin, dxo, part, spatial, mean[i], rstd[i], &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
+            gn_backward_block(isa, xin, dyin, dxo, part, spatial, mean[i], rstd[i], &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
         });
     } else {
     dx.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(dys.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
@@ -310,6 +345,83 @@ fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// GroupNorm (+ SiLU) forward and backward in f64, straight from the definitions:
+    /// `(y, mean, rstd, dx, dweight, dbias)` of `x: [n, c, spatial]`.
+    #[allow(clippy::type_complexity)]
+    fn reference(x: &[f32], dy: &[f32], w: &[f32], b: &[f32], n: usize, groups: usize, eps: f64, silu: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let c = w.len();
+        let (cg, spatial) = (c / groups, x.len() / (n * c));
+        let block = cg * spatial;
+        let (mut y, mut dx) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+        let (mut means, mut rstds, mut dw, mut db) = (vec![], vec![], vec![0f64; c], vec![0f64; c]);
+        for (i, (xb, dyb)) in x.chunks(block).zip(dy.chunks(block)).enumerate() {
+            let m = xb.iter().map(|&v| v as f64).sum::<f64>() / block as f64;
+            let var = xb.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / block as f64;
+            let rs = 1.0 / (var + eps).sqrt();
+            means.push(m as f32);
+            rstds.push(rs as f32);
+            // g: the gradient at the affine's output; its block means times the weight.
+            let mut g = vec![0f64; block];
+            let (mut m1, mut m2) = (0f64, 0f64);
+            for k in 0..block {
+                let ch = (i % groups) * cg + k / spatial;
+                let xh = (xb[k] as f64 - m) * rs;
+                let z = xh * w[ch] as f64 + b[ch] as f64;
+                let s = 1.0 / (1.0 + (-z).exp());
+                y[i * block + k] = if silu { z * s } else { z } as f32;
+                g[k] = dyb[k] as f64 * if silu { s * (z * (1.0 - s) + 1.0) } else { 1.0 };
+                dw[ch] += g[k] * xh;
+                db[ch] += g[k];
+                m1 += g[k] * w[ch] as f64 / block as f64;
+                m2 += g[k] * w[ch] as f64 * xh / block as f64;
+            }
+            for k in 0..block {
+                let ch = (i % groups) * cg + k / spatial;
+                let xh = (xb[k] as f64 - m) * rs;
+                dx[i * block + k] = ((g[k] * w[ch] as f64 - m1 - xh * m2) * rs) as f32;
+            }
+        }
+        let f = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect();
+        (y, means, rstds, dx, f(dw), f(db))
+    }
+
+    fn vals(t: &T) -> Vec<f32> {
+        f32_data(t).to_vec()
+    }
+
+    /// The f32 kernels at every level the CPU has (the others say they skip) against the f64
+    /// definitions: blocks whose length is not whole vectors (8 or 16), with and without SiLU.
+    #[test]
+    fn group_norm_at_every_level_equals_the_definition() {
+        let (n, c, spatial, groups) = (2, 8, 3 * 5 * 7, 4);
+        let x: Vec<f32> = (0..n * c * spatial).map(|i| ((i * 7919) % 1009) as f32 * 0.004 - 1.5 + (i % 3) as f32).collect();
+        let dy: Vec<f32> = (0..n * c * spatial).map(|i| ((i * 104_729) % 1013) as f32 * 0.002 - 1.0).collect();
+        let w: Vec<f32> = (0..c).map(|i| 0.5 + 0.1 * i as f32).collect();
+        let b: Vec<f32> = (0..c).map(|i| 0.2 - 0.05 * i as f32).collect();
+        let shape = vec![n, c, 3, 5, 7];
+        let (xt, dyt, wt, bt) = (tensor(x.clone(), shape.clone()), tensor(dy.clone(), shape), tensor(w.clone(), vec![c]), tensor(b.clone(), vec![c]));
+        for isa in Isa::ALL {
+            if !isa.supported() {
+                eprintln!("group_norm_at_every_level_equals_the_definition: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
+                continue;
+            }
+            for silu in [true, false] {
+                let what = format!("{}, silu {silu}", isa.name());
+                let (ry, rm, rr, rdx, rdw, rdb) = reference(&x, &dy, &w, &b, n, groups, 1e-5, silu);
+                let (y, mean, rstd) = group_norm_with(&xt, &wt, &bt, groups, 1e-5, silu, isa).expect("f32 handled");
+                vramlab_testkit::assert_close(&format!("{what}: y"), &vals(&y), &ry, 1e-5);
+                vramlab_testkit::assert_close(&format!("{what}: mean"), &vals(&mean), &rm, 1e-5);
+                vramlab_testkit::assert_close(&format!("{what}: rstd"), &vals(&rstd), &rr, 1e-5);
+                let (dx, dw, db) = group_norm_backward_with(&xt, &mean, &rstd, &wt, &bt, &dyt, groups, silu, isa).expect("f32 handled");
+                vramlab_testkit::assert_close(&format!("{what}: dx"), &vals(&dx), &rdx, 1e-4);
+                vramlab_testkit::assert_close(&format!("{what}: dweight"), &vals(&dw), &rdw, 1e-5);
+                vramlab_testkit::assert_close(&format!("{what}: dbias"), &vals(&db), &rdb, 1e-5);
+            }
+        }
+    }
+
     /// The polynomial `exp` against libm's over the range the sigmoid uses (and past the clamp):
     /// relative error ≤ 1e-6, and the sums the GroupNorm kernels take against f64 sums.
     #[test]
@@ -325,7 +437,8 @@ mod tests {
         assert!((super::sigmoid_fast(-200.0) - 0.0).abs() < 1e-30 && super::sigmoid_fast(200.0) == 1.0);
         let xs: Vec<f32> = (0..10_007).map(|i| ((i * 7919) % 1000) as f32 * 0.001 - 0.3).collect();
         let exact: f64 = xs.iter().map(|&v| v as f64 * v as f64).sum();
-        let lanes = super::sum_lanes(&xs, |v| v * v);
-        assert!(((lanes - exact) / exact).abs() < 1e-6, "{lanes} vs {exact}");
+        for lanes in [super::sum_lanes::<8>(&xs, |v| v * v), super::sum_lanes::<16>(&xs, |v| v * v)] {
+            assert!(((lanes - exact) / exact).abs() < 1e-6, "{lanes} vs {exact}");
+        }
     }
 }

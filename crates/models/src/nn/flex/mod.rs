@@ -7,11 +7,12 @@
 //! - [`conv3d`]: the direct 3-D convolution, `conv3d` and `conv3d_weight_backward`;
 //! - [`conv_weight`]: `conv_weight_backward`, any rank's weight gradient as bounded GEMMs;
 //! - [`group_norm`]: `group_norm` and `group_norm_backward` (+ fused SiLU);
-//! - [`pointwise`]: `channel_affine`, `flipped_weight`, `upsample_linear`.
+//! - [`pointwise`]: `channel_affine`, `flipped_weight`, `upsample_linear`;
+//! - [`isa`]: the vector-instruction level the kernels run at (scalar, AVX2, AVX-512: detected,
+//!   capped by `VRAMLAB_SIMD`); each kernel takes it as an argument, so tests run every level.
 //!
 //! Shared here: the element trait [`Num`] (f32, bf16), the tensor <-> slice helpers
-//! ([`typed_data`], [`typed`], [`f32_data`], [`tensor`], [`f32_slice`]), [`matmul`] and
-//! [`simd_available`].
+//! ([`typed_data`], [`typed`], [`f32_data`], [`tensor`], [`f32_slice`]) and [`matmul`].
 
 use burn::backend::Flex;
 use burn::tensor::DType;
@@ -22,7 +23,10 @@ pub(super) mod conv1d;
 pub(super) mod conv3d;
 pub(super) mod conv_weight;
 pub(super) mod group_norm;
+pub(super) mod isa;
 pub(super) mod pointwise;
+
+use isa::Isa;
 
 type T = FlexTensor;
 
@@ -87,14 +91,3 @@ fn f32_slice<E: Num>(s: &[E]) -> Option<&[f32]> {
     (E::dtype() == DType::F32).then(|| bytemuck::cast_slice(s))
 }
 
-/// Whether the AVX2 + FMA paths run (the direct 3-D convolution's tiles, the GroupNorm
-/// blocks): x86-64 with both (detected once at run time), unless `VRAMLAB_NO_SIMD` is set.
-fn simd_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && std::env::var_os("VRAMLAB_NO_SIMD").is_none())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}

@@ -4,16 +4,24 @@
 //!
 //! The channel affine: flex's broadcast multiply and add of `x: [n, c, h, w]` by `[1, c, 1, 1]`
 //! walk `x` element by element through a generic strided iterator (6–8 % of an ACT CPU step in
-//! the forward alone); here each `(sample, channel)` plane is one vectorized loop.
+//! the forward alone); here each `(sample, channel)` plane is one vectorized loop, compiled for
+//! the process's instruction level ([`Isa`]; a multiply then an add, never fused, so every
+//! level gives the same bits).
 
 use burn::tensor::DType;
 use rayon::prelude::*;
 
-use super::{Num, T, f32_data, tensor, typed};
+use super::{Isa, Num, T, f32_data, tensor, typed};
 use crate::nn::linear_source_indices;
 
 /// `x · scale + shift` per channel (f32, `x` contiguous), or `None` for the other cases.
 pub fn channel_affine(x: &T, scale: &T, shift: Option<&T>) -> Option<T> {
+    channel_affine_with(x, scale, shift, super::isa::level())
+}
+
+/// [`channel_affine`] compiled for `isa` (which the CPU must support).
+fn channel_affine_with(x: &T, scale: &T, shift: Option<&T>, isa: Isa) -> Option<T> {
+    assert!(isa.supported(), "the caller picks a level the CPU has");
     let all_f32 = x.dtype() == DType::F32 && scale.dtype() == DType::F32 && shift.is_none_or(|b| b.dtype() == DType::F32);
     let xs = x.as_slice::<f32>().filter(|_| all_f32)?;
     let dims: Vec<usize> = x.layout().shape().iter().copied().collect();
@@ -26,17 +34,42 @@ pub fn channel_affine(x: &T, scale: &T, shift: Option<&T>) -> Option<T> {
     let mut y = vec![0f32; xs.len()];
     if plane > 0 {
         y.par_chunks_mut(plane).zip(xs.par_chunks(plane)).enumerate().for_each(|(i, (out, inp))| {
-            let s = scale[i % c];
-            match &shift {
-                Some(b) => {
-                    let b = b[i % c];
-                    out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s + b);
-                }
-                None => out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s),
-            }
+            affine_plane(isa, out, inp, scale[i % c], shift.as_ref().map(|b| b[i % c]));
         });
     }
     Some(tensor(y, dims))
+}
+
+/// `out = inp · s (+ b)`, compiled for `isa` (supported: the caller checked).
+fn affine_plane(isa: Isa, out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) {
+    #[inline(always)]
+    fn body(out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) {
+        match b {
+            Some(b) => out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s + b),
+            None => out.iter_mut().zip(inp).for_each(|(o, &v)| *o = v * s),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        Isa::Avx512 => {
+            #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+            unsafe fn wide(out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) {
+                body(out, inp, s, b)
+            }
+            // SAFETY: the caller checked that the CPU has AVX-512.
+            return unsafe { wide(out, inp, s, b) };
+        }
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn wide(out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) {
+                body(out, inp, s, b)
+            }
+            // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+            return unsafe { wide(out, inp, s, b) };
+        }
+        Isa::Scalar => {}
+    }
+    body(out, inp, s, b)
 }
 
 /// `w: [cout, cin, k…]` (f32) → contiguous `[cin, cout, k…]` with every kernel axis flipped:
@@ -117,4 +150,36 @@ fn upsample_linear_typed<E: Num>(x: &T, dim: usize, scale: usize, backward: bool
     let mut shape = dims;
     shape[dim] = rows_out;
     Some(typed(out, shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The channel affine at every level the CPU has (the others say they skip) against the
+    /// plain per-element formula: the same bits (a multiply and an add at every level), planes
+    /// of lengths that are not whole vectors.
+    #[test]
+    fn channel_affine_at_every_level_equals_the_formula() {
+        let (n, c, h, w) = (2, 3, 5, 7);
+        let xs: Vec<f32> = (0..n * c * h * w).map(|i| ((i * 7919) % 997) as f32 * 0.01 - 4.0).collect();
+        let (scale, shift) = (vec![0.5f32, -1.25, 3.0], vec![0.1f32, 0.2, -0.3]);
+        let x = tensor(xs.clone(), vec![n, c, h, w]);
+        let (st, bt) = (tensor(scale.clone(), vec![c]), tensor(shift.clone(), vec![c]));
+        for isa in Isa::ALL {
+            if !isa.supported() {
+                eprintln!("channel_affine_at_every_level_equals_the_formula: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
+                continue;
+            }
+            for with_shift in [true, false] {
+                let y = channel_affine_with(&x, &st, with_shift.then_some(&bt), isa).expect("f32, contiguous");
+                let got = y.as_slice::<f32>().expect("contiguous").to_vec();
+                for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
+                    let ch = (i / (h * w)) % c;
+                    let want = if with_shift { v * scale[ch] + shift[ch] } else { v * scale[ch] };
+                    assert_eq!(g.to_bits(), want.to_bits(), "{}: element {i}, shift {with_shift}", isa.name());
+                }
+            }
+        }
+    }
 }
