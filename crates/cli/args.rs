@@ -46,7 +46,7 @@ pub enum Command {
     /// Peak training memory predicted from shapes alone (no allocation): parameters,
     /// gradients, optimizer state, stored activations per module, workspace, and the phase.
     #[command(after_help = OVERRIDES_HELP)]
-    Estimate(RunArgs),
+    Estimate(EstimateArgs),
     /// A grid of measured runs (--sweep.<field>=v1,v2,…), one process each → CSV + markdown.
     #[command(after_help = OVERRIDES_HELP)]
     Sweep(RunArgs),
@@ -153,6 +153,17 @@ impl RunFlags {
         let serde_json::Value::Object(map) = serde_json::to_value(self).unwrap_or_default() else { return Vec::new() };
         map.into_iter().filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_string()))).collect()
     }
+}
+
+/// `vramlab estimate`: the run flags and the runtime to predict.
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The runtime to predict: `vramlab` (this backend's own peak) or `pytorch-cuda` (PyTorch
+    /// eager on CUDA: max_memory_allocated, max_memory_reserved, nvidia-smi).
+    #[arg(long, value_name = "NAME", default_value = "vramlab")]
+    pub target: String,
 }
 
 #[derive(Args, Debug)]
