@@ -70,7 +70,7 @@ pub const TERMS: &[Term] = &[
     Term { term: "autocast: bf16 copy of each parameter once per forward (cached), of each f32 activation at every matmul/conv use; norms and softmax run in f32; FrozenBatchNorm promotes to f32", kind: "fact", source: "aten/src/ATen/autocast_mode.cpp op lists and weight cache" },
     Term { term: "caching allocator: 512-byte rounding, small pool ≤ 1 MiB from 2 MiB segments, large from 20 MiB segments (< 10 MiB requests) or the size rounded to 2 MiB, best fit, split rules, no release", kind: "fact", source: "c10/cuda/CUDACachingAllocator.cpp constants" },
     Term { term: "cuBLAS workspace 32 MiB × 2 (forward thread + autograd thread), counted as allocated; none for a model without matmuls (the VAE without attention: convolutions are cuDNN's)", kind: "assumption", source: "CublasHandlePool.cpp default for sm90 (:4096:8); cuBLASLt assumed to share it (PyTorch ≥ 2.6); 8.1 MiB each on other GPUs" },
-    Term { term: "cuDNN convolution workspace: none at the peak (cudnn.benchmark picks algorithms whose workspace is freed after each call)", kind: "assumption", source: "not measured; the H100 rows' allocated peaks are matched without it" },
+    Term { term: "cuDNN convolution workspace: none at the peak in steady state; in step 1 cudnn.benchmark's trials modelled as a transient of 0.5 × (input + output) per convolution, forward and backward (shapes the reserved segments only)", kind: "assumption", source: "not measured per algorithm; the H100 rows' allocated peaks are matched without a workspace; the factor is the least bad of 0–4 for their reserved figures" },
     Term { term: "order of frees: a tensor is freed at its last forward use unless saved, a saved one after the backward of its first saver; gradients of activations freed once consumed", kind: "assumption", source: "Python reference counting + autograd engine order (reverse creation order)" },
     Term { term: "CUDA context + kernels + library handles: 600 MiB on top of reserved (nvidia-smi)", kind: "assumption", source: "typical H100 / CUDA 12–13 figure with lazy module loading (400–800 MiB reported); not measured here" },
     Term { term: "batch on the device for the whole step; the model's frozen buffers (FrozenBatchNorm statistics, < 0.1 MiB) ignored", kind: "assumption", source: "torch_bench.py keeps one batch" },
@@ -118,11 +118,25 @@ struct Built {
     notes: Vec<String>,
 }
 
+/// cudnn.benchmark's first call of each convolution (step 1) tries algorithms with a
+/// workspace from the caching allocator: modelled as a transient of this many times the
+/// convolution's input + output bytes, forward and backward (an assumption, see [`TERMS`]:
+/// reserved responds to it erratically, 0.5 was the least bad of 0–4 on the H100 rows); later
+/// steps run the chosen algorithms with no workspace at the peak.
+pub const BENCHMARK_WS_FACTOR: f64 = 0.5;
+
 fn build(cfg: &RunConfig, cuda: bool) -> Result<Built> {
+    build_with(cfg, cuda, 0.0)
+}
+
+fn build_with(cfg: &RunConfig, cuda: bool, ws_factor: f64) -> Result<Built> {
     let amp = cfg.precision != Precision::F32;
     let ckpt = cfg.gradient_checkpointing != vramlab_models::graph::CheckpointMode::Off;
-    let no_ws = |_: u64, _: u64| (0u64, 0u64);
-    let o = TorchOpts { amp, cuda, checkpoint: ckpt, conv_ws: &no_ws };
+    let ws = move |x: u64, y: u64| {
+        let w = (ws_factor * (x + y) as f64) as u64;
+        (w, w)
+    };
+    let o = TorchOpts { amp, cuda, checkpoint: ckpt, conv_ws: &ws };
     let b = cfg.batch_size as usize;
     Ok(match &cfg.policy()?.kind {
         Workload::Act(p) => {
@@ -181,6 +195,7 @@ pub fn estimate_torch(cfg: &RunConfig) -> Result<TorchEstimate> {
     }
     a.alloc(fresh(), built.batch_bytes);
     let replay = tg.replay(0);
+    let first = build_with(cfg, true, BENCHMARK_WS_FACTOR)?.tg.replay(0);
     let mut phase_peak: Vec<(String, u64)> = Vec::new();
     let mut live_static = param_bytes + built.batch_bytes;
     let mut peak_live = 0u64;
@@ -201,8 +216,9 @@ pub fn estimate_torch(cfg: &RunConfig) -> Result<TorchEstimate> {
         let mut live = 0u64;
         let mut phase_max = [0u64; 2];
         let mut in_backward = false;
-        for (k, e) in replay.events.iter().enumerate() {
-            if k == replay.forward_events {
+        let events = if step == 1 { &first } else { &replay };
+        for (k, e) in events.events.iter().enumerate() {
+            if k == events.forward_events {
                 in_backward = true;
             }
             match *e {
@@ -248,7 +264,7 @@ pub fn estimate_torch(cfg: &RunConfig) -> Result<TorchEstimate> {
             peak_live = peak_live.max(live_static + live + trainable);
             phase_peak = vec![("forward".into(), phase_max[0]), ("backward".into(), phase_max[1]), ("optimizer".into(), opt_max)];
         }
-        for id in &replay.param_grads {
+        for id in &events.param_grads {
             a.free(id + shift);
         }
     }
@@ -335,5 +351,83 @@ impl TorchEstimate {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn cfg(flags: &[&str]) -> RunConfig {
+        let ov: Vec<(String, String)> = flags.iter().map(|f| f.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).expect("key=value")).collect();
+        config::load(None, &ov).expect("config loads")
+    }
+
+    /// The H100 rows of ../shared/baselines/h100_results.jsonl: (name, flags).
+    const ROWS: &[(&str, &[&str])] = &[
+        ("act_b8_480x640_f32", &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,480,640", "batch_size=8"]),
+        ("act_b8_480x640_bf16", &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,480,640", "batch_size=8", "precision=bf16"]),
+        ("act_b48_c100_480x640_f32", &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,480,640", "batch_size=48"]),
+        ("act_b48_c100_240x320_f32", &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,240,320", "batch_size=48"]),
+        ("act_b48_c100_96x96_f32", &["policy.type=act", "dataset.type=random", "policy.camera_shape=3,96,96", "batch_size=48"]),
+        ("dp_b64_h16_96x96_f32", &["policy.type=diffusion", "dataset.type=random", "policy.camera_shape=3,96,96", "policy.crop_shape=84,84", "batch_size=64"]),
+        ("dp_b64_h16_96x96_bf16", &["policy.type=diffusion", "dataset.type=random", "policy.camera_shape=3,96,96", "policy.crop_shape=84,84", "batch_size=64", "precision=bf16"]),
+        ("dp_b64_h16_240x320_f32", &["policy.type=diffusion", "dataset.type=random", "policy.camera_shape=3,240,320", "policy.crop_shape=210,280", "batch_size=64"]),
+        ("vae_t_f32", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=8,32,32", "batch_size=2"]),
+        ("vae_t_bf16", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=8,32,32", "batch_size=2", "precision=bf16"]),
+        ("vae_ultra_b1_32x128x128_f32", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=32,128,128", "batch_size=1"]),
+        ("vae_ultra_b1_32x128x128_bf16", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=32,128,128", "batch_size=1", "precision=bf16"]),
+        ("vae_ultra_b1_32x128x128_ckpt", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=32,128,128", "batch_size=1", "gradient_checkpointing=blocks"]),
+        ("vae_ultra_b1_32x128x128_bf16ckpt", &["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=32,128,128", "batch_size=1", "precision=bf16", "gradient_checkpointing=blocks"]),
+    ];
+
+    /// The targets against the measured H100 rows: allocated within 10 % on every
+    /// row. Reserved is reported (within 15 % is the target; see benches/results/torch_estimate)
+    /// and checked here only against gross errors (within 30 %).
+    #[test]
+    fn h100_rows_within_targets() {
+        let Some(path) = vramlab_testkit::shared("baselines/h100_results.jsonl") else { return };
+        let text = std::fs::read_to_string(&path).expect("h100_results.jsonl");
+        let measured: Vec<serde_json::Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let mut failures = Vec::new();
+        for (name, flags) in ROWS {
+            let m = measured.iter().find(|v| v["impl"] == "pytorch" && v["name"] == *name).unwrap_or_else(|| panic!("{name} not in {}", path.display()));
+            let e = estimate_torch(&cfg(flags)).expect("estimate");
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let (pa, pr) = (mib(e.peak_allocated_bytes), mib(e.peak_reserved_bytes));
+            let (ma, mr) = (m["peak_alloc_mib"].as_f64().expect("alloc"), m["peak_reserved_mib"].as_f64().expect("reserved"));
+            if (pa - ma).abs() > 0.10 * ma {
+                failures.push(format!("{name}: allocated {pa:.1} MiB vs measured {ma:.1}"));
+            }
+            if (pr - mr).abs() > 0.30 * mr {
+                failures.push(format!("{name}: reserved {pr:.1} MiB vs measured {mr:.1}"));
+            }
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+
+    #[test]
+    fn target_flag_parses_and_refuses_unknown_names() {
+        assert_eq!(Target::parse("pytorch-cuda").expect("known"), Target::PytorchCuda);
+        assert_eq!(Target::parse("vramlab").expect("known"), Target::Vramlab);
+        assert!(Target::parse("jax").unwrap_err().to_string().contains("--target"));
+    }
+
+    #[test]
+    fn amp_keeps_bf16_weight_copies_and_checkpointing_lowers_the_peak() {
+        let vae = ["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=8,64,64", "batch_size=1"];
+        let plain = estimate_torch(&cfg(&vae)).expect("estimate");
+        let ck = estimate_torch(&cfg(&[&vae[..], &["gradient_checkpointing=blocks"]].concat())).expect("estimate");
+        assert!(ck.stored_activation_bytes < plain.stored_activation_bytes / 2);
+        assert!(ck.peak_allocated_bytes < plain.peak_allocated_bytes);
+        assert!(plain.peak_reserved_bytes >= plain.peak_allocated_bytes);
+        assert_eq!(plain.nvidia_smi_bytes, plain.peak_reserved_bytes + CUDA_CONTEXT_BYTES);
+        // ACT under autocast saves bf16 copies of its weights on top of f32 activations.
+        let act = ["policy.type=act", "dataset.type=random", "policy.camera_shape=3,96,96", "batch_size=2"];
+        let f32 = estimate_torch(&cfg(&act)).expect("estimate");
+        let bf16 = estimate_torch(&cfg(&[&act[..], &["precision=bf16"]].concat())).expect("estimate");
+        assert!(bf16.saved_tensor_bytes > f32.saved_tensor_bytes);
+        assert_eq!(f32.param_bytes, 4 * 51_613_582);
     }
 }
