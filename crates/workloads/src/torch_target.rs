@@ -407,6 +407,20 @@ mod tests {
         assert!(failures.is_empty(), "{failures:#?}");
     }
 
+    /// Seed report 001 (ACT, 3 cameras 640×360 + 2 × 640×480, chunk 30, batch 8, AMP): the
+    /// predicted nvidia-smi total inside the observed 6.5 GiB ± 10 %, allocated below it.
+    #[test]
+    fn seed_001_inside_the_observed_figure() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/estimate/seed001_act_3cam");
+        let flags = ["policy.type=act", "dataset.type=lerobot", &format!("dataset.root={root}"), "policy.chunk_size=30", "policy.n_action_steps=30", "batch_size=8", "precision=bf16", "policy.pretrained_backbone_weights=null"];
+        let e = estimate_torch(&cfg(&flags)).expect("estimate");
+        assert_eq!(e.param_bytes, 4 * 51_577_742, "three cameras share one backbone");
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let smi = gib(e.nvidia_smi_bytes);
+        assert!((smi - 6.5).abs() <= 0.65, "nvidia-smi {smi:.2} GiB vs observed 6.5 GiB");
+        assert!(gib(e.peak_allocated_bytes) < 6.5);
+    }
+
     #[test]
     fn target_flag_parses_and_refuses_unknown_names() {
         assert_eq!(Target::parse("pytorch-cuda").expect("known"), Target::PytorchCuda);
