@@ -180,6 +180,10 @@ pub struct FitArgs {
     /// Candidates the estimator puts above this many budgets are not run (0 = run all).
     #[arg(long, value_name = "FACTOR", default_value_t = 1.25)]
     pub prune: f64,
+    /// `pytorch-cuda`: the largest batch PyTorch eager fits in the budget, predicted (nothing
+    /// runs); `vramlab` (default): measured trials on this backend.
+    #[arg(long, value_name = "NAME", default_value = "vramlab")]
+    pub target: String,
     #[command(flatten)]
     pub run: RunArgs,
 }

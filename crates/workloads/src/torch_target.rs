@@ -306,6 +306,68 @@ pub fn estimate_torch(cfg: &RunConfig) -> Result<TorchEstimate> {
     })
 }
 
+/// `vramlab fit --budget=B --target=pytorch-cuda`: the largest batch whose predicted nvidia-smi
+/// total fits `budget`, by prediction alone (nothing is run): doubling, then bisection.
+#[derive(Clone, Debug, Serialize)]
+pub struct TorchFit {
+    pub budget: u64,
+    /// (batch, predicted nvidia-smi bytes, predicted max_memory_allocated) of every probe.
+    pub probes: Vec<(u64, u64, u64)>,
+    /// The largest batch that fits (None: not even batch 1).
+    pub batch: Option<u64>,
+}
+
+pub fn fit_batch(cfg: &RunConfig, budget: u64, max_batch: u64) -> Result<TorchFit> {
+    let mut probes = Vec::new();
+    let mut at = |b: u64| -> Result<bool> {
+        let mut c = cfg.clone();
+        c.batch_size = b;
+        let e = estimate_torch(&c)?;
+        probes.push((b, e.nvidia_smi_bytes, e.peak_allocated_bytes));
+        Ok(e.nvidia_smi_bytes <= budget)
+    };
+    if !at(1)? {
+        return Ok(TorchFit { budget, probes, batch: None });
+    }
+    let (mut lo, mut hi) = (1u64, 2u64);
+    while hi <= max_batch && at(hi)? {
+        lo = hi;
+        hi *= 2;
+    }
+    let hi = hi.min(max_batch + 1);
+    let (mut lo, mut hi) = (lo, hi);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if at(mid)? { lo = mid } else { hi = mid }
+    }
+    Ok(TorchFit { budget, probes, batch: Some(lo) })
+}
+
+impl TorchFit {
+    pub fn markdown(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "# vramlab fit (target pytorch-cuda): a prediction, nothing was run\n");
+        let _ = writeln!(s, "Budget {} for the whole device (nvidia-smi: reserved + the assumed {} CUDA context).\n", human(self.budget), human(CUDA_CONTEXT_BYTES));
+        let _ = writeln!(s, "| batch | predicted nvidia-smi | predicted max_memory_allocated | fits |\n|---:|---:|---:|---|");
+        let mut p = self.probes.clone();
+        p.sort_unstable();
+        p.dedup();
+        for (b, smi, alloc) in p {
+            let _ = writeln!(s, "| {b} | {} | {} | {} |", human(smi), human(alloc), if smi <= self.budget { "yes" } else { "no" });
+        }
+        match self.batch {
+            Some(b) => {
+                let _ = writeln!(s, "\n**Predicted largest batch: {b}.**");
+            }
+            None => {
+                let _ = writeln!(s, "\n**Predicted: not even batch 1 fits.**");
+            }
+        }
+        s
+    }
+}
+
 impl TorchEstimate {
     pub fn markdown(&self) -> String {
         use std::fmt::Write as _;
@@ -419,6 +481,20 @@ mod tests {
         let smi = gib(e.nvidia_smi_bytes);
         assert!((smi - 6.5).abs() <= 0.65, "nvidia-smi {smi:.2} GiB vs observed 6.5 GiB");
         assert!(gib(e.peak_allocated_bytes) < 6.5);
+    }
+
+    #[test]
+    fn fit_finds_the_largest_batch_under_the_budget() {
+        let vae = ["policy.type=vae3d", "policy.preset=ultra_lightweight", "dataset.grid=8,32,32"];
+        let budget = 800u64 << 20;
+        let f = fit_batch(&cfg(&vae), budget, 64).expect("fit");
+        let b = f.batch.expect("batch 1 fits 800 MiB");
+        let smi = |b: u64| f.probes.iter().find(|p| p.0 == b).map(|p| p.1);
+        assert!(smi(b).expect("probed") <= budget);
+        if b < 64 {
+            assert!(smi(b + 1).expect("the next batch was probed") > budget);
+        }
+        assert!(fit_batch(&cfg(&vae), 100 << 20, 64).expect("fit").batch.is_none());
     }
 
     #[test]
