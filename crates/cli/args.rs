@@ -46,7 +46,7 @@ pub enum Command {
     /// Peak training memory predicted from shapes alone (no allocation): parameters,
     /// gradients, optimizer state, stored activations per module, workspace, and the phase.
     #[command(after_help = OVERRIDES_HELP)]
-    Estimate(RunArgs),
+    Estimate(EstimateArgs),
     /// A grid of measured runs (--sweep.<field>=v1,v2,…), one process each → CSV + markdown.
     #[command(after_help = OVERRIDES_HELP)]
     Sweep(RunArgs),
@@ -155,6 +155,17 @@ impl RunFlags {
     }
 }
 
+/// `vramlab estimate`: the run flags and the runtime to predict.
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The runtime to predict: `vramlab` (this backend's own peak) or `pytorch-cuda` (PyTorch
+    /// eager on CUDA: max_memory_allocated, max_memory_reserved, nvidia-smi).
+    #[arg(long, value_name = "NAME", default_value = "vramlab")]
+    pub target: String,
+}
+
 #[derive(Args, Debug)]
 pub struct FitArgs {
     /// The memory to fit in: 24GiB, 1.5GiB, 512MiB, 16GB (GiB/MiB binary, GB/MB decimal).
@@ -169,6 +180,10 @@ pub struct FitArgs {
     /// Candidates the estimator puts above this many budgets are not run (0 = run all).
     #[arg(long, value_name = "FACTOR", default_value_t = 1.25)]
     pub prune: f64,
+    /// `pytorch-cuda`: the largest batch PyTorch eager fits in the budget, predicted (nothing
+    /// runs); `vramlab` (default): measured trials on this backend.
+    #[arg(long, value_name = "NAME", default_value = "vramlab")]
+    pub target: String,
     #[command(flatten)]
     pub run: RunArgs,
 }

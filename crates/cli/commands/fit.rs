@@ -10,6 +10,11 @@ pub fn run(args: &FitArgs, overrides: &[(String, String)]) -> Result<()> {
     let Some(budget) = vramlab_bytes::parse(&args.budget) else {
         bail!("--budget={}: not a byte count (e.g. 24GiB, 512MiB, 16GB)", args.budget);
     };
+    if vramlab_workloads::torch_target::Target::parse(&args.target)? == vramlab_workloads::torch_target::Target::PytorchCuda {
+        let cfg = super::run_config(&args.run, overrides)?;
+        print!("{}", vramlab_workloads::torch_target::fit_batch(&cfg, budget, args.max_batch)?.markdown());
+        return Ok(());
+    }
     let exe = std::env::current_exe().context("cannot find the vramlab executable")?;
     let all = super::all_overrides(&args.run, overrides);
     let spec = FitSpec {

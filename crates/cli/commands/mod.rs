@@ -63,9 +63,9 @@ pub fn run(cli: Cli) -> Result<()> {
             anyhow::ensure!(check.passed(), "probe-check: the {} probe disagrees with the known pattern", check.backend);
             Ok(())
         }
-        Command::Estimate(run) => match run.config.as_deref().filter(|f| paper::is_paper(f)) {
-            Some(file) => paper::run(file, &all_overrides(run, overrides)),
-            None => estimate::run(&run_config(run, overrides)?),
+        Command::Estimate(e) => match e.run.config.as_deref().filter(|f| paper::is_paper(f)) {
+            Some(file) => estimate::refuse_target_for_paper(&e.target).and_then(|_| paper::run(file, &all_overrides(&e.run, overrides))),
+            None => estimate::run(&run_config(&e.run, overrides)?, &e.target),
         },
         Command::Sweep(run) => {
             let exe = std::env::current_exe().context("cannot find the vramlab executable")?;

@@ -56,6 +56,8 @@ pub mod probe_check;
 pub mod processors;
 pub mod sim;
 pub mod sweep;
+pub mod torch_alloc;
+pub mod torch_target;
 pub mod training;
 pub mod vae3d;
 mod workload;

@@ -17,6 +17,7 @@
 
 pub mod config;
 pub mod graph;
+pub mod torch_graph;
 pub mod layers;
 pub mod load;
 pub mod model;

@@ -35,6 +35,7 @@ use crate::nn::Precision;
 
 mod build;
 mod replay;
+pub mod torch;
 
 /// A symbolic tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

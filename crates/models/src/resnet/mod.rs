@@ -38,6 +38,7 @@
 //! [`graph`]: the same ResNet-18 trunk as a shape-only op graph, for the memory estimate.
 
 pub mod graph;
+pub mod torch_graph;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};

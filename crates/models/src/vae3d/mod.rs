@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod graph;
+pub mod torch_graph;
 pub mod load;
 pub mod model;
 
