@@ -15,7 +15,8 @@
 # STEPS per cold run (default 4: step 1 + three steady steps), ROW_TIMEOUT_S per process
 # (default 900), BUDGET_S for the whole script (default 2400): a row that would start after the
 # budget is spent is written to the table as not run, and a process stopped by ROW_TIMEOUT_S as
-# timed out with the steps it finished. On wgpu set VK_ICD_FILENAMES for lavapipe (CI's machine).
+# timed out with the steps it finished. NOT_RUN="why" records the given rows as not run, with
+# that reason. On wgpu set VK_ICD_FILENAMES for lavapipe (CI's machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${BACKEND:-wgpu}
@@ -67,9 +68,11 @@ for row in "${rows[@]}"; do
   elapsed=$(( $(date +%s) - t_start ))
   cache="$scratch/kcache-$row"
   rm -rf "$cache"
-  if [ "$elapsed" -ge "$budget" ]; then
-    echo "== $row: not run (budget of $budget s spent)" >&2
-    python3 - "$out/raw.jsonl" "$variant" "$row" "${label[$row]}" "not run: the script's budget (BUDGET_S=$budget s) was spent before this row" <<'EOF'
+  note="not run: the script's budget (BUDGET_S=$budget s) was spent before this row"
+  [ -z "${NOT_RUN:-}" ] || note="not run: $NOT_RUN"
+  if [ "$elapsed" -ge "$budget" ] || [ -n "${NOT_RUN:-}" ]; then
+    echo "== $row: $note" >&2
+    python3 - "$out/raw.jsonl" "$variant" "$row" "${label[$row]}" "$note" <<'EOF'
 import json, sys
 path, variant, row, label, note = sys.argv[1:6]
 lines = [l for l in open(path)] if __import__("os").path.exists(path) else []
