@@ -11,7 +11,7 @@
 #   VARIANT=autotune-minimal EXTRA="--autotune=minimal" bash benches/kernels.sh vae
 #
 # ROWs: vae (VAE ultra b2 8×32×32), act (ACT b8, 1 camera 96×96, chunk 100), diffusion
-# (Diffusion b8, 96×96 crop 84); default all three, in that order. BACKEND (default wgpu),
+# (Diffusion b8, 96×96 crop 84); default all three, in that order; `table` only rewrites table.md. BACKEND (default wgpu),
 # STEPS per cold run (default 4: step 1 + three steady steps), ROW_TIMEOUT_S per process
 # (default 900), BUDGET_S for the whole script (default 2400): a row that would start after the
 # budget is spent is written to the table as not run, and a process stopped by ROW_TIMEOUT_S as
@@ -26,10 +26,6 @@ row_timeout=${ROW_TIMEOUT_S:-900}
 budget=${BUDGET_S:-2400}
 bin=${BIN:-target/$backend/release/vramlab}
 extra=(${EXTRA:-})
-if [ ! -x "$bin" ]; then
-  CARGO_TARGET_DIR=target/$backend cargo build --release --no-default-features --features "$backend"
-  bin=target/$backend/release/vramlab
-fi
 out=benches/results/kernels/$backend
 mkdir -p "$out"
 scratch=$(mktemp -d)
@@ -45,6 +41,11 @@ vae=(--config=configs/vae3d_ultra.toml --policy.preset=ultra_lightweight --datas
 declare -A label=([vae]="VAE ultra b2 8×32×32" [act]="ACT b8, 1 cam 96×96, chunk 100" [diffusion]="Diffusion b8 96×96 crop 84")
 rows=("$@")
 [ "${#rows[@]}" -gt 0 ] || rows=(vae act diffusion)
+[ "${rows[0]}" != table ] || rows=()   # `kernels.sh table`: rewrite table.md from raw.jsonl only
+if [ "${#rows[@]}" -gt 0 ] && [ -z "${NOT_RUN:-}" ] && [ ! -x "$bin" ]; then
+  CARGO_TARGET_DIR=target/$backend cargo build --release --no-default-features --features "$backend"
+  bin=target/$backend/release/vramlab
+fi
 
 # One process: `run NAME STEPS CACHE_DIR ARGS…` → $scratch/NAME/{metrics.jsonl,status}.
 run() {
@@ -62,7 +63,7 @@ run() {
   [ "$rc" -eq 0 ] || tail -3 "$d/stderr" >&2
 }
 
-for row in "${rows[@]}"; do
+for row in ${rows[@]+"${rows[@]}"}; do
   case $row in vae) args=("${vae[@]}") ;; act) args=("${act[@]}") ;; diffusion) args=("${dif[@]}") ;;
     *) echo "kernels.sh: unknown row '$row' (vae, act, diffusion)" >&2; exit 2 ;; esac
   elapsed=$(( $(date +%s) - t_start ))
