@@ -10,6 +10,9 @@
 //! - [`SampledProbe`]: for devices whose runtime reports current usage but keeps no byte
 //!   high-water mark (CubeCL: wgpu, cuda). Its peak is the maximum over the samples taken at
 //!   the trainer's probe points, so it is a lower bound of the true peak; reports say so.
+//!
+//! A probe of a CubeCL device also counts kernels ([`kernels`]: launches, compilations, autotune
+//! searches), which the trainer records per step next to the memory figures.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
@@ -17,6 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub mod attribution;
 mod budget;
+pub mod kernels;
+pub use kernels::KernelCounts;
 pub use budget::{BUDGET_ENV, OUT_OF_MEMORY_EXIT_CODE, OUT_OF_MEMORY_MESSAGE, budget, set_budget};
 pub mod memory_viz;
 pub mod nvml;
@@ -75,6 +80,12 @@ pub trait MemoryProbe: Send + Sync {
     }
     /// Number of allocations since start, where the probe can count them.
     fn allocation_count(&self) -> Option<u64> {
+        None
+    }
+    /// Kernel counts since the process started ([`kernels`]), on devices that run kernels and
+    /// where they are counted; `None` elsewhere (CPU backends). Waits for the counts of the work
+    /// submitted so far to arrive: call after a [`MemoryProbe::sample`] (which synchronises).
+    fn kernel_counts(&self) -> Option<KernelCounts> {
         None
     }
 }
@@ -395,11 +406,19 @@ pub struct SampledProbe {
     sample: Box<SampleFn>,
     peak: Mutex<MemSample>,
     reserved_exact: bool,
+    kernels: bool,
 }
 
 impl SampledProbe {
     pub fn new(name: impl Into<String>, sample: impl Fn() -> MemSample + Send + Sync + 'static) -> Self {
-        Self { name: name.into(), sample: Box::new(sample), peak: Mutex::new(MemSample::default()), reserved_exact: false }
+        Self { name: name.into(), sample: Box::new(sample), peak: Mutex::new(MemSample::default()), reserved_exact: false, kernels: false }
+    }
+
+    /// This device's kernels are counted ([`kernels::install`] succeeded and CubeCL's loggers
+    /// write to the `log` crate): [`MemoryProbe::kernel_counts`] reports them.
+    pub fn with_kernel_counts(mut self) -> Self {
+        self.kernels = true;
+        self
     }
 
     /// The sampled `reserved` never decreases while the probe is used (a pool that does not
@@ -436,6 +455,13 @@ impl MemoryProbe for SampledProbe {
     }
     fn reserved_kind(&self) -> PeakKind {
         if self.reserved_exact { PeakKind::Exact } else { PeakKind::Sampled }
+    }
+    fn kernel_counts(&self) -> Option<KernelCounts> {
+        if !self.kernels {
+            return None;
+        }
+        kernels::settle();
+        Some(kernels::totals())
     }
 }
 

@@ -25,7 +25,7 @@ pub mod schedule;
 pub mod trainer;
 
 pub use recompute::CheckpointMode;
-pub use metrics::StepRecord;
+pub use metrics::{KernelStep, StepRecord};
 pub use model::{LossParts, ModelInput, ModelOutput, TrainModel};
 pub use optim::{OptimConfig, OptimError, OptimKind, Optimizer, ParamGroup};
 pub use optim_kernels::OptimKernels;

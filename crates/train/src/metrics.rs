@@ -21,6 +21,8 @@ use vramlab_bytes::human;
 /// - `peak_device_used_bytes`: the device's used memory from the driver (NVML on CUDA: what
 ///   `nvidia-smi` shows, all processes and the CUDA context included), maximum over the probe
 ///   points of the step; absent where the driver cannot be asked.
+/// - `kernel_launches`, `kernels_compiled`, `kernels_from_cache`, `autotune_searches`,
+///   `autotune_s` ([`KernelStep`]): on CubeCL backends (wgpu, cuda) only; absent on flex.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     pub step: u64,
@@ -52,6 +54,34 @@ pub struct StepRecord {
     pub loader_peak_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_device_used_bytes: Option<u64>,
+    /// Kernels of the step, where the backend runs kernels and they are counted.
+    #[serde(flatten, skip_serializing_if = "Option::is_none", default)]
+    pub kernels: Option<KernelStep>,
+}
+
+/// A step's kernels on a CubeCL backend, counted from CubeCL's log messages
+/// (`vramlab_probe::kernels` says how and how exact each count is).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct KernelStep {
+    /// Kernel launches (autotune's benchmark launches included). The total over a run is exact;
+    /// a few launches can be counted in the next step (CubeCL reports launches from a thread).
+    pub kernel_launches: u64,
+    /// Kernels compiled in the step (each distinct kernel once per process): exact.
+    pub kernels_compiled: u64,
+    /// Compiled kernels read from CubeCL's disk cache instead (CUDA PTX): exact.
+    pub kernels_from_cache: u64,
+    /// Autotune searches (keys missing from the autotune cache): exact.
+    pub autotune_searches: u64,
+    /// Wall time of those searches (compiling and benchmarking every candidate), seconds.
+    pub autotune_s: f64,
+}
+
+impl KernelStep {
+    /// The counts between two readings of `vramlab_probe::kernels::totals`.
+    pub fn between(before: vramlab_probe::KernelCounts, after: vramlab_probe::KernelCounts) -> Self {
+        let d = after - before;
+        Self { kernel_launches: d.launches, kernels_compiled: d.compiled, kernels_from_cache: d.from_cache, autotune_searches: d.autotune_searches, autotune_s: d.autotune_s }
+    }
 }
 
 /// Median of the step records after the first `skip` (warm-up) steps.
@@ -110,5 +140,84 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
     if let Some(v) = steady.iter().filter_map(|r| r.loader_peak_bytes).max() {
         s.push_str(&format!("| data loader host memory (workers + prefetch queue; not in the rows above) | {v} | {} |\n", human(v)));
     }
+    s.push_str(&kernels_markdown(records));
     s
+}
+
+/// The summary's kernel section (CubeCL backends; empty when no step counted kernels): step 1
+/// against the steady steps.
+fn kernels_markdown(records: &[StepRecord]) -> String {
+    let Some(k1) = records.first().and_then(|r| r.kernels) else {
+        return String::new();
+    };
+    let first = &records[0];
+    let rest: Vec<&StepRecord> = records.iter().skip(1).filter(|r| r.kernels.is_some()).collect();
+    let median = |f: fn(&KernelStep) -> f64| {
+        let mut v: Vec<f64> = rest.iter().filter_map(|r| r.kernels.as_ref().map(f)).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied()
+    };
+    let sum = |f: fn(&KernelStep) -> u64| rest.iter().filter_map(|r| r.kernels.as_ref().map(f)).sum::<u64>();
+    let cell = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.0}"));
+    let mut s = format!(
+        "\n## Kernels (CubeCL)\n\n| | step {} | steps after the first |\n|---|---:|---:|\n| kernel launches (per step; after the first: median) | {} | {} |\n| kernels compiled (after the first: total) | {} | {} |\n| kernels read from the disk cache (CUDA PTX) | {} | {} |\n| autotune searches | {} | {} |\n| autotune time, s (compiling + benchmarking the candidates) | {:.2} | {:.2} |\n",
+        first.step,
+        k1.kernel_launches,
+        cell(median(|k| k.kernel_launches as f64)),
+        k1.kernels_compiled,
+        sum(|k| k.kernels_compiled),
+        k1.kernels_from_cache,
+        sum(|k| k.kernels_from_cache),
+        k1.autotune_searches,
+        sum(|k| k.autotune_searches),
+        k1.autotune_s,
+        rest.iter().filter_map(|r| r.kernels.map(|k| k.autotune_s)).sum::<f64>(),
+    );
+    if !rest.is_empty() {
+        let steady = median_by(records, 1, |r| r.step_time_s);
+        s.push_str(&format!(
+            "\nStep {} took {:.2} s more than the median later step: kernel compilation, autotuning ({:.2} s of it, measured) and first allocations (the rest, inferred, not measured apart). Launches are counted from CubeCL's profiling log (level `minimal`); compilations and autotune searches from its compile and autotune messages (`vramlab_probe::kernels`).\n",
+            first.step,
+            first.step_time_s - steady,
+            k1.autotune_s,
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(step: u64, kernels: Option<KernelStep>) -> StepRecord {
+        let line = format!(
+            r#"{{"step":{step},"loss":1.0,"loss_parts":[],"lr":0.001,"grad_norm":1.0,"step_time_s":{},"data_wait_s":0.0,"forward_time_s":0.1,"backward_time_s":0.1,"optimizer_time_s":0.1,"live_before_forward_bytes":0,"peak_forward_bytes":0,"peak_backward_bytes":0,"peak_optimizer_bytes":0,"peak_step_bytes":0,"peak_reserved_bytes":0,"param_bytes":0,"grad_bytes":0,"optimizer_state_bytes":0,"activation_bytes":0,"samples":1}}"#,
+            if step == 1 { 10.0 } else { 1.0 }
+        );
+        StepRecord { kernels, ..serde_json::from_str(&line).unwrap() }
+    }
+
+    #[test]
+    fn kernel_fields_are_flat_in_the_jsonl_and_absent_without_counts() {
+        let k = KernelStep { kernel_launches: 812, kernels_compiled: 95, kernels_from_cache: 0, autotune_searches: 6, autotune_s: 4.5 };
+        let line = serde_json::to_string(&record(1, Some(k))).unwrap();
+        assert!(line.contains(r#""kernel_launches":812"#) && line.contains(r#""kernels_compiled":95"#), "{line}");
+        assert_eq!(serde_json::from_str::<StepRecord>(&line).unwrap().kernels, Some(k));
+        let flex = serde_json::to_string(&record(1, None)).unwrap();
+        assert!(!flex.contains("kernel"), "{flex}");
+        assert_eq!(serde_json::from_str::<StepRecord>(&flex).unwrap().kernels, None);
+    }
+
+    #[test]
+    fn the_summary_shows_step_one_against_the_later_steps_only_when_kernels_were_counted() {
+        let k = |launches, compiled, tune| Some(KernelStep { kernel_launches: launches, kernels_compiled: compiled, kernels_from_cache: 0, autotune_searches: compiled / 10, autotune_s: tune });
+        let records = vec![record(1, k(900, 120, 3.0)), record(2, k(500, 2, 0.0)), record(3, k(502, 0, 0.0)), record(4, k(498, 0, 0.0))];
+        let md = summary_markdown("t", &[], &records);
+        assert!(md.contains("## Kernels (CubeCL)"), "{md}");
+        assert!(md.contains("| kernel launches (per step; after the first: median) | 900 | 500 |"), "{md}");
+        assert!(md.contains("| kernels compiled (after the first: total) | 120 | 2 |"), "{md}");
+        assert!(md.contains("took 9.00 s more than the median later step"), "{md}");
+        let flex: Vec<StepRecord> = records.into_iter().map(|r| StepRecord { kernels: None, ..r }).collect();
+        assert!(!summary_markdown("t", &[], &flex).contains("Kernels"));
+    }
 }

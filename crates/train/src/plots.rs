@@ -80,6 +80,7 @@ mod tests {
             loss_scale: None,
             loader_peak_bytes: None,
             peak_device_used_bytes: None,
+            kernels: None,
             skipped: false,
         }
     }

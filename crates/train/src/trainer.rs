@@ -287,6 +287,7 @@ impl<'a> Trainer<'a> {
     {
         let cfg = &self.config;
         let step = state.step + 1;
+        let kernels_before = self.probe.kernel_counts();
         let t_step = Instant::now();
         let counting = vramlab_probe::CountingAllocator::is_installed();
         if counting {
@@ -348,6 +349,9 @@ impl<'a> Trainer<'a> {
         };
         state.step = step;
         state.optimizer_step = optim.step;
+        let step_time = t_step.elapsed().as_secs_f64();
+        // After the optimizer's probe sample (a device sync): every launch of the step is submitted.
+        let kernels = kernels_before.zip(self.probe.kernel_counts()).map(|(a, b)| crate::metrics::KernelStep::between(a, b));
 
         let record = StepRecord {
             step,
@@ -355,7 +359,7 @@ impl<'a> Trainer<'a> {
             loss_parts: parts_sum.into_iter().map(|(k, v)| (k, v / accum as f64)).collect(),
             lr: cfg.optim.lr * lr_factor,
             grad_norm: info.grad_norm,
-            step_time_s: t_step.elapsed().as_secs_f64(),
+            step_time_s: step_time,
             data_wait_s: data_wait,
             forward_time_s: m.fwd_time,
             backward_time_s: m.bwd_time,
@@ -375,6 +379,7 @@ impl<'a> Trainer<'a> {
             skipped,
             peak_device_used_bytes: m.device_used.max(opt_peak.device_used),
             loader_peak_bytes: counting.then(|| vramlab_probe::CountingAllocator::peak_of(vramlab_probe::Account::Loader)),
+            kernels,
         };
         Ok((model, record))
     }

@@ -2,7 +2,9 @@
 //!
 //! Each backend comes in two autodiff flavours: plain, and Burn's `BalancedCheckpointing`
 //! (for `--gradient_checkpointing=balanced`). Each has a memory probe: the counting allocator
-//! on CPU, CubeCL's per-stream memory statistics on wgpu/cuda.
+//! on CPU, CubeCL's per-stream memory statistics on wgpu/cuda, which also counts kernels
+//! (launches, compilations, autotune searches: [`vramlab_probe::kernels`]; set
+//! `VRAMLAB_KERNEL_ACCOUNTING=off` to leave CubeCL's loggers as configured).
 
 use std::fmt;
 
@@ -155,9 +157,41 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
             AutotuneLevel::Full => L::Full,
         };
     }
-    let line = describe(&c);
+    let mut line = describe(&c);
+    line.push_str(if cfg!(feature = "fusion") { "; Burn fusion on" } else { "; Burn fusion off" });
+    line.push_str(&kernel_accounting(&mut c));
     CubeClRuntimeConfig::set(c);
     Ok(line)
+}
+
+/// Whether CubeCL's loggers were pointed at [`vramlab_probe::kernels`]'s counter (set once, when
+/// CubeCL's configuration is set).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+static KERNEL_ACCOUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Kernel accounting: install the counting `log` logger and give CubeCL's profiling logger (at
+/// level `minimal`, one line per launch, no timing and no sync) and autotune logger the `log`
+/// crate as a sink; compile messages reach it without any setting (trace level). A profiling
+/// level set in `cubecl.toml`/`CUBECL_*` is kept (its timed lines are counted as well). Returns
+/// the note for the configuration line.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn kernel_accounting(c: &mut burn::cubecl::config::CubeClRuntimeConfig) -> String {
+    use burn::cubecl::config::profiling::ProfilingLogLevel;
+    if std::env::var("VRAMLAB_KERNEL_ACCOUNTING").is_ok_and(|v| v == "off" || v == "0") {
+        return "; kernel accounting off (VRAMLAB_KERNEL_ACCOUNTING)".into();
+    }
+    if let Err(e) = vramlab_probe::kernels::install() {
+        return format!("; {e}");
+    }
+    if matches!(c.profiling.logger.level, ProfilingLogLevel::Disabled) {
+        c.profiling.logger.level = ProfilingLogLevel::Minimal;
+    }
+    // CubeCL's `LogCrateLevel` is not re-exported: name it by its serde name.
+    let info = || serde_json::from_value(serde_json::json!("info")).ok();
+    c.profiling.logger.log = info();
+    c.autotune.logger.log = info();
+    KERNEL_ACCOUNTING.store(true, std::sync::atomic::Ordering::Relaxed);
+    "; kernels counted (launches, compilations, autotune searches)".into()
 }
 
 /// A backend a job trains on: Burn's autodiff over an inner backend, both with vramlab's lean
@@ -298,7 +332,7 @@ where
     R: burn::cubecl::Runtime,
     B: Backend<Device = R::Device>,
 {
-    vramlab_probe::SampledProbe::new(name, move || {
+    let probe = vramlab_probe::SampledProbe::new(name, move || {
         let _ = B::sync(&device);
         let client = R::client(&device);
         let device_used = nvml.and_then(|d| d.memory()).map(|m| m.used);
@@ -307,7 +341,8 @@ where
             Err(_) => vramlab_probe::MemSample { device_used, ..Default::default() },
         }
     })
-    .reserved_never_decreases()
+    .reserved_never_decreases();
+    if KERNEL_ACCOUNTING.load(std::sync::atomic::Ordering::Relaxed) { probe.with_kernel_counts() } else { probe }
 }
 
 #[cfg(test)]

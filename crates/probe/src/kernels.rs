@@ -1,0 +1,266 @@
+//! Kernel accounting for CubeCL backends (wgpu, cuda): kernel launches, kernels compiled or
+//! loaded from CubeCL's disk cache, autotune searches and the time they took, counted from the
+//! messages CubeCL 0.10 sends through the `log` crate.
+//!
+//! CubeCL has no counters to read; what it has are loggers. This module installs a `log::Log`
+//! that counts, per process:
+//! - **launches**: CubeCL's *profiling* logger at level `minimal` sends `Executing <kernel>` for
+//!   every launch (`<kernel>` a timed line `| <duration> | <kernel>` at levels `basic`+) to the
+//!   sinks it is given; the backend gives it the `log` crate ([`PROFILING_TARGET`]). Every launch
+//!   through `ComputeClient::launch`/`launch_unchecked` is counted, those of autotune's
+//!   benchmarks included. CubeCL sends these lines from a logger thread, so [`settle`] waits for
+//!   it to go quiet before a step is closed: the total is exact, the split between two steps can
+//!   move a few launches when that thread is descheduled for more than [`SETTLE_QUIET`].
+//! - **compiled**: a kernel CubeCL compiles in this process (each distinct kernel id, once):
+//!   wgpu logs `[cubecl-wgpu] compiling WGSL module` at trace level when it creates a module,
+//!   CUDA `Compiling kernel` before NVRTC. Exact.
+//! - **from cache**: a compiled kernel read from CubeCL's disk cache instead (`Using PTX cache`,
+//!   `Using SPIR-V cache`). Exact. WGSL kernels have no disk cache in CubeCL 0.10.
+//! - **autotune searches** and **autotune seconds**: `Tuning <key>` (info, when an autotune key
+//!   misses the cache) starts a search; the autotune logger's `Fastest result <name>-<key>` (sent
+//!   synchronously on the same thread when the search ends) closes it. The time between the two
+//!   is measured wall time (compiling and benchmarking every candidate). A search with a single
+//!   candidate ends without a result line and is counted with zero seconds.
+//!
+//! Time spent compiling kernels outside autotune is not logged by CubeCL with a duration; reports
+//! infer it from step 1's time over the steady step and say so.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The `log` target CubeCL's own loggers (compilation, profiling, autotune) write to when they are
+/// given the `log` crate as a sink (`cubecl_common::config::logger`).
+pub const PROFILING_TARGET: &str = "cubecl_common::config::logger";
+const TUNER_TARGET: &str = "cubecl_runtime::tune::tuner";
+const WGPU_COMPILE_TARGET: &str = "cubecl_wgpu::backend::base";
+const CUDA_COMPILE_TARGET: &str = "cubecl_cuda::compute::context";
+
+/// How long no launch line may arrive before [`settle`] returns.
+pub const SETTLE_QUIET: Duration = Duration::from_millis(3);
+
+/// Kernel counts since the start of the process (or, as a difference, over a step).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct KernelCounts {
+    /// Kernel launches (autotune's benchmark launches included).
+    pub launches: u64,
+    /// Kernels compiled in this process (WGSL modules on wgpu, NVRTC programs on CUDA).
+    pub compiled: u64,
+    /// Compiled kernels read from CubeCL's disk cache instead of compiled (CUDA PTX, SPIR-V).
+    pub from_cache: u64,
+    /// Autotune searches started (an autotune key missing from the in-memory and disk caches).
+    pub autotune_searches: u64,
+    /// Wall time of those searches, seconds.
+    pub autotune_s: f64,
+}
+
+impl std::ops::Sub for KernelCounts {
+    type Output = KernelCounts;
+    fn sub(self, o: KernelCounts) -> KernelCounts {
+        KernelCounts {
+            launches: self.launches.saturating_sub(o.launches),
+            compiled: self.compiled.saturating_sub(o.compiled),
+            from_cache: self.from_cache.saturating_sub(o.from_cache),
+            autotune_searches: self.autotune_searches.saturating_sub(o.autotune_searches),
+            autotune_s: (self.autotune_s - o.autotune_s).max(0.0),
+        }
+    }
+}
+
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static COMPILED: AtomicU64 = AtomicU64::new(0);
+static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
+static SEARCHES: AtomicU64 = AtomicU64::new(0);
+static TUNE_NANOS: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The search in progress: its key and start (searches block the thread that asked).
+static PENDING_TUNE: Mutex<Option<(String, Instant)>> = Mutex::new(None);
+
+/// Totals since the process started.
+pub fn totals() -> KernelCounts {
+    KernelCounts {
+        launches: LAUNCHES.load(Ordering::Relaxed),
+        compiled: COMPILED.load(Ordering::Relaxed),
+        from_cache: FROM_CACHE.load(Ordering::Relaxed),
+        autotune_searches: SEARCHES.load(Ordering::Relaxed),
+        autotune_s: TUNE_NANOS.load(Ordering::Relaxed) as f64 * 1e-9,
+    }
+}
+
+/// Whether the counting logger is the process's `log` logger.
+pub fn is_installed() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Install the counting logger as the process's `log` logger (idempotent). Fails when another
+/// logger is installed: then nothing is counted. Messages are counted, never printed.
+pub fn install() -> Result<(), String> {
+    static COUNTER: Counter = Counter;
+    if is_installed() {
+        return Ok(());
+    }
+    log::set_logger(&COUNTER).map_err(|_| "another `log` logger is installed: kernel accounting is off".to_string())?;
+    // Compilation lines are at trace level; the logger drops every other target at once.
+    log::set_max_level(log::LevelFilter::Trace);
+    INSTALLED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Wait until CubeCL's logger thread has delivered the launch lines of the work submitted so far:
+/// returns once no line has arrived for [`SETTLE_QUIET`] (at most 250 ms). Call after a device
+/// sync, so that every launch has been submitted.
+pub fn settle() {
+    if !is_installed() {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_millis(250);
+    let mut last = LAUNCHES.load(Ordering::Relaxed);
+    while Instant::now() < deadline {
+        std::thread::sleep(SETTLE_QUIET);
+        let now = LAUNCHES.load(Ordering::Relaxed);
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
+struct Counter;
+
+impl log::Log for Counter {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.target().starts_with("cubecl")
+    }
+
+    fn log(&self, record: &log::Record) {
+        let target = record.target();
+        if !target.starts_with("cubecl") {
+            return;
+        }
+        classify(target, record.level(), record.args());
+    }
+
+    fn flush(&self) {}
+}
+
+/// Count one message (the `log` record's target, level and text).
+fn classify(target: &str, level: log::Level, args: &fmt::Arguments) {
+    let head = Prefix::of(args);
+    let head = head.as_str();
+    match (target, level) {
+        (PROFILING_TARGET, _) if head.starts_with("Executing ") || head.starts_with("| ") => {
+            LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        }
+        (PROFILING_TARGET, _) if head.starts_with("Fastest result ") => {
+            let text = args.to_string();
+            let mut pending = PENDING_TUNE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, t0)) = pending.take_if(|(key, _)| text.contains(key.as_str())) {
+                TUNE_NANOS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
+        (TUNER_TARGET, log::Level::Info) if head.starts_with("Tuning ") => {
+            let key = args.to_string()["Tuning ".len()..].to_string();
+            SEARCHES.fetch_add(1, Ordering::Relaxed);
+            // A search is blocking: one still open here had a single candidate and no result line.
+            *PENDING_TUNE.lock().unwrap_or_else(|p| p.into_inner()) = Some((key, Instant::now()));
+        }
+        (WGPU_COMPILE_TARGET | CUDA_COMPILE_TARGET, log::Level::Trace) => {
+            if head.starts_with("[cubecl-wgpu] compiling") || head.starts_with("Compiling kernel") {
+                COMPILED.fetch_add(1, Ordering::Relaxed);
+            } else if head.starts_with("Using PTX cache") || head.starts_with("Using SPIR-V cache") {
+                FROM_CACHE.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The first bytes of a message, formatted without allocating (a launch line per kernel).
+struct Prefix {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl Prefix {
+    fn of(args: &fmt::Arguments) -> Prefix {
+        let mut p = Prefix { buf: [0; 32], len: 0 };
+        // Stops with an error once the buffer is full: only the head is needed.
+        let _ = fmt::write(&mut p, *args);
+        p
+    }
+    fn as_str(&self) -> &str {
+        // The buffer may end inside a multi-byte character: keep the valid part.
+        match std::str::from_utf8(&self.buf[..self.len]) {
+            Ok(s) => s,
+            Err(e) => std::str::from_utf8(&self.buf[..e.valid_up_to()]).unwrap_or(""),
+        }
+    }
+}
+
+impl fmt::Write for Prefix {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let room = self.buf.len() - self.len;
+        let n = room.min(s.len());
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        if n < s.len() { Err(fmt::Error) } else { Ok(()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters are global: the messages of one test must not be counted by another.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: Mutex<()> = Mutex::new(());
+        LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[test]
+    fn counts_cubecls_messages_by_target_and_text() {
+        let _serial = serial();
+        let before = totals();
+        let name = "burn_cubecl::kernel::binary::kernel_scalar_binop<f32, burn_cubecl::ops::AddOp>";
+        for _ in 0..5 {
+            classify(PROFILING_TARGET, log::Level::Info, &format_args!("Executing {name}"));
+        }
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("| {:<10?} | {name}", Duration::from_micros(12)));
+        // Other lines of the same logger (compilation, memory) are not launches.
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("[Compiling kernel] {name}"));
+        classify(WGPU_COMPILE_TARGET, log::Level::Trace, &format_args!("[cubecl-wgpu] compiling WGSL module `{}`\n{}", "main", "fn main() {}"));
+        classify(CUDA_COMPILE_TARGET, log::Level::Trace, &format_args!("Compiling kernel"));
+        classify(CUDA_COMPILE_TARGET, log::Level::Trace, &format_args!("Using PTX cache"));
+        // The same text under another target is not CubeCL's.
+        classify("wgpu_core::device", log::Level::Trace, &format_args!("Compiling kernel"));
+        let d = totals() - before;
+        assert_eq!((d.launches, d.compiled, d.from_cache), (6, 2, 1), "{d:?}");
+    }
+
+    #[test]
+    fn an_autotune_search_is_timed_from_its_start_to_its_result() {
+        let _serial = serial();
+        let before = totals();
+        let key = "MatmulAutotuneKey { m: 64, n: 64, k: 32 }";
+        classify(TUNER_TARGET, log::Level::Info, &format_args!("Tuning {key}"));
+        std::thread::sleep(Duration::from_millis(20));
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("Fastest result simple-{key}. \n Top 3 times: [], context: "));
+        // A search with one candidate has no result line; a result for another key closes nothing.
+        classify(TUNER_TARGET, log::Level::Info, &format_args!("Tuning {}", "ReduceKey { axis: 1 }"));
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("Fastest result x-{key}. "));
+        let d = totals() - before;
+        assert_eq!(d.autotune_searches, 2);
+        assert!(d.autotune_s >= 0.02 && d.autotune_s < 5.0, "{d:?}");
+    }
+
+    #[test]
+    fn a_long_message_is_classified_by_its_head_without_being_formatted_whole() {
+        let long = "x".repeat(10_000);
+        let p = Prefix::of(&format_args!("Executing {long}"));
+        assert_eq!(p.as_str().len(), 32);
+        assert!(p.as_str().starts_with("Executing x"));
+        let p = Prefix::of(&format_args!("{}", "é".repeat(40)));
+        assert!(p.as_str().chars().all(|c| c == 'é'));
+    }
+}
