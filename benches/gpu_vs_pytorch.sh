@@ -4,9 +4,24 @@
 # warm (second process on the same cache), and the vramlab / PyTorch ratios. Writes
 # benches/results/gpu_vs_pytorch/<gpu name slug>/{table.md,raw.jsonl,fixture_check.txt}.
 #
-#   bash benches/gpu_vs_pytorch.sh [ROW...]      # default: the GPU rows of ../shared/baselines/README.md
+#   bash benches/gpu_vs_pytorch.sh [ROW...]      # default: the GPU rows of ../shared/baselines/README.md,
+#                                                # most important first: VAE ultra b2 → ACT b8 480×640 →
+#                                                # Diffusion b64 96×96 → the rest
 #   ROWS=vae STEPS=8 bash benches/gpu_vs_pytorch.sh
 #   BIN=target/cuda/release/vramlab TORCH_PYTHON=python3 WHEELS_DIR=~/lerobot-wheels bash benches/gpu_vs_pytorch.sh
+#
+# One short GPU session (the device machine: 15 minutes in all, start included):
+#   BUDGET_S=420 RESULTS_COPY=$OUT BIN=<stripped prebuilt binary> FIXTURE_DIR=<copied oracle dir> \
+#     WHEELS_DIR=<wheels> bash benches/gpu_vs_pytorch.sh
+# BUDGET_S caps the whole run (each process gets what is left; rows that no longer fit are recorded
+# as not run); after every row the table is rewritten and, with RESULTS_COPY, the results folder
+# (table, raw.jsonl, parity, the rows' kernel caches under kernel_cache/<row>/) is copied there,
+# so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
+# kernel_cache folder> lets a later run start warm.
+# Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
+# ../shared/oracle; vae3d_ultra right after the first row, act_small and diffusion_small at the end
+# while the budget lasts), compared by `baseline.py parity` (tolerance PARITY_TOL, default 5e-3:
+# TF32) into parity.txt.
 #
 # PyTorch: $TORCH_PYTHON or python3 (the image's torch); lerobot 0.4.4 and its pure-Python needs
 # are installed from WHEELS_DIR (pip --no-index --no-deps --target) when missing; without it the
@@ -20,7 +35,7 @@
 # the table, and defaults to the CPU rows (ROWS=gpu runs the GPU list anyway, slowly).
 source "$(dirname "$0")/lib_vs_pytorch.sh"
 
-VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN ROWS STEPS WHEELS_DIR)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
+VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
 mode=cpu
 why=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -40,6 +55,13 @@ if [ "$mode" = cuda ]; then
   VP_DEVICE_NAME="GPU: $gpu_name (driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1))"
   out=benches/results/gpu_vs_pytorch/$(vp_report slug "$gpu_name")
   mapfile -t rows < <(vp_rows gpu "$@")
+  if [ $# -eq 0 ] && [ -z "${ROWS:-}" ]; then
+    # The most important rows first, so a short budget still gives them.
+    first=(vae_ultra_b2_8x32x32 act_b8_480x640 diffusion_b64_96_crop84)
+    rest=()
+    for r in "${rows[@]}"; do [[ " ${first[*]} " == *" $r "* ]] || rest+=("$r"); done
+    rows=("${first[@]}" "${rest[@]}")
+  fi
   title="PyTorch CUDA vs vramlab cuda on $gpu_name: step time, memory, step 1 cold/warm"
 else
   cpu_name=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
@@ -53,7 +75,58 @@ fi
 vp_setup_vramlab "$( [ "$mode" = cuda ] && echo cuda || echo flex)"
 vp_log "rows: ${rows[*]}; PyTorch: $VP_PY; vramlab: $VP_BIN"
 vp_prepare_out "$out"
+fixtures=${FIXTURE_DIR:-$VP_ROOT/../shared/oracle}
+backend=$( [ "$mode" = cuda ] && echo cuda || echo flex)
+: >"$out/parity.txt"
+[ -n "${KERNEL_CACHE_SEED:-}" ] && VP_HEADER_NOTE="step 1 \"cold\" ran on kernel caches seeded from an earlier run (KERNEL_CACHE_SEED), not empty ones"
+
+# vramlab predict on one fixture with this backend, compared with the fixture's outputs.
+parity() {
+  local name=$1 fx="$fixtures/$1" dir="$VP_SCRATCH_OUT/parity_$1"
+  [ -f "$fx/outputs.safetensors" ] || { echo "=> $name: skipped ($fx absent)" >>"$out/parity.txt"; return 0; }
+  [ "$(vp_left 600)" -ge "${VP_MIN_ROW_S:-45}" ] || { echo "=> $name: not run: BUDGET_S=$BUDGET_S spent" >>"$out/parity.txt"; return 0; }
+  mkdir -p "$dir"
+  local cache=()
+  [ "$mode" = cuda ] && cache=(--kernel_cache_dir="$VP_SCRATCH_OUT/vae_ultra_b2_8x32x32/kernel_cache")
+  vp_log "parity: vramlab predict --backend=$backend on $name"
+  local rc=0 t0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$(vp_left 600)" "$VP_BIN" predict --backend="$backend" "${cache[@]}" \
+    --checkpoint="$fx/pretrained_model" --inputs="$fx/inputs.safetensors" --out="$dir/outputs.safetensors" \
+    >"$dir/predict.log" 2>&1 || rc=$?
+  local report
+  if [ "$rc" = 0 ]; then
+    report=$("$VP_PY" "$VP_TORCH_DIR/baseline.py" parity "$dir/outputs.safetensors" "$fx/outputs.safetensors" --tolerance "${PARITY_TOL:-5e-3}" 2>&1 || true)
+  else
+    report="predict failed (exit $rc): $(tail -3 "$dir/predict.log")"
+  fi
+  {
+    echo "## $name: vramlab predict --backend=$backend ($(( $(date +%s) - t0 )) s, exit $rc)"
+    echo "$report"
+    echo "=> $name: $(echo "$report" | tail -1)"
+  } >>"$out/parity.txt"
+  sed -i "s|$fixtures|FIXTURE_DIR|g" "$out/parity.txt"
+}
+
+# After each row: the table so far, the row's kernel cache next to the results, a copy out.
+vp_after_row() {
+  local row=$1
+  vp_header "$VP_SCRATCH_OUT/header.md" "$mode" "$out"
+  vp_report table "$out/raw.jsonl" --out "$out/table.md" --header-file "$VP_SCRATCH_OUT/header.md" --title "$title" >/dev/null
+  if [ "$mode" = cuda ] && [ -d "$VP_SCRATCH_OUT/$row/kernel_cache" ]; then
+    mkdir -p "$out/kernel_cache/$row"
+    cp -r "$VP_SCRATCH_OUT/$row/kernel_cache/." "$out/kernel_cache/$row/"
+  fi
+  [ "$row" = "${rows[0]}" ] && parity vae3d_ultra
+  if [ -n "${RESULTS_COPY:-}" ]; then
+    mkdir -p "$RESULTS_COPY"
+    cp -r "$out/." "$RESULTS_COPY/"
+  fi
+}
+
 vp_fixture_check "$out"
 vp_run_rows "$mode" "$out" "${rows[@]}"
-vp_header "$VP_SCRATCH_OUT/header.md" "$mode" "$out"
-vp_report table "$out/raw.jsonl" --out "$out/table.md" --header-file "$VP_SCRATCH_OUT/header.md" --title "$title"
+parity act_small
+parity diffusion_small
+vp_after_row ""
+vp_log "results: $out (table.md, raw.jsonl, parity.txt${RESULTS_COPY:+; copied to $RESULTS_COPY})"

@@ -10,11 +10,18 @@
 #   ROWS           rows to run: names, tags cpu/gpu, kinds act/diffusion/vae, or prefix* (also args)
 #   STEPS          steps per run (default 5 on CPU, 8 on CUDA); timing = median of steps 3..STEPS
 #   VP_TIMEOUT     seconds per run before it is stopped and recorded as timed out (default 1800)
+#   BUDGET_S       wall-clock seconds for all rows together, counted from the script's start: each
+#                  run is capped at what is left, and rows that no longer fit (under VP_MIN_ROW_S,
+#                  default 45 s, left) are recorded as "not run: budget spent"
+#   KERNEL_CACHE_SEED  cuda: a directory of per-row kernel caches (<row>/) written by an earlier
+#                  run (its kernel_cache/ next to the results): each row starts from its copy, so
+#                  "step 1 cold" is then "seeded" (said in the table header)
 #   APPEND=1       keep the other rows' records already in raw.jsonl (default: start afresh)
 #   VP_SCRATCH     where vramlab's run directories and kernel caches go (default target/vs_pytorch)
 #   VP_TORCH_LEROBOT_FLAGS=1  PyTorch with lerobot-train's cudnn.benchmark + TF32 matmuls (default: PyTorch's defaults)
 
 set -euo pipefail
+VP_T0=$(date +%s)
 VP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$VP_ROOT"
 export PYTHONDONTWRITEBYTECODE=1
@@ -182,16 +189,24 @@ vp_run_rows() {
   local backend torch_dev
   if [ "$mode" = cuda ]; then backend=cuda; torch_dev=cuda; else backend=flex; torch_dev=cpu; fi
   local device_name=$VP_DEVICE_NAME
+  local min_row=${VP_MIN_ROW_S:-45}
   for row in "$@"; do
     local work="$VP_SCRATCH_OUT/$row"
     rm -rf "$work"
     mkdir -p "$work"
+    if [ -n "${BUDGET_S:-}" ] && [ "$(vp_left "$tmo")" -lt "$min_row" ]; then
+      vp_log "$row: not run: BUDGET_S=$BUDGET_S spent ($(( $(date +%s) - VP_T0 )) s elapsed)"
+      vp_report error-record "$row" --backend "vramlab-$backend" --device "$device_name" --rc 0 \
+        --why "not run: BUDGET_S=$BUDGET_S spent" --out "$raw" >/dev/null
+      vp_after_row "$row"
+      continue
+    fi
     # PyTorch, in its own process (peaks are per process).
     vp_log "$row: PyTorch ($torch_dev, $steps steps)"
     local rc=0
     local torch_flags=()
     [ "${VP_TORCH_LEROBOT_FLAGS:-0}" = 1 ] && torch_flags=(--lerobot-train-flags)
-    timeout --kill-after=30 "$tmo" "$VP_PY" "$VP_TORCH_DIR/baseline.py" run "$row" --steps "$steps" --device "$torch_dev" \
+    timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_PY" "$VP_TORCH_DIR/baseline.py" run "$row" --steps "$steps" --device "$torch_dev" \
       "${torch_flags[@]}" >"$work/torch.out" 2>"$work/torch.log" || rc=$?
     if [ "$rc" = 0 ] || [ "$rc" = 1 ] && [ -s "$work/torch.out" ]; then
       tail -1 "$work/torch.out" >>"$raw"
@@ -207,18 +222,22 @@ vp_run_rows() {
     local warm_opts=()
     if [ "$mode" = cuda ]; then
       mkdir -p "$work/kernel_cache"
+      if [ -n "${KERNEL_CACHE_SEED:-}" ] && [ -d "$KERNEL_CACHE_SEED/$row" ]; then
+        cp -r "$KERNEL_CACHE_SEED/$row/." "$work/kernel_cache/"
+        vp_log "$row: kernel cache seeded from $KERNEL_CACHE_SEED/$row"
+      fi
       common+=(--kernel_cache_dir="$work/kernel_cache")
     fi
     vp_log "$row: vramlab $backend ($steps steps)"
     local load_before
     load_before=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
     rc=0
-    timeout --kill-after=30 "$tmo" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps="$steps" --output_dir="$work/run" \
+    timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps="$steps" --output_dir="$work/run" \
       >"$work/vramlab.log" 2>&1 || rc=$?
     if [ "$mode" = cuda ] && [ "$rc" = 0 ]; then
       vp_log "$row: vramlab $backend warm (second process, same kernel cache)"
       local wrc=0
-      timeout --kill-after=30 "$tmo" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps=1 --output_dir="$work/run_warm" \
+      timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps=1 --output_dir="$work/run_warm" \
         >"$work/vramlab_warm.log" 2>&1 || wrc=$?
       warm_opts=(--warm-dir "$work/run_warm" --warm-rc "$wrc" --warm-log "$work/vramlab_warm.log")
     fi
@@ -226,8 +245,23 @@ vp_run_rows() {
       --version "$VP_BIN_VERSION" --rc "$rc" --log "$work/vramlab.log" --load-before "$load_before" \
       "${warm_opts[@]}" --out "$raw" >/dev/null || true
     vp_log "$row: $(vp_summary "$raw" vramlab)"
+    vp_after_row "$row"
   done
 }
+
+# Seconds a run may take now: VP_TIMEOUT ($1), capped by what is left of BUDGET_S (never below 1).
+vp_left() {
+  local tmo=$1
+  if [ -n "${BUDGET_S:-}" ]; then
+    local left=$(( BUDGET_S - ($(date +%s) - VP_T0) ))
+    [ "$left" -lt "$tmo" ] && tmo=$left
+  fi
+  [ "$tmo" -lt 1 ] && tmo=1
+  echo "$tmo"
+}
+
+# Called after each row (recorded or skipped); a script overrides it to write its table as it goes.
+vp_after_row() { :; }
 
 # One line about the last record of a side in raw.jsonl.
 vp_summary() {
@@ -294,8 +328,9 @@ vp_vramlab_isa() {
 # vp_header FILE MODE OUT_DIR: the table's preamble (machine, versions, method), markdown.
 vp_header() {
   local file=$1 mode=$2 out=$3
-  local torch_info
-  torch_info=$("$VP_PY" "$VP_TORCH_DIR/baseline.py" probe --lerobot 2>/dev/null || true)
+  # The probe imports torch and lerobot (seconds): once per script, the table is rewritten per row.
+  [ -n "${VP_TORCH_INFO:-}" ] || VP_TORCH_INFO=$("$VP_PY" "$VP_TORCH_DIR/baseline.py" probe --lerobot 2>/dev/null || true)
+  local torch_info=$VP_TORCH_INFO
   local mem
   mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo 2>/dev/null || echo '?')
   {
@@ -307,6 +342,9 @@ vp_header() {
     echo "- **vramlab side**: \`$VP_BIN\` — $VP_BIN_VERSION; \`--backend=$( [ "$mode" = cuda ] && echo cuda || echo flex)\`, \`--dataset.type=random\` for ACT/Diffusion, built-in voxel scenes for the VAE, \`--num_workers=0 --save_checkpoint=false\`."
     echo "- **Command**: \`$VP_COMMAND\`; $( [ -n "${STEPS:-}" ] && echo "STEPS=$STEPS" || { [ "$mode" = cuda ] && echo "8 steps" || echo "5 steps"; }) per run, each run its own process, the two sides of a row back to back."
     echo "- **Fixture check** (PyTorch VAE port vs the reference's outputs, \`fixture_check.txt\`): $(tail -1 "$out/fixture_check.txt" 2>/dev/null || echo 'not run')."
+    [ -s "$out/parity.txt" ] && echo "- **vramlab parity on this device** (\`predict\` on the fixtures, \`parity.txt\`): $(grep '^=> ' "$out/parity.txt" | sed 's/^=> //' | tr '\n' ';' | sed 's/;$//; s/;/; /g')."
+    [ -n "${VP_HEADER_NOTE:-}" ] && echo "- **Note**: $VP_HEADER_NOTE."
+    [ -n "${BUDGET_S:-}" ] && echo "- **Budget**: BUDGET_S=$BUDGET_S s for the whole run; rows that did not fit are listed as not run."
     echo
     echo "Ratio of fastest steps = vramlab's fastest timed step / PyTorch's: less sensitive to other jobs than the medians."
     echo

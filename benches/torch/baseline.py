@@ -6,6 +6,7 @@ vramlab trains, timed and memory-measured the way PyTorch users measure it.
     python baseline.py --check-fixture DIR      # the VAE port against a reference fixture
     python baseline.py probe [--lerobot]         # JSON: torch, CUDA, device; lerobot importable?
     python baseline.py saved ROW [--batch N]     # JSON: what autograd keeps for the backward, per module
+    python baseline.py parity GOT WANT [--tolerance T]  # `vramlab predict` outputs vs a fixture's outputs
 
 One train step = forward (policy.forward(batch) for lerobot's policies, as lerobot-train calls
 it; the VAE's forward + compute_loss) + backward + clip_grad_norm_ + optimizer step + zero_grad.
@@ -388,6 +389,33 @@ def check_fixture(d: Path) -> int:
     return 0 if ok else 1
 
 
+def parity(got_path: Path, want_path: Path, tolerance: float) -> int:
+    """Every tensor of `want_path` (a fixture's outputs.safetensors) against the same name in
+    `got_path` (what `vramlab predict` wrote): max |got - want| / max |want| per tensor. Exit
+    status 1 when one exceeds `tolerance` or is missing, 0 otherwise."""
+    from safetensors.torch import load_file
+
+    got, want = load_file(str(got_path)), load_file(str(want_path))
+    worst, ok = 0.0, True
+    for k in sorted(want):
+        if k not in got:
+            print(f"  {k:<20} missing from {got_path.name}")
+            ok = False
+            continue
+        w, g = want[k].double(), got[k].double()
+        if tuple(w.shape) != tuple(g.shape):
+            print(f"  {k:<20} shape {tuple(g.shape)}, want {tuple(w.shape)}")
+            ok = False
+            continue
+        abs_err = (g - w).abs().max().item() if w.numel() else 0.0
+        rel = abs_err / max(w.abs().max().item() if w.numel() else 0.0, 1e-30)
+        worst = max(worst, rel)
+        print(f"  {k:<20} max abs error {abs_err:.3e}   relative (to max |want|) {rel:.3e}")
+    ok = ok and worst <= tolerance
+    print(f"parity {'PASSED' if ok else 'FAILED'}: worst relative error {worst:.3e} (tolerance {tolerance:g})")
+    return 0 if ok else 1
+
+
 def probe(with_lerobot: bool) -> int:
     import torch
 
@@ -498,6 +526,10 @@ def main(argv=None) -> int:
                    help="set what lerobot-train sets: cudnn.benchmark and TF32 matmuls (default: PyTorch's defaults)")
     c = sub.add_parser("check-fixture", help="VAE port vs a reference fixture directory")
     c.add_argument("dir", type=Path)
+    pa = sub.add_parser("parity", help="compare `vramlab predict` outputs with a fixture's outputs.safetensors")
+    pa.add_argument("got", type=Path)
+    pa.add_argument("want", type=Path)
+    pa.add_argument("--tolerance", type=float, default=5e-3, help="max relative error (default 5e-3: TF32 on CUDA)")
     pr = sub.add_parser("probe", help="print torch / CUDA / lerobot facts as JSON; exit 1 if --lerobot fails to import")
     pr.add_argument("--lerobot", action="store_true", help="also import lerobot's ACT and Diffusion policies")
     sv = sub.add_parser("saved", help="JSON: what autograd keeps for the backward (one forward, CPU, f32), per module")
@@ -507,6 +539,8 @@ def main(argv=None) -> int:
 
     if a.cmd == "check-fixture":
         return check_fixture(a.dir)
+    if a.cmd == "parity":
+        return parity(a.got, a.want, a.tolerance)
     if a.cmd == "probe":
         return probe(a.lerobot)
     if a.cmd == "saved":

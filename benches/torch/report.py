@@ -4,7 +4,7 @@
     report.py vramlab-args ROW                      # vramlab train flags of a row, one per line
     report.py rows [SELECTION] [--tag cpu|gpu]      # row names (see rows.py)
     report.py vramlab-record ROW RUN_DIR --backend B --device D [--warm-dir DIR] [--rc N --log F] [--out F]
-    report.py error-record ROW --backend B --rc N --log F [--device D] [--out F]
+    report.py error-record ROW --backend B --rc N --log F [--why TEXT] [--device D] [--out F]
     report.py slug TEXT                             # a directory-name slug
     report.py torch-line PROBE_JSON                 # one line of versions from `baseline.py probe`
     report.py table RAW.jsonl --out table.md --title T [--header-file F]
@@ -69,7 +69,7 @@ def vramlab_record(a) -> dict:
             "run_dir": str(a.run_dir), "flags": row.vramlab_args(),
             "loadavg_1min": [a.load_before, round(os.getloadavg()[0], 2)]}  # at start, at end
     if a.rc not in (None, 0) or not recs:
-        why = "timed out" if a.rc in (124, 137) else f"exit status {a.rc}"
+        why = a.why or ("timed out" if a.rc in (124, 137) else f"exit status {a.rc}")
         if not recs and a.rc in (None, 0):
             why = "no metrics.jsonl"
         return {**base, "error": why, "steps_done": len(recs), "tail": tail(a.log)}
@@ -106,7 +106,7 @@ def vramlab_record(a) -> dict:
 
 def error_record(a) -> dict:
     row = rowdefs.ROWS[a.row]
-    why = "timed out" if a.rc in (124, 137) else f"exit status {a.rc}"
+    why = a.why or ("timed out" if a.rc in (124, 137) else f"exit status {a.rc}")
     return {"name": row.name, "label": row.title, "kind": row.kind, "backend": a.backend, "device": a.device,
             "batch": row.batch, "precision": row.precision, "ckpt": row.ckpt, "error": why, "tail": tail(a.log)}
 
@@ -280,6 +280,7 @@ def main() -> int:
     p.add_argument("--backend", required=True)
     p.add_argument("--device", default="")
     p.add_argument("--rc", type=int, required=True)
+    p.add_argument("--why", default="", help="the reason to print instead of the exit status (e.g. not run: budget spent)")
     p.add_argument("--log", type=Path)
     p.add_argument("--out", type=Path)
     p = sub.add_parser("slug")

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything a short GPU session carries to the device machine, prepared here (it has no network
+# and ../shared does not travel): a stripped release build with CUDA, the vae3d_ultra parity
+# fixture, lerobot 0.4.4's pure-Python wheels. Then one call runs benches/gpu_vs_pytorch.sh
+# under a budget; the command is printed at the end.
+#
+#   bash benches/gpu_prepare.sh [DIR]       # default DIR: .gpu (git-ignored); ~7 min on 2 cores
+#   SKIP_BUILD=1 bash benches/gpu_prepare.sh   # reuse target/cuda/release/vramlab
+#
+# The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped), the VAE fixture
+# (3.3 MiB) and the wheels (~10 MiB) fit; act_small (44 MiB) and diffusion_small (61 MiB) do not,
+# so their parity is recorded as skipped unless FIXTURES names them and they fit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-.gpu}
+limit_mib=${CARRY_LIMIT_MIB:-64}
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda
+fi
+[ -x target/cuda/release/vramlab ] || { echo "gpu_prepare: target/cuda/release/vramlab missing (build failed?)" >&2; exit 2; }
+rm -rf "$dir"
+mkdir -p "$dir/oracle" "$dir/wheels"
+strip -o "$dir/vramlab" target/cuda/release/vramlab
+for f in ${FIXTURES:-vae3d_ultra}; do
+  [ -d "../shared/oracle/$f" ] || { echo "gpu_prepare: ../shared/oracle/$f missing" >&2; exit 2; }
+  cp -r "../shared/oracle/$f" "$dir/oracle/"
+done
+# The GPU image has torch, torchvision and most of lerobot's needs; these are the rest
+# (../shared/baselines/wheels.txt), for the image's python (PYTHON_VERSION, default 3.12).
+# shellcheck disable=SC1091
+source benches/lib_vs_pytorch.sh
+# shellcheck disable=SC2086
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
+  -d "$dir/wheels" $VP_LEROBOT_WHEELS \
+  || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
+size=$(du -sm "$dir" | cut -f1)
+echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
+[ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra)" >&2; exit 3; }
+cat <<CMD
+Run on the device (carry: ["$dir"], timeout_s ≤ 540):
+  BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
+    TORCH_PYTHON=python3 bash benches/gpu_vs_pytorch.sh
+A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder> (carry it too).
+CMD
