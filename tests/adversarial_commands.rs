@@ -156,8 +156,16 @@ fn the_imagenet_warning_is_said_by_training_commands_only() {
     assert!(!text(&o).contains("WARNING") && !text(&o).contains("ImageNet"), "{}", text(&o));
     let o = run_in(cwd.path(), &["info", "--policy.type=act"], &[]);
     assert!(o.status.success() && !text(&o).contains("ImageNet"), "{}", text(&o));
-    // train says it before anything else (here before refusing --steps=0).
+    // A refused run prints only its error; a run that starts says it.
     let t = refused_in(cwd.path(), &["train", "--policy.type=act", "--steps=0", "--output_dir=out"], &["steps"]);
+    assert!(!t.contains("WARNING") && !t.contains("ImageNet"), "{t}");
+    let o = run_in(
+        cwd.path(),
+        &["train", "--policy.type=act", "--dataset.type=random", "--dataset.num_scenes=2", "--policy.camera_shape=3,32,32", "--policy.chunk_size=4", "--policy.n_action_steps=4", "--batch_size=1", "--steps=1", "--save_checkpoint=false", "--output_dir=started"],
+        &[],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
     assert!(t.contains("WARNING") && t.contains("ImageNet"), "{t}");
 }
 

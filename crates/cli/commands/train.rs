@@ -11,10 +11,6 @@ use vramlab_bytes::human;
 use vramlab_workloads::{RunConfig, RunEnd, RunStart, TrainObserver};
 
 pub fn run(cfg: RunConfig) -> Result<()> {
-    // What concerns training only (the ACT backbone's missing ImageNet weights).
-    for note in cfg.training_notes() {
-        eprintln!("{note}");
-    }
     let mut progress = Progress { bar: None, every: cfg.log_freq, peak_kind: "peak", stop: stop_flag() };
     vramlab_workloads::train(cfg, &mut progress)?;
     Ok(())
@@ -46,6 +42,11 @@ struct Progress {
 impl TrainObserver for Progress {
     fn started(&mut self, r: &RunStart<'_>) {
         let c = r.config;
+        // What concerns training only (the ACT backbone's missing ImageNet weights), once the
+        // run's checks have passed: a refused run prints only its error.
+        for note in c.training_notes() {
+            eprintln!("{note}");
+        }
         eprintln!(
             "vramlab train: {} ({} parameters) on {} [{}], {} steps, batch {} × {} → {}",
             r.policy,
