@@ -134,8 +134,10 @@ fn a_loader_holding_100_mib_during_each_step_leaves_the_step_peaks_unchanged() {
             ("live_before_forward_bytes", p.live_before_forward_bytes, l.live_before_forward_bytes),
         ] {
             // Flex's compute threads may overlap their scratch buffers differently from run to
-            // run (a few hundred KiB here): 1 MiB of slack against the loader's 100 MiB.
-            assert!(a.abs_diff(b) < 1 << 20, "step {}: {what} {a} without the loader, {b} with it", p.step);
+            // run, and gemm's per-thread packing buffers (larger with its AVX-512 kernels) are
+            // made on first use by whichever thread runs first: up to ~1 MiB apart here (1.05 MB
+            // seen in CI). 8 MiB of slack still catches the loader's 100 MiB leaking in.
+            assert!(a.abs_diff(b) < 8 << 20, "step {}: {what} {a} without the loader, {b} with it", p.step);
         }
         let held = l.loader_peak_bytes.expect("counting allocator installed");
         assert!(held >= HELD as u64, "step {}: loader peak {held} < 100 MiB", l.step);
