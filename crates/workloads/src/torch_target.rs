@@ -456,8 +456,8 @@ mod tests {
     ];
 
     /// The targets against the measured H100 rows: allocated within 10 % on every
-    /// row. Reserved is reported (within 15 % is the target; see benches/results/torch_estimate)
-    /// and checked here only against gross errors (within 30 %).
+    /// row; reserved within 15 % except on the two rows the model still under-estimates
+    /// (benches/results/torch_estimate/validation.md), which must stay within 30 %.
     #[test]
     fn h100_rows_within_targets() {
         let Some(path) = vramlab_testkit::shared("baselines/h100_results.jsonl") else { return };
@@ -474,7 +474,8 @@ mod tests {
             if (pa - ma).abs() > 0.10 * ma {
                 failures.push(format!("{name}: allocated {pa:.1} MiB vs measured {ma:.1}"));
             }
-            if (pr - mr).abs() > 0.30 * mr {
+            let known_miss = ["act_b48_c100_480x640_f32", "vae_ultra_b1_32x128x128_ckpt"].contains(name);
+            if (pr - mr).abs() > if known_miss { 0.30 } else { 0.15 } * mr {
                 failures.push(format!("{name}: reserved {pr:.1} MiB vs measured {mr:.1}"));
             }
         }
