@@ -4,6 +4,7 @@
 # saved-tensor and parameter bytes against PyTorch's own accounting (saved_tensors_hooks) on 22
 # further configs. Writes benches/results/torch_estimate/validation.{csv,md}.
 #   VRAMLAB=path/to/vramlab TORCH_PYTHON=python benches/torch_estimate_validation.sh [--only-h100]
+# --only-h100 regenerates section 1 (no PyTorch needed) and keeps the committed section 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VRAMLAB=${VRAMLAB:-target/release/vramlab}

@@ -12,8 +12,13 @@
 //! - a request takes the smallest free cached block of its pool that fits (best fit); the
 //!   block is split when the remainder is ≥ 512 bytes (small pool) or > 1 MiB (large pool),
 //!   otherwise the whole block is handed out (and counted as allocated);
-//! - a freed block merges with free neighbours of the same segment; segments are never
-//!   returned to the driver, so reserved only grows.
+//! - a freed block merges with free neighbours of the same segment; segments go back to the
+//!   driver only through `emptyCache()` ([`CachingAllocator::empty_cache`]: every segment that
+//!   is one free block, `release_cached_blocks`), which nothing in a training step calls except
+//!   cuDNN's benchmark search (see `crate::torch_target`); otherwise reserved only grows.
+//!
+//! Among free blocks of the same size the lowest address goes first (the pool is ordered by
+//! size, then address); addresses are modelled as segment creation order, then offset.
 
 use std::collections::HashMap;
 
@@ -57,7 +62,8 @@ struct Segment {
 /// The allocator's state and statistics.
 #[derive(Clone, Debug, Default)]
 pub struct CachingAllocator {
-    segments: Vec<Segment>,
+    /// Segments by creation (a released one is `None`).
+    segments: Vec<Option<Segment>>,
     /// Tensor id → (segment, block offset).
     live: HashMap<u64, (usize, u64)>,
     pub allocated: u64,
@@ -88,7 +94,7 @@ impl CachingAllocator {
         let small = size <= SMALL_SIZE;
         // Best fit among the free blocks of the pool.
         let mut best: Option<(usize, usize, u64)> = None;
-        for (si, s) in self.segments.iter().enumerate().filter(|(_, s)| s.small == small) {
+        for (si, s) in self.segments.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s))).filter(|(_, s)| s.small == small) {
             for (bi, b) in s.blocks.iter().enumerate() {
                 if b.free && b.size >= size && best.is_none_or(|(_, _, sz)| b.size < sz) {
                     best = Some((si, bi, b.size));
@@ -99,14 +105,15 @@ impl CachingAllocator {
             Some((si, bi, _)) => (si, bi),
             None => {
                 let seg = segment_size(size);
-                self.segments.push(Segment { small, blocks: vec![Block { offset: 0, size: seg, free: true }] });
+                self.segments.push(Some(Segment { small, blocks: vec![Block { offset: 0, size: seg, free: true }] }));
                 self.reserved += seg;
                 self.segments_created += 1;
                 self.peak_reserved = self.peak_reserved.max(self.reserved);
                 (self.segments.len() - 1, 0)
             }
         };
-        let blocks = &mut self.segments[si].blocks;
+        let Some(seg) = self.segments[si].as_mut() else { unreachable!("a block of a released segment") };
+        let blocks = &mut seg.blocks;
         let b = blocks[bi];
         let rest = b.size - size;
         let split = if small { rest >= MIN_BLOCK } else { rest > SMALL_SIZE };
@@ -126,7 +133,8 @@ impl CachingAllocator {
     /// Free tensor `id` (unknown ids, e.g. 0-byte tensors, are ignored).
     pub fn free(&mut self, id: u64) {
         let Some((si, off)) = self.live.remove(&id) else { return };
-        let blocks = &mut self.segments[si].blocks;
+        let Some(seg) = self.segments[si].as_mut() else { return };
+        let blocks = &mut seg.blocks;
         let Some(bi) = blocks.iter().position(|b| b.offset == off) else { return };
         self.allocated -= blocks[bi].size;
         blocks[bi].free = true;
@@ -138,6 +146,20 @@ impl CachingAllocator {
         if bi > 0 && blocks[bi - 1].free {
             blocks[bi - 1].size += blocks[bi].size;
             blocks.remove(bi);
+        }
+    }
+
+    /// `torch.cuda.empty_cache()` / `emptyCache()`: every segment that is a single free block
+    /// goes back to the driver (`cudaFree`); split segments with any live block stay.
+    pub fn empty_cache(&mut self) {
+        for slot in &mut self.segments {
+            if let Some(s) = slot
+                && s.blocks.len() == 1
+                && s.blocks[0].free
+            {
+                self.reserved -= s.blocks[0].size;
+                *slot = None;
+            }
         }
     }
 }
@@ -196,6 +218,29 @@ mod tests {
         a.free(4);
         a.reset_peaks();
         assert_eq!((a.peak_allocated, a.peak_reserved), (0, 34 * MIB));
+    }
+
+    #[test]
+    fn empty_cache_releases_only_wholly_free_segments() {
+        let mut a = CachingAllocator::new();
+        a.alloc(1, 30 * MIB); // its own 30 MiB segment
+        a.alloc(2, 3 * MIB); // a 20 MiB segment, split
+        a.alloc(3, 4 * MIB); // the same 20 MiB segment
+        a.alloc(4, 100); // a 2 MiB small segment
+        assert_eq!(a.reserved, 52 * MIB);
+        a.free(1);
+        a.free(2);
+        a.free(4);
+        a.empty_cache();
+        // The 30 MiB and the small segment go; the 20 MiB one still holds tensor 3.
+        assert_eq!((a.reserved, a.allocated), (20 * MIB, 4 * MIB));
+        assert_eq!(a.peak_reserved, 52 * MIB);
+        a.free(3);
+        a.empty_cache();
+        assert_eq!(a.reserved, 0);
+        // A later request makes a new segment (the released ones are gone).
+        a.alloc(5, 30 * MIB);
+        assert_eq!((a.reserved, a.segments_created), (30 * MIB, 4));
     }
 
     #[test]

@@ -85,7 +85,6 @@ impl Tx<'_> {
 
 /// PyTorch's training graph of `cfg` at `batch` (see [`TorchOpts`]). Returns the graph and the batch's bytes.
 pub fn torch_training_graph(cfg: &ActConfig, batch: usize, o: &TorchOpts) -> (TorchGraph, u64) {
-    let conv_ws = o.conv_ws;
     let mut tg = TorchGraph::new(o.amp);
     tg.mask_width = if o.cuda { 1 } else { 4 };
     let (b, d, chunk) = (batch, cfg.dim_model, cfg.chunk_size);
@@ -141,13 +140,12 @@ pub fn torch_training_graph(cfg: &ActConfig, batch: usize, o: &TorchOpts) -> (To
         // The backbone and the input projection are shared by the cameras: the first camera's
         // parameters are used again by the others.
         tx.tg.share_params(shared.clone());
-        let m = resnet18(tx.tg, x, trainable, false, &format!("backbone[cam{i}]."), conv_ws);
+        let m = resnet18(tx.tg, x, trainable, false, &format!("backbone[cam{i}]."));
         tx.tg.module("encoder_img_feat_input_proj");
         let hw = m.hw[0] * m.hw[1];
         let w = tx.tg.param(d * m.c, true);
         let bias = tx.tg.param(d, true);
-        let ws = conv_ws((m.t.elems as u64) * m.t.width, (b * d * hw) as u64 * tx.tg.cw());
-        let proj = tx.tg.conv(m.t, b, m.c, d, 1, hw, w, Some(bias), ws);
+        let proj = tx.tg.conv(m.t, b, m.c, d, 1, hw, w, Some(bias));
         let used = tx.tg.share_params(None);
         shared.get_or_insert(used);
         tokens.push(proj);

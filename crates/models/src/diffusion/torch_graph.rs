@@ -14,15 +14,13 @@ struct Unet<'a> {
     groups: usize,
     cond_dim: usize,
     film: bool,
-    ws: &'a dyn Fn(u64, u64) -> (u64, u64),
 }
 
 impl Unet<'_> {
     fn conv(&mut self, x: T, cin: usize, cout: usize, k: usize, lout: usize) -> T {
         let w = self.tg.param(cout * cin * k, true);
         let bias = self.tg.param(cout, true);
-        let ws = (self.ws)(x.elems as u64 * x.width, (self.b * cout * lout) as u64 * self.tg.cw());
-        self.tg.conv(x, self.b, cin, cout, k, lout, w, Some(bias), ws)
+        self.tg.conv(x, self.b, cin, cout, k, lout, w, Some(bias))
     }
 
     /// Conv1d → GroupNorm → Mish.
@@ -54,7 +52,6 @@ impl Unet<'_> {
 
 /// PyTorch's training graph of `cfg` at `batch` (see [`TorchOpts`]). Returns the graph and the batch's bytes.
 pub fn torch_training_graph(cfg: &DiffusionConfig, batch: usize, o: &TorchOpts) -> (TorchGraph, u64) {
-    let conv_ws = o.conv_ws;
     let mut tg = TorchGraph::new(o.amp);
     tg.mask_width = if o.cuda { 1 } else { 4 };
     let b = batch;
@@ -73,12 +70,11 @@ pub fn torch_training_graph(cfg: &DiffusionConfig, batch: usize, o: &TorchOpts) 
         let stacked = tg.copy(&[raw], raw.elems, 4);
         let [ch, cw] = cfg.backbone_input_size().unwrap_or([shape[1], shape[2]]);
         let x = Map { t: stacked, n, c: shape[0], hw: [ch, cw] };
-        let m = resnet18(&mut tg, x, trainable, cfg.use_group_norm, "rgb_encoder.backbone.", conv_ws);
+        let m = resnet18(&mut tg, x, trainable, cfg.use_group_norm, "rgb_encoder.backbone.");
         let kp = cfg.spatial_softmax_num_keypoints;
         let hw = m.hw[0] * m.hw[1];
         let (w, bias) = (tg.param(kp * m.c, true), tg.param(kp, true));
-        let ws = conv_ws(m.t.elems as u64 * m.t.width, (n * kp * hw) as u64 * tg.cw());
-        let f = tg.conv(m.t, n, m.c, kp, 1, hw, w, Some(bias), ws);
+        let f = tg.conv(m.t, n, m.c, kp, 1, hw, w, Some(bias));
         let att = tg.softmax(f);
         let grid = tg.input(hw * 2, 4);
         let xy = tg.matmul(att, grid, n * kp * 2);
@@ -98,7 +94,7 @@ pub fn torch_training_graph(cfg: &DiffusionConfig, batch: usize, o: &TorchOpts) 
     let t2 = tg.linear(t1, b, e, w2, Some(b2));
     let cond = tg.copy(&[t2, global], b * cfg.cond_dim(), t2.width.max(global.width));
     let noisy = tg.input(b * horizon * a, 4);
-    let mut u = Unet { tg: &mut tg, b, k: cfg.kernel_size, groups: cfg.n_groups, cond_dim: cfg.cond_dim(), film: cfg.use_film_scale_modulation, ws: conv_ws };
+    let mut u = Unet { tg: &mut tg, b, k: cfg.kernel_size, groups: cfg.n_groups, cond_dim: cfg.cond_dim(), film: cfg.use_film_scale_modulation };
     let dims = &cfg.down_dims;
     let (mut len, mut cin, mut x) = (horizon, a, noisy);
     let mut skips = Vec::new();

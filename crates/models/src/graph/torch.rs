@@ -16,7 +16,11 @@
 //! them, i.e. through the backward), an activation at every use.
 //!
 //! The replay's events are tensors, not allocator blocks: rounding, segments and caching
-//! belong to the allocator model that consumes them (`vramlab_workloads::torch_target`).
+//! belong to the allocator model that consumes them (`vramlab_workloads::torch_target`). Each
+//! cuDNN convolution call is marked ([`Ev::Conv`]: forward, backward-data, backward-filter,
+//! with its geometry) where PyTorch makes it, so that the consumer can place what happens
+//! there: `cudnn.benchmark`'s search and its `emptyCache()` on a geometry's first call, the
+//! chosen algorithm's workspace on every call.
 
 use std::ops::Range;
 
@@ -30,11 +34,37 @@ pub struct T {
     pub width: u64,
 }
 
-/// An allocator event of the replay: tensor `id` allocated with `bytes`, or freed.
+/// An allocator event of the replay: tensor `id` allocated with `bytes`, or freed; or a cuDNN
+/// convolution call (its output, `grad_input` or `grad_weight` already allocated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ev {
     Alloc { id: u64, bytes: u64 },
     Free { id: u64 },
+    Conv { geom: ConvGeom, pass: ConvPass },
+}
+
+/// A convolution's geometry: what PyTorch's cuDNN plan cache keys on (sizes, element type;
+/// stride and padding are implied here by the spatial sizes and the kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvGeom {
+    pub n: usize,
+    pub cin: usize,
+    pub cout: usize,
+    /// Kernel volume (k, k², k³).
+    pub k: usize,
+    /// Input and output spatial volumes.
+    pub in_sp: usize,
+    pub out_sp: usize,
+    /// Bytes per element of the convolution's operands (2 under autocast).
+    pub width: u64,
+}
+
+/// Which cuDNN operation of a convolution runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvPass {
+    Forward,
+    BackwardData,
+    BackwardFilter,
 }
 
 /// The replay of one training forward + backward.
@@ -56,16 +86,14 @@ pub struct TorchReplay {
     pub backward_peak: u64,
 }
 
-/// How the graph is built: autocast, device, and the convolution workspace assumed.
-pub struct TorchOpts<'a> {
+/// How the graph is built: autocast, device, checkpointing.
+pub struct TorchOpts {
     /// Under `torch.autocast(bfloat16)` (lerobot's `use_amp`).
     pub amp: bool,
     /// CUDA (dropout keeps a 1-byte mask) or CPU (`dropout` keeps its f32 noise tensor).
     pub cuda: bool,
     /// `torch.utils.checkpoint` where the model has it (the VAE's `use_checkpoint`).
     pub checkpoint: bool,
-    /// Workspace (forward, backward) of a convolution from its input and output bytes.
-    pub conv_ws: &'a dyn Fn(u64, u64) -> (u64, u64),
 }
 
 /// Builder of a PyTorch training forward.
@@ -87,11 +115,13 @@ pub struct TorchGraph {
     /// out again (a module applied several times: shared weights).
     made: Vec<T>,
     reuse: Option<(Vec<T>, usize)>,
+    /// The convolutions: (op index, geometry).
+    convs: Vec<(usize, ConvGeom)>,
 }
 
 impl TorchGraph {
     pub fn new(amp: bool) -> Self {
-        Self { g: Graph::new(), amp, uses_blas: false, mask_width: 1, segments: Vec::new(), open: None, cache: Vec::new(), made: Vec::new(), reuse: None }
+        Self { g: Graph::new(), amp, uses_blas: false, mask_width: 1, segments: Vec::new(), open: None, cache: Vec::new(), made: Vec::new(), reuse: None, convs: Vec::new() }
     }
 
     pub fn module(&mut self, name: impl Into<String>) {
@@ -176,19 +206,19 @@ impl TorchGraph {
         c
     }
 
-    /// Convolution (any dimension): `x` `[n, cin, in_sp]` → `[n, cout, out_sp]`, kernel volume
-    /// `k`; keeps both operands. `ws`: the convolution's workspace (forward, backward).
+    /// Convolution (any dimension, run by cuDNN): `x` `[n, cin, in_sp]` → `[n, cout, out_sp]`,
+    /// kernel volume `k`; keeps both operands.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv(&mut self, x: T, n: usize, cin: usize, cout: usize, k: usize, out_sp: usize, w: T, b: Option<T>, ws: (u64, u64)) -> T {
-        let _ = cin;
+    pub fn conv(&mut self, x: T, n: usize, cin: usize, cout: usize, k: usize, out_sp: usize, w: T, b: Option<T>) -> T {
         let xc = self.lower(x);
         let wc = self.weight(w);
         let mut ins = vec![xc, wc];
         if let Some(b) = b {
             ins.push(self.weight(b));
         }
-        let out = self.op(&ins, &[xc, wc], n * cout * out_sp, self.cw(), ws);
-        let _ = k;
+        let out = self.op(&ins, &[xc, wc], n * cout * out_sp, self.cw(), (0, 0));
+        let geom = ConvGeom { n, cin, cout, k, in_sp: x.elems / (n * cin).max(1), out_sp, width: self.cw() };
+        self.convs.push((self.g.ops.len() - 1, geom));
         out
     }
 
@@ -359,6 +389,10 @@ impl TorchGraph {
         }
         let saved_all = (0..nb).filter(|&b| saved_any[b] && !g.bufs[b].param).map(|b| g.bufs[b].bytes).sum();
         let mut r = TorchReplay { saved_all, ..Default::default() };
+        let mut conv_at = vec![None::<ConvGeom>; no];
+        for &(i, geom) in &self.convs {
+            conv_at[i] = Some(geom);
+        }
         let mut next = first_id;
         let mut live = 0u64;
         let mut ids = vec![None::<u64>; nb];
@@ -383,10 +417,8 @@ impl TorchGraph {
             for b in extras.iter().copied().chain(std::iter::once(out).filter(|&o| internal(o))) {
                 ids[b.0] = Some(alloc(&mut r, &mut live, g.bufs[b.0].bytes));
             }
-            if op.fwd_workspace > 0 {
-                let w = alloc(&mut r, &mut live, op.fwd_workspace);
-                peak = peak.max(live);
-                free(&mut r, &mut live, w, op.fwd_workspace);
+            if let Some(geom) = conv_at[i] {
+                r.events.push(Ev::Conv { geom, pass: ConvPass::Forward });
             }
             peak = peak.max(live);
             let mut dead: Vec<Buf> = op.inputs.iter().copied().filter(|b| last_use[b.0] == Some(i)).collect();
@@ -416,6 +448,9 @@ impl TorchGraph {
                     if internal(o) && ids[o.0].is_none() {
                         ids[o.0] = Some(alloc(&mut r, &mut live, g.bufs[o.0].bytes));
                     }
+                    if let Some(geom) = conv_at[j] {
+                        r.events.push(Ev::Conv { geom, pass: ConvPass::Forward });
+                    }
                     bpeak = bpeak.max(live);
                     for b in g.ops[j].inputs.iter().copied().chain(std::iter::once(o)) {
                         let still_used = last_use[b.0].is_some_and(|u| u > j && u < s.end);
@@ -430,7 +465,7 @@ impl TorchGraph {
             let op = &g.ops[i];
             if op.tracked {
                 let mut tmp = Vec::new();
-                for b in &op.inputs {
+                for (slot, b) in op.inputs.iter().enumerate() {
                     let info = &g.bufs[b.0];
                     if !info.requires_grad || info.bytes == 0 {
                         continue;
@@ -447,9 +482,11 @@ impl TorchGraph {
                         // Accumulation: the sum is a new tensor, then the old one goes.
                         tmp.push(alloc(&mut r, &mut live, info.bytes));
                     }
-                }
-                if op.bwd_workspace > 0 {
-                    tmp.push(alloc(&mut r, &mut live, op.bwd_workspace));
+                    // cuDNN's backward: grad_input is made and computed, then grad_weight.
+                    if let Some(geom) = conv_at[i].filter(|_| slot < 2) {
+                        let pass = if slot == 0 { ConvPass::BackwardData } else { ConvPass::BackwardFilter };
+                        r.events.push(Ev::Conv { geom, pass });
+                    }
                 }
                 bpeak = bpeak.max(live);
                 for id in tmp {
@@ -522,6 +559,7 @@ mod tests {
                     peak = peak.max(live);
                 }
                 Ev::Free { id } => live -= sizes[&id] as i64,
+                Ev::Conv { .. } => {}
             }
         }
         (live as u64, peak as u64)
@@ -546,6 +584,39 @@ mod tests {
         assert_eq!(end, 800);
         assert!(peak >= 800 + 400);
         assert_eq!(r.param_grads.len(), 2);
+    }
+
+    #[test]
+    fn convolution_calls_are_marked_where_cudnn_runs_them() {
+        let marks = |ckpt: bool| {
+            let mut t = TorchGraph::new(false);
+            let x = t.input(2 * 3 * 64, 4);
+            let w1 = t.param(8 * 3 * 9, true);
+            let h = t.conv(x, 2, 3, 8, 9, 16, w1, None);
+            if ckpt {
+                t.checkpoint_begin();
+            }
+            let w2 = t.param(8 * 8 * 9, true);
+            let y = t.conv(h, 2, 8, 8, 9, 16, w2, None);
+            let y = t.act_keep_input(y);
+            if ckpt {
+                t.checkpoint_end();
+            }
+            let _ = t.copy(&[y], 1, 4);
+            let r = t.replay(0);
+            let list: Vec<(usize, usize, ConvPass, bool)> = r.events.iter().enumerate().filter_map(|(k, e)| match e {
+                Ev::Conv { geom, pass } => Some((geom.cin, geom.in_sp, *pass, k >= r.forward_events)),
+                _ => None,
+            }).collect();
+            list
+        };
+        use ConvPass::*;
+        // The image needs no gradient: the first convolution has no backward-data call.
+        let plain = vec![(3, 64, Forward, false), (8, 16, Forward, false), (8, 16, BackwardData, true), (8, 16, BackwardFilter, true), (3, 64, BackwardFilter, true)];
+        assert_eq!(marks(false), plain);
+        // Checkpointed: the region's convolution runs forward again in the backward.
+        let ck = vec![(3, 64, Forward, false), (8, 16, Forward, false), (8, 16, Forward, true), (8, 16, BackwardData, true), (8, 16, BackwardFilter, true), (3, 64, BackwardFilter, true)];
+        assert_eq!(marks(true), ck);
     }
 
     #[test]

@@ -14,16 +14,13 @@ pub struct Map {
 
 /// torchvision's ResNet-18 through `layer4` on `x`: conv → norm → `ReLU(inplace=True)`,
 /// max-pool, BasicBlocks with `out += identity` in place. `group_norm`: Diffusion Policy's
-/// GroupNorm(C/16) (trainable) in place of `FrozenBatchNorm2d`. `ws(x, out)`: the workspace
-/// (forward, backward) the caller assumes for a convolution.
-pub fn resnet18(tg: &mut TorchGraph, x: Map, trainable: bool, group_norm: bool, prefix: &str, ws: &dyn Fn(u64, u64) -> (u64, u64)) -> Map {
+/// GroupNorm(C/16) (trainable) in place of `FrozenBatchNorm2d`.
+pub fn resnet18(tg: &mut TorchGraph, x: Map, trainable: bool, group_norm: bool, prefix: &str) -> Map {
     let conv = |tg: &mut TorchGraph, x: Map, cout: usize, k: usize, stride: usize| {
         let pad = k / 2;
         let hw = [0, 1].map(|a| (x.hw[a] + 2 * pad - k) / stride + 1);
         let w = tg.param(cout * x.c * k * k, trainable);
-        let out_elems = x.n * cout * hw[0] * hw[1];
-        let ws = ws((x.t.elems as u64) * x.t.width, out_elems as u64 * tg.cw());
-        let t = tg.conv(x.t, x.n, x.c, cout, k * k, hw[0] * hw[1], w, None, ws);
+        let t = tg.conv(x.t, x.n, x.c, cout, k * k, hw[0] * hw[1], w, None);
         Map { t, n: x.n, c: cout, hw }
     };
     let norm = |tg: &mut TorchGraph, x: Map| {

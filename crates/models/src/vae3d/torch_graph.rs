@@ -13,7 +13,6 @@ struct B<'a> {
     b: usize,
     cfg: &'a Vae3dConfig,
     ckpt: bool,
-    ws: &'a dyn Fn(u64, u64) -> (u64, u64),
 }
 
 #[derive(Clone, Copy)]
@@ -29,8 +28,7 @@ impl B<'_> {
         let n: usize = dhw.iter().product();
         let w = self.tg.param(cout * x.c * k * k * k, true);
         let bias = self.tg.param(cout, true);
-        let ws = (self.ws)(x.t.elems as u64 * x.t.width, (self.b * cout * n) as u64 * self.tg.cw());
-        let t = self.tg.conv(x.t, self.b, x.c, cout, k * k * k, n, w, Some(bias), ws);
+        let t = self.tg.conv(x.t, self.b, x.c, cout, k * k * k, n, w, Some(bias));
         Vol { t, c: cout, dhw }
     }
 
@@ -75,11 +73,10 @@ impl B<'_> {
 }
 
 /// PyTorch's training graph of `cfg` at `batch` volumes of `grid` (autocast bf16 when `amp`;
-/// `use_checkpoint` per residual block when `ckpt`); `conv_ws(x, out)`: the workspace assumed
-/// per convolution. Returns the graph and the batch's bytes.
+/// `use_checkpoint` per residual block when `ckpt`). Returns the graph and the batch's bytes.
 pub fn torch_training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], o: &TorchOpts) -> (TorchGraph, u64) {
     let voxels = batch * grid.iter().product::<usize>();
-    let mut b = B { tg: TorchGraph::new(o.amp), b: batch, cfg, ckpt: o.checkpoint, ws: o.conv_ws };
+    let mut b = B { tg: TorchGraph::new(o.amp), b: batch, cfg, ckpt: o.checkpoint };
     let x = b.tg.input(voxels * cfg.in_channels, 4);
     let base = cfg.base_channels;
     b.tg.module("encoder");
