@@ -26,7 +26,7 @@ impl Tx<'_> {
         // host; `mask_fill` keeps it for the backward, the scaling keeps nothing.
         let n = self.g.bytes(x);
         let mask = self.g.input((n / 4) as usize, 1);
-        let y = self.g.op("mask_fill", &[x, mask], &[mask], n, false, 0, 0, 0);
+        let y = self.g.op("mask_fill", &[x, mask], &[mask], n, true, 0, 0, 0);
         self.g.elementwise(&[y], n)
     }
 
@@ -140,7 +140,7 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         let act = tx.linear(actions, b * chunk, action_dim, d);
         let mut parts = vec![cls, act];
         parts.extend(st);
-        let mut x = tx.g.elementwise(&parts, (b * s * d * 4) as u64);
+        let mut x = tx.g.opaque(&parts, (b * s * d * 4) as u64); // cat
         let pos = tx.g.input(s * d, 4);
         for i in 0..cfg.n_vae_encoder_layers {
             tx.g.stage(stage, &[x]);
@@ -168,6 +168,9 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         frozen += fz;
         maps.push(m);
     }
+    for m in &maps {
+        tx.g.half_state(m.buf, w);
+    }
     tx.g.stage(stage, &maps.iter().map(|m| m.buf).chain(posterior).collect::<Vec<_>>());
     stage += 1;
     tx.g.module("encoder.input");
@@ -192,7 +195,7 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         parts.push(tx.g.cast(proj, w, 4));
         tokens += m.n / b * hw;
     }
-    let mut x = tx.g.elementwise(&parts, (b * tokens * d * 4) as u64);
+    let mut x = tx.g.opaque(&parts, (b * tokens * d * 4) as u64); // cat
     let pos_w = tx.g.weight(2 * d, true, Precision::F32);
     let pos = tx.g.elementwise(&[pos_w], (tokens * d * 4) as u64);
     for i in 0..cfg.n_encoder_layers {

@@ -66,9 +66,15 @@ struct Op {
     inputs: Vec<Buf>,
     saves: Vec<Buf>,
     out: Buf,
-    /// Whether Burn counts the op compute-bound (conv, matmul): balanced checkpointing keeps
-    /// its output instead of recomputing it.
+    /// Whether Burn counts the op compute-bound (conv, matmul, cast, reductions, vramlab's
+    /// lean ops; `cat` is "ambiguous", treated alike): balanced checkpointing keeps its output
+    /// instead of recomputing it. A memory-bound op (add, mul, reshape, slice, exp, …) with an
+    /// input that needs no gradient is compute-bound too (Burn's `checkpoint_parents` fails).
     compute_bound: bool,
+    /// The op's backward state holds its saved tensors itself (vramlab's lean ops: conv, norms,
+    /// SiLU, Mish, softmax, ReLU, affine, upsample), instead of Burn's checkpointer: balanced
+    /// checkpointing never recomputes them.
+    direct: bool,
     fwd_workspace: u64,
     bwd_workspace: u64,
     /// f32 bytes of the trainable parameters whose gradient this op's backward produces.
@@ -132,6 +138,9 @@ pub struct Graph {
     stage: usize,
     /// Input bytes of every stage boundary after the first (kept by block recomputation).
     boundaries: Vec<(usize, Vec<Buf>)>,
+    /// Stage-state tensors in a half-precision dtype, with their element width
+    /// ([`Graph::half_state`]): block recomputation's surrogate casts them to f32.
+    half_states: Vec<(Buf, u64)>,
 }
 
 /// A 2-D feature map `[n, c, h, w]` in the graph.

@@ -27,16 +27,16 @@ pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_no
         } else {
             // FrozenBatchNorm2d: weight, bias, running mean and var (none trainable).
             frozen += 4 * 4 * x.c as u64;
-            let scale = g.input(x.c, 4);
+            // `nn::lean::channel_affine` with a constant scale and shift: one node keeping
+            // only the scale (a data-sized constant here), on the f32 view.
             let xf = g.cast(x.buf, w, 4);
-            let y = g.mul(xf, scale, (elems * 4) as u64);
-            let y = g.elementwise(&[y], (elems * 4) as u64);
+            let y = g.opaque(&[xf], (elems * 4) as u64);
             g.cast(y, 4, w)
         };
         Map2d { buf, ..x }
     };
     // `nn::lean::relu` keeps its output, which the next convolution or pool keeps anyway.
-    let relu = |g: &mut Graph, x: Map2d| Map2d { buf: g.elementwise(&[x.buf], g.bytes(x.buf)), ..x };
+    let relu = |g: &mut Graph, x: Map2d| Map2d { buf: g.opaque(&[x.buf], g.bytes(x.buf)), ..x };
     g.stage(first_stage, &[x.buf]);
     g.module(format!("{prefix}stem"));
     let xc = g.cast(x.buf, 4, w);
@@ -45,9 +45,13 @@ pub fn resnet18(g: &mut Graph, x: Map2d, p: Precision, trainable: bool, group_no
     h = relu(g, h);
     let hw = [0, 1].map(|a| (h.hw[a] + 2 - 3) / 2 + 1);
     let out = (h.n * h.c * hw[0] * hw[1]) as u64;
-    let pooled = g.op("max_pool", &[h.buf], &[h.buf], out * w, false, out * 8, out * 8, 0);
+    // Burn's `max_pool2d_with_indices` keeps its input (checkpointed) and the argmax indices
+    // (i64 on flex, one per output element) for the backward.
+    let indices = g.op("max_pool indices", &[], &[], out * 8, true, 0, 0, 0);
+    let pooled = g.op("max_pool", &[h.buf, indices], &[h.buf, indices], out * w, true, 0, out * 8, 0);
     h = Map2d { buf: pooled, hw, ..h };
     for (layer, cout) in [64usize, 128, 256, 512].into_iter().enumerate() {
+        g.half_state(h.buf, w);
         g.stage(first_stage + 1 + layer, &[h.buf]);
         g.module(format!("{prefix}layer{}", layer + 1));
         for block in 0..2 {
