@@ -159,14 +159,16 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
     let mut frozen = 0;
     let mut maps = Vec::new();
     let trainable_backbone = !cfg.freeze_backbone;
-    if let Some((_, shape)) = cams.first() {
-        let n = b * cams.len();
-        let img = tx.g.input(n * shape.iter().product::<usize>(), 4);
-        let x = Map2d { buf: img, n, c: shape[0], hw: [shape[1], shape[2]] };
-        let (m, fz) = resnet18(tx.g, x, p, trainable_backbone, false, stage, "backbone.");
-        stage += 5;
+    // The model runs the backbone on each camera in turn (stage by stage), casting its
+    // weights anew each time: one trunk per camera, on the same parameters.
+    if !cams.is_empty() {
+        let xs: Vec<Map2d> = cams.iter().map(|(_, shape)| Map2d { buf: tx.g.input(b * shape.iter().product::<usize>(), 4), n: b, c: shape[0], hw: [shape[1], shape[2]] }).collect();
+        let (m, fz) = resnet18(tx.g, &xs, p, trainable_backbone, false, stage, "backbone.");
         frozen += fz;
-        maps.push(m);
+        maps = m;
+    }
+    if !cams.is_empty() {
+        stage += 5;
     }
     for m in &maps {
         tx.g.half_state(m.buf, w);
@@ -189,12 +191,15 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
     if state_dim > 0 {
         parts.push(tx.linear(state, b, state_dim, d));
     }
-    for m in &maps {
+    // One input projection for every camera (its weight cast per camera).
+    for (k, m) in maps.iter().enumerate() {
+        if k == 0 { tx.g.record_params() } else { tx.g.reuse_params() }
         let hw = m.hw[0] * m.hw[1];
         let proj = tx.g.conv(m.buf, m.n, m.c, d, 1, hw, hw, true, true, p);
         parts.push(tx.g.cast(proj, w, 4));
         tokens += m.n / b * hw;
     }
+    tx.g.end_params();
     let mut x = tx.g.opaque(&parts, (b * tokens * d * 4) as u64); // cat
     let pos_w = tx.g.weight(2 * d, true, Precision::F32);
     let pos = tx.g.elementwise(&[pos_w], (tokens * d * 4) as u64);

@@ -79,10 +79,10 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
         let src = if cfg.resize_shape.is_some() { g.op("resize", &[img], &[], (n * shape[0] * rh * rw * 4) as u64, true, 2 * first, 0, 0) } else { img };
         let crop = g.op("crop", &[src], &[], (n * shape[0] * ch * cw * 4) as u64, false, 0, 0, 0);
         let x = Map2d { buf: crop, n, c: shape[0], hw: [ch, cw] };
-        let (m, fz) = resnet18(&mut g, x, p, trainable_backbone, cfg.use_group_norm, stage, "rgb_encoder.backbone.");
+        let (m, fz) = resnet18(&mut g, &[x], p, trainable_backbone, cfg.use_group_norm, stage, "rgb_encoder.backbone.");
         stage += 5;
         frozen += fz;
-        feats.push(m);
+        feats.extend(m);
     }
     for m in &feats {
         g.half_state(m.buf, w);

@@ -65,6 +65,39 @@ impl Graph {
         Buf(self.bufs.len() - 1)
     }
 
+    /// A parameter tensor of `bytes` (f32): a new one, or the next of the recorded ones while
+    /// [`Self::reuse_params`] is on.
+    fn param(&mut self, bytes: u64, trainable: bool) -> Buf {
+        if let Some((list, k)) = &mut self.reused_params
+            && let Some(&b) = list.get(*k)
+        {
+            *k += 1;
+            return b;
+        }
+        let b = self.push(bytes, trainable, None, true);
+        if let Some(r) = &mut self.recorded_params {
+            r.push(b);
+        }
+        b
+    }
+
+    /// Record the parameters the next ops create (until [`Self::reuse_params`]).
+    pub fn record_params(&mut self) {
+        self.recorded_params = Some(Vec::new());
+    }
+
+    /// Hand out the recorded parameters again, in the order they were made, to ops that build
+    /// the same module once more (until [`Self::end_params`]).
+    pub fn reuse_params(&mut self) {
+        let list = self.recorded_params.take().or_else(|| self.reused_params.take().map(|r| r.0)).unwrap_or_default();
+        self.reused_params = Some((list, 0));
+    }
+
+    /// Back to new parameters.
+    pub fn end_params(&mut self) {
+        (self.recorded_params, self.reused_params) = (None, None);
+    }
+
     /// A data tensor (no gradient) of `elems` elements of `width` bytes.
     pub fn input(&mut self, elems: usize, width: u64) -> Buf {
         self.push(elems as u64 * width, false, None, false)
@@ -79,7 +112,7 @@ impl Graph {
     /// [`Self::weight`]; `strided_grad`: the consuming op hands the cast's output gradient
     /// back as a strided view (conv and linear weights; not biases).
     fn weight_cast(&mut self, elems: usize, trainable: bool, p: Precision, strided_grad: bool) -> Buf {
-        let w = self.push(elems as u64 * 4, trainable, None, true);
+        let w = self.param(elems as u64 * 4, trainable);
         if p == Precision::F32 {
             return w;
         }

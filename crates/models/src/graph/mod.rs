@@ -141,6 +141,11 @@ pub struct Graph {
     /// Stage-state tensors in a half-precision dtype, with their element width
     /// ([`Graph::half_state`]): block recomputation's surrogate casts them to f32.
     half_states: Vec<(Buf, u64)>,
+    /// Parameters being recorded ([`Graph::record_params`]) or handed out again
+    /// ([`Graph::reuse_params`]): a module applied several times (ACT's backbone, once per
+    /// camera) uses the same parameter tensors.
+    recorded_params: Option<Vec<Buf>>,
+    reused_params: Option<(Vec<Buf>, usize)>,
 }
 
 /// A 2-D feature map `[n, c, h, w]` in the graph.

@@ -232,6 +232,7 @@ impl Graph {
         let mut grad_bytes = upstream;
         grad[self.ops[last_op].out.0] = upstream;
         let mut pgrads = grads_before;
+        let mut has_grad = vec![false; nb];
         for &i in &order {
             let op = &self.ops[i];
             if !op.tracked || op.param_cast.is_some() {
@@ -245,7 +246,11 @@ impl Graph {
                 peaks.grads_at_backward_peak = pgrads + op.param_grad;
                 peaks.backward_peak_module = op.module.clone();
             }
-            pgrads += op.param_grad;
+            // A parameter used by several ops (a backbone run per camera) gets one gradient: the
+            // later ones are summed into it (a transient, counted above).
+            if self.fresh_param_grad(op, &mut has_grad) {
+                pgrads += op.param_grad;
+            }
             for b in op.inputs.iter().filter(|b| needs(b)) {
                 if grad[b.0] == 0 {
                     grad[b.0] = self.bufs[b.0].bytes.max(1);
@@ -284,8 +289,23 @@ impl Graph {
             let g = elems * c.width;
             grad_bytes -= g.min(grad_bytes);
             pending -= g.min(pending);
-            pgrads += c.f32_bytes;
+            if self.fresh_param_grad(op, &mut has_grad) {
+                pgrads += c.f32_bytes;
+            }
         }
+    }
+
+    /// Whether `op`'s backward makes a parameter gradient that does not exist yet (marking its
+    /// trainable parameter inputs in `has_grad`): false when every one already has one.
+    fn fresh_param_grad(&self, op: &super::Op, has_grad: &mut [bool]) -> bool {
+        let mut fresh = false;
+        let mut any = false;
+        for b in op.inputs.iter().filter(|b| self.bufs[b.0].param && self.bufs[b.0].requires_grad) {
+            any = true;
+            fresh |= !has_grad[b.0];
+            has_grad[b.0] = true;
+        }
+        fresh || !any
     }
 
     /// The order in which Burn runs the backward steps of the tracked ops of `range`: by depth
@@ -371,6 +391,7 @@ impl Graph {
         let total_kept = kept.last().copied().unwrap_or(0) + stages.last().map_or(0, |_| 0);
         (peaks.forward_end, peaks.stored) = (total_kept, total_kept);
         let mut pgrads = 0u64;
+        let mut has_grad = vec![false; self.bufs.len()];
         for (k, &s) in stages.iter().enumerate().rev() {
             let upstream = stages.get(k + 1).map_or(0, |&t| boundary(t));
             let mut sub = empty_peaks();
@@ -403,7 +424,7 @@ impl Graph {
             }
             // The stage's f32 parameter gradients join the trainer's accumulator: those its ops
             // produce directly (f32), and in half precision those its weights' casts produce.
-            pgrads += self.ops[range_of(s)].iter().filter(|o| o.tracked).map(|o| o.param_grad + o.param_cast.map_or(0, |c| c.f32_bytes)).sum::<u64>();
+            pgrads += self.ops[range_of(s)].iter().filter(|o| o.tracked).filter(|o| self.fresh_param_grad(o, &mut has_grad)).map(|o| o.param_grad + o.param_cast.map_or(0, |c| c.f32_bytes)).sum::<u64>();
         }
         peaks
     }
