@@ -486,6 +486,86 @@ mod tests {
     }
 
     #[test]
+    fn balanced_holds_compute_bound_inputs_of_memory_bound_ops_until_the_backward() {
+        // Two 1×1 convolutions of a data input (4000 B outputs, no workspace) summed, then a
+        // reduction. Plain autodiff keeps neither conv output (the convs keep only their data
+        // input, the add nothing): the forward ends holding the loss scalar. Balanced
+        // checkpointing registers both as backups of the (recomputable) add, held to the end
+        // of the forward and dropped when the backward starts.
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let z = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let s = g.elementwise(&[y, z], 4000);
+        let _ = g.reduce(s, 4);
+        let plain = g.simulate(CheckpointMode::Off);
+        let balanced = g.simulate(CheckpointMode::Balanced);
+        assert_eq!(plain.forward_end, 4);
+        assert_eq!(balanced.forward_end, 4000 + 4000 + 4);
+        assert_eq!(balanced.stored, 4);
+        assert_eq!(balanced.forward_peak, plain.forward_peak + 4);
+    }
+
+    #[test]
+    fn backward_runs_deepest_first() {
+        // A deep branch (conv, two SiLUs) built before a shallow one (a linear); Burn's tape
+        // runs the SiLUs (depths 3, 2) before the depth-1 steps, the linear's included,
+        // although the linear comes later in the program.
+        let mut g = Graph::new();
+        let a = g.input(1000, 4);
+        let c = g.conv(a, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let s1 = g.silu(c, 4);
+        let s2 = g.silu(s1, 4);
+        let b = g.input(1000, 4);
+        let l = g.linear(b, 100, 10, 10, false, true, Precision::F32);
+        let sum = g.elementwise(&[s2, l], 4000);
+        let _ = g.reduce(sum, 4);
+        assert_eq!(g.backward_order(0..g.ops.len()), vec![5, 4, 2, 1, 3, 0]);
+    }
+
+    #[test]
+    fn shared_parameters_count_once() {
+        // The same convolution applied to two inputs (a backbone run per camera).
+        let mut g = Graph::new();
+        let (a, b) = (g.input(1000, 4), g.input(1000, 4));
+        g.record_params();
+        let y = g.conv(a, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        g.reuse_params();
+        let z = g.conv(b, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        g.end_params();
+        let s = g.elementwise(&[y, z], 4000);
+        let _ = g.reduce(s, 4);
+        assert_eq!(g.param_bytes(), (400, 400));
+        // One 400 B gradient at the end of the backward, not two.
+        let mut seen = vec![false; g.bufs.len()];
+        let fresh: Vec<bool> = [1, 0].iter().map(|&i| g.fresh_param_grad(&g.ops[i].clone(), &mut seen)).collect();
+        assert_eq!(fresh, vec![true, false]);
+    }
+
+    #[test]
+    fn blocks_cast_half_precision_stage_outputs_for_the_surrogate() {
+        // Two stages in bf16; the first's output declared half precision: the trainer's
+        // `Σ sum(f32(t) · f32(grad))` casts it (and its gradient) to f32 through f64 buffers,
+        // which raises the backward's peak.
+        let build = |declare: bool| {
+            let mut g = Graph::new();
+            let x = g.input(100_000, 2);
+            g.stage(0, &[x]);
+            let y = g.conv(x, 1, 10, 10, 1, 10_000, 10_000, false, true, Precision::Bf16);
+            if declare {
+                g.half_state(y, 2);
+            }
+            g.stage(1, &[y]);
+            let _ = g.reduce(y, 4);
+            g.simulate(CheckpointMode::Blocks).backward_peak
+        };
+        // 100 000 elements: the f32 gradient and output copies (4 B each) and the f64 buffer
+        // (8 B), on top of the recomputed output: at least 1.6 MB, which nothing else reaches.
+        let (with, without) = (build(true), build(false));
+        assert!(without < 1_600_000 && with >= 1_600_000, "{with} vs {without}");
+    }
+
+    #[test]
     fn blocks_keep_only_stage_inputs_forward() {
         let mut g = Graph::new();
         let x = g.input(1000, 4);
