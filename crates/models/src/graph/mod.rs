@@ -17,10 +17,13 @@
 //! then each parameter gradient is held in the compute dtype.
 //!
 //! The graph is then replayed three ways ([`Graph::simulate`]): plain autodiff, block
-//! recomputation over the model's stage plan (each op carries its stage), and Burn's
-//! balanced checkpointing (saved outputs of memory-bound ops are recomputed from the nearest
-//! compute-bound ancestors). Parameters, optimizer state and data live outside the graph and
-//! are added by the caller (`vramlab_workloads::estimate`).
+//! recomputation over the model's stage plan (each op carries its stage; the trainer's f32
+//! surrogate `Σ sum(t · grad_t)` per stage included), and Burn's balanced checkpointing
+//! (saved outputs of memory-bound ops are recomputed from the nearest compute-bound
+//! ancestors, and those ancestors are held as backups until the backward starts; vramlab's
+//! lean ops keep their own state and are never recomputed). The backward runs in Burn's tape
+//! order: by depth, deepest first. Parameters, optimizer state and data live outside the
+//! graph and are added by the caller (`vramlab_workloads::estimate`).
 //!
 //! Files: this one holds the vocabulary (buffers, ops, the [`Graph`] they form, the replay's
 //! result types); `build` the ops a model's graph builder calls ([`Graph::conv`],
