@@ -26,7 +26,7 @@ impl Tx<'_> {
         // host; `mask_fill` keeps it for the backward, the scaling keeps nothing.
         let n = self.g.bytes(x);
         let mask = self.g.input((n / 4) as usize, 1);
-        let y = self.g.op("mask_fill", &[x, mask], &[mask], n, false, 0, 0, 0);
+        let y = self.g.op("mask_fill", &[x, mask], &[mask], n, true, 0, 0, 0);
         self.g.elementwise(&[y], n)
     }
 
@@ -140,7 +140,7 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
         let act = tx.linear(actions, b * chunk, action_dim, d);
         let mut parts = vec![cls, act];
         parts.extend(st);
-        let mut x = tx.g.elementwise(&parts, (b * s * d * 4) as u64);
+        let mut x = tx.g.opaque(&parts, (b * s * d * 4) as u64); // cat
         let pos = tx.g.input(s * d, 4);
         for i in 0..cfg.n_vae_encoder_layers {
             tx.g.stage(stage, &[x]);
@@ -159,14 +159,19 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
     let mut frozen = 0;
     let mut maps = Vec::new();
     let trainable_backbone = !cfg.freeze_backbone;
-    if let Some((_, shape)) = cams.first() {
-        let n = b * cams.len();
-        let img = tx.g.input(n * shape.iter().product::<usize>(), 4);
-        let x = Map2d { buf: img, n, c: shape[0], hw: [shape[1], shape[2]] };
-        let (m, fz) = resnet18(tx.g, x, p, trainable_backbone, false, stage, "backbone.");
-        stage += 5;
+    // The model runs the backbone on each camera in turn (stage by stage), casting its
+    // weights anew each time: one trunk per camera, on the same parameters.
+    if !cams.is_empty() {
+        let xs: Vec<Map2d> = cams.iter().map(|(_, shape)| Map2d { buf: tx.g.input(b * shape.iter().product::<usize>(), 4), n: b, c: shape[0], hw: [shape[1], shape[2]] }).collect();
+        let (m, fz) = resnet18(tx.g, &xs, p, trainable_backbone, false, stage, "backbone.");
         frozen += fz;
-        maps.push(m);
+        maps = m;
+    }
+    if !cams.is_empty() {
+        stage += 5;
+    }
+    for m in &maps {
+        tx.g.half_state(m.buf, w);
     }
     tx.g.stage(stage, &maps.iter().map(|m| m.buf).chain(posterior).collect::<Vec<_>>());
     stage += 1;
@@ -186,13 +191,16 @@ pub fn training_graph(cfg: &ActConfig, batch: usize, p: Precision) -> (Graph, u6
     if state_dim > 0 {
         parts.push(tx.linear(state, b, state_dim, d));
     }
-    for m in &maps {
+    // One input projection for every camera (its weight cast per camera).
+    for (k, m) in maps.iter().enumerate() {
+        if k == 0 { tx.g.record_params() } else { tx.g.reuse_params() }
         let hw = m.hw[0] * m.hw[1];
         let proj = tx.g.conv(m.buf, m.n, m.c, d, 1, hw, hw, true, true, p);
         parts.push(tx.g.cast(proj, w, 4));
         tokens += m.n / b * hw;
     }
-    let mut x = tx.g.elementwise(&parts, (b * tokens * d * 4) as u64);
+    tx.g.end_params();
+    let mut x = tx.g.opaque(&parts, (b * tokens * d * 4) as u64); // cat
     let pos_w = tx.g.weight(2 * d, true, Precision::F32);
     let pos = tx.g.elementwise(&[pos_w], (tokens * d * 4) as u64);
     for i in 0..cfg.n_encoder_layers {

@@ -66,14 +66,26 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let trainable_backbone = !cfg.freeze_backbone;
     if let Some((_, shape)) = cams.first() {
         let n = b * obs * cams.len();
-        let [ch, cw] = cfg.encoder_image_size().unwrap_or([shape[1], shape[2]]);
+        // `Diffusion::encoder_input`: the cameras stacked (one camera: the batch's own
+        // tensor), resized to `resize_shape` when set (a new tensor the crop's view keeps
+        // alive), then cropped — a zero-copy view on flex, counted here at the crop's size
+        // (over by at most the view's size); the backbone runs at the crop's size.
+        let [rh, rw] = cfg.encoder_image_size().unwrap_or([shape[1], shape[2]]);
+        let [ch, cw] = cfg.backbone_input_size().unwrap_or([rh, rw]);
         let img = g.input(n * shape.iter().product::<usize>(), 4);
-        let crop = g.op("crop", &[img], &[], (n * shape[0] * ch * cw * 4) as u64, false, 0, 0, 0);
+        // The resize (`layers::resize_bilinear_antialias`): two matmuls, the first's output
+        // `[n·c·H, w]` and its transposed copy around the second.
+        let first = (n * shape[0] * shape[1] * rw * 4) as u64;
+        let src = if cfg.resize_shape.is_some() { g.op("resize", &[img], &[], (n * shape[0] * rh * rw * 4) as u64, true, 2 * first, 0, 0) } else { img };
+        let crop = g.op("crop", &[src], &[], (n * shape[0] * ch * cw * 4) as u64, false, 0, 0, 0);
         let x = Map2d { buf: crop, n, c: shape[0], hw: [ch, cw] };
-        let (m, fz) = resnet18(&mut g, x, p, trainable_backbone, cfg.use_group_norm, stage, "rgb_encoder.backbone.");
+        let (m, fz) = resnet18(&mut g, &[x], p, trainable_backbone, cfg.use_group_norm, stage, "rgb_encoder.backbone.");
         stage += 5;
         frozen += fz;
-        feats.push(m);
+        feats.extend(m);
+    }
+    for m in &feats {
+        g.half_state(m.buf, w);
     }
     g.stage(stage, &feats.iter().map(|m| m.buf).collect::<Vec<_>>());
     stage += 1;
@@ -92,7 +104,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
         let o = g.unary_saving(o, g.bytes(o));
         cond_parts.push(g.cast(o, w, 4));
     }
-    let global = g.elementwise(&cond_parts, (b * cfg.global_cond_dim() * 4) as u64);
+    let global = g.opaque(&cond_parts, (b * cfg.global_cond_dim() * 4) as u64); // cat
     let e = cfg.diffusion_step_embed_dim;
     let t = g.input(b * e, 4);
     let tc = g.cast(t, 4, w);
@@ -100,7 +112,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let t1 = g.mish(t1, w);
     let t2 = g.linear(t1, b, 4 * e, e, true, true, p);
     let t2 = g.cast(t2, w, 4);
-    let cond = g.elementwise(&[t2, global], (b * cfg.cond_dim() * 4) as u64);
+    let cond = g.opaque(&[t2, global], (b * cfg.cond_dim() * 4) as u64); // cat
     let noisy = g.input(b * horizon * a, 4);
     let mut x = g.cast(noisy, 4, w);
     let mut u = Unet { g: &mut g, b, p, w, k: cfg.kernel_size, groups: cfg.n_groups, cond_dim: cfg.cond_dim(), film_scale: cfg.use_film_scale_modulation };
@@ -110,6 +122,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let mut skips = Vec::new();
     for (i, &cout) in dims.iter().enumerate() {
         for j in 0..2 {
+            u.g.half_state(x, w);
             u.g.stage(stage, &[x, cond]);
             stage += 1;
             u.g.module(format!("unet.down_modules.{i}.{j}"));
@@ -125,6 +138,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     }
     let mid = *dims.last().unwrap_or(&a);
     for j in 0..2 {
+        u.g.half_state(x, w);
         u.g.stage(stage, &[x, cond]);
         stage += 1;
         u.g.module(format!("unet.mid_modules.{j}"));
@@ -137,9 +151,10 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     for (i, lvl) in (1..dims.len()).rev().enumerate() {
         let (din, dout) = (dims[lvl - 1], dims[lvl]);
         let (skip, _, _) = skips[lvl];
-        let cat = u.g.elementwise(&[x, skip], u.g.bytes(x) + u.g.bytes(skip));
+        let cat = u.g.opaque(&[x, skip], u.g.bytes(x) + u.g.bytes(skip));
         x = cat;
         for j in 0..2 {
+            u.g.half_state(x, w);
             u.g.stage(stage, &[x, cond]);
             stage += 1;
             u.g.module(format!("unet.up_modules.{i}.{j}"));
@@ -152,6 +167,7 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
         len = nl;
     }
     let _ = cin;
+    u.g.half_state(x, w);
     u.g.stage(stage, &[x, cond]);
     u.g.module("unet.final_conv+loss");
     let first = dims[0];

@@ -36,6 +36,14 @@ impl Graph {
         self.boundaries.push((i, state.to_vec()));
     }
 
+    /// Declare that stage-state tensor `b` has elements of `width` bytes (a half-precision
+    /// map or volume); f32 (the default) needs no declaration.
+    pub fn half_state(&mut self, b: Buf, width: u64) {
+        if width < 4 {
+            self.half_states.push((b, width));
+        }
+    }
+
     pub fn bytes(&self, b: Buf) -> u64 {
         self.bufs[b.0].bytes
     }
@@ -57,6 +65,39 @@ impl Graph {
         Buf(self.bufs.len() - 1)
     }
 
+    /// A parameter tensor of `bytes` (f32): a new one, or the next of the recorded ones while
+    /// [`Self::reuse_params`] is on.
+    fn param(&mut self, bytes: u64, trainable: bool) -> Buf {
+        if let Some((list, k)) = &mut self.reused_params
+            && let Some(&b) = list.get(*k)
+        {
+            *k += 1;
+            return b;
+        }
+        let b = self.push(bytes, trainable, None, true);
+        if let Some(r) = &mut self.recorded_params {
+            r.push(b);
+        }
+        b
+    }
+
+    /// Record the parameters the next ops create (until [`Self::reuse_params`]).
+    pub fn record_params(&mut self) {
+        self.recorded_params = Some(Vec::new());
+    }
+
+    /// Hand out the recorded parameters again, in the order they were made, to ops that build
+    /// the same module once more (until [`Self::end_params`]).
+    pub fn reuse_params(&mut self) {
+        let list = self.recorded_params.take().or_else(|| self.reused_params.take().map(|r| r.0)).unwrap_or_default();
+        self.reused_params = Some((list, 0));
+    }
+
+    /// Back to new parameters.
+    pub fn end_params(&mut self) {
+        (self.recorded_params, self.reused_params) = (None, None);
+    }
+
     /// A data tensor (no gradient) of `elems` elements of `width` bytes.
     pub fn input(&mut self, elems: usize, width: u64) -> Buf {
         self.push(elems as u64 * width, false, None, false)
@@ -71,7 +112,7 @@ impl Graph {
     /// [`Self::weight`]; `strided_grad`: the consuming op hands the cast's output gradient
     /// back as a strided view (conv and linear weights; not biases).
     fn weight_cast(&mut self, elems: usize, trainable: bool, p: Precision, strided_grad: bool) -> Buf {
-        let w = self.push(elems as u64 * 4, trainable, None, true);
+        let w = self.param(elems as u64 * 4, trainable);
         if p == Precision::F32 {
             return w;
         }
@@ -97,6 +138,7 @@ impl Graph {
             saves: if tracked { saves.to_vec() } else { Vec::new() },
             out,
             compute_bound,
+            direct: false,
             fwd_workspace: fwd_ws,
             bwd_workspace: if tracked { bwd_ws } else { 0 },
             param_grad: if tracked { param_grad } else { 0 },
@@ -106,11 +148,28 @@ impl Graph {
         out
     }
 
+    /// Mark the last op as one of vramlab's lean ops (its state holds its saves directly).
+    fn direct(&mut self) {
+        if let Some(op) = self.ops.last_mut() {
+            op.direct = true;
+        }
+    }
+
+    /// An op whose backward keeps nothing and that balanced checkpointing never recomputes:
+    /// Burn's `cat` (ambiguous), vramlab's lean ReLU (its output, kept by the consumer anyway),
+    /// channel affine (constant scale) and linear upsampling.
+    pub fn opaque(&mut self, inputs: &[Buf], out_bytes: u64) -> Buf {
+        let y = self.op("opaque", inputs, &[], out_bytes, true, 0, 0, 0);
+        self.direct();
+        y
+    }
+
     fn rg(&self, b: Buf) -> bool {
         self.bufs[b.0].requires_grad
     }
 
-    /// Element-wise op with no saved state (add, sub, scalar ops, cast, reshape copies).
+    /// Memory-bound element-wise op with no saved state (add, sub, scalar ops, reshape,
+    /// slice, swap_dims copies).
     pub fn elementwise(&mut self, inputs: &[Buf], out_bytes: u64) -> Buf {
         self.op("elementwise", inputs, &[], out_bytes, false, 0, 0, 0)
     }
@@ -156,7 +215,9 @@ impl Graph {
         let n = self.bytes(x);
         let n32 = n / width * 4;
         let casts = if width == 4 { 0 } else { n32 };
-        self.op("silu", &[x], &[x], n, true, n32 + casts, 3 * n32 + 2 * casts, 0)
+        let y = self.op("silu", &[x], &[x], n, true, n32 + casts, 3 * n32 + 2 * casts, 0);
+        self.direct();
+        y
     }
 
     /// [`crate::nn::lean`]'s Mish: one node keeping `x`; softplus and tanh temporaries (3 f32
@@ -165,7 +226,9 @@ impl Graph {
         let n = self.bytes(x);
         let n32 = n / width * 4;
         let casts = if width == 4 { 0 } else { n32 };
-        self.op("mish", &[x], &[x], n, true, 3 * n32 + casts, 4 * n32 + 2 * casts, 0)
+        let y = self.op("mish", &[x], &[x], n, true, 3 * n32 + casts, 4 * n32 + 2 * casts, 0);
+        self.direct();
+        y
     }
 
     /// [`crate::nn::lean`]'s GroupNorm / LayerNorm (`silu`: with the fused SiLU): one node
@@ -187,7 +250,9 @@ impl Graph {
             param_grad = self.bytes(w) + self.bytes(b);
         }
         let bwd = (if silu { 5 } else { 4 }) * n32 + 2 * casts;
-        self.op("norm", &inputs, &[x, stats], n, true, 2 * n32 + casts, bwd, param_grad)
+        let y = self.op("norm", &inputs, &[x, stats], n, true, 2 * n32 + casts, bwd, param_grad);
+        self.direct();
+        y
     }
 
     /// GroupNorm (+ SiLU) as flex's kernels run it (`nn::flex_kernels::group_norm`, f32 or bf16):
@@ -198,7 +263,9 @@ impl Graph {
         let stats = self.op("norm statistics", &[], &[], 2 * stat_bytes, true, 0, 0, 0);
         let (w, b) = affine;
         let param_grad = self.bytes(w) + self.bytes(b);
-        self.op("norm", &[x, stats, w, b], &[x, stats], n, true, 0, 0, param_grad)
+        let y = self.op("norm", &[x, stats, w, b], &[x, stats], n, true, 0, 0, param_grad);
+        self.direct();
+        y
     }
 
     /// `nn::lean::softmax`: one node keeping only its output (PyTorch's rule); its backward's
@@ -207,6 +274,7 @@ impl Graph {
         let n = self.bytes(x);
         let y = self.op("softmax", &[x], &[], n, true, 0, n, 0);
         let op = self.ops.last_mut().expect("just pushed");
+        op.direct = true;
         if op.tracked {
             op.saves.push(y);
         }
@@ -292,7 +360,9 @@ impl Graph {
         let bwd_w = block_cols * per_col + block_cols * (cout * 4) as u64 + w32 + if blocks > 1 { w32 } else { 0 } + if half { w32 / 2 } else { 0 };
         let bwd = bwd_x.max(bwd_w);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
-        self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
+        let y = self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg);
+        self.direct();
+        y
     }
 
     /// A 3-D convolution with a cubic kernel of side `k`, "same" padding `k / 2`, on `[batch,
@@ -339,7 +409,9 @@ impl Graph {
         };
         let bwd = bwd_w.max(bwd_x);
         let inputs: Vec<Buf> = if bias { vec![x, w, self.weight(cout, trainable, p)] } else { vec![x, w] };
-        self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg)
+        let y = self.op("conv", &inputs, &[x, w], out, true, fwd, bwd, pg);
+        self.direct();
+        y
     }
 
     /// Mean squared error reduced to a scalar (loss in f32).

@@ -17,10 +17,13 @@
 //! then each parameter gradient is held in the compute dtype.
 //!
 //! The graph is then replayed three ways ([`Graph::simulate`]): plain autodiff, block
-//! recomputation over the model's stage plan (each op carries its stage), and Burn's
-//! balanced checkpointing (saved outputs of memory-bound ops are recomputed from the nearest
-//! compute-bound ancestors). Parameters, optimizer state and data live outside the graph and
-//! are added by the caller (`vramlab_workloads::estimate`).
+//! recomputation over the model's stage plan (each op carries its stage; the trainer's f32
+//! surrogate `Σ sum(t · grad_t)` per stage included), and Burn's balanced checkpointing
+//! (saved outputs of memory-bound ops are recomputed from the nearest compute-bound
+//! ancestors, and those ancestors are held as backups until the backward starts; vramlab's
+//! lean ops keep their own state and are never recomputed). The backward runs in Burn's tape
+//! order: by depth, deepest first. Parameters, optimizer state and data live outside the
+//! graph and are added by the caller (`vramlab_workloads::estimate`).
 //!
 //! Files: this one holds the vocabulary (buffers, ops, the [`Graph`] they form, the replay's
 //! result types); `build` the ops a model's graph builder calls ([`Graph::conv`],
@@ -66,9 +69,15 @@ struct Op {
     inputs: Vec<Buf>,
     saves: Vec<Buf>,
     out: Buf,
-    /// Whether Burn counts the op compute-bound (conv, matmul): balanced checkpointing keeps
-    /// its output instead of recomputing it.
+    /// Whether Burn counts the op compute-bound (conv, matmul, cast, reductions, vramlab's
+    /// lean ops; `cat` is "ambiguous", treated alike): balanced checkpointing keeps its output
+    /// instead of recomputing it. A memory-bound op (add, mul, reshape, slice, exp, …) with an
+    /// input that needs no gradient is compute-bound too (Burn's `checkpoint_parents` fails).
     compute_bound: bool,
+    /// The op's backward state holds its saved tensors itself (vramlab's lean ops: conv, norms,
+    /// SiLU, Mish, softmax, ReLU, affine, upsample), instead of Burn's checkpointer: balanced
+    /// checkpointing never recomputes them.
+    direct: bool,
     fwd_workspace: u64,
     bwd_workspace: u64,
     /// f32 bytes of the trainable parameters whose gradient this op's backward produces.
@@ -132,6 +141,14 @@ pub struct Graph {
     stage: usize,
     /// Input bytes of every stage boundary after the first (kept by block recomputation).
     boundaries: Vec<(usize, Vec<Buf>)>,
+    /// Stage-state tensors in a half-precision dtype, with their element width
+    /// ([`Graph::half_state`]): block recomputation's surrogate casts them to f32.
+    half_states: Vec<(Buf, u64)>,
+    /// Parameters being recorded ([`Graph::record_params`]) or handed out again
+    /// ([`Graph::reuse_params`]): a module applied several times (ACT's backbone, once per
+    /// camera) uses the same parameter tensors.
+    recorded_params: Option<Vec<Buf>>,
+    reused_params: Option<(Vec<Buf>, usize)>,
 }
 
 /// A 2-D feature map `[n, c, h, w]` in the graph.

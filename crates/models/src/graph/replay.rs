@@ -69,7 +69,7 @@ impl Graph {
             CheckpointMode::Balanced => {
                 let (kept, recomputed): (Vec<Vec<Buf>>, Vec<u64>) = self.saved_and_recomputed(true).into_iter().unzip();
                 let mut peaks = empty_peaks();
-                self.replay_range_with(&kept, &recomputed, 0..self.ops.len(), 0, 0, 0, &mut peaks);
+                self.replay_range_full(&kept, &recomputed, &self.balanced_backups(), 0..self.ops.len(), 0, 0, 0, &mut peaks);
                 peaks
             }
             CheckpointMode::Blocks => self.replay_blocks(),
@@ -91,6 +91,10 @@ impl Graph {
                 if !balanced {
                     return (op.saves.clone(), 0);
                 }
+                // vramlab's lean ops hold their saves in their own state: never recomputed.
+                if op.direct {
+                    return (op.saves.clone(), 0);
+                }
                 let (mut out, mut recomputed) = (Vec::new(), 0u64);
                 let mut stack: Vec<Buf> = op.saves.clone();
                 let mut seen = Vec::new();
@@ -101,7 +105,7 @@ impl Graph {
                     seen.push(b.0);
                     let info = &self.bufs[b.0];
                     match info.producer {
-                        Some(p) if !self.ops[p].compute_bound && self.ops[p].tracked => {
+                        Some(p) if self.recomputable(p) => {
                             recomputed += info.bytes;
                             stack.extend(self.ops[p].inputs.iter().copied());
                         }
@@ -111,6 +115,37 @@ impl Graph {
                 (out, recomputed)
             })
             .collect()
+    }
+
+    /// Whether balanced checkpointing recomputes op `p`'s output instead of keeping it: a
+    /// recorded memory-bound op all of whose inputs are tracked (burn-autodiff 0.21's
+    /// `BalancedCheckpointing::checkpoint_parents` makes an op with an untracked input
+    /// compute-bound).
+    fn recomputable(&self, p: usize) -> bool {
+        let op = &self.ops[p];
+        !op.compute_bound && op.tracked && op.inputs.iter().all(|b| self.bufs[b.0].requires_grad)
+    }
+
+    /// Balanced checkpointing's backups, per buffer: every recomputable op registers its
+    /// inputs with the checkpointer (`checkpoint_parents`, `ActionType::Backup`), and a
+    /// compute-bound input is registered as a clone of the tensor itself. The checkpointer is
+    /// built (and the backups no backward needs are dropped) only when the backward starts, so
+    /// each such input stays allocated to the end of the forward, whether a backward reads it
+    /// or not.
+    fn balanced_backups(&self) -> Vec<bool> {
+        let mut held = vec![false; self.bufs.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            if !self.recomputable(i) {
+                continue;
+            }
+            for b in &op.inputs {
+                let info = &self.bufs[b.0];
+                if !info.param && info.producer.is_some_and(|q| !self.recomputable(q)) {
+                    held[b.0] = true;
+                }
+            }
+        }
+        held
     }
 
     /// Plain replay of ops `range` (forward, then backward in reverse), with `base` bytes
@@ -124,7 +159,15 @@ impl Graph {
     /// [`Self::replay_range`] with `recomputed[i]` bytes rebuilt before op i's backward.
     #[allow(clippy::too_many_arguments)]
     fn replay_range_with(&self, saved: &[Vec<Buf>], recomputed: &[u64], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
+        self.replay_range_full(saved, recomputed, &[], range, base, upstream, grads_before, peaks)
+    }
+
+    /// [`Self::replay_range_with`] with `backup[b]`: buffer b is held from its op to the end
+    /// of the forward (balanced checkpointing's backups, see [`Self::balanced_backups`]).
+    #[allow(clippy::too_many_arguments)]
+    fn replay_range_full(&self, saved: &[Vec<Buf>], recomputed: &[u64], backup: &[bool], range: std::ops::Range<usize>, base: u64, upstream: u64, grads_before: u64, peaks: &mut ActivationPeaks) {
         let nb = self.bufs.len();
+        let backup = |b: Buf| backup.get(b.0).copied().unwrap_or(false);
         let inside = |b: Buf| !self.bufs[b.0].param && self.bufs[b.0].producer.is_some_and(|p| range.contains(&p));
         let mut last_use = vec![None::<usize>; nb];
         for i in range.clone() {
@@ -132,12 +175,19 @@ impl Graph {
                 last_use[b.0] = Some(i);
             }
         }
-        // The earliest op whose backward reads the buffer: it is freed after that backward.
+        // The backward's order (Burn's tape: deepest first, see `backward_order`) and each
+        // op's place in it.
+        let order = self.backward_order(range.clone());
+        let mut place = vec![usize::MAX; self.ops.len()];
+        for (k, &i) in order.iter().enumerate() {
+            place[i] = k;
+        }
+        // The last op whose backward reads the buffer: it is freed after that backward.
         let mut keep_until = vec![None::<usize>; nb];
         for i in range.clone() {
             for b in &saved[i] {
                 if inside(*b) {
-                    keep_until[b.0] = Some(keep_until[b.0].map_or(i, |k: usize| k.min(i)));
+                    keep_until[b.0] = Some(keep_until[b.0].map_or(i, |k: usize| if place[i] == usize::MAX || (place[k] != usize::MAX && place[k] >= place[i]) { k } else { i }));
                 }
             }
         }
@@ -152,13 +202,13 @@ impl Graph {
             if here > fwd_peak {
                 (fwd_peak, fwd_module) = (here, op.module.clone());
             }
-            let kept = keep_until[op.out.0].is_some() || last_use[op.out.0].is_some() || i == last_op;
+            let kept = keep_until[op.out.0].is_some() || last_use[op.out.0].is_some() || i == last_op || backup(op.out);
             if kept {
                 live[op.out.0] = true;
                 live_bytes += out;
             }
             for b in &op.inputs {
-                if inside(*b) && live[b.0] && last_use[b.0] == Some(i) && keep_until[b.0].is_none() {
+                if inside(*b) && live[b.0] && last_use[b.0] == Some(i) && keep_until[b.0].is_none() && !backup(*b) {
                     live[b.0] = false;
                     live_bytes -= self.bufs[b.0].bytes;
                 }
@@ -168,6 +218,13 @@ impl Graph {
             (peaks.forward_peak, peaks.forward_peak_module) = (fwd_peak, fwd_module);
         }
         peaks.forward_end = base + live_bytes;
+        // The backward starts by building the checkpointer: backups no backward reads go.
+        for (b, l) in live.iter_mut().enumerate() {
+            if *l && backup(Buf(b)) && keep_until[b].is_none() && b != self.ops[last_op].out.0 {
+                *l = false;
+                live_bytes -= self.bufs[b].bytes;
+            }
+        }
         peaks.stored = live_bytes;
         // Backward, last op first: each op's output gradient is consumed, its inputs'
         // gradients appear (or are summed into existing ones), its parameter gradients stay.
@@ -175,7 +232,8 @@ impl Graph {
         let mut grad_bytes = upstream;
         grad[self.ops[last_op].out.0] = upstream;
         let mut pgrads = grads_before;
-        for i in range.clone().rev() {
+        let mut has_grad = vec![false; nb];
+        for &i in &order {
             let op = &self.ops[i];
             if !op.tracked || op.param_cast.is_some() {
                 continue;
@@ -188,7 +246,11 @@ impl Graph {
                 peaks.grads_at_backward_peak = pgrads + op.param_grad;
                 peaks.backward_peak_module = op.module.clone();
             }
-            pgrads += op.param_grad;
+            // A parameter used by several ops (a backbone run per camera) gets one gradient: the
+            // later ones are summed into it (a transient, counted above).
+            if self.fresh_param_grad(op, &mut has_grad) {
+                pgrads += op.param_grad;
+            }
             for b in op.inputs.iter().filter(|b| needs(b)) {
                 if grad[b.0] == 0 {
                     grad[b.0] = self.bufs[b.0].bytes.max(1);
@@ -227,8 +289,39 @@ impl Graph {
             let g = elems * c.width;
             grad_bytes -= g.min(grad_bytes);
             pending -= g.min(pending);
-            pgrads += c.f32_bytes;
+            if self.fresh_param_grad(op, &mut has_grad) {
+                pgrads += c.f32_bytes;
+            }
         }
+    }
+
+    /// Whether `op`'s backward makes a parameter gradient that does not exist yet (marking its
+    /// trainable parameter inputs in `has_grad`): false when every one already has one.
+    fn fresh_param_grad(&self, op: &super::Op, has_grad: &mut [bool]) -> bool {
+        let mut fresh = false;
+        let mut any = false;
+        for b in op.inputs.iter().filter(|b| self.bufs[b.0].param && self.bufs[b.0].requires_grad) {
+            any = true;
+            fresh |= !has_grad[b.0];
+            has_grad[b.0] = true;
+        }
+        fresh || !any
+    }
+
+    /// The order in which Burn runs the backward steps of the tracked ops of `range`: by depth
+    /// (`Node::order`, one more than the deepest input's; data and parameters are 0), deepest
+    /// first, steps of equal depth in the tape's visit order ([`Self::burn_visit_order`]).
+    /// Independent branches thus interleave by depth: ACT's short VAE-encoder branch runs its
+    /// backward before the deep backbone's, not after it as the reversed program order would.
+    fn backward_order(&self, range: std::ops::Range<usize>) -> Vec<usize> {
+        let mut depth = vec![0usize; self.ops.len()];
+        for i in range.clone() {
+            depth[i] = 1 + self.ops[i].inputs.iter().filter_map(|b| self.bufs[b.0].producer).filter(|p| range.contains(p)).map(|p| depth[p]).max().unwrap_or(0);
+        }
+        let mut order = self.burn_visit_order(range);
+        // A stable sort keeps the visit order among equal depths.
+        order.sort_by_key(|&i| std::cmp::Reverse(depth[i]));
+        order
     }
 
     /// The order in which Burn's autodiff visits the tracked ops of `range` when it builds the
@@ -298,11 +391,29 @@ impl Graph {
         let total_kept = kept.last().copied().unwrap_or(0) + stages.last().map_or(0, |_| 0);
         (peaks.forward_end, peaks.stored) = (total_kept, total_kept);
         let mut pgrads = 0u64;
+        let mut has_grad = vec![false; self.bufs.len()];
         for (k, &s) in stages.iter().enumerate().rev() {
             let upstream = stages.get(k + 1).map_or(0, |&t| boundary(t));
             let mut sub = empty_peaks();
             self.replay_range(&saved, range_of(s), kept[k], upstream, pgrads, &mut sub);
             let recompute_peak = sub.forward_peak + upstream + pgrads;
+            // The trainer back-propagates `Σ sum(f32(t) · f32(grad_t))` over the stage's output
+            // tensors (`StateGrads::dot`): each half-precision output and its gradient are cast
+            // to f32 (flex's cast: an f64 buffer, then the f32 result), the product overwrites
+            // the output's f32 copy, and the f32 gradient stays saved by the product. The
+            // peak is the last cast: the recomputed stage (`forward_end`), the gradients not
+            // yet cast, every f32 gradient copy, and the f64 buffer and f32 copy of the largest
+            // output. (The backward of the sum gives the same bytes back: an f32 gradient, an
+            // f64 buffer and the gradient in the compute dtype.)
+            let half: Vec<(u64, u64)> = stages.get(k + 1).map_or(Vec::new(), |&t| {
+                let inputs = inputs_of(t);
+                self.half_states.iter().filter(|(b, _)| inputs.contains(&b.0) && range_of(s).contains(&self.bufs[b.0].producer.unwrap_or(usize::MAX))).map(|&(b, w)| (self.bufs[b.0].bytes, w)).collect()
+            });
+            let surrogate_peak = match half.iter().map(|&(n, w)| n / w).max() {
+                Some(largest) => sub.forward_end + pgrads + upstream - half.iter().map(|h| h.0).sum::<u64>().min(upstream) + half.iter().map(|&(n, w)| n / w * 4).sum::<u64>() + 12 * largest,
+                None => 0,
+            };
+            let recompute_peak = recompute_peak.max(surrogate_peak);
             let (top, module, grads) = if sub.backward_peak >= recompute_peak {
                 (sub.backward_peak, sub.backward_peak_module, sub.grads_at_backward_peak)
             } else {
@@ -311,7 +422,9 @@ impl Graph {
             if top > peaks.backward_peak {
                 (peaks.backward_peak, peaks.backward_peak_module, peaks.grads_at_backward_peak) = (top, module, grads);
             }
-            pgrads += self.ops[range_of(s)].iter().map(|o| o.param_grad).sum::<u64>();
+            // The stage's f32 parameter gradients join the trainer's accumulator: those its ops
+            // produce directly (f32), and in half precision those its weights' casts produce.
+            pgrads += self.ops[range_of(s)].iter().filter(|o| o.tracked).filter(|o| self.fresh_param_grad(o, &mut has_grad)).map(|o| o.param_grad + o.param_cast.map_or(0, |c| c.f32_bytes)).sum::<u64>();
         }
         peaks
     }
@@ -370,6 +483,86 @@ mod tests {
         let p = g.simulate(CheckpointMode::Off);
         assert_eq!(p.backward_peak, 160_004);
         assert_eq!(p.grads_at_backward_peak, 60_000);
+    }
+
+    #[test]
+    fn balanced_holds_compute_bound_inputs_of_memory_bound_ops_until_the_backward() {
+        // Two 1×1 convolutions of a data input (4000 B outputs, no workspace) summed, then a
+        // reduction. Plain autodiff keeps neither conv output (the convs keep only their data
+        // input, the add nothing): the forward ends holding the loss scalar. Balanced
+        // checkpointing registers both as backups of the (recomputable) add, held to the end
+        // of the forward and dropped when the backward starts.
+        let mut g = Graph::new();
+        let x = g.input(1000, 4);
+        let y = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let z = g.conv(x, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let s = g.elementwise(&[y, z], 4000);
+        let _ = g.reduce(s, 4);
+        let plain = g.simulate(CheckpointMode::Off);
+        let balanced = g.simulate(CheckpointMode::Balanced);
+        assert_eq!(plain.forward_end, 4);
+        assert_eq!(balanced.forward_end, 4000 + 4000 + 4);
+        assert_eq!(balanced.stored, 4);
+        assert_eq!(balanced.forward_peak, plain.forward_peak + 4);
+    }
+
+    #[test]
+    fn backward_runs_deepest_first() {
+        // A deep branch (conv, two SiLUs) built before a shallow one (a linear); Burn's tape
+        // runs the SiLUs (depths 3, 2) before the depth-1 steps, the linear's included,
+        // although the linear comes later in the program.
+        let mut g = Graph::new();
+        let a = g.input(1000, 4);
+        let c = g.conv(a, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        let s1 = g.silu(c, 4);
+        let s2 = g.silu(s1, 4);
+        let b = g.input(1000, 4);
+        let l = g.linear(b, 100, 10, 10, false, true, Precision::F32);
+        let sum = g.elementwise(&[s2, l], 4000);
+        let _ = g.reduce(sum, 4);
+        assert_eq!(g.backward_order(0..g.ops.len()), vec![5, 4, 2, 1, 3, 0]);
+    }
+
+    #[test]
+    fn shared_parameters_count_once() {
+        // The same convolution applied to two inputs (a backbone run per camera).
+        let mut g = Graph::new();
+        let (a, b) = (g.input(1000, 4), g.input(1000, 4));
+        g.record_params();
+        let y = g.conv(a, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        g.reuse_params();
+        let z = g.conv(b, 1, 10, 10, 1, 100, 100, false, true, Precision::F32);
+        g.end_params();
+        let s = g.elementwise(&[y, z], 4000);
+        let _ = g.reduce(s, 4);
+        assert_eq!(g.param_bytes(), (400, 400));
+        // One 400 B gradient at the end of the backward, not two.
+        let mut seen = vec![false; g.bufs.len()];
+        let fresh: Vec<bool> = [1, 0].iter().map(|&i| g.fresh_param_grad(&g.ops[i].clone(), &mut seen)).collect();
+        assert_eq!(fresh, vec![true, false]);
+    }
+
+    #[test]
+    fn blocks_cast_half_precision_stage_outputs_for_the_surrogate() {
+        // Two stages in bf16; the first's output declared half precision: the trainer's
+        // `Σ sum(f32(t) · f32(grad))` casts it (and its gradient) to f32 through f64 buffers,
+        // which raises the backward's peak.
+        let build = |declare: bool| {
+            let mut g = Graph::new();
+            let x = g.input(100_000, 2);
+            g.stage(0, &[x]);
+            let y = g.conv(x, 1, 10, 10, 1, 10_000, 10_000, false, true, Precision::Bf16);
+            if declare {
+                g.half_state(y, 2);
+            }
+            g.stage(1, &[y]);
+            let _ = g.reduce(y, 4);
+            g.simulate(CheckpointMode::Blocks).backward_peak
+        };
+        // 100 000 elements: the f32 gradient and output copies (4 B each) and the f64 buffer
+        // (8 B), on top of the recomputed output: at least 1.6 MB, which nothing else reaches.
+        let (with, without) = (build(true), build(false));
+        assert!(without < 1_600_000 && with >= 1_600_000, "{with} vs {without}");
     }
 
     #[test]

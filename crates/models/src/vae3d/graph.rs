@@ -99,7 +99,7 @@ impl Builder<'_> {
                         let bytes = (self.b * h.c * dhw.iter().product::<usize>()) as u64 * self.w;
                         // `nn::upsample_linear`: one output per axis, nothing kept for the
                         // backward (linear in its input), no workspace on flex.
-                        h = Vol { buf: self.g.elementwise(&[h.buf], bytes), c: h.c, dhw };
+                        h = Vol { buf: self.g.opaque(&[h.buf], bytes), c: h.c, dhw };
                     }
                 }
                 h = self.conv(h, h.c, 3, [1; 3]);
@@ -122,6 +122,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     let levels = cfg.encoder_channel_mult.len();
     let mut ch = base;
     for i in 0..levels {
+        bld.g.half_state(h.buf, bld.w);
         bld.g.stage(stage, &[h.buf]);
         stage += 1;
         bld.g.module(format!("encoder.down_blocks.{i}"));
@@ -133,6 +134,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
         h = bld.layers(h, cfg.num_res_blocks, out, cfg.use_attention && i == levels - 1, resample, false);
         ch = out;
     }
+    bld.g.half_state(h.buf, bld.w);
     bld.g.stage(stage, &[h.buf]);
     stage += 1;
     bld.g.module("encoder.mid_block+head");
@@ -165,6 +167,8 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     let mut ch = cfg.decoder_in_channels();
     h = bld.conv(z, ch, 3, [1; 3]);
 
+    bld.g.half_state(h.buf, bld.w);
+
     bld.g.stage(stage, &[h.buf, lat.buf]);
     stage += 1;
     bld.g.module("decoder.mid_block");
@@ -175,6 +179,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     h = bld.res(h, ch);
     let levels = cfg.decoder_channel_mult.len();
     for j in 0..levels {
+        bld.g.half_state(h.buf, bld.w);
         bld.g.stage(stage, &[h.buf, lat.buf]);
         stage += 1;
         bld.g.module(format!("decoder.up_blocks.{j}"));
@@ -184,6 +189,7 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
         ch = out;
     }
     let _ = ch;
+    bld.g.half_state(h.buf, bld.w);
     bld.g.stage(stage, &[h.buf, lat.buf]);
     bld.g.module("decoder.head+loss");
     h = bld.norm_silu(h);
