@@ -77,7 +77,7 @@ fn gn_forward_block(isa: Isa, inp: &[f32], out: &mut [f32], spatial: usize, eps:
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
             #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
             #[allow(clippy::too_many_arguments)]
             unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
@@ -130,7 +130,7 @@ fn gn_backward_block(isa: Isa, xin: &[f32], dyin: &[f32], dx: &mut [f32], part: 
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
             #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
             #[allow(clippy::too_many_arguments)]
             unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
