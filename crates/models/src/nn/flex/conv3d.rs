@@ -258,11 +258,12 @@ fn output_rows<E: Num>(g: &Geo, bias: Option<&[f32]>, isa: Isa, tile: impl Fn(us
                     let co = cb * cob + l;
                     let b = bias.map_or(0.0, |b| b[co]);
                     let dst = ((n * g.co + co) * od + z) * oh * ow + yy * ow + x0;
-                    for (i, &v) in sums[l * step..][..valid].iter().enumerate() {
-                        // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
-                        // sample n; dst + i < len (the capacity) by the shapes.
-                        unsafe { yp.at(dst + i).write(E::of(v + b)) };
-                    }
+                    // Converted in a loop of fixed length (it vectorises), then copied.
+                    let mut row = [E::zeroed(); MAX_STEP];
+                    row.iter_mut().zip(&sums[l * step..][..MAX_STEP]).for_each(|(o, &v)| *o = E::of(v + b));
+                    // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
+                    // sample n; dst + valid ≤ len (the capacity) by the shapes.
+                    unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), yp.at(dst), valid) };
                 }
                 x0 += step;
             }
