@@ -107,12 +107,12 @@ fn forward_tile(step: usize, row: &[u32], g: &Geo, w: &[u32], tile: &mut [f32; C
     let cp = pairs(g);
     let (cs, ps, rs) = (g.plane(), g.hp * g.wp, g.wp);
     let last = (cp - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + step - 1;
-    assert!(last < row.len() && w.len() == cp * g.kvol() * g.cob && step % 8 == 0 && step <= MAX_STEP);
+    assert!(last < row.len() && w.len() == cp * g.kvol() * g.cob && step.is_multiple_of(8) && step <= MAX_STEP);
     assert!(Isa::Avx512Bf16.supported(), "the caller checks the CPU has AVX512-BF16");
     #[cfg(target_arch = "x86_64")]
     {
         let (r, wp, t, st) = (row.as_ptr(), w.as_ptr(), tile.as_mut_ptr(), [cs, ps, rs]);
-        let mask: u16 = if step % 16 == 0 { 0xFFFF } else { 0x00FF };
+        let mask: u16 = if step.is_multiple_of(16) { 0xFFFF } else { 0x00FF };
         // SAFETY: AVX-512 F/BW/VL and BF16 are supported (asserted); every read is within
         // `row` and `w` (checked above; masked lanes are not read); `tile` holds cob·step values.
         unsafe {
