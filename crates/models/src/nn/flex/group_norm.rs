@@ -67,6 +67,33 @@ fn sum_pairs<const L: usize, A: Num, B: Num>(xs: &[A], ys: &[B], f: impl Fn(f32,
     total
 }
 
+/// `(Σ f(x, y).0, Σ f(x, y).1)` over `xs` and `ys` (same length) as [`sum_lanes`] sums, in one
+/// pass.
+#[inline(always)]
+fn sum_pairs2<const L: usize, E: Num>(xs: &[E], ys: &[E], f: impl Fn(f32, f32) -> (f32, f32)) -> (f64, f64) {
+    let (mut t0, mut t1) = (0f64, 0f64);
+    for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
+        let (mut a0, mut a1) = ([0f32; L], [0f32; L]);
+        let (mut xi, mut yi) = (xc.chunks_exact(L), yc.chunks_exact(L));
+        for (x, y) in (&mut xi).zip(&mut yi) {
+            for l in 0..L {
+                let (p, q) = f(x[l].f(), y[l].f());
+                a0[l] += p;
+                a1[l] += q;
+            }
+        }
+        let (mut r0, mut r1) = (0f32, 0f32);
+        for (&x, &y) in xi.remainder().iter().zip(yi.remainder()) {
+            let (p, q) = f(x.f(), y.f());
+            r0 += p;
+            r1 += q;
+        }
+        t0 += a0.iter().map(|&a| a as f64).sum::<f64>() + r0 as f64;
+        t1 += a1.iter().map(|&a| a as f64).sum::<f64>() + r1 as f64;
+    }
+    (t0, t1)
+}
+
 /// One `(sample, group)` block of the GroupNorm (+ SiLU) forward, f32 or bf16 computed in f32:
 /// `(mean, rstd)`. `w`, `b`: the group's channels. Compiled for `isa` (which the CPU must support).
 #[allow(clippy::too_many_arguments)]
@@ -151,7 +178,7 @@ fn gn_backward_block<E: Num>(isa: Isa, xin: &[E], dyin: &[E], dx: &mut [E], part
 }
 
 /// [`gn_backward_body`] for f32; for bf16 (whose `dx` cannot hold the f32 intermediate) the
-/// same sums with the gradient through SiLU computed twice, once per pass.
+/// same sums with the gradient through SiLU computed twice, once per pass (its two sums in one).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn gn_backward_any<const L: usize, E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
@@ -173,8 +200,10 @@ fn gn_backward_any<const L: usize, E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], 
     let (mut s1, mut s2) = (0f64, 0f64);
     for (j, (xr, dr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).enumerate() {
         let (wc, bc) = (w[j], b[j]);
-        let gs = sum_pairs::<L, E, E>(xr, dr, |v, d| grad(wc, bc, v, d));
-        let gx = sum_pairs::<L, E, E>(xr, dr, |v, d| grad(wc, bc, v, d) * ((v - mu) * rs));
+        let (gs, gx) = sum_pairs2::<L, E>(xr, dr, |v, d| {
+            let g = grad(wc, bc, v, d);
+            (g, g * ((v - mu) * rs))
+        });
         part[j] = (gx, gs);
         s1 += gs * wc as f64;
         s2 += gx * wc as f64;
