@@ -36,7 +36,7 @@ pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
 /// The vector instructions flex's CPU kernels run at in this process, for run summaries:
-/// `avx512`, `avx2` or `scalar` (detected once; capped by `VRAMLAB_SIMD=avx512|avx2|scalar`,
+/// `avx512bf16`, `avx512`, `avx2` or `scalar` (detected once; capped by `VRAMLAB_SIMD=avx512bf16|avx512|avx2|scalar`,
 /// or `VRAMLAB_NO_SIMD` = scalar), with the cap and the CPU's own level when a cap applies.
 #[cfg(feature = "flex")]
 pub fn flex_isa() -> String {

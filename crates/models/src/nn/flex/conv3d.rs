@@ -24,8 +24,9 @@
 //! The stride-1 input gradient is this forward too (`nn::lean`: the output gradient convolved
 //! with the flipped, in/out-swapped kernel). bf16 tensors are read and written in bf16 and
 //! summed in f32 (the padded input and packed weight are f32 copies), as flex's own bf16
-//! convolution sums in f32. Strided, dilated and grouped convolutions go to flex's own kernels
-//! (`None` here).
+//! convolution sums in f32; at [`Isa::Avx512Bf16`] [`bf16dot`] sums them in f32 too, from bf16
+//! copies, two products per lane and instruction (`vdpbf16ps`). Strided, dilated and grouped
+//! convolutions go to flex's own kernels (`None` here).
 
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
@@ -38,6 +39,7 @@ type T = FlexTensor;
 
 mod avx2;
 mod avx512;
+mod bf16dot;
 
 /// Output channels per register tile (scalar, AVX2; AVX-512 takes [`CO_WIDE`] where `co` is a
 /// multiple of 8).
@@ -90,7 +92,7 @@ impl Geo {
         let wv = out[2].div_ceil(LANES) * LANES;
         // 8-channel tiles only where `co` is whole tiles of 8 (then the packed weight and the
         // padded output gradient are the sizes the 4-channel tiles use: peaks do not change).
-        let cob = if isa == Isa::Avx512 && ws[0] % CO_WIDE == 0 { CO_WIDE } else { CO };
+        let cob = if isa >= Isa::Avx512 && ws[0] % CO_WIDE == 0 { CO_WIDE } else { CO };
         Some(Self { n: xs[0], ci: xs[1], co: ws[0], cob, input, kernel, pad, out, wv, dp: input[0] + 2 * pad[0], hp: input[1] + 2 * pad[1], wp: wv + kernel[2] - 1 })
     }
 
@@ -119,23 +121,29 @@ fn handles(x: &T, w: &T, o: &ConvOptions<3>, isa: Isa) -> Option<Geo> {
     (g.ci * g.kvol() <= crate::nn::DIRECT_CONV3D_MAX_REDUCTION).then_some(g)
 }
 
-/// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`).
+/// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`) as f32.
 fn padded_input<E: Num>(x: &[E], g: &Geo) -> Vec<f32> {
+    padded(x, g, 0.0, |v| v.f())
+}
+
+/// `x: [n, ci, d, h, w]` zero-padded to `[n, ci, dp, hp, wp]` (front padding `pad`), each
+/// element converted by `f`.
+fn padded<S: Copy + Sync, D: Copy + Send + Sync>(x: &[S], g: &Geo, zero: D, f: impl Fn(S) -> D + Sync) -> Vec<D> {
     let [d, h, w] = g.input;
     let len = g.n * g.ci * g.plane();
     // Written plane by plane on all threads (zeros, then the rows): no single-threaded
     // zeroing of the whole buffer by the allocator first.
-    let mut xp: Vec<f32> = Vec::with_capacity(len);
+    let mut xp: Vec<D> = Vec::with_capacity(len);
     xp.spare_capacity_mut()[..len].par_chunks_mut(g.plane()).enumerate().for_each(|(nc, dst)| {
         dst.iter_mut().for_each(|v| {
-            v.write(0.0);
+            v.write(zero);
         });
         let src = &x[nc * d * h * w..][..d * h * w];
         for z in 0..d {
             for y in 0..h {
                 let o = ((z + g.pad[0]) * g.hp + y + g.pad[1]) * g.wp + g.pad[2];
-                dst[o..o + w].iter_mut().zip(&src[(z * h + y) * w..][..w]).for_each(|(v, s)| {
-                    v.write(s.f());
+                dst[o..o + w].iter_mut().zip(&src[(z * h + y) * w..][..w]).for_each(|(v, &s)| {
+                    v.write(f(s));
                 });
             }
         }
@@ -190,6 +198,7 @@ fn conv3d_with(x: &T, w: &T, bias: Option<&T>, o: &ConvOptions<3>, isa: Isa) -> 
     }
     match x.dtype() {
         DType::F32 => Some(conv3d_typed::<f32>(x, w, bias, &g, isa)),
+        _ if isa == Isa::Avx512Bf16 => Some(bf16dot::conv3d(x, w, bias, &g)),
         _ => Some(conv3d_typed::<half::bf16>(x, w, bias, &g, isa)),
     }
 }
@@ -198,7 +207,25 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, isa: Isa) -> T 
     let g = *g;
     let xp = padded_input(&typed_data::<E>(x), &g);
     let wk = packed_weight(&typed_data::<E>(w), &g);
-    let bias: Option<Vec<f32>> = bias.map(|b| typed_data::<E>(b).iter().map(|v| v.f()).collect());
+    let bias = bias_f32::<E>(bias);
+    let wlen = g.ci * g.kvol() * g.cob;
+    output_rows::<E>(&g, bias.as_deref(), isa, |n, cb, z, yy, x0, step, tile| {
+        let row = &xp[(n * g.ci * g.dp + z) * g.hp * g.wp + yy * g.wp + x0..];
+        forward_tile(isa, step, row, &g, &wk[cb * wlen..][..wlen], tile);
+    })
+}
+
+/// The bias as f32.
+fn bias_f32<E: Num>(bias: Option<&T>) -> Option<Vec<f32>> {
+    bias.map(|b| typed_data::<E>(b).iter().map(|v| v.f()).collect())
+}
+
+/// The forward's output `[n, co, od, oh, ow]` as `E`, plus `bias`: one task per (sample,
+/// channel block, output depth row), each output row in tiles of up to [`MAX_STEP`] positions
+/// that `tile(n, cb, z, y, x0, step, sums)` sums (`sums[l·step + i]` for channel `l` of the
+/// block, position `x0 + i`).
+fn output_rows<E: Num>(g: &Geo, bias: Option<&[f32]>, isa: Isa, tile: impl Fn(usize, usize, usize, usize, usize, usize, &mut [f32; CO_WIDE * MAX_STEP]) + Sync) -> T {
+    let g = *g;
     let [od, oh, ow] = g.out;
     let out_plane = od * oh * ow;
     // Every element is written once by the tasks below (rows `z` of a block of channels,
@@ -211,11 +238,9 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, isa: Isa) -> T 
         let (n, rest) = (t / (g.co_blocks() * od), t % (g.co_blocks() * od));
         let (cb, z) = (rest / od, rest % od);
         let cob = g.cob;
-        let wb = &wk[cb * g.ci * g.kvol() * cob..][..g.ci * g.kvol() * cob];
         let lanes = (g.co - cb * cob).min(cob);
-        let mut tile = [0f32; CO_WIDE * MAX_STEP];
+        let mut sums = [0f32; CO_WIDE * MAX_STEP];
         for yy in 0..oh {
-            let row = &xp[(n * g.ci * g.dp + z) * g.hp * g.wp + yy * g.wp..];
             let mut x0 = 0;
             while x0 < g.wv {
                 // Positions of this tile: 2 vectors where the row has them, else 1 (AVX-512:
@@ -223,21 +248,22 @@ fn conv3d_typed<E: Num>(x: &T, w: &T, bias: Option<&T>, g: &Geo, isa: Isa) -> T 
                 // the row is an odd number of 8-lane vectors).
                 let left = g.wv - x0;
                 let step = match isa {
-                    Isa::Avx512 => left.min(MAX_STEP),
+                    Isa::Avx512 | Isa::Avx512Bf16 => left.min(MAX_STEP),
                     _ if left >= 2 * LANES => 2 * LANES,
                     _ => LANES,
                 };
-                forward_tile(isa, step, &row[x0..], &g, wb, &mut tile);
+                tile(n, cb, z, yy, x0, step, &mut sums);
                 let valid = (ow - x0.min(ow)).min(step);
                 for l in 0..lanes {
                     let co = cb * cob + l;
-                    let b = bias.as_ref().map_or(0.0, |b| b[co]);
+                    let b = bias.map_or(0.0, |b| b[co]);
                     let dst = ((n * g.co + co) * od + z) * oh * ow + yy * ow + x0;
-                    for (i, &v) in tile[l * step..][..valid].iter().enumerate() {
-                        // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
-                        // sample n; dst + i < len (the capacity) by the shapes.
-                        unsafe { yp.at(dst + i).write(E::of(v + b)) };
-                    }
+                    // Converted in a loop of fixed length (it vectorises), then copied.
+                    let mut row = [E::zeroed(); MAX_STEP];
+                    row.iter_mut().zip(&sums[l * step..][..MAX_STEP]).for_each(|(o, &v)| *o = E::of(v + b));
+                    // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
+                    // sample n; dst + valid ≤ len (the capacity) by the shapes.
+                    unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), yp.at(dst), valid) };
                 }
                 x0 += step;
             }
@@ -264,7 +290,7 @@ fn forward_tile(isa: Isa, step: usize, row: &[f32], g: &Geo, w: &[f32], tile: &m
     {
         let (r, wp, t, st) = (row.as_ptr(), w.as_ptr(), tile.as_mut_ptr(), [cs, ps, rs]);
         match isa {
-            Isa::Avx512 => {
+            Isa::Avx512 | Isa::Avx512Bf16 => {
                 // The last vector's lanes: all 16, or the lower 8 (a row end).
                 let mask: u16 = if step % 16 == 0 { 0xFFFF } else { 0x00FF };
                 // SAFETY: AVX-512 F/VL and FMA are supported (asserted); every read is within
@@ -330,6 +356,7 @@ fn conv3d_weight_backward_with(x: &T, w: &T, dy: &T, o: &ConvOptions<3>, isa: Is
     }
     match x.dtype() {
         DType::F32 => Some(weight_backward_typed::<f32>(x, dy, &g, isa)),
+        _ if isa == Isa::Avx512Bf16 => Some(bf16dot::weight_backward(x, dy, &g)),
         _ => Some(weight_backward_typed::<half::bf16>(x, dy, &g, isa)),
     }
 }
@@ -337,27 +364,37 @@ fn conv3d_weight_backward_with(x: &T, w: &T, dy: &T, o: &ConvOptions<3>, isa: Is
 /// `dy` as f32 `[n, co_blocks·cob, od, oh, wv]`: rows of whole vectors, zeros past the output
 /// width and past `co` (borrowed when `dy` is f32 and already so shaped).
 fn padded_dy<'a, E: Num>(dy: &'a T, g: &Geo) -> std::borrow::Cow<'a, [f32]> {
-    let [od, oh, ow] = g.out;
-    let cop = g.co_blocks() * g.cob;
     let dyd = typed_data::<E>(dy);
-    if g.wv == ow
-        && cop == g.co
+    if dy_whole(g)
         && let std::borrow::Cow::Borrowed(s) = dyd
         && let Some(f) = f32_slice(s)
     {
         return std::borrow::Cow::Borrowed(f);
     }
-    let mut v = vec![0f32; g.n * cop * od * oh * g.wv];
+    std::borrow::Cow::Owned(padded_rows(&dyd, g, 0.0, |s| s.f()))
+}
+
+/// Whether `dy: [n, co, od, oh, ow]` already is `[n, co_blocks·cob, od, oh, wv]`.
+fn dy_whole(g: &Geo) -> bool {
+    g.wv == g.out[2] && g.co_blocks() * g.cob == g.co
+}
+
+/// `dy: [n, co, od, oh, ow]` as `[n, co_blocks·cob, od, oh, wv]`, each element converted by
+/// `f`, `zero` past the output width and past `co`.
+fn padded_rows<S: Copy + Sync, D: Copy + Send + Sync>(dyd: &[S], g: &Geo, zero: D, f: impl Fn(S) -> D + Sync) -> Vec<D> {
+    let [od, oh, ow] = g.out;
+    let cop = g.co_blocks() * g.cob;
+    let mut v = vec![zero; g.n * cop * od * oh * g.wv];
     v.par_chunks_mut(od * oh * g.wv).enumerate().for_each(|(nc, dst)| {
         let (n, c) = (nc / cop, nc % cop);
         if c < g.co {
             for r in 0..od * oh {
                 let src = &dyd[((n * g.co + c) * od * oh + r) * ow..][..ow];
-                dst[r * g.wv..][..ow].iter_mut().zip(src).for_each(|(d, s)| *d = s.f());
+                dst[r * g.wv..][..ow].iter_mut().zip(src).for_each(|(d, &s)| *d = f(s));
             }
         }
     });
-    std::borrow::Cow::Owned(v)
+    v
 }
 
 fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, isa: Isa) -> T {
@@ -365,6 +402,15 @@ fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, isa: Isa) -> T {
     let xp = padded_input(&typed_data::<E>(x), &g);
     let [od, oh, _] = g.out;
     let dyp = padded_dy::<E>(dy, &g);
+    let cob = g.cob;
+    weight_from_tiles::<E>(&g, |cb, c, a, b, e0, taps| weight_tile(isa, taps, &xp[(c * g.dp + a) * g.hp * g.wp + b * g.wp + e0..], &dyp[cb * cob * od * oh * g.wv..], &g))
+}
+
+/// The weight gradient `[co, ci, kd, kh, kw]` as `E` from tiles: one task per (channel block
+/// `cb`, input channel `c`, kernel depth `a`, height `b`, group of [`TAPS`] width taps from
+/// `e0`), `tile(cb, c, a, b, e0, taps)` giving the sums at `l·TAPS + e`.
+fn weight_from_tiles<E: Num>(g: &Geo, tile: impl Fn(usize, usize, usize, usize, usize, usize) -> [f32; CO_WIDE * TAPS] + Sync) -> T {
+    let g = *g;
     let [kd, kh, kw] = g.kernel;
     let groups = kw.div_ceil(TAPS);
     // One task per (co block, ci, a, b, tap group).
@@ -381,8 +427,7 @@ fn weight_backward_typed<E: Num>(x: &T, dy: &T, g: &Geo, isa: Isa) -> T {
         .map(|t| {
             let (cb, c, a, b, q) = task(t);
             let e0 = q * TAPS;
-            let taps = (kw - e0).min(TAPS);
-            weight_tile(isa, taps, &xp[(c * g.dp + a) * g.hp * g.wp + b * g.wp + e0..], &dyp[cb * cob * od * oh * g.wv..], &g)
+            tile(cb, c, a, b, e0, (kw - e0).min(TAPS))
         })
         .collect();
     let kv = g.kvol();
@@ -417,7 +462,7 @@ fn weight_tile(isa: Isa, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; C
         match isa {
             // SAFETY: AVX-512 F/VL and FMA are supported (asserted); every read is within `x`
             // and `dy` (checked above; masked lanes are not read).
-            Isa::Avx512 => unsafe {
+            Isa::Avx512 | Isa::Avx512Bf16 => unsafe {
                 return match (cob, taps) {
                     (CO_WIDE, 3) => avx512::weight_tile::<CO_WIDE, 3>(xp, dp, g),
                     (CO_WIDE, 2) => avx512::weight_tile::<CO_WIDE, 2>(xp, dp, g),
@@ -484,6 +529,8 @@ mod tests {
     /// 1³, uneven kernels, widths that are not whole vectors, output channels that are not
     /// whole tiles, padding beyond the kernel's reach, rows of 1–5 vectors of 8 (AVX-512's masked
     /// row ends, 24- and 32-position tiles); at every level the CPU has (the others say they skip).
+    /// bf16 at `avx512bf16` runs the `vdpbf16ps` kernels: odd channel counts (a pair's zero
+    /// half), weight-gradient rows ending in 8, 16 or 24 positions of a 32-position vector.
     #[test]
     fn direct_conv3d_equals_flex() {
         let cases: [([usize; 5], [usize; 5], [usize; 3]); 8] = [

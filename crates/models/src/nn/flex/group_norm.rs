@@ -1,18 +1,15 @@
 //! Flex's GroupNorm (+ fused SiLU) kernels, f32 or bf16 input computed in f32: `group_norm`
 //! (forward, with the per-group mean and 1/std) and `group_norm_backward`. One task per
-//! contiguous `(sample, group)` block; f32 blocks run vectorisable loops with a polynomial `exp`
-//! (`exp_fast`) and lane sums (`sum_lanes`), compiled for the instruction level the process runs
-//! at ([`Isa`]: AVX-512 with 16-lane sums, AVX2 + FMA with 8-lane sums, or the baseline).
+//! contiguous `(sample, group)` block; blocks (f32 or bf16 alike) run vectorisable loops with a
+//! polynomial `exp` (`exp_fast`) and lane sums (`sum_lanes`), compiled for the instruction level
+//! the process runs at ([`Isa`]: AVX-512 with 16-lane sums, AVX2 + FMA with 8-lane sums, or the
+//! baseline). The bf16 backward, whose `dx` cannot hold the f32 gradient through SiLU between
+//! its two passes, computes that gradient again in the second.
 
 use burn::tensor::DType;
 use rayon::prelude::*;
 
 use super::{Isa, Num, T, f32_data, f32_slice, tensor, typed};
-
-#[inline(always)]
-fn sigmoid(z: f32) -> f32 {
-    1.0 / (1.0 + (-z).exp())
-}
 
 fn f32_slice_mut<E: Num>(s: &mut [E]) -> Option<&mut [f32]> {
     (E::dtype() == DType::F32).then(|| bytemuck::cast_slice_mut(s))
@@ -48,40 +45,67 @@ const SUM_CHUNK: usize = 256;
 /// `Σ f(v)` over `xs` in f64 totals of `L`-lane f32 partial sums (vectorisable; `L` = the
 /// vector's lanes: 8 for AVX2, 16 for AVX-512).
 #[inline(always)]
-fn sum_lanes<const L: usize>(xs: &[f32], f: impl Fn(f32) -> f32) -> f64 {
-    sum_pairs::<L>(xs, xs, |v, _| f(v))
+fn sum_lanes<const L: usize, E: Num>(xs: &[E], f: impl Fn(f32) -> f32) -> f64 {
+    sum_pairs::<L, E, E>(xs, xs, |v, _| f(v))
 }
 
 /// `Σ f(x, y)` over `xs` and `ys` (same length) as [`sum_lanes`] sums.
 #[inline(always)]
-fn sum_pairs<const L: usize>(xs: &[f32], ys: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+fn sum_pairs<const L: usize, A: Num, B: Num>(xs: &[A], ys: &[B], f: impl Fn(f32, f32) -> f32) -> f64 {
     let mut total = 0f64;
     for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
         let mut acc = [0f32; L];
         let (mut xi, mut yi) = (xc.chunks_exact(L), yc.chunks_exact(L));
         for (x, y) in (&mut xi).zip(&mut yi) {
             for l in 0..L {
-                acc[l] += f(x[l], y[l]);
+                acc[l] += f(x[l].f(), y[l].f());
             }
         }
-        let tail: f32 = xi.remainder().iter().zip(yi.remainder()).map(|(&x, &y)| f(x, y)).sum();
+        let tail: f32 = xi.remainder().iter().zip(yi.remainder()).map(|(&x, &y)| f(x.f(), y.f())).sum();
         total += acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
     }
     total
 }
 
-/// One `(sample, group)` block of the f32 GroupNorm (+ SiLU) forward: `(mean, rstd)`.
-/// `w`, `b`: the group's channels. Compiled for `isa` (which the CPU must support).
+/// `(Σ f(x, y).0, Σ f(x, y).1)` over `xs` and `ys` (same length) as [`sum_lanes`] sums, in one
+/// pass.
+#[inline(always)]
+fn sum_pairs2<const L: usize, E: Num>(xs: &[E], ys: &[E], f: impl Fn(f32, f32) -> (f32, f32)) -> (f64, f64) {
+    let (mut t0, mut t1) = (0f64, 0f64);
+    for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
+        let (mut a0, mut a1) = ([0f32; L], [0f32; L]);
+        let (mut xi, mut yi) = (xc.chunks_exact(L), yc.chunks_exact(L));
+        for (x, y) in (&mut xi).zip(&mut yi) {
+            for l in 0..L {
+                let (p, q) = f(x[l].f(), y[l].f());
+                a0[l] += p;
+                a1[l] += q;
+            }
+        }
+        let (mut r0, mut r1) = (0f32, 0f32);
+        for (&x, &y) in xi.remainder().iter().zip(yi.remainder()) {
+            let (p, q) = f(x.f(), y.f());
+            r0 += p;
+            r1 += q;
+        }
+        t0 += a0.iter().map(|&a| a as f64).sum::<f64>() + r0 as f64;
+        t1 += a1.iter().map(|&a| a as f64).sum::<f64>() + r1 as f64;
+    }
+    (t0, t1)
+}
+
+/// One `(sample, group)` block of the GroupNorm (+ SiLU) forward, f32 or bf16 computed in f32:
+/// `(mean, rstd)`. `w`, `b`: the group's channels. Compiled for `isa` (which the CPU must support).
 #[allow(clippy::too_many_arguments)]
-fn gn_forward_block(isa: Isa, inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+fn gn_forward_block<E: Num>(isa: Isa, inp: &[E], out: &mut [E], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
             #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
-                gn_forward_body::<16>(inp, out, spatial, eps, w, b, silu)
+            unsafe fn wide<E: Num>(inp: &[E], out: &mut [E], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+                gn_forward_body::<16, E>(inp, out, spatial, eps, w, b, silu)
             }
             // SAFETY: AVX-512 and FMA are supported (asserted above).
             return unsafe { wide(inp, out, spatial, eps, w, b, silu) };
@@ -89,34 +113,34 @@ fn gn_forward_block(isa: Isa, inp: &[f32], out: &mut [f32], spatial: usize, eps:
         Isa::Avx2 => {
             #[target_feature(enable = "avx2,fma")]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn wide(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
-                gn_forward_body::<8>(inp, out, spatial, eps, w, b, silu)
+            unsafe fn wide<E: Num>(inp: &[E], out: &mut [E], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+                gn_forward_body::<8, E>(inp, out, spatial, eps, w, b, silu)
             }
             // SAFETY: AVX2 and FMA are supported (asserted above).
             return unsafe { wide(inp, out, spatial, eps, w, b, silu) };
         }
         Isa::Scalar => {}
     }
-    gn_forward_body::<8>(inp, out, spatial, eps, w, b, silu)
+    gn_forward_body::<8, E>(inp, out, spatial, eps, w, b, silu)
 }
 
 #[inline(always)]
-fn gn_forward_body<const L: usize>(inp: &[f32], out: &mut [f32], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
+fn gn_forward_body<const L: usize, E: Num>(inp: &[E], out: &mut [E], spatial: usize, eps: f64, w: &[f32], b: &[f32], silu: bool) -> (f32, f32) {
     let len = inp.len() as f64;
-    let m = sum_lanes::<L>(inp, |v| v) / len;
+    let m = sum_lanes::<L, E>(inp, |v| v) / len;
     let mf = m as f32;
     // Two passes (mean, then squared deviations): no cancellation.
-    let var = sum_lanes::<L>(inp, |v| (v - mf) * (v - mf)) / len - (m - mf as f64).powi(2);
+    let var = sum_lanes::<L, E>(inp, |v| (v - mf) * (v - mf)) / len - (m - mf as f64).powi(2);
     let rstd = (1.0 / (var.max(0.0) + eps).sqrt()) as f32;
     for (j, (o, src)) in out.chunks_mut(spatial).zip(inp.chunks(spatial)).enumerate() {
         let (a, sh) = (rstd * w[j], b[j] - mf * rstd * w[j]);
         if silu {
             o.iter_mut().zip(src).for_each(|(o, &v)| {
-                let z = v * a + sh;
-                *o = z * sigmoid_fast(z);
+                let z = v.f() * a + sh;
+                *o = E::of(z * sigmoid_fast(z));
             });
         } else {
-            o.iter_mut().zip(src).for_each(|(o, &v)| *o = v * a + sh);
+            o.iter_mut().zip(src).for_each(|(o, &v)| *o = E::of(v.f() * a + sh));
         }
     }
     (mf, rstd)
@@ -126,15 +150,15 @@ fn gn_forward_body<const L: usize>(inp: &[f32], out: &mut [f32], spatial: usize,
 /// affine's output (through SiLU) is written into `dx` while its per-channel sums are taken
 /// (`part[j] = (Σ g·x̂, Σ g)`), then turned into `dx` in place.
 #[allow(clippy::too_many_arguments)]
-fn gn_backward_block(isa: Isa, xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+fn gn_backward_block<E: Num>(isa: Isa, xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
             #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
-                gn_backward_body::<16>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+            unsafe fn wide<E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+                gn_backward_any::<16, E>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
             }
             // SAFETY: AVX-512 and FMA are supported (asserted above).
             return unsafe { wide(xin, dyin, dx, part, spatial, mu, rs, w, b, silu) };
@@ -142,15 +166,57 @@ fn gn_backward_block(isa: Isa, xin: &[f32], dyin: &[f32], dx: &mut [f32], part: 
         Isa::Avx2 => {
             #[target_feature(enable = "avx2,fma")]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn wide(xin: &[f32], dyin: &[f32], dx: &mut [f32], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
-                gn_backward_body::<8>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+            unsafe fn wide<E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+                gn_backward_any::<8, E>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
             }
             // SAFETY: AVX2 and FMA are supported (asserted above).
             return unsafe { wide(xin, dyin, dx, part, spatial, mu, rs, w, b, silu) };
         }
         Isa::Scalar => {}
     }
-    gn_backward_body::<8>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+    gn_backward_any::<8, E>(xin, dyin, dx, part, spatial, mu, rs, w, b, silu)
+}
+
+/// [`gn_backward_body`] for f32; for bf16 (whose `dx` cannot hold the f32 intermediate) the
+/// same sums with the gradient through SiLU computed twice, once per pass (its two sums in one).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gn_backward_any<const L: usize, E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
+    if let (Some(xf), Some(dyf)) = (f32_slice(xin), f32_slice(dyin))
+        && let Some(dxf) = f32_slice_mut(dx)
+    {
+        return gn_backward_body::<L>(xf, dyf, dxf, part, spatial, mu, rs, w, b, silu);
+    }
+    // g: the gradient at the affine's output (through SiLU).
+    let grad = |wc: f32, bc: f32, v: f32, d: f32| -> f32 {
+        if silu {
+            let z = (v - mu) * rs * wc + bc;
+            let s = sigmoid_fast(z);
+            d * s * (z * (1.0 - s) + 1.0)
+        } else {
+            d
+        }
+    };
+    let (mut s1, mut s2) = (0f64, 0f64);
+    for (j, (xr, dr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).enumerate() {
+        let (wc, bc) = (w[j], b[j]);
+        let (gs, gx) = sum_pairs2::<L, E>(xr, dr, |v, d| {
+            let g = grad(wc, bc, v, d);
+            (g, g * ((v - mu) * rs))
+        });
+        part[j] = (gx, gs);
+        s1 += gs * wc as f64;
+        s2 += gx * wc as f64;
+    }
+    let block = xin.len() as f64;
+    let (m1, m2) = ((s1 / block) as f32, (s2 / block) as f32);
+    for (j, ((o, xr), dr)) in dx.chunks_mut(spatial).zip(xin.chunks(spatial)).zip(dyin.chunks(spatial)).enumerate() {
+        let (wc, bc) = (w[j], b[j]);
+        o.iter_mut().zip(xr.iter().zip(dr)).for_each(|(o, (&v, &d))| {
+            let v = v.f();
+            *o = E::of((grad(wc, bc, v, d.f()) * wc - m1 - (v - mu) * rs * m2) * rs);
+        });
+    }
 }
 
 #[inline(always)]
@@ -168,9 +234,9 @@ fn gn_backward_body<const L: usize>(xin: &[f32], dyin: &[f32], dx: &mut [f32], p
         } else {
             gr.copy_from_slice(dr);
         }
-        let gs = sum_lanes::<L>(gr, |g| g);
+        let gs = sum_lanes::<L, f32>(gr, |g| g);
         // Σ g·x̂, from the stored g.
-        let gx = sum_pairs::<L>(gr, xr, |g, x| g * ((x - mu) * rs));
+        let gx = sum_pairs::<L, f32, f32>(gr, xr, |g, x| g * ((x - mu) * rs));
         part[j] = (gx, gs);
         s1 += gs * wc as f64;
         s2 += gx * wc as f64;
@@ -218,32 +284,9 @@ fn group_norm_typed<E: Num>(x: &T, weight: &T, bias: &T, groups: usize, eps: f64
     let block = cg * spatial;
     let mut y = vec![E::of(0.0); xs.len()];
     let mut stats = vec![(0f32, 0f32); n * groups];
-    if let (Some(xf), Some(yf)) = (f32_slice(xs), f32_slice_mut(&mut y)) {
-        yf.par_chunks_mut(block).zip(xf.par_chunks(block)).zip(stats.par_iter_mut()).enumerate().for_each(|(i, ((out, inp), st))| {
-            let ch0 = (i % groups) * cg;
-            *st = gn_forward_block(isa, inp, out, spatial, eps, &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
-        });
-        let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().unzip();
-        return Some((typed(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])));
-    }
     y.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(stats.par_iter_mut()).enumerate().for_each(|(i, ((out, inp), st))| {
-        let m = inp.iter().map(|&v| v.f() as f64).sum::<f64>() / block as f64;
-        let var = inp.iter().map(|&v| (v.f() as f64 - m) * (v.f() as f64 - m)).sum::<f64>() / block as f64;
-        let (mean, rstd) = (m as f32, (1.0 / (var + eps).sqrt()) as f32);
-        *st = (mean, rstd);
-        let g = i % groups;
-        for (j, (o, src)) in out.chunks_mut(spatial).zip(inp.chunks(spatial)).enumerate() {
-            let ch = g * cg + j;
-            let (a, sh) = (rstd * w[ch], b[ch] - mean * rstd * w[ch]);
-            if silu {
-                o.iter_mut().zip(src).for_each(|(o, &v)| {
-                    let z = v.f() * a + sh;
-                    *o = E::of(z * sigmoid(z));
-                });
-            } else {
-                o.iter_mut().zip(src).for_each(|(o, &v)| *o = E::of(v.f() * a + sh));
-            }
-        }
+        let ch0 = (i % groups) * cg;
+        *st = gn_forward_block(isa, inp, out, spatial, eps, &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
     });
     let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.into_iter().unzip();
     Some((typed(y, dims), tensor(mean, vec![n, groups, 1, 1]), tensor(rstd, vec![n, groups, 1, 1])))
@@ -288,51 +331,10 @@ fn group_norm_backward_typed<E: Num>(x: &T, mean: &T, rstd: &T, weight: &T, bias
     let mut dx = vec![E::of(0.0); xs.len()];
     // Per block: the per-channel sums of g·x̂ and g (for dweight, dbias).
     let mut partial = vec![(0f64, 0f64); n * c];
-    if let (Some(xf), Some(dyf), Some(dxf)) = (f32_slice(xs), f32_slice(&dys), f32_slice_mut(&mut dx)) {
-        dxf.par_chunks_mut(block).zip(xf.par_chunks(block)).zip(dyf.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
-            let ch0 = (i % groups) * cg;
-            gn_backward_block(isa, xin, dyin, dxo, part, spatial, mean[i], rstd[i], &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
-        });
-    } else {
     dx.par_chunks_mut(block).zip(xs.par_chunks(block)).zip(dys.par_chunks(block)).zip(partial.par_chunks_mut(cg)).enumerate().for_each(|(i, (((dxo, xin), dyin), part))| {
-        let g = i % groups;
-        let (mu, rs) = (mean[i], rstd[i]);
-        // g = the gradient at the affine's output (through SiLU).
-        let grad = |ch: usize, v: E, d: E| -> (f32, f32) {
-            let (v, d) = (v.f(), d.f());
-            let xhat = (v - mu) * rs;
-            let gi = if silu {
-                let z = xhat * w[ch] + b[ch];
-                let s = sigmoid(z);
-                d * s * (z * (1.0 - s) + 1.0)
-            } else {
-                d
-            };
-            (gi, xhat)
-        };
-        let (mut s1, mut s2) = (0f64, 0f64);
-        for (j, (xr, dr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).enumerate() {
-            let ch = g * cg + j;
-            let (mut gx, mut gs) = (0f64, 0f64);
-            for (&v, &d) in xr.iter().zip(dr) {
-                let (gi, xhat) = grad(ch, v, d);
-                gx += (gi * xhat) as f64;
-                gs += gi as f64;
-            }
-            part[j] = (gx, gs);
-            s1 += gs * w[ch] as f64;
-            s2 += gx * w[ch] as f64;
-        }
-        let (m1, m2) = ((s1 / block as f64) as f32, (s2 / block as f64) as f32);
-        for (j, ((o, xr), dr)) in dxo.chunks_mut(spatial).zip(xin.chunks(spatial)).zip(dyin.chunks(spatial)).enumerate() {
-            let ch = g * cg + j;
-            for ((o, &v), &d) in o.iter_mut().zip(xr).zip(dr) {
-                let (gi, xhat) = grad(ch, v, d);
-                *o = E::of((gi * w[ch] - m1 - xhat * m2) * rs);
-            }
-        }
+        let ch0 = (i % groups) * cg;
+        gn_backward_block(isa, xin, dyin, dxo, part, spatial, mean[i], rstd[i], &w[ch0..ch0 + cg], &b[ch0..ch0 + cg], silu);
     });
-    }
     let mut dw = vec![0f64; c];
     let mut db = vec![0f64; c];
     for (i, &(gx, gs)) in partial.iter().enumerate() {
@@ -422,6 +424,44 @@ mod tests {
         }
     }
 
+    /// The bf16 kernels at every level the CPU has against the f64 definitions on the same
+    /// (bf16-rounded) values: `y` and `dx` each element within its bf16 rounding (2⁻⁸ relative,
+    /// plus 1e-4 of the largest for the f32 sums' rounding), the statistics and the f32 weight
+    /// and bias gradients to 1e-5.
+    #[test]
+    fn bf16_group_norm_at_every_level_equals_the_definition() {
+        let (n, c, spatial, groups) = (2, 8, 3 * 5 * 7, 4);
+        let round = |v: f32| half::bf16::from_f32(v).to_f32();
+        let x: Vec<f32> = (0..n * c * spatial).map(|i| round(((i * 7919) % 1009) as f32 * 0.004 - 1.5 + (i % 3) as f32)).collect();
+        let dy: Vec<f32> = (0..n * c * spatial).map(|i| round(((i * 104_729) % 1013) as f32 * 0.002 - 1.0)).collect();
+        let w: Vec<f32> = (0..c).map(|i| 0.5 + 0.1 * i as f32).collect();
+        let b: Vec<f32> = (0..c).map(|i| 0.2 - 0.05 * i as f32).collect();
+        let shape = vec![n, c, 3, 5, 7];
+        let h = |v: &[f32]| typed(v.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(), shape.clone());
+        let (xt, dyt, wt, bt) = (h(&x), h(&dy), tensor(w.clone(), vec![c]), tensor(b.clone(), vec![c]));
+        let back = |t: &T| -> Vec<f32> { t.as_slice::<half::bf16>().expect("bf16, contiguous").iter().map(|v| v.to_f32()).collect() };
+        let within = |what: &str, got: &[f32], want: &[f32]| {
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (g, r)) in got.iter().zip(want).enumerate() {
+                assert!((g - r).abs() <= r.abs() * 2f32.powi(-8) + 1e-4 * scale, "{what}: element {i}: {g} vs {r}");
+            }
+        };
+        for isa in Isa::ALL.into_iter().filter(|l| l.supported()) {
+            for silu in [true, false] {
+                let what = format!("bf16, {}, silu {silu}", isa.name());
+                let (ry, rm, rr, rdx, rdw, rdb) = reference(&x, &dy, &w, &b, n, groups, 1e-5, silu);
+                let (y, mean, rstd) = group_norm_with(&xt, &wt, &bt, groups, 1e-5, silu, isa).expect("bf16 handled");
+                within(&format!("{what}: y"), &back(&y), &ry);
+                vramlab_testkit::assert_close(&format!("{what}: mean"), &vals(&mean), &rm, 1e-5);
+                vramlab_testkit::assert_close(&format!("{what}: rstd"), &vals(&rstd), &rr, 1e-5);
+                let (dx, dw, db) = group_norm_backward_with(&xt, &mean, &rstd, &wt, &bt, &dyt, groups, silu, isa).expect("bf16 handled");
+                within(&format!("{what}: dx"), &back(&dx), &rdx);
+                vramlab_testkit::assert_close(&format!("{what}: dweight"), &vals(&dw), &rdw, 1e-5);
+                vramlab_testkit::assert_close(&format!("{what}: dbias"), &vals(&db), &rdb, 1e-5);
+            }
+        }
+    }
+
     /// The polynomial `exp` against libm's over the range the sigmoid uses (and past the clamp):
     /// relative error ≤ 1e-6, and the sums the GroupNorm kernels take against f64 sums.
     #[test]
@@ -437,7 +477,7 @@ mod tests {
         assert!((super::sigmoid_fast(-200.0) - 0.0).abs() < 1e-30 && super::sigmoid_fast(200.0) == 1.0);
         let xs: Vec<f32> = (0..10_007).map(|i| ((i * 7919) % 1000) as f32 * 0.001 - 0.3).collect();
         let exact: f64 = xs.iter().map(|&v| v as f64 * v as f64).sum();
-        for lanes in [super::sum_lanes::<8>(&xs, |v| v * v), super::sum_lanes::<16>(&xs, |v| v * v)] {
+        for lanes in [super::sum_lanes::<8, f32>(&xs, |v| v * v), super::sum_lanes::<16, f32>(&xs, |v| v * v)] {
             assert!(((lanes - exact) / exact).abs() < 1e-6, "{lanes} vs {exact}");
         }
     }

@@ -1,7 +1,7 @@
 //! The instruction-set level the flex kernels run at ([`Isa`]): detected once at run time
-//! (scalar < AVX2 + FMA < AVX-512), capped by the environment variable `VRAMLAB_SIMD`
-//! (`avx512`, `avx2` or `scalar`; `VRAMLAB_NO_SIMD` set = `scalar`), so that a machine with
-//! AVX-512 runs, and tests, the narrower paths too. Kernels take the level as an argument
+//! (scalar < AVX2 + FMA < AVX-512 < AVX-512 + BF16 dot products), capped by the environment
+//! variable `VRAMLAB_SIMD` (`avx512bf16`, `avx512`, `avx2` or `scalar`; `VRAMLAB_NO_SIMD` set =
+//! `scalar`), so that a machine with AVX-512 runs, and tests, the narrower paths too. Kernels take the level as an argument
 //! (tests pass each level the machine has); [`level`] is the process-wide one.
 
 /// One level of vector instructions; ordered, narrowest first.
@@ -13,6 +13,9 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/DQ/VL (x86-64-v4) + AVX2 + FMA: 16 f32 lanes, 32 vector registers.
     Avx512,
+    /// [`Isa::Avx512`] + AVX512-BF16 (`vdpbf16ps`: pairs of bf16 multiplied and summed into
+    /// f32 lanes), which bf16 kernels use; f32 kernels run as at [`Isa::Avx512`].
+    Avx512Bf16,
 }
 
 /// The environment variable that caps the level.
@@ -20,7 +23,7 @@ pub const ENV: &str = "VRAMLAB_SIMD";
 
 impl Isa {
     /// Every level, narrowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 
     /// The name `VRAMLAB_SIMD` takes.
     pub fn name(self) -> &'static str {
@@ -28,6 +31,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
         }
     }
 
@@ -46,7 +50,7 @@ impl Isa {
                     return Isa::Scalar;
                 }
                 if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
-                    return Isa::Avx512;
+                    return if has!("avx512bf16") { Isa::Avx512Bf16 } else { Isa::Avx512 };
                 }
                 Isa::Avx2
             }
@@ -69,7 +73,7 @@ fn env_cap(simd: Option<&str>, no_simd: bool) -> Result<Option<Isa>, String> {
     }
     match simd {
         None => Ok(None),
-        Some(v) => Isa::parse(v).map(Some).ok_or_else(|| format!("{ENV}={v:?} is not one of avx512, avx2, scalar: ignored")),
+        Some(v) => Isa::parse(v).map(Some).ok_or_else(|| format!("{ENV}={v:?} is not one of avx512bf16, avx512, avx2, scalar: ignored")),
     }
 }
 
@@ -118,11 +122,13 @@ mod tests {
     fn env_values_parse_and_cap() {
         assert_eq!(env_cap(None, false), Ok(None));
         assert_eq!(env_cap(Some("AVX2"), false), Ok(Some(Isa::Avx2)));
+        assert_eq!(env_cap(Some("avx512bf16"), false), Ok(Some(Isa::Avx512Bf16)));
+        assert_eq!(env_cap(Some("avx512"), false), Ok(Some(Isa::Avx512)));
         assert_eq!(env_cap(Some(" scalar "), false), Ok(Some(Isa::Scalar)));
         assert_eq!(env_cap(Some("avx512"), true), Ok(Some(Isa::Scalar)), "VRAMLAB_NO_SIMD wins");
         let err = env_cap(Some("sse9"), false).unwrap_err();
         assert!(err.contains("VRAMLAB_SIMD") && err.contains("sse9"), "{err}");
-        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512);
+        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512 && Isa::Avx512 < Isa::Avx512Bf16);
         assert!(Isa::Scalar.supported() && level() <= Isa::detected());
         eprintln!("detected {:?}; this process runs {}", Isa::detected(), describe());
     }

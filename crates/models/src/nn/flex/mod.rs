@@ -8,8 +8,9 @@
 //! - [`conv_weight`]: `conv_weight_backward`, any rank's weight gradient as bounded GEMMs;
 //! - [`group_norm`]: `group_norm` and `group_norm_backward` (+ fused SiLU);
 //! - [`pointwise`]: `channel_affine`, `flipped_weight`, `upsample_linear`;
-//! - [`isa`]: the vector-instruction level the kernels run at (scalar, AVX2, AVX-512: detected,
-//!   capped by `VRAMLAB_SIMD`); each kernel takes it as an argument, so tests run every level.
+//! - [`isa`]: the vector-instruction level the kernels run at (scalar, AVX2, AVX-512, AVX-512 +
+//!   BF16 dot products: detected, capped by `VRAMLAB_SIMD`); each kernel takes it as an
+//!   argument, so tests run every level.
 //!
 //! Shared here: the element trait [`Num`] (f32, bf16), the tensor <-> slice helpers
 //! ([`typed_data`], [`typed`], [`f32_data`], [`tensor`], [`f32_slice`]) and [`matmul`].
@@ -68,9 +69,13 @@ impl Num for half::bf16 {
     fn f(self) -> f32 {
         self.to_f32()
     }
+    /// `half::bf16::from_f32`'s rounding (to nearest, ties to even; a NaN stays a quiet NaN),
+    /// written without branches so that loops over it vectorise.
     #[inline(always)]
     fn of(v: f32) -> Self {
-        half::bf16::from_f32(v)
+        let b = v.to_bits();
+        let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+        half::bf16::from_bits(if v.is_nan() { (b >> 16) as u16 | 0x40 } else { rounded })
     }
 }
 
@@ -91,3 +96,23 @@ fn f32_slice<E: Num>(s: &[E]) -> Option<&[f32]> {
     (E::dtype() == DType::F32).then(|| bytemuck::cast_slice(s))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::Num;
+
+    /// The branch-free bf16 rounding equals `half`'s on a spread of bit patterns: every sign,
+    /// exponent (zeros, subnormals, infinities, NaNs) and the mantissas around each rounding tie.
+    #[test]
+    fn bf16_rounding_equals_half() {
+        let mut checked = 0;
+        for hi in 0..=0xFFFFu32 {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC000] {
+                let v = f32::from_bits(hi << 16 | lo);
+                let (a, b) = (<half::bf16 as Num>::of(v).to_bits(), half::bf16::from_f32(v).to_bits());
+                assert_eq!(a, b, "{v:e} ({:#010x})", v.to_bits());
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 8 << 16);
+    }
+}

@@ -51,7 +51,7 @@ fn affine_plane(isa: Isa, out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) 
     }
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 => {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
             #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
             unsafe fn wide(out: &mut [f32], inp: &[f32], s: f32, b: Option<f32>) {
                 body(out, inp, s, b)
