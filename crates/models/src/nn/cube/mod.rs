@@ -10,8 +10,8 @@
 //!   launch each).
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
-//! device has it), statistics and per-channel parameters in f32, exactly what the composed ops
-//! take and return. Here: what the families share (the cube-wide sum, launch helpers, the
+//! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
+//! f32, exactly what the composed ops take and return. Here: what the families share (the cube-wide sum, launch helpers, the
 //! backend ↔ `CubeTensor` bridge [`CubePrim`], and [`composed`], the switch back to the
 //! composed ops).
 

@@ -48,9 +48,9 @@ fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
 fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
     let c = dims[1];
     for act in [NormAct::None, NormAct::Silu] {
-        let x = || p(random::<W, D>(dims, 11));
-        let w = || p(random::<W, 1>([c], 12) * 0.5 + 1.0);
-        let b = || p(random::<W, 1>([c], 13) * 0.5);
+        // Drawn once and cloned: tests run in parallel and reseed the device's generator.
+        let (x0, w0, b0) = (p(random::<W, D>(dims, 11)), p(random::<W, 1>([c], 12) * 0.5 + 1.0), p(random::<W, 1>([c], 13) * 0.5));
+        let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
         let dy = p(random::<W, D>(dims, 14));
         let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
         let (cy, cm, cr) = burn_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
@@ -89,9 +89,8 @@ fn group_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
 fn layer_norm_kernels_match_the_composed_ops() {
     for dims in [[3, 7, 16], [1, 5, 300], [2, 3, 1025], [1, 1, 1]] {
         let d = dims[2];
-        let x = || p(random::<W, 3>(dims, 31));
-        let w = || p(random::<W, 1>([d], 32) * 0.5 + 1.0);
-        let b = || p(random::<W, 1>([d], 33) * 0.5);
+        let (x0, w0, b0) = (p(random::<W, 3>(dims, 31)), p(random::<W, 1>([d], 32) * 0.5 + 1.0), p(random::<W, 1>([d], 33) * 0.5));
+        let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
         let dy = p(random::<W, 3>(dims, 34));
         let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), w(), b(), 1e-5);
         let (cy, cm, cr) = burn_kernels::layer_norm::<W>(x(), w(), b(), 1e-5);
@@ -119,7 +118,8 @@ fn layer_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
 #[test]
 fn softmax_kernels_and_node_match_the_composed_ops() {
     for (dims, dim) in [([2, 5, 7], 2), ([3, 4, 600], 2), ([2, 2, 1030], 2), ([4, 9, 1], 2), ([3, 6, 5], 1)] {
-        let x = || p(random::<W, 3>(dims, 41) * 3.0);
+        let x0 = p(random::<W, 3>(dims, 41) * 3.0);
+        let x = || x0.clone();
         let dy = p(random::<W, 3>(dims, 42));
         let ky = cube_kernels::softmax::<W>(x(), dim);
         let cy = burn_kernels::softmax::<W>(x(), dim);
@@ -140,3 +140,36 @@ fn softmax_kernels_and_node_match_the_composed_ops() {
     }
 }
 
+/// f16 inputs (lavapipe has f16, not bf16; the kernels take either through the same generic
+/// element): GroupNorm+SiLU, LayerNorm and softmax kernels against the composed ops on the same
+/// f16 values. The norms compute in f32 both ways, so they differ by the final rounding to f16
+/// (2⁻¹¹ relative) at most.
+#[test]
+fn f16_kernels_match_the_composed_ops_within_rounding() {
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let h = |t: Tensor<W, 3>| p(t.cast(FloatDType::F16));
+    let dims = [2, 12, 77];
+    let (x0, dy0) = (h(random::<W, 3>(dims, 51)), h(random::<W, 3>(dims, 52)));
+    let (w0, b0, lw0) = (p(random::<W, 1>([12], 53) * 0.5 + 1.0), p(random::<W, 1>([12], 54) * 0.5), p(random::<W, 1>([77], 55) * 0.5 + 1.0));
+    let (x, dy, w, b) = (|| x0.clone(), || dy0.clone(), || w0.clone(), || b0.clone());
+    let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+    let (cy, _, _) = burn_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+    assert_eq!(ky.dtype(), burn::tensor::DType::F16);
+    close("f16 group norm output", ky, cy, 1e-3);
+    let (kx, kw, _) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy(), 4, NormAct::Silu);
+    let (cx, cw, _) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy(), 4, NormAct::Silu);
+    close("f16 group norm dx", kx, cx, 1e-3);
+    close("f16 group norm dweight", kw, cw, 1e-5);
+    let lw = || lw0.clone();
+    let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+    let (cy, _, _) = burn_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+    close("f16 layer norm output", ky, cy, 1e-5);
+    let (kx, _, _) = cube_kernels::layer_norm_backward::<W>(x(), km.clone(), kr.clone(), lw(), dy());
+    let (cx, _, _) = burn_kernels::layer_norm_backward::<W>(x(), km, kr, lw(), dy());
+    close("f16 layer norm dx", kx, cx, 1e-3);
+    let (ks, cs) = (cube_kernels::softmax::<W>(x(), 2), burn_kernels::softmax::<W>(x(), 2));
+    // Burn's softmax and the composed backward compute in f16 themselves: 5e-3.
+    close("f16 softmax output", ks.clone(), cs, 5e-3);
+    let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
+    close("f16 softmax dx", kx, cx, 5e-3);
+}
