@@ -12,8 +12,9 @@
 //! what PyTorch's autograd keeps, implemented once for `Autodiff<B, C>` and dispatched per inner
 //! backend ([`LeanBackend`]). `flex` (feature `flex`): the CPU kernels on burn-flex tensors that
 //! lean's Flex backend calls where they apply; they import no autodiff code. What both layers
-//! use lives here ([`linear_source_indices`], [`DIRECT_CONV3D_MAX_REDUCTION`]). GPU (CubeCL)
-//! kernels get their own sibling folder, `nn/cube/`, when they are written.
+//! use lives here ([`linear_source_indices`], [`DIRECT_CONV3D_MAX_REDUCTION`]). `cube` (features
+//! `wgpu`/`cuda`, without `fusion`): the GPU kernels (`#[cube]`, CubeCL) lean's CubeCL backends
+//! call, on Burn's `CubeTensor`s.
 
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -21,6 +22,8 @@ use serde::{Deserialize, Serialize};
 
 mod attention;
 mod conv;
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+pub mod cube;
 mod dropout;
 #[cfg(feature = "flex")]
 mod flex;

@@ -17,10 +17,13 @@
 //!
 //! Here: the trait, its `Autodiff<B, C>` implementation (each node is built beside its
 //! backward, in those files), the primitive <-> tensor helpers, and the inner (non-autodiff)
-//! backends' implementations (`inner_lean_backend!`), which run the same forwards: flex
-//! through the CPU kernels of `nn::flex` where they apply (`flex_kernels` below), wgpu, cuda
-//! and flex's fallbacks composed of Burn ops (`burn_kernels`). Each backward is tested against
-//! plain autodiff of the composed forward, or Burn's own node (each file's `tests`).
+//! backends' implementations (`inner_lean_backend!`), which run the same forwards and
+//! backwards: flex through the CPU kernels of `nn::flex` where they apply (`flex_kernels`
+//! below), wgpu and cuda through the `#[cube]` kernels of `nn::cube` (GroupNorm(+SiLU),
+//! LayerNorm, softmax: `cube_kernels`; with Burn's fusion, or `VRAMLAB_COMPOSED_KERNELS=1`, the
+//! composed ops), everything else composed of Burn ops (`burn_kernels`). Each backward is
+//! tested against plain autodiff of the composed forward, or Burn's own node (each file's
+//! `tests`; on wgpu, `cube_tests`).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -30,6 +33,8 @@ use burn::tensor::ops::{ConvOptions, ModuleOps};
 use burn::tensor::{TensorMetadata, TensorPrimitive};
 
 mod conv;
+#[cfg(all(test, feature = "wgpu", not(feature = "fusion")))]
+mod cube_tests;
 mod norm;
 mod pointwise;
 
@@ -39,8 +44,8 @@ pub(crate) use norm::{group_norm, layer_norm};
 pub use pointwise::{channel_affine, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
-use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed};
-use pointwise::{forward_mish, forward_silu, upsample_linear_backward_composed, upsample_linear_composed};
+use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
+use pointwise::{forward_mish, forward_silu, softmax_backward_composed, upsample_linear_backward_composed, upsample_linear_composed};
 
 /// Float primitive of backend `B`.
 pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
@@ -112,6 +117,14 @@ pub trait LeanBackend: Backend {
     fn lean_upsample_linear(x: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
     /// The backward of [`LeanBackend::lean_upsample_linear`]: `dy` back to `n_in` along `dim`.
     fn lean_upsample_linear_backward(dy: Prim<Self>, dim: usize, scale: usize) -> Prim<Self>;
+    /// [`LeanBackend::lean_layer_norm`]'s forward with the per-row mean and 1/std (f32
+    /// `[rows, 1]`) its backward keeps.
+    fn lean_layer_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// [`LeanBackend::lean_layer_norm`]'s backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims
+    /// and dtype.
+    fn lean_layer_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// [`LeanBackend::lean_softmax`]'s backward from its output: `y · (dy − Σ_dim dy · y)`.
+    fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
     /// the whole batch at once. flex: [`CONV_WORKSPACE_BYTES`] (its swapped-dims convolution
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
@@ -137,6 +150,18 @@ mod burn_kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn group_norm_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         super::group_norm_backward_composed::<B>(x, mean, rstd, w, b, dy, groups, act)
+    }
+    pub fn layer_norm<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+        forward_layer_norm::<B>(x, w, b, eps)
+    }
+    pub fn layer_norm_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, dy: Prim<B>) -> (Prim<B>, Prim<B>, Prim<B>) {
+        layer_norm_backward_composed::<B>(x, mean, rstd, w, dy)
+    }
+    pub fn softmax<B: Backend>(x: Prim<B>, dim: usize) -> Prim<B> {
+        <B as burn::tensor::ops::ActivationOps<B>>::softmax(x, dim)
+    }
+    pub fn softmax_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
+        softmax_backward_composed::<B>(y, dy, dim)
     }
     pub fn weight_backward_2d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
         B::conv2d_weight_backward(x, w, dy, o)
@@ -169,6 +194,59 @@ mod burn_kernels {
     }
 }
 
+/// CubeCL backends without fusion: the `#[cube]` kernels of `nn::cube` where there is one
+/// (unless [`cube::composed`](crate::nn::cube::composed)), else Burn's.
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+mod cube_kernels {
+    use super::*;
+    use crate::nn::cube::{self, CubePrim};
+    pub use burn_kernels::{channel_affine, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub fn layer_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+        if cube::composed() {
+            return burn_kernels::layer_norm::<B>(x, w, b, eps);
+        }
+        let (y, m, r) = cube::layer_norm::forward(B::into_cube(x), B::into_cube(w), B::into_cube(b), eps);
+        (B::from_cube(y), B::from_cube(m), B::from_cube(r))
+    }
+    pub fn layer_norm_backward<B: CubePrim>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, dy: Prim<B>) -> (Prim<B>, Prim<B>, Prim<B>) {
+        if cube::composed() {
+            return burn_kernels::layer_norm_backward::<B>(x, mean, rstd, w, dy);
+        }
+        let c = B::into_cube;
+        let (dx, dw, db) = cube::layer_norm::backward(c(x), c(mean), c(rstd), c(w), c(dy));
+        (B::from_cube(dx), B::from_cube(dw), B::from_cube(db))
+    }
+    /// The kernels' softmax runs along the last axis; any other axis, Burn's.
+    pub fn softmax<B: CubePrim>(x: Prim<B>, dim: usize) -> Prim<B> {
+        if cube::composed() || dim + 1 != x.shape().num_dims() {
+            return burn_kernels::softmax::<B>(x, dim);
+        }
+        B::from_cube(cube::softmax::forward(B::into_cube(x)))
+    }
+    pub fn softmax_backward<B: CubePrim>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
+        if cube::composed() || dim + 1 != y.shape().num_dims() {
+            return burn_kernels::softmax_backward::<B>(y, dy, dim);
+        }
+        B::from_cube(cube::softmax::backward(B::into_cube(y), B::into_cube(dy)))
+    }
+    pub fn group_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        if cube::composed() {
+            return burn_kernels::group_norm::<B>(x, w, b, groups, eps, act);
+        }
+        let (y, m, r) = cube::group_norm::forward(B::into_cube(x), B::into_cube(w), B::into_cube(b), groups, eps, act == NormAct::Silu);
+        (B::from_cube(y), B::from_cube(m), B::from_cube(r))
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_backward<B: CubePrim>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+        if cube::composed() {
+            return burn_kernels::group_norm_backward::<B>(x, mean, rstd, w, b, dy, groups, act);
+        }
+        let c = B::into_cube;
+        let (dx, dw, db) = cube::group_norm::backward(c(x), c(mean), c(rstd), c(w), c(b), c(dy), groups, act == NormAct::Silu);
+        (B::from_cube(dx), B::from_cube(dw), B::from_cube(db))
+    }
+}
+
 /// flex's weight gradient (`nn::flex::conv_weight::conv_weight_backward`): the im2col columns
 /// of one GEMM take at most the input plus output gradient's bytes (what Burn's swapped-dims
 /// convolution copies), within 4 MiB ..= [`CONV_WORKSPACE_BYTES`]. Fewer, larger GEMMs run
@@ -185,6 +263,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
+    pub use burn_kernels::{layer_norm, layer_norm_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
@@ -283,7 +362,16 @@ macro_rules! inner_lean_backend {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
             }
             fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self> {
-                forward_layer_norm::<Self>(x, weight, bias, eps).0
+                $kernels::layer_norm::<Self>(x, weight, bias, eps).0
+            }
+            fn lean_layer_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::layer_norm::<Self>(x, weight, bias, eps)
+            }
+            fn lean_layer_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::layer_norm_backward::<Self>(x, mean, rstd, weight, dy)
+            }
+            fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self> {
+                $kernels::softmax_backward::<Self>(y, dy, dim)
             }
             fn lean_silu(x: Prim<Self>) -> Prim<Self> {
                 forward_silu::<Self>(x)
@@ -295,7 +383,7 @@ macro_rules! inner_lean_backend {
                 <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
             }
             fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
-                <Self as burn::tensor::ops::ActivationOps<Self>>::softmax(x, dim)
+                $kernels::softmax::<Self>(x, dim)
             }
             fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
                 <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
@@ -309,9 +397,13 @@ macro_rules! inner_lean_backend {
 
 #[cfg(feature = "flex")]
 inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), flex_kernels);
-#[cfg(feature = "wgpu")]
+#[cfg(all(feature = "wgpu", not(feature = "fusion")))]
+inner_lean_backend!(burn::backend::Wgpu, None, cube_kernels);
+#[cfg(all(feature = "cuda", not(feature = "fusion")))]
+inner_lean_backend!(burn::backend::Cuda, None, cube_kernels);
+#[cfg(all(feature = "wgpu", feature = "fusion"))]
 inner_lean_backend!(burn::backend::Wgpu, None, burn_kernels);
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", feature = "fusion"))]
 inner_lean_backend!(burn::backend::Cuda, None, burn_kernels);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
@@ -379,6 +471,19 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         let (dx, dw, db) = B::lean_group_norm_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, bias.primitive, dy.primitive, groups, act);
         let f = <Self as AutodiffBackend>::from_inner;
         (f(dx), f(dw), f(db))
+    }
+    fn lean_layer_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (y, m, r) = B::lean_layer_norm_stats(x.primitive, weight.primitive, bias.primitive, eps);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(y), f(m), f(r))
+    }
+    fn lean_layer_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (dx, dw, db) = B::lean_layer_norm_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, dy.primitive);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(dx), f(dw), f(db))
+    }
+    fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_softmax_backward(y.primitive, dy.primitive, dim))
     }
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_conv2d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))

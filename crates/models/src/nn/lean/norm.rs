@@ -10,14 +10,13 @@
 //! Also here: the composed forwards and backward (Burn ops) the inner backends run.
 
 use burn::backend::Autodiff;
-use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
-use burn::tensor::{DType, TensorMetadata};
+use burn::tensor::TensorMetadata;
 
 use super::pointwise::silu_grad;
 use super::{LeanBackend, NormAct, Prim, dims_of, p, t, unview, view};
@@ -102,23 +101,6 @@ fn group_norm_backward<B: Backend>(xhat: Tensor<B, 3>, rstd: Tensor<B, 4>, g: Te
     (dx.reshape(v.channels), dweight, dbias)
 }
 
-/// Register a normalisation's gradients with whichever of its parents (input, weight, bias:
-/// their node ids, `None` when untracked) needs one; `dx` goes back to the input's `dims` and
-/// `dtype`.
-#[allow(clippy::too_many_arguments)]
-fn register_norm_grads<B: Backend, const D: usize>(grads: &mut Gradients, parents: [Option<NodeId>; 3], dx: Tensor<B, D>, dims: &[usize], dtype: DType, dweight: Tensor<B, 1>, dbias: Tensor<B, 1>) {
-    let [id_x, id_w, id_b] = parents;
-    if let Some(id) = id_x {
-        grads.register::<B>(id, unview(to_dtype(dx, dtype), dims));
-    }
-    if let Some(id) = id_w {
-        grads.register::<B>(id, p(dweight));
-    }
-    if let Some(id) = id_b {
-        grads.register::<B>(id, p(dbias));
-    }
-}
-
 #[derive(Debug)]
 struct GroupNormBackward;
 
@@ -194,29 +176,40 @@ struct LayerNormState<B: Backend> {
     weight: Prim<B>,
 }
 
-impl<B: Backend> Backward<B, 3> for LayerNormBackward {
+impl<B: LeanBackend> Backward<B, 3> for LayerNormBackward {
     type State = LayerNormState<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let LayerNormState { x, mean, rstd, weight } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
-        let dims = dims_of::<B>(&x);
-        let dtype = x.dtype();
-        let d = dims[dims.len() - 1];
-        let rows = dims.iter().product::<usize>() / d;
-        let x = to_f32(view::<B, 2>(x, [rows, d]));
-        let rstd = t::<B, 2>(rstd);
-        let xhat = (x - t::<B, 2>(mean)) * rstd.clone();
-        let dy = to_f32(view::<B, 2>(dy, [rows, d]));
-        let w = t::<B, 1>(weight).reshape([1, d]);
-        let dweight = (dy.clone() * xhat.clone()).sum_dim(0).reshape([d]);
-        let dbias = dy.clone().sum_dim(0).reshape([d]);
-        let gh = dy * w;
-        let m1 = gh.clone().mean_dim(1);
-        let m2 = (gh.clone() * xhat.clone()).mean_dim(1);
-        let dx = (gh - m1 - xhat * m2) * rstd;
-        register_norm_grads::<B, 2>(grads, ops.parents.map(|n| n.map(|n| n.id)), dx, &dims, dtype, dweight, dbias);
+        let (dx, dweight, dbias) = B::lean_layer_norm_backward(x, mean, rstd, weight, dy);
+        let [id_x, id_w, id_b] = ops.parents.map(|n| n.map(|n| n.id));
+        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias)] {
+            if let Some(id) = id {
+                grads.register::<B>(id, g);
+            }
+        }
     }
+}
+
+/// [`LeanBackend::lean_layer_norm_backward`] composed of Burn ops (any backend, any dtype).
+pub(super) fn layer_norm_backward_composed<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, weight: Prim<B>, dy: Prim<B>) -> (Prim<B>, Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let dtype = x.dtype();
+    let d = dims[dims.len() - 1];
+    let rows = dims.iter().product::<usize>() / d;
+    let x = to_f32(view::<B, 2>(x, [rows, d]));
+    let rstd = t::<B, 2>(rstd);
+    let xhat = (x - t::<B, 2>(mean)) * rstd.clone();
+    let dy = to_f32(view::<B, 2>(dy, [rows, d]));
+    let w = t::<B, 1>(weight).reshape([1, d]);
+    let dweight = (dy.clone() * xhat.clone()).sum_dim(0).reshape([d]);
+    let dbias = dy.clone().sum_dim(0).reshape([d]);
+    let gh = dy * w;
+    let m1 = gh.clone().mean_dim(1);
+    let m2 = (gh.clone() * xhat.clone()).mean_dim(1);
+    let dx = (gh - m1 - xhat * m2) * rstd;
+    (unview(to_dtype(dx, dtype), &dims), p(dweight), p(dbias))
 }
 
 /// [`LeanBackend::lean_layer_norm`] on `Autodiff<B, C>`: one node keeping the input and the
@@ -224,7 +217,7 @@ impl<B: Backend> Backward<B, 3> for LayerNormBackward {
 pub(super) fn layer_norm_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, weight: Prim<Autodiff<B, C>>, bias: Prim<Autodiff<B, C>>, eps: f64) -> Prim<Autodiff<B, C>> {
     match LayerNormBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let (y, mean, rstd) = forward_layer_norm::<B>(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), eps);
+            let (y, mean, rstd) = B::lean_layer_norm_stats(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), eps);
             prep.finish(LayerNormState { x: x.primitive, mean, rstd, weight: weight.primitive }, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::lean_layer_norm(x.primitive, weight.primitive, bias.primitive, eps)),

@@ -131,17 +131,22 @@ pub(super) fn relu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<
 #[derive(Debug)]
 struct SoftmaxBackward;
 
-impl<B: Backend> Backward<B, 1> for SoftmaxBackward {
+impl<B: LeanBackend> Backward<B, 1> for SoftmaxBackward {
     type State = (Prim<B>, usize);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         let (y, dim) = ops.state;
         if let [Some(node)] = ops.parents {
-            let dot = B::float_sum_dim(B::float_mul(dy.clone(), y.clone()), dim);
-            grads.register::<B>(node.id, B::float_mul(y, B::float_sub(dy, dot)));
+            grads.register::<B>(node.id, B::lean_softmax_backward(y, dy, dim));
         }
     }
+}
+
+/// [`LeanBackend::lean_softmax_backward`] composed of Burn ops.
+pub(super) fn softmax_backward_composed<B: Backend>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
+    let dot = B::float_sum_dim(B::float_mul(dy.clone(), y.clone()), dim);
+    B::float_mul(y, B::float_sub(dy, dot))
 }
 
 /// [`LeanBackend::lean_softmax`] on `Autodiff<B, C>`: one node keeping the output.

@@ -1,0 +1,304 @@
+//! GroupNorm (+ an optional fused SiLU) on CubeCL: the forward in two launches (per-group
+//! mean and 1/std, one cube per group, two passes over the group: the mean, then the centred
+//! sum of squares; then one unit per element for the affine and the activation), the backward
+//! in three (per `(sample, channel)` sums of `g` and `g · x̂`, one cube each; a small pass for
+//! the per-group means and the per-channel parameter gradients; one unit per element for
+//! `dx`). `g` is the gradient at the affine's output: `dy`, or with SiLU `dy · silu'(z)` with
+//! `z` recomputed from the input and the kept statistics. The node's saved state is the one
+//! of `lean::norm` (input + per-group mean and 1/std); formulas in that file's header.
+//!
+//! `x: [n, c, s…]` is read as `[n, c, S]` (contiguous); groups are contiguous runs of
+//! `c/groups · S` elements.
+
+use burn::tensor::DType;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::{BLOCK, contiguous, cube_row, cube_sum, elem_cubes, empty, f32_of, row_cubes};
+
+/// One cube per group of `len` contiguous elements: its mean and `1/sqrt(var + eps)`.
+#[cube(launch)]
+fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, eps: f32, #[define(F)] _dtype: StorageType) {
+    let row = cube_row();
+    if row >= rows as usize {
+        terminate!();
+    }
+    let len = len as usize;
+    let base = row * len;
+    let u = UNIT_POS_X as usize;
+    let mut shared = SharedMemory::<f32>::new(BLOCK);
+    let mut s = 0.0f32;
+    let mut i = u;
+    while i < len {
+        s += f32::cast_from(x[base + i]);
+        i += BLOCK;
+    }
+    let mu = cube_sum(s, &mut shared) / f32::cast_from(len);
+    let mut q = 0.0f32;
+    let mut j = u;
+    while j < len {
+        let d = f32::cast_from(x[base + j]) - mu;
+        q += d * d;
+        j += BLOCK;
+    }
+    let var = cube_sum(q, &mut shared) / f32::cast_from(len);
+    if u == 0 {
+        mean[row] = mu;
+        rstd[row] = 1.0f32 / (var + eps).sqrt();
+    }
+}
+
+/// `silu(z)`.
+#[cube]
+fn silu(z: f32) -> f32 {
+    z / (1.0f32 + (-z).exp())
+}
+
+/// `dy · silu'(z)`.
+#[cube]
+fn silu_grad(z: f32, dy: f32) -> f32 {
+    let s = 1.0f32 / (1.0f32 + (-z).exp());
+    dy * s * (z * (1.0f32 - s) + 1.0f32)
+}
+
+/// One unit per element: `y = act((x − mean) · rstd · w + b)`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= y.len() {
+        terminate!();
+    }
+    let row = i / spatial as usize;
+    let ch = row % channels as usize;
+    let grp = row / cpg as usize;
+    let z = (f32::cast_from(x[i]) - mean[grp]) * rstd[grp] * w[ch] + b[ch];
+    let mut out = z;
+    if act {
+        out = silu(z);
+    }
+    y[i] = F::cast_from(out);
+}
+
+/// One cube per `(sample, channel)` row of `spatial` elements: `Σ g` and `Σ g · x̂`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+    let row = cube_row();
+    if row >= rows as usize {
+        terminate!();
+    }
+    let spatial = spatial as usize;
+    let ch = row % channels as usize;
+    let grp = row / cpg as usize;
+    let (mu, r, wc, bc) = (mean[grp], rstd[grp], w[ch], b[ch]);
+    let base = row * spatial;
+    let mut s1 = 0.0f32;
+    let mut s2 = 0.0f32;
+    let mut i = UNIT_POS_X as usize;
+    while i < spatial {
+        let xh = (f32::cast_from(x[base + i]) - mu) * r;
+        let mut g = f32::cast_from(dy[base + i]);
+        if act {
+            g = silu_grad(xh * wc + bc, g);
+        }
+        s1 += g;
+        s2 += g * xh;
+        i += BLOCK;
+    }
+    let mut shared = SharedMemory::<f32>::new(BLOCK);
+    let t1 = cube_sum(s1, &mut shared);
+    let t2 = cube_sum(s2, &mut shared);
+    if UNIT_POS_X == 0 {
+        sum_g[row] = t1;
+        sum_gx[row] = t2;
+    }
+}
+
+/// Units `< batch · groups`: the group's `mean(g · w)` and `mean(g · w · x̂)`; units
+/// `< channels`: `dweight = Σ_n Σ g · x̂`, `dbias = Σ_n Σ g`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn finish_kernel(sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, w: &Tensor<f32>, m1: &mut Tensor<f32>, m2: &mut Tensor<f32>, dweight: &mut Tensor<f32>, dbias: &mut Tensor<f32>, batch: u32, channels: u32, groups: u32, len: u32) {
+    let i = ABSOLUTE_POS;
+    let (batch, channels, groups) = (batch as usize, channels as usize, groups as usize);
+    let cpg = channels / groups;
+    if i < batch * groups {
+        let n = i / groups;
+        let first = n * channels + (i % groups) * cpg;
+        let mut a = 0.0f32;
+        let mut c = 0.0f32;
+        for k in 0..cpg {
+            let wk = w[(i % groups) * cpg + k];
+            a += wk * sum_g[first + k];
+            c += wk * sum_gx[first + k];
+        }
+        m1[i] = a / f32::cast_from(len);
+        m2[i] = c / f32::cast_from(len);
+    }
+    if i < channels {
+        let mut dw = 0.0f32;
+        let mut db = 0.0f32;
+        for n in 0..batch {
+            dw += sum_gx[n * channels + i];
+            db += sum_g[n * channels + i];
+        }
+        dweight[i] = dw;
+        dbias[i] = db;
+    }
+}
+
+/// One unit per element: `dx = (g · w − m1 − x̂ · m2) · rstd`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+    let i = ABSOLUTE_POS;
+    if i >= dx.len() {
+        terminate!();
+    }
+    let row = i / spatial as usize;
+    let ch = row % channels as usize;
+    let grp = row / cpg as usize;
+    let r = rstd[grp];
+    let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
+    let mut g = f32::cast_from(dy[i]);
+    if act {
+        g = silu_grad(xh * w[ch] + b[ch], g);
+    }
+    dx[i] = F::cast_from((g * w[ch] - m1[grp] - xh * m2[grp]) * r);
+}
+
+/// `[n, c, S]` and the group size of `x`'s dims.
+struct Dims {
+    n: usize,
+    c: usize,
+    spatial: usize,
+    groups: usize,
+}
+
+impl Dims {
+    fn of(dims: &[usize], groups: usize) -> Self {
+        Dims { n: dims[0], c: dims[1], spatial: dims[2..].iter().product(), groups }
+    }
+    fn cpg(&self) -> usize {
+        self.c / self.groups
+    }
+    fn len(&self) -> usize {
+        self.cpg() * self.spatial
+    }
+}
+
+/// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
+/// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not).
+pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let x = contiguous(x);
+    let (w, b) = (f32_of(weight), f32_of(bias));
+    let dims = x.meta.shape().to_vec();
+    let d = Dims::of(&dims, groups);
+    let rows = d.n * groups;
+    let mean = empty(&x, vec![d.n, groups, 1, 1], DType::F32);
+    let rstd = empty(&x, vec![d.n, groups, 1, 1], DType::F32);
+    let client = x.client.clone();
+    let dtype: StorageType = x.dtype.into();
+    let (count, dim) = row_cubes(rows);
+    stats_kernel::launch::<R>(&client, count, dim, x.clone().into_tensor_arg(), mean.clone().into_tensor_arg(), rstd.clone().into_tensor_arg(), rows as u32, d.len() as u32, eps as f32, dtype);
+    let y = empty(&x, dims, x.dtype);
+    let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
+    apply_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        x.into_tensor_arg(),
+        mean.clone().into_tensor_arg(),
+        rstd.clone().into_tensor_arg(),
+        w.into_tensor_arg(),
+        b.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        d.spatial as u32,
+        d.c as u32,
+        d.cpg() as u32,
+        silu,
+        dtype,
+    );
+    (y, mean, rstd)
+}
+
+/// The backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims and dtype, the others f32 `[c]`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, groups: usize, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let x = contiguous(x);
+    let dy = contiguous(dy);
+    let (mean, rstd) = (f32_of(mean), f32_of(rstd));
+    let (w, b) = (f32_of(weight), f32_of(bias));
+    let dims = x.meta.shape().to_vec();
+    let d = Dims::of(&dims, groups);
+    let client = x.client.clone();
+    let dtypes: [StorageType; 2] = [x.dtype.into(), dy.dtype.into()];
+    let rows = d.n * d.c;
+    let sum_g = empty(&x, vec![rows], DType::F32);
+    let sum_gx = empty(&x, vec![rows], DType::F32);
+    let (count, dim) = row_cubes(rows);
+    reduce_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        x.clone().into_tensor_arg(),
+        dy.clone().into_tensor_arg(),
+        mean.clone().into_tensor_arg(),
+        rstd.clone().into_tensor_arg(),
+        w.clone().into_tensor_arg(),
+        b.clone().into_tensor_arg(),
+        sum_g.clone().into_tensor_arg(),
+        sum_gx.clone().into_tensor_arg(),
+        rows as u32,
+        d.spatial as u32,
+        d.c as u32,
+        d.cpg() as u32,
+        silu,
+        dtypes,
+    );
+    let m1 = empty(&x, vec![d.n * groups], DType::F32);
+    let m2 = empty(&x, vec![d.n * groups], DType::F32);
+    let dweight = empty(&x, vec![d.c], DType::F32);
+    let dbias = empty(&x, vec![d.c], DType::F32);
+    let (count, dim) = elem_cubes(&client, (d.n * groups).max(d.c));
+    finish_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        sum_g.into_tensor_arg(),
+        sum_gx.into_tensor_arg(),
+        w.clone().into_tensor_arg(),
+        m1.clone().into_tensor_arg(),
+        m2.clone().into_tensor_arg(),
+        dweight.clone().into_tensor_arg(),
+        dbias.clone().into_tensor_arg(),
+        d.n as u32,
+        d.c as u32,
+        groups as u32,
+        d.len() as u32,
+    );
+    let dx = empty(&x, dims, x.dtype);
+    let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
+    dx_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        x.into_tensor_arg(),
+        dy.into_tensor_arg(),
+        mean.into_tensor_arg(),
+        rstd.into_tensor_arg(),
+        w.into_tensor_arg(),
+        b.into_tensor_arg(),
+        m1.into_tensor_arg(),
+        m2.into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
+        d.spatial as u32,
+        d.c as u32,
+        d.cpg() as u32,
+        silu,
+        dtypes,
+    );
+    (dx, dweight, dbias)
+}

@@ -1,0 +1,175 @@
+//! The lean nodes on wgpu (CI: Mesa lavapipe) with `nn::cube`'s `#[cube]` kernels, against the
+//! composed Burn ops on the same device: each kernel's forward and saved statistics against
+//! `burn_kernels`' (the path `VRAMLAB_COMPOSED_KERNELS=1` takes), and each node's gradients
+//! against plain autodiff of the composed forward. f32 within 1e-5 relative; shapes ragged
+//! against the kernels' 256-unit cubes, several group counts.
+//!
+//! `cargo test --release -p vramlab-models --no-default-features --features wgpu --lib cube_tests`
+//! (the release profile reuses the wgpu build's dependencies: `CARGO_TARGET_DIR=target/wgpu`).
+
+use burn::backend::{Autodiff, Wgpu};
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::silu as burn_silu;
+
+use super::tests::{check, random, rel, vals};
+use super::{NormAct, Prim, burn_kernels, cube_kernels, p};
+use crate::nn::{GroupNorm, LayerNorm};
+use crate::nn::norm::composed;
+
+type W = Wgpu;
+type A = Autodiff<Wgpu>;
+
+fn gn<B: Backend>(w: Tensor<B, 1>, b: Tensor<B, 1>, groups: usize) -> GroupNorm<B> {
+    GroupNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), num_groups: groups, eps: 1e-5 }
+}
+
+fn lean_gn<B: super::LeanBackend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+    move |x, w, b| gn(w, b, groups).forward_act(x, act)
+}
+
+fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
+    move |x, w, b| {
+        let y = composed::group_norm(&gn(w, b, groups), x);
+        if act == NormAct::Silu { burn_silu(y) } else { y }
+    }
+}
+
+fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
+    let v = |x: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(x)));
+    let (a, b) = (v(a), v(b));
+    assert_eq!(a.len(), b.len(), "{name}: sizes");
+    let e = rel(&a, &b);
+    assert!(e <= tol, "{name}: relative error {e:e} > {tol:e}");
+}
+
+/// The GroupNorm kernels' forward (output, mean, 1/std) and backward (dx, dweight, dbias)
+/// against the composed ops on the same inputs and statistics.
+fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
+    let c = dims[1];
+    for act in [NormAct::None, NormAct::Silu] {
+        // Drawn once and cloned: tests run in parallel and reseed the device's generator.
+        let (x0, w0, b0) = (p(random::<W, D>(dims, 11)), p(random::<W, 1>([c], 12) * 0.5 + 1.0), p(random::<W, 1>([c], 13) * 0.5));
+        let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
+        let dy = p(random::<W, D>(dims, 14));
+        let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
+        let (cy, cm, cr) = burn_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
+        let at = format!("{dims:?} groups {groups} {act:?}");
+        close(&format!("output {at}"), ky, cy, 1e-5);
+        close(&format!("mean {at}"), km.clone(), cm, 1e-5);
+        close(&format!("rstd {at}"), kr.clone(), cr, 1e-5);
+        let (kx, kw, kb) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy.clone(), groups, act);
+        let (cx, cw, cb) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy, groups, act);
+        close(&format!("dx {at}"), kx, cx, 1e-5);
+        close(&format!("dweight {at}"), kw, cw, 1e-5);
+        close(&format!("dbias {at}"), kb, cb, 1e-5);
+    }
+}
+
+#[test]
+fn group_norm_kernels_match_the_composed_ops() {
+    group_norm_kernels_match([2, 6, 5, 7], 3); // groups of 70 elements: fewer than a cube's units
+    group_norm_kernels_match([3, 12, 3, 5, 7], 4); // 315 per group: one cube and a ragged tail
+    group_norm_kernels_match([2, 32, 17, 19], 32); // one channel per group
+    group_norm_kernels_match([1, 8, 1037], 1); // one group of 8296
+    group_norm_kernels_match([2, 10, 3], 5);
+}
+
+#[test]
+fn group_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
+    for act in [NormAct::None, NormAct::Silu] {
+        check::<A, 5>([2, 8, 3, 4, 5], 8, lean_gn(4, act), plain_gn(4, act), 1e-5);
+        check::<A, 4>([3, 16, 6, 7], 16, lean_gn(4, act), plain_gn(4, act), 1e-5);
+        check::<A, 4>([2, 24, 9, 31], 24, lean_gn(8, act), plain_gn(8, act), 1e-5);
+        check::<A, 3>([2, 12, 9], 12, lean_gn(3, act), plain_gn(3, act), 1e-5);
+    }
+}
+
+#[test]
+fn layer_norm_kernels_match_the_composed_ops() {
+    for dims in [[3, 7, 16], [1, 5, 300], [2, 3, 1025], [1, 1, 1]] {
+        let d = dims[2];
+        let (x0, w0, b0) = (p(random::<W, 3>(dims, 31)), p(random::<W, 1>([d], 32) * 0.5 + 1.0), p(random::<W, 1>([d], 33) * 0.5));
+        let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
+        let dy = p(random::<W, 3>(dims, 34));
+        let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), w(), b(), 1e-5);
+        let (cy, cm, cr) = burn_kernels::layer_norm::<W>(x(), w(), b(), 1e-5);
+        close(&format!("output {dims:?}"), ky, cy, 1e-5);
+        close(&format!("mean {dims:?}"), km.clone(), cm, 1e-5);
+        close(&format!("rstd {dims:?}"), kr.clone(), cr, 1e-5);
+        let (kx, kw, kb) = cube_kernels::layer_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), dy.clone());
+        let (cx, cw, cb) = burn_kernels::layer_norm_backward::<W>(x(), km, kr, w(), dy);
+        close(&format!("dx {dims:?}"), kx, cx, 1e-5);
+        close(&format!("dweight {dims:?}"), kw, cw, 1e-5);
+        close(&format!("dbias {dims:?}"), kb, cb, 1e-5);
+    }
+}
+
+#[test]
+fn layer_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
+    let ln = |w, b| LayerNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), eps: 1e-5 };
+    check::<A, 3>([3, 7, 16], 16, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+    check::<A, 2>([37, 300], 300, move |x, w, b| ln(w, b).forward(x), move |x, w, b| composed::layer_norm(&ln(w, b), x), 1e-5);
+}
+
+/// Softmax along the last axis: the kernels against Burn's softmax and the composed backward;
+/// the node's input gradient against plain autodiff of Burn's softmax. Other axes take the
+/// composed ops (checked too).
+#[test]
+fn softmax_kernels_and_node_match_the_composed_ops() {
+    for (dims, dim) in [([2, 5, 7], 2), ([3, 4, 600], 2), ([2, 2, 1030], 2), ([4, 9, 1], 2), ([3, 6, 5], 1)] {
+        let x0 = p(random::<W, 3>(dims, 41) * 3.0);
+        let x = || x0.clone();
+        let dy = p(random::<W, 3>(dims, 42));
+        let ky = cube_kernels::softmax::<W>(x(), dim);
+        let cy = burn_kernels::softmax::<W>(x(), dim);
+        close(&format!("output {dims:?}"), ky.clone(), cy, 1e-5);
+        let kx = cube_kernels::softmax_backward::<W>(ky.clone(), dy.clone(), dim);
+        let cx = burn_kernels::softmax_backward::<W>(ky, dy, dim);
+        close(&format!("dx {dims:?}"), kx, cx, 1e-5);
+        let x0: Tensor<A, 3> = random(dims, 41) * 3.0;
+        let r: Tensor<A, 3> = random(dims, 43);
+        let grad = |lean: bool| {
+            let x = x0.clone().require_grad();
+            let y = if lean { super::softmax(x.clone(), dim) } else { burn::tensor::activation::softmax(x.clone(), dim) };
+            let g = (y * r.clone()).sum().backward();
+            vals(x.grad(&g).unwrap())
+        };
+        let e = rel(&grad(true), &grad(false));
+        assert!(e <= 1e-5, "softmax node dx {dims:?}: relative error {e:e}");
+    }
+}
+
+/// f16 inputs (lavapipe has f16, not bf16; the kernels take either through the same generic
+/// element): GroupNorm+SiLU, LayerNorm and softmax kernels against the composed ops on the same
+/// f16 values. The norms compute in f32 both ways, so they differ by the final rounding to f16
+/// (2⁻¹¹ relative) at most.
+#[test]
+fn f16_kernels_match_the_composed_ops_within_rounding() {
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let h = |t: Tensor<W, 3>| p(t.cast(FloatDType::F16));
+    let dims = [2, 12, 77];
+    let (x0, dy0) = (h(random::<W, 3>(dims, 51)), h(random::<W, 3>(dims, 52)));
+    let (w0, b0, lw0) = (p(random::<W, 1>([12], 53) * 0.5 + 1.0), p(random::<W, 1>([12], 54) * 0.5), p(random::<W, 1>([77], 55) * 0.5 + 1.0));
+    let (x, dy, w, b) = (|| x0.clone(), || dy0.clone(), || w0.clone(), || b0.clone());
+    let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+    let (cy, _, _) = burn_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+    assert_eq!(ky.dtype(), burn::tensor::DType::F16);
+    close("f16 group norm output", ky, cy, 1e-3);
+    let (kx, kw, _) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy(), 4, NormAct::Silu);
+    let (cx, cw, _) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy(), 4, NormAct::Silu);
+    close("f16 group norm dx", kx, cx, 1e-3);
+    close("f16 group norm dweight", kw, cw, 1e-5);
+    let lw = || lw0.clone();
+    let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+    let (cy, _, _) = burn_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+    close("f16 layer norm output", ky, cy, 1e-5);
+    let (kx, _, _) = cube_kernels::layer_norm_backward::<W>(x(), km.clone(), kr.clone(), lw(), dy());
+    let (cx, _, _) = burn_kernels::layer_norm_backward::<W>(x(), km, kr, lw(), dy());
+    close("f16 layer norm dx", kx, cx, 1e-3);
+    let (ks, cs) = (cube_kernels::softmax::<W>(x(), 2), burn_kernels::softmax::<W>(x(), 2));
+    // Burn's softmax and the composed backward compute in f16 themselves: 5e-3.
+    close("f16 softmax output", ks.clone(), cs, 5e-3);
+    let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
+    close("f16 softmax dx", kx, cx, 5e-3);
+}
