@@ -7,7 +7,8 @@
 //! (263 M parameters) spent 8.8 s of a 13 s CPU step there. On flex the update below is one
 //! pass over contiguous memory, in place, on all threads; it does the same f32 operations in the
 //! same order as the tensor version, so the two agree bit for bit (tested). GPU backends use
-//! the tensor version (one fused kernel per op there is cheap next to the step).
+//! the tensor version with Burn's fusion on; without it, wgpu and cuda run the update as one
+//! `#[cube]` kernel per parameter (`cube`, tested against the tensor version in `cube_tests`).
 
 use burn::prelude::*;
 use burn::tensor::FloatDType;
@@ -84,9 +85,15 @@ pub fn adam_update_tensors<B: Backend>(p: Tensor<B, 1>, g: Tensor<B, 1>, moments
     (p, m, v)
 }
 
-#[cfg(feature = "wgpu")]
+// CubeCL backends: the `#[cube]` update of `cube` without Burn's fusion (then `Wgpu` and `Cuda`
+// are `CubeBackend`s); with fusion, the tensor version (fused there).
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+mod cube;
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion"), test))]
+mod cube_tests;
+#[cfg(all(feature = "wgpu", feature = "fusion"))]
 impl OptimKernels for burn::backend::Wgpu {}
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", feature = "fusion"))]
 impl OptimKernels for burn::backend::Cuda {}
 
 #[cfg(feature = "flex")]
