@@ -145,12 +145,8 @@ impl MemoryEstimate {
     /// The report: totals by category, stored activations per module, the peak and its phase.
     pub fn markdown(&self) -> String {
         use std::fmt::Write as _;
-        let mut s = String::new();
-        let _ = writeln!(s, "# vramlab estimate: {}\n", self.model);
-        let set: Vec<String> = self.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(s, "Settings: {}\n", set.join(", "));
-        let _ = writeln!(s, "| category | bytes | MiB |\n|---|---:|---:|");
-        for (k, v) in [
+        let mut s = md_title(&format!("vramlab estimate: {}", self.model), &self.settings);
+        md_bytes_table(&mut s, "category", &[
             ("parameters (f32)", self.param_bytes),
             ("gradients (f32, trainable)", self.grad_bytes),
             ("optimizer state (AdamW)", self.optimizer_state_bytes),
@@ -158,23 +154,51 @@ impl MemoryEstimate {
             ("runtime baseline", self.runtime_baseline_bytes),
             ("stored activations", self.stored_activation_bytes),
             ("transient workspace (max)", self.transient_bytes),
-        ] {
-            let _ = writeln!(s, "| {k} | {v} | {} |", human(v));
-        }
-        let _ = writeln!(s, "\n| phase | predicted peak |\n|---|---:|");
-        for (k, v) in [("forward", self.peak_forward_bytes), ("backward", self.peak_backward_bytes), ("optimizer", self.peak_optimizer_bytes)] {
-            let _ = writeln!(s, "| {k} | {} |", human(v));
-        }
+        ]);
+        md_human_table(&mut s, "phase | predicted peak", &[("forward", self.peak_forward_bytes), ("backward", self.peak_backward_bytes), ("optimizer", self.peak_optimizer_bytes)]);
         let _ = writeln!(s, "\n**Predicted peak: {} ({} bytes), in the {} phase ({}).**\n", human(self.peak_step_bytes), self.peak_step_bytes, self.peak_phase, self.peak_module);
         let _ = writeln!(s, "Stored activations per module (plain autodiff):\n\n| module | stored | largest workspace |\n|---|---:|---:|");
         for r in &self.modules {
             let _ = writeln!(s, "| {} | {} | {} |", r.module, human(r.stored_bytes), human(r.workspace_bytes));
         }
-        let _ = writeln!(s, "\nAssumptions:");
-        for a in &self.assumptions {
-            let _ = writeln!(s, "- {a}");
-        }
+        md_list(&mut s, "Assumptions", &self.assumptions);
         s
+    }
+}
+
+/// `# title` and the settings line that open both estimates' reports.
+pub(crate) fn md_title(title: &str, settings: &[(String, String)]) -> String {
+    let set: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("# {title}\n\nSettings: {}\n\n", set.join(", "))
+}
+
+/// A `| name | bytes | MiB |` table, one row per term.
+pub(crate) fn md_bytes_table(s: &mut String, name: &str, rows: &[(&str, u64)]) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "| {name} | bytes | MiB |\n|---|---:|---:|");
+    for (k, v) in rows {
+        let _ = writeln!(s, "| {k} | {v} | {} |", human(*v));
+    }
+}
+
+/// A two-column table (`header` is "name | value") of human-readable sizes, after a blank line.
+pub(crate) fn md_human_table(s: &mut String, header: &str, rows: &[(&str, u64)]) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "\n| {header} |\n|---|---:|");
+    for (k, v) in rows {
+        let _ = writeln!(s, "| {k} | {} |", human(*v));
+    }
+}
+
+/// `title:` and a bullet per item, after a blank line; nothing when there are no items.
+pub(crate) fn md_list(s: &mut String, title: &str, items: &[String]) {
+    use std::fmt::Write as _;
+    if items.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n{title}:");
+    for i in items {
+        let _ = writeln!(s, "- {i}");
     }
 }
 

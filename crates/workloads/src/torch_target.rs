@@ -23,7 +23,7 @@ use vramlab_models::nn::Precision;
 
 use crate::config::{RunConfig, Workload};
 use crate::error::{Result, WorkloadError};
-use crate::estimate::features_note;
+use crate::estimate::{features_note, md_bytes_table, md_human_table, md_list, md_title};
 use crate::policy_data::dataset_features;
 use crate::torch_alloc::CachingAllocator;
 
@@ -383,13 +383,9 @@ impl TorchFit {
 impl TorchEstimate {
     pub fn markdown(&self) -> String {
         use std::fmt::Write as _;
-        let mut s = String::new();
-        let _ = writeln!(s, "# vramlab estimate (target pytorch-cuda): {}\n", self.model);
-        let set: Vec<String> = self.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(s, "Settings: {}\n", set.join(", "));
+        let mut s = md_title(&format!("vramlab estimate (target pytorch-cuda): {}", self.model), &self.settings);
         let _ = writeln!(s, "A prediction of PyTorch eager on CUDA from shapes alone (nothing was run).\n");
-        let _ = writeln!(s, "| term | bytes | MiB |\n|---|---:|---:|");
-        for (k, v) in [
+        md_bytes_table(&mut s, "term", &[
             ("parameters (f32)", self.param_bytes),
             ("gradients (f32, trainable)", self.grad_bytes),
             ("optimizer state (2 moments)", self.optimizer_state_bytes),
@@ -397,18 +393,13 @@ impl TorchEstimate {
             ("batch", self.batch_bytes),
             ("cuBLAS workspaces", self.cublas_workspace_bytes),
             ("stored activations (end of forward)", self.stored_activation_bytes),
-        ] {
-            let _ = writeln!(s, "| {k} | {v} | {} |", human(v));
-        }
-        let _ = writeln!(s, "\n| figure | predicted |\n|---|---:|");
-        for (k, v) in [
+        ]);
+        md_human_table(&mut s, "figure | predicted", &[
             ("peak live tensors (exact bytes)", self.peak_live_bytes),
             ("torch.cuda.max_memory_allocated", self.peak_allocated_bytes),
             ("torch.cuda.max_memory_reserved", self.peak_reserved_bytes),
             ("nvidia-smi (reserved + CUDA context)", self.nvidia_smi_bytes),
-        ] {
-            let _ = writeln!(s, "| {k} | {} |", human(v));
-        }
+        ]);
         let _ = writeln!(s, "\n**Predicted max_memory_allocated {}, max_memory_reserved {}, nvidia-smi {} (peak in the {} phase; steady state, steps ≥ 3).**\n", human(self.peak_allocated_bytes), human(self.peak_reserved_bytes), human(self.nvidia_smi_bytes), self.peak_phase);
         let _ = writeln!(s, "Saved for the backward per module:\n\n| module | saved |\n|---|---:|");
         for r in &self.modules {
@@ -418,12 +409,7 @@ impl TorchEstimate {
         for t in TERMS {
             let _ = writeln!(s, "| {} | {} | {} |", t.term, t.kind, t.source);
         }
-        if !self.notes.is_empty() {
-            let _ = writeln!(s, "\nNotes:");
-            for n in &self.notes {
-                let _ = writeln!(s, "- {n}");
-            }
-        }
+        md_list(&mut s, "Notes", &self.notes);
         s
     }
 }
