@@ -115,6 +115,41 @@ impl GpuOptions {
     }
 }
 
+/// This executable's identity for the compiled-kernel cache: a hash of its own bytes (hex), or
+/// `unknown-build` when it cannot be read. CubeCL 0.10 keys a cached PTX kernel by the kernel's
+/// type name, launch settings and compile-time arguments, not by its body
+/// (`cubecl_runtime::id::KernelId::stable_hash`): a rebuilt binary whose kernel changed would
+/// load the old PTX. One cache folder per build rules that out.
+pub fn build_id() -> String {
+    use std::hash::Hasher as _;
+    use std::io::Read as _;
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let hash = || -> std::io::Result<u64> {
+            let mut f = std::fs::File::open(std::env::current_exe()?)?;
+            // SipHash with fixed keys: the same bytes give the same id in every process.
+            let mut h = std::hash::DefaultHasher::new();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                h.write(&buf[..n]);
+            }
+            Ok(h.finish())
+        };
+        hash().map_or_else(|_| "unknown-build".into(), |h| format!("{h:016x}"))
+    })
+    .clone()
+}
+
+/// Where compiled kernels go under a cache directory: one folder per build ([`build_id`]);
+/// autotune results stay in the directory itself (they name candidates, not code).
+pub fn compiled_kernel_dir(cache_dir: &std::path::Path, build: &str) -> std::path::PathBuf {
+    cache_dir.join("kernels").join(build)
+}
+
 /// Point CubeCL's kernel and autotune caches at [`GpuOptions::cache_dir`] and set the autotune
 /// level, before the first device is created; returns the line to print. A `cubecl.toml` (or
 /// `[cubecl]` in `burn.toml`) and the `CUBECL_*` variables still apply; these options win where
@@ -144,7 +179,7 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
     std::fs::create_dir_all(&dir).map_err(|e| WorkloadError::Backend(format!("kernel_cache_dir {}: cannot create: {e}", dir.display())))?;
     let mut c = CubeClRuntimeConfig::from_current_dir().override_from_env();
     if opts.kernel_cache_dir.is_some() || c.compilation.cache.is_none() {
-        c.compilation.cache = Some(CacheConfig::File(dir.clone()));
+        c.compilation.cache = Some(CacheConfig::File(compiled_kernel_dir(&dir, &build_id())));
     }
     if opts.kernel_cache_dir.is_some() || matches!(c.autotune.cache, CacheConfig::Target) {
         c.autotune.cache = CacheConfig::File(dir);
@@ -355,6 +390,16 @@ mod tests {
         assert_eq!(flag.cache_dir(), std::path::PathBuf::from("/srv/kernels"));
         let default = GpuOptions::default().cache_dir();
         assert!(std::env::var_os("VRAMLAB_CACHE_DIR").is_some() || default.ends_with("vramlab/cubecl"), "{}", default.display());
+    }
+
+    #[test]
+    fn compiled_kernels_are_cached_per_build() {
+        let id = build_id();
+        assert_eq!(id, build_id(), "the id is computed once per process");
+        assert!(id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        let root = std::path::Path::new("/srv/kernels");
+        assert_eq!(compiled_kernel_dir(root, &id), root.join("kernels").join(&id));
+        assert_ne!(compiled_kernel_dir(root, &id), compiled_kernel_dir(root, "0123456789abcdef"));
     }
 
     #[test]
