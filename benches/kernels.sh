@@ -9,6 +9,8 @@
 #   VARIANT=main BIN=target/wgpu/release/vramlab bash benches/kernels.sh [ROW...]
 #   VARIANT=fusion BIN=target/wgpu-fusion/release/vramlab bash benches/kernels.sh vae
 #   VARIANT=autotune-minimal EXTRA="--autotune=minimal" bash benches/kernels.sh vae
+#   VARIANT=autotune-off BIN=target/wgpu/release/vramlab bash benches/kernels.sh vae   # built with
+#     `--features wgpu-untuned` (Burn's autotune compiled out: each op's default kernel)
 #
 # ROWs: vae (VAE ultra b2 8×32×32), act (ACT b8, 1 camera 96×96, chunk 100), diffusion
 # (Diffusion b8, 96×96 crop 84); default all three, in that order; `table` only rewrites table.md. BACKEND (default wgpu),
@@ -16,7 +18,8 @@
 # (default 900), BUDGET_S for the whole script (default 2400): a row that would start after the
 # budget is spent is written to the table as not run, and a process stopped by ROW_TIMEOUT_S as
 # timed out with the steps it finished. NOT_RUN="why" records the given rows as not run, with
-# that reason. On wgpu set VK_ICD_FILENAMES for lavapipe (CI's machine).
+# that reason. NOTE="…" adds a note to the rows run; each row notes the load average at its start
+# and end. On wgpu set VK_ICD_FILENAMES for lavapipe (CI's machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${BACKEND:-wgpu}
@@ -84,6 +87,7 @@ EOF
     continue
   fi
   echo "== $row ($variant): ${args[*]} ${extra[*]}" >&2
+  export ROW_LOAD0; ROW_LOAD0=$(cut -d' ' -f1 /proc/loadavg)
   run "$row-cold" "$steps" "$cache" "${args[@]}"
   # The warm process: the same kernel/autotune cache, step 1 only matters.
   if [ -s "$scratch/$row-cold/metrics.jsonl" ]; then run "$row-warm" 1 "$cache" "${args[@]}"; else mkdir -p "$scratch/$row-warm"; : >"$scratch/$row-warm/metrics.jsonl"; echo "1 0" >"$scratch/$row-warm/status"; fi
@@ -122,8 +126,11 @@ if wrecs:
     r["autotune_step1_warm_s"] = wrecs[0].get("autotune_s")
 elif recs:
     notes.append("warm process " + ("stopped at the timeout" if wrc in (124, 137) else f"failed (exit {wrc})"))
-if notes:
-    r["note"] = "; ".join(notes)
+load0 = os.environ.get("ROW_LOAD0")
+notes.append(f"1-min load average {load0} at the row's start, {os.getloadavg()[0]:.1f} at its end (2 CPUs)")
+if os.environ.get("NOTE"):
+    notes.append(os.environ["NOTE"])
+r["note"] = "; ".join(notes)
 lines = [l for l in open(path)] if os.path.exists(path) else []
 keep = [l for l in lines if not (json.loads(l)["variant"] == variant and json.loads(l)["row"] == row)]
 keep.append(json.dumps(r) + "\n")

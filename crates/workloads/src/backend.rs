@@ -170,7 +170,8 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
             L::Full => "full",
         };
         let kernels = c.compilation.cache.as_ref().map_or("off".to_string(), root);
-        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; autotune level {level}", root(&c.autotune.cache))
+        let tune = if cfg!(feature = "autotune") { format!("autotune level {level}") } else { "autotune off (built without Burn's `autotune`: each op's default kernel)".into() };
+        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}", root(&c.autotune.cache))
     };
     if let Some(c) = CubeClRuntimeConfig::storage().lock().as_ref() {
         return Ok(describe(c));
