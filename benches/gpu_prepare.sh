@@ -6,6 +6,8 @@
 #
 #   bash benches/gpu_prepare.sh [DIR]       # default DIR: .gpu (git-ignored); ~7 min on 2 cores
 #   SKIP_BUILD=1 bash benches/gpu_prepare.sh   # reuse target/cuda/release/vramlab
+#   UNTUNED=0 bash benches/gpu_prepare.sh       # without the autotune-off build (vramlab-untuned.xz,
+#                                               # ~1/4 of the binary's size; built first, ~2 more min)
 #
 # The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped), the VAE fixture
 # (3.3 MiB) and the wheels (~10 MiB) fit; act_small (44 MiB) and diffusion_small (61 MiB) do not,
@@ -14,12 +16,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.gpu}
 limit_mib=${CARRY_LIMIT_MIB:-64}
+untuned=${UNTUNED:-1}
+rm -rf "$dir"
+mkdir -p "$dir/oracle" "$dir/wheels"
+if [ "$untuned" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # Built first, so that target/cuda/release/vramlab is the autotuned one afterwards.
+  CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda-untuned
+  strip -o "$dir/vramlab-untuned" target/cuda/release/vramlab
+  xz -T0 -6 "$dir/vramlab-untuned"
+fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda
 fi
 [ -x target/cuda/release/vramlab ] || { echo "gpu_prepare: target/cuda/release/vramlab missing (build failed?)" >&2; exit 2; }
-rm -rf "$dir"
-mkdir -p "$dir/oracle" "$dir/wheels"
 strip -o "$dir/vramlab" target/cuda/release/vramlab
 for f in ${FIXTURES:-vae3d_ultra}; do
   [ -d "../shared/oracle/$f" ] || { echo "gpu_prepare: ../shared/oracle/$f missing" >&2; exit 2; }
@@ -35,10 +44,10 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "
   || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
 size=$(du -sm "$dir" | cut -f1)
 echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
-[ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra)" >&2; exit 3; }
+[ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra) or the autotune-off build (UNTUNED=0)" >&2; exit 3; }
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
-    TORCH_PYTHON=python3 bash benches/gpu_vs_pytorch.sh
+    TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )bash benches/gpu_vs_pytorch.sh
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder> (carry it too).
 CMD

@@ -17,7 +17,8 @@
 # as not run); after every row the table is rewritten and, with RESULTS_COPY, the results folder
 # (table, raw.jsonl, parity, the rows' kernel caches under kernel_cache/<row>/) is copied there,
 # so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
-# kernel_cache folder> lets a later run start warm.
+# kernel_cache folder> lets a later run start warm. BIN_UNTUNED=<a `cuda-untuned` build, maybe
+# .xz> adds the VAE row with Burn's autotune compiled out (benches/kernels.sh, into kernels/).
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
 # ../shared/oracle; vae3d_ultra right after the first row, act_small and diffusion_small at the end
 # while the budget lasts), compared by `baseline.py parity` (tolerance PARITY_TOL, default 5e-3:
@@ -35,7 +36,7 @@
 # the table, and defaults to the CPU rows (ROWS=gpu runs the GPU list anyway, slowly).
 source "$(dirname "$0")/lib_vs_pytorch.sh"
 
-VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
+VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN BIN_UNTUNED ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
 mode=cpu
 why=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -124,8 +125,33 @@ vp_after_row() {
   fi
 }
 
+# Autotune off (issue 24, cold start): the VAE row again with a binary built with
+# `--features cuda-untuned`, through benches/kernels.sh (cold and warm step 1, steady step,
+# kernels compiled, launches), while at least UNTUNED_MIN_S (default 120) of the budget is left.
+# BIN_UNTUNED may be xz-compressed (`.xz`, as gpu_prepare.sh carries it): it is unpacked first.
+untuned() {
+  [ "$mode" = cuda ] && [ -n "${BIN_UNTUNED:-}" ] || return 0
+  local left bin=$BIN_UNTUNED
+  left=$(vp_left 600)
+  if [ "$left" -lt "${UNTUNED_MIN_S:-120}" ]; then
+    vp_log "autotune-off row: not run, ${left} s of BUDGET_S left"
+    return 0
+  fi
+  if [[ "$bin" == *.xz ]]; then
+    "$VP_PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin" "$VP_SCRATCH_OUT/vramlab-untuned"
+    chmod +x "$VP_SCRATCH_OUT/vramlab-untuned"
+    bin=$VP_SCRATCH_OUT/vramlab-untuned
+  fi
+  vp_log "autotune-off row: $bin, ${left} s left"
+  BACKEND=cuda VARIANT="autotune off (cuda-untuned build)" BIN=$bin STEPS=4 ROW_TIMEOUT_S=$(( left / 2 )) BUDGET_S=$left \
+    NOTE="run by gpu_vs_pytorch.sh after its rows, on the same GPU" bash benches/kernels.sh vae >&2 || vp_log "kernels.sh failed"
+  mkdir -p "$out/kernels"
+  cp benches/results/kernels/cuda/raw.jsonl benches/results/kernels/cuda/table.md "$out/kernels/" 2>/dev/null || true
+}
+
 vp_fixture_check "$out"
 vp_run_rows "$mode" "$out" "${rows[@]}"
+untuned
 parity act_small
 parity diffusion_small
 vp_after_row ""
