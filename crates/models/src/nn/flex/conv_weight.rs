@@ -1,13 +1,15 @@
 //! Flex's weight gradient of an ungrouped convolution of any rank (`conv_weight_backward`,
 //! f32 or bf16): GEMMs over im2col columns of bounded blocks of output positions, in place of
-//! Burn's swapped-dims convolution (`nn::lean` sizes the blocks).
+//! Burn's swapped-dims convolution (`nn::lean` sizes the blocks). The GEMMs add into one
+//! gradient buffer (no partial sums per block), one column buffer serves every block, and
+//! large f32 planes are read from `dy` in place ([`DIRECT_POSITIONS`]).
 
 use burn::backend::Flex;
 use burn::tensor::DType;
 use burn::tensor::ops::FloatTensorOps;
 use rayon::prelude::*;
 
-use super::{Num, T, matmul, tensor, typed_data};
+use super::{Num, T, tensor, typed_data};
 
 /// Geometry of an N-D convolution's weight gradient.
 struct GeoNd {
@@ -34,15 +36,18 @@ impl GeoNd {
     }
 }
 
-/// Columns `[cin·Πk, c1 − c0]` of `x: [batch, cin, in…]` (contiguous): column `c` is output
-/// position `c mod Πout` of sample `c / Πout`, for `c` in `c0..c1`.
-fn im2col_nd<E: Num>(x: &[E], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
+/// Columns `[cin·Πk, c1 − c0]` of `x: [batch, cin, in…]` (contiguous) into `cols` (resized;
+/// every element written, so one buffer serves every block): column `c` is output position
+/// `c mod Πout` of sample `c / Πout`, for `c` in `c0..c1`.
+fn im2col_nd<E: Num>(x: &[E], g: &GeoNd, c0: usize, c1: usize, cols: &mut Vec<f32>) {
     let (kl, pos, il, d) = (g.kernel_len(), g.positions(), g.input_len(), g.out.len());
     let n = c1 - c0;
-    let mut cols = vec![0f32; g.cin * kl * n];
+    cols.resize(g.cin * kl * n, 0.0);
     let last = d - 1;
     let (olast, slast, dlast, plast, ilast) = (g.out[last], g.stride[last], g.dil[last], g.pad[last], g.input[last]);
-    cols.par_chunks_mut(n).enumerate().for_each(|(row, out)| {
+    cols[..g.cin * kl * n].par_chunks_mut(n).enumerate().for_each(|(row, out)| {
+        // Zero first (the padding's positions are skipped below); the row is then in cache.
+        out.fill(0.0);
         let (ci, mut kidx) = (row / kl, row % kl);
         // Kernel offsets of this row (row-major over the kernel axes).
         let mut k = vec![0usize; d];
@@ -92,14 +97,14 @@ fn im2col_nd<E: Num>(x: &[E], g: &GeoNd, c0: usize, c1: usize) -> Vec<f32> {
             }
         }
     });
-    cols
 }
 
-/// `dy: [batch, cout, Πout]` columns `c0..c1` as `[cout, c1 − c0]`.
-fn dy_columns<E: Num>(dy: &[E], cout: usize, pos: usize, c0: usize, c1: usize) -> Vec<f32> {
+/// `dy: [batch, cout, Πout]` columns `c0..c1` as `[cout, c1 − c0]` into `out` (resized, every
+/// element written).
+fn dy_columns<E: Num>(dy: &[E], cout: usize, pos: usize, c0: usize, c1: usize, out: &mut Vec<f32>) {
     let n = c1 - c0;
-    let mut out = vec![0f32; cout * n];
-    out.par_chunks_mut(n).enumerate().for_each(|(co, row)| {
+    out.resize(cout * n, 0.0);
+    out[..cout * n].par_chunks_mut(n).enumerate().for_each(|(co, row)| {
         let mut c = c0;
         while c < c1 {
             let (b, p) = (c / pos, c % pos);
@@ -108,7 +113,6 @@ fn dy_columns<E: Num>(dy: &[E], cout: usize, pos: usize, c0: usize, c1: usize) -
             c += len;
         }
     });
-    out
 }
 
 /// The weight gradient of an ungrouped f32 convolution of any rank, as GEMMs over blocks of
@@ -148,20 +152,84 @@ fn conv_weight_backward_typed<E: Num>(x: &T, w: &T, dy: &T, stride: &[usize], pa
     }
     let (xd, yd) = (typed_data::<E>(x), typed_data::<E>(dy));
     let (kl, pos) = (g.kernel_len(), g.positions());
-    let total = g.batch * pos;
-    let block = (workspace / (g.cin * kl * 4).max(1)).clamp(1, total);
-    let mut dw: Option<T> = None;
+    let (total, kk) = (g.batch * pos, g.cin * kl);
+    let block = (workspace / (kk * 4).max(1)).clamp(1, total);
+    // f32 `dy` with planes of at least DIRECT_POSITIONS: the GEMM reads each sample's part of
+    // the block from `dy` itself (one GEMM per sample segment) instead of a `[cout, block]` copy.
+    let dy_f32 = super::f32_slice::<E>(&yd).filter(|_| pos >= DIRECT_POSITIONS);
+    // dw [cout, kk] += dy₂ [cout, cols] · colsᵀ [cols, kk], block by block, in place.
+    let mut dw = vec![0f32; g.cout * kk];
+    let (mut cols, mut dyc) = (Vec::new(), Vec::new());
+    let mut accumulate = false;
+    let mut gemm = |k: usize, lhs: *const f32, lhs_rs: usize, rhs: *const f32, rhs_cs: usize| {
+        // SAFETY: lhs addresses [cout, k] (row stride lhs_rs), rhs [k, kk] (column stride
+        // rhs_cs, row stride 1), dw [cout, kk], all within their buffers (callers below).
+        unsafe { gemm::gemm(g.cout, kk, k, dw.as_mut_ptr(), 1, kk as isize, accumulate, lhs, 1, lhs_rs as isize, rhs, rhs_cs as isize, 1, 1.0f32, 1.0f32, false, false, false, gemm::Parallelism::Rayon(0)) };
+        accumulate = true;
+    };
     for c0 in (0..total).step_by(block) {
         let c1 = (c0 + block).min(total);
-        let cols = tensor(im2col_nd(&xd, &g, c0, c1), vec![g.cin * kl, c1 - c0]);
-        let dy2 = tensor(dy_columns(&yd, g.cout, pos, c0, c1), vec![g.cout, c1 - c0]);
-        let part = matmul(dy2, Flex::float_swap_dims(cols, 0, 1));
-        dw = Some(match dw {
-            None => part,
-            Some(acc) => Flex::float_add(acc, part),
-        });
+        let n = c1 - c0;
+        im2col_nd(&xd, &g, c0, c1, &mut cols);
+        match dy_f32 {
+            Some(dyf) => {
+                let mut c = c0;
+                while c < c1 {
+                    let (b, p) = (c / pos, c % pos);
+                    let len = (pos - p).min(c1 - c);
+                    // [cout, len] at sample b, position p (row stride pos); columns c − c0.. of cols.
+                    gemm(len, dyf[b * g.cout * pos + p..].as_ptr(), pos, cols[c - c0..].as_ptr(), n);
+                    c += len;
+                }
+            }
+            None => {
+                dy_columns(&yd, g.cout, pos, c0, c1, &mut dyc);
+                gemm(n, dyc.as_ptr(), n, cols.as_ptr(), n);
+            }
+        }
     }
     let mut shape = vec![g.cout, g.cin];
     shape.extend_from_slice(&g.kernel);
-    dw.map(|d| d.reshape(shape.into()))
+    (total > 0).then(|| tensor(dw, shape))
+}
+
+/// The smallest output plane whose weight gradient reads `dy` in place (one GEMM per sample
+/// segment of a block, each adding into the gradient); smaller planes copy the block's `dy`
+/// columns first, so that one GEMM sums over many samples.
+const DIRECT_POSITIONS: usize = 2048;
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    use burn::tensor::ops::{ConvOptions, ModuleOps};
+
+    fn rand(shape: &[usize], seed: u64) -> T {
+        let len = shape.iter().product::<usize>() as u64;
+        let v = (0..len).map(|i| ((i.wrapping_add(seed * 7919).wrapping_mul(2654435761) >> 7) % 2001) as f32 / 1000.0 - 1.0).collect();
+        T::from_data(TensorData::new::<f32, _>(v, shape.to_vec()))
+    }
+
+    /// Equal to flex's weight gradient with blocks that end inside a sample, on planes read in
+    /// place (≥ DIRECT_POSITIONS) and on copied ones, strided and padded.
+    #[test]
+    fn weight_gradient_equals_flex_across_block_and_sample_boundaries() {
+        for (i, &(xs, ws, s, p)) in [([3, 2, 50, 60], [3, 2, 3, 3], 1, 1), ([3, 2, 90, 50], [4, 2, 3, 3], 2, 1), ([5, 3, 9, 11], [4, 3, 3, 2], 1, 2)].iter().enumerate() {
+            let o = ConvOptions::new([s, s], [p, p], [1, 1], 1);
+            let (x, w) = (rand(&xs, i as u64), rand(&ws, 10 + i as u64));
+            let y = Flex::conv2d(x.clone(), w.clone(), None, o.clone());
+            let dy = rand(&y.layout().shape().to_vec(), 20 + i as u64);
+            let pos = y.layout().shape()[2] * y.layout().shape()[3];
+            assert_eq!(pos >= DIRECT_POSITIONS, i == 0, "case {i}: plane {pos}");
+            // Blocks of 0.7 samples' columns: boundaries inside samples.
+            let workspace = pos * 7 / 10 * xs[1] * ws[2] * ws[3] * 4;
+            let got = conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, workspace).unwrap();
+            let want = Flex::conv2d_weight_backward(x, w, dy, o);
+            let (got, want) = (super::super::f32_data(&got).into_owned(), super::super::f32_data(&want).into_owned());
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= 1e-5 * scale, "case {i}: worst abs error {worst:e} (scale {scale})");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //!
 //! - [`conv1d`]: `conv1d`, `conv1d_x_backward`, `conv1d_weight_backward` (one GEMM over the
 //!   whole batch) and `handles`;
+//! - [`conv2d`]: `conv2d`, the 2-D forward as GEMMs writing the output in place;
 //! - [`conv3d`]: the direct 3-D convolution, `conv3d` and `conv3d_weight_backward`;
 //! - [`conv_weight`]: `conv_weight_backward`, any rank's weight gradient as bounded GEMMs;
 //! - [`group_norm`]: `group_norm` and `group_norm_backward` (+ fused SiLU);
@@ -21,6 +22,7 @@ use burn::tensor::ops::FloatTensorOps;
 use burn_flex::FlexTensor;
 
 pub(super) mod conv1d;
+pub(super) mod conv2d;
 pub(super) mod conv3d;
 pub(super) mod conv_weight;
 pub(super) mod group_norm;

@@ -80,7 +80,7 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
+            Some(pad) => B::lean_conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
             None => B::conv2d_x_backward(x, w, dy, o),
         }
     }

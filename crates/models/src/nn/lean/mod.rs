@@ -29,7 +29,7 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::ops::{ConvOptions, ModuleOps};
+use burn::tensor::ops::ConvOptions;
 use burn::tensor::{TensorMetadata, TensorPrimitive};
 
 mod conv;
@@ -169,6 +169,9 @@ mod burn_kernels {
     pub fn weight_backward_3d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
         B::conv3d_weight_backward(x, w, dy, o)
     }
+    pub fn conv2d<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<2>) -> Prim<B> {
+        B::conv2d(x, w, b, o)
+    }
     pub fn conv3d<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<3>) -> Prim<B> {
         B::conv3d(x, w, b, o)
     }
@@ -200,7 +203,7 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubePrim};
-    pub use burn_kernels::{channel_affine, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub use burn_kernels::{channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
     pub fn layer_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::layer_norm::<B>(x, w, b, eps);
@@ -285,6 +288,12 @@ mod flex_kernels {
         match (o.groups == 1).then(|| flex::conv_weight::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
             Some(dw) => dw,
             None => burn_kernels::weight_backward_2d::<F>(x, w, dy, o),
+        }
+    }
+    pub fn conv2d<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<2>) -> Prim<F> {
+        match flex::conv2d::conv2d(&x, &w, b.as_ref(), &o) {
+            Some(y) => y,
+            None => burn_kernels::conv2d::<F>(x, w, b, o),
         }
     }
     pub fn conv3d<B>(x: Prim<F>, w: Prim<F>, b: Option<Prim<F>>, o: ConvOptions<3>) -> Prim<F> {
@@ -386,7 +395,7 @@ macro_rules! inner_lean_backend {
                 $kernels::softmax::<Self>(x, dim)
             }
             fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {
-                <Self as ModuleOps<Self>>::conv2d(x, weight, bias, options)
+                $kernels::conv2d::<Self>(x, weight, bias, options)
             }
             fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {
                 $kernels::conv3d::<Self>(x, weight, bias, options)
