@@ -23,8 +23,9 @@
 //!   candidate ends without a result line and is counted with zero seconds.
 //!
 //! - **launches by kernel**: the same launch lines, counted per kernel name (the `<kernel>` of the
-//!   line: the Rust type name CubeCL gives the kernel, generics included; [`short_name`] drops the
-//!   module paths for display). Exact in the same way as the total, which they sum to.
+//!   line: the kernel's type name as CubeCL formats it, generic arguments as ` | `-separated
+//!   parts; [`short_name`] cuts long ones for display). Exact in the same way as the total, which
+//!   they sum to.
 //!
 //! Time spent compiling kernels outside autotune is not logged by CubeCL with a duration; reports
 //! infer it from step 1's time over the steady step and say so.
@@ -85,10 +86,24 @@ fn sorted(mut v: Vec<(String, u64)>) -> Vec<(String, u64)> {
     v
 }
 
-/// A kernel name without its module paths, for display: `burn_cubecl::kernel::binary::Op<f32,
-/// burn_cubecl::ops::AddOp>` → `Op<f32, AddOp>`. Every path segment before a `::` goes; the
-/// generic arguments and their nesting stay.
+/// A kernel name for display. CubeCL 0.10 logs a kernel's type name in its "balanced" format,
+/// generic arguments as ` | `-separated parts (`KernelBinop | AddOp | WgpuRuntime`); a name of
+/// more than [`SHORT_PARTS`]` + 2` parts (a matmul's runs to thirty) keeps its first
+/// [`SHORT_PARTS`] and ` | …`. A full type name (`burn_cubecl::kernel::binary::Op<f32,
+/// burn_cubecl::ops::AddOp>`) loses its module paths (`Op<f32, AddOp>`): every path segment
+/// before a `::` goes; the generic arguments and their nesting stay.
 pub fn short_name(name: &str) -> String {
+    let parts: Vec<&str> = name.split(" | ").collect();
+    if parts.len() > SHORT_PARTS + 2 {
+        return format!("{} | …", parts[..SHORT_PARTS].iter().map(|p| drop_paths(p)).collect::<Vec<_>>().join(" | "));
+    }
+    drop_paths(name)
+}
+
+/// How many ` | `-separated parts a long kernel name keeps ([`short_name`]).
+pub const SHORT_PARTS: usize = 4;
+
+fn drop_paths(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     // Where the identifier being written started in `out`.
     let mut word_start = 0;
@@ -322,6 +337,10 @@ mod tests {
         assert_eq!(short_name("burn_cubecl::kernel::binary::kernel_scalar_binop::KernelScalarBinop<cubecl_wgpu::WgpuRuntime, f32, burn_cubecl::ops::AddOp>"), "KernelScalarBinop<WgpuRuntime, f32, AddOp>");
         assert_eq!(short_name("a::b<c::d<e::f, 2>, [g::h; 3]>"), "b<d<f, 2>, [h; 3]>");
         assert_eq!(short_name("plain"), "plain");
+        assert_eq!(short_name("KernelBinop | AddOp | WgpuRuntime"), "KernelBinop | AddOp | WgpuRuntime");
+        let matmul = "MatmulEntry | TensorArgs | DynamicScalar | __Lhs | DynamicSize | __LhsSize | UnitMatmulFamily | WgpuRuntime";
+        assert_eq!(short_name(matmul), "MatmulEntry | TensorArgs | DynamicScalar | __Lhs | …");
+        assert_eq!(short_name("A | B | C | D | E | F"), "A | B | C | D | E | F");
     }
 
     #[test]

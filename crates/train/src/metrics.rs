@@ -81,7 +81,8 @@ pub struct KernelStep {
     /// Wall time of those searches (compiling and benchmarking every candidate), seconds.
     pub autotune_s: f64,
     /// The step's [`TOP_KERNELS_PER_STEP`] most launched kernels, `[name, launches]`, most
-    /// launched first; names without module paths (`vramlab_probe::kernels::short_name`).
+    /// launched first; names as CubeCL logs them, long ones cut (`vramlab_probe::kernels::short_name`:
+    /// matmul variants that share their first parts are added up).
     /// Exact counts; the launches of the kernels left out are `kernel_launches` minus their sum.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub top_kernels: Vec<(String, u64)>,
@@ -91,7 +92,7 @@ impl KernelStep {
     /// The counts between two readings of `vramlab_probe::kernels::totals`.
     pub fn between(before: vramlab_probe::KernelCounts, after: vramlab_probe::KernelCounts) -> Self {
         let d = after - before;
-        // Two names can shorten to one (the same kernel over two runtimes): add them up.
+        // Two names can shorten to one (matmul variants, the same kernel over two runtimes): add them up.
         let mut top: Vec<(String, u64)> = Vec::new();
         for (name, n) in &d.by_kernel {
             let short = vramlab_probe::kernels::short_name(name);
@@ -230,7 +231,7 @@ fn top_kernels_markdown(steps: &[StepRecord]) -> String {
     let (first, last) = (steps[0].step, steps[steps.len() - 1].step);
     let span = if first == last { format!("step {first}") } else { format!("steps {first}–{last}") };
     let mut s = format!(
-        "\n### Most launched kernels ({span}; launches per step, mean)\n\nEach step records its {TOP_KERNELS_PER_STEP} most launched kernels (`top_kernels` in metrics.jsonl; names as CubeCL logs them, module paths dropped).\n\n| kernel | launches/step | share |\n|---|---:|---:|\n"
+        "\n### Most launched kernels ({span}; launches per step, mean)\n\nEach step records its {TOP_KERNELS_PER_STEP} most launched kernels (`top_kernels` in metrics.jsonl; names as CubeCL logs them, long ones cut after 4 parts).\n\n| kernel | launches/step | share |\n|---|---:|---:|\n"
     );
     let mut shown = 0;
     for (name, c) in sums.iter().take(TOP_KERNELS_IN_SUMMARY) {
