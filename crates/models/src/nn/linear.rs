@@ -7,7 +7,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::gelu;
+use burn::tensor::activation::{gelu, relu};
 use burn::tensor::module::linear;
 
 use super::{Precision, cast};
@@ -93,9 +93,9 @@ pub enum Activation {
 }
 
 impl Activation {
-    pub fn apply<B: super::lean::LeanBackend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+    pub fn apply<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
-            Activation::Relu => super::lean::relu(x),
+            Activation::Relu => relu(x),
             Activation::Gelu => gelu(x),
         }
     }
