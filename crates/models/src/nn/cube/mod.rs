@@ -7,8 +7,7 @@
 //!   reduction, per-group/per-channel finish, apply);
 //! - [`layer_norm`]: LayerNorm forward (one launch) and backward (rows, then columns);
 //! - [`softmax`]: softmax along the last axis, forward and backward from the output (one
-//!   launch each);
-//! - [`relu`]: ReLU's backward from the output (one launch).
+//!   launch each).
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
@@ -24,7 +23,6 @@ use cubecl::prelude::*;
 
 pub mod group_norm;
 pub mod layer_norm;
-pub mod relu;
 pub mod softmax;
 
 /// Units per cube of the reducing kernels (one cube per group / channel / row).

@@ -20,7 +20,7 @@
 //! backends' implementations (`inner_lean_backend!`), which run the same forwards and
 //! backwards: flex through the CPU kernels of `nn::flex` where they apply (`flex_kernels`
 //! below), wgpu and cuda through the `#[cube]` kernels of `nn::cube` (GroupNorm(+SiLU),
-//! LayerNorm, softmax, ReLU's backward: `cube_kernels`; with Burn's fusion, or `VRAMLAB_COMPOSED_KERNELS=1`, the
+//! LayerNorm, softmax: `cube_kernels`; with Burn's fusion, or `VRAMLAB_COMPOSED_KERNELS=1`, the
 //! composed ops), everything else composed of Burn ops (`burn_kernels`). Each backward is
 //! tested against plain autodiff of the composed forward, or Burn's own node (each file's
 //! `tests`; on wgpu, `cube_tests`).
@@ -123,8 +123,6 @@ pub trait LeanBackend: Backend {
     /// [`LeanBackend::lean_layer_norm`]'s backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims
     /// and dtype.
     fn lean_layer_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>) -> (Prim<Self>, Prim<Self>, Prim<Self>);
-    /// [`LeanBackend::lean_relu`]'s backward from its output: `dy` where `y > 0`, else 0.
-    fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
     /// [`LeanBackend::lean_softmax`]'s backward from its output: `y · (dy − Σ_dim dy · y)`.
     fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self>;
     /// The batch-chunk bound of a convolution's weight gradient on this backend, or `None` for
@@ -164,9 +162,6 @@ mod burn_kernels {
     }
     pub fn softmax_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
         softmax_backward_composed::<B>(y, dy, dim)
-    }
-    pub fn relu_backward<B: Backend>(y: Prim<B>, dy: Prim<B>) -> Prim<B> {
-        <B as burn::tensor::ops::ActivationOps<B>>::relu_backward(y, dy)
     }
     pub fn weight_backward_2d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
         B::conv2d_weight_backward(x, w, dy, o)
@@ -234,12 +229,6 @@ mod cube_kernels {
         }
         B::from_cube(cube::softmax::backward(B::into_cube(y), B::into_cube(dy)))
     }
-    pub fn relu_backward<B: CubePrim>(y: Prim<B>, dy: Prim<B>) -> Prim<B> {
-        if cube::composed() {
-            return burn_kernels::relu_backward::<B>(y, dy);
-        }
-        B::from_cube(cube::relu::backward(B::into_cube(y), B::into_cube(dy)))
-    }
     pub fn group_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::group_norm::<B>(x, w, b, groups, eps, act);
@@ -274,7 +263,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{layer_norm, layer_norm_backward, relu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{layer_norm, layer_norm_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
@@ -383,9 +372,6 @@ macro_rules! inner_lean_backend {
             }
             fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self> {
                 $kernels::softmax_backward::<Self>(y, dy, dim)
-            }
-            fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-                $kernels::relu_backward::<Self>(y, dy)
             }
             fn lean_silu(x: Prim<Self>) -> Prim<Self> {
                 forward_silu::<Self>(x)
@@ -498,9 +484,6 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     }
     fn lean_softmax_backward(y: Prim<Self>, dy: Prim<Self>, dim: usize) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_softmax_backward(y.primitive, dy.primitive, dim))
-    }
-    fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-        <Self as AutodiffBackend>::from_inner(B::lean_relu_backward(y.primitive, dy.primitive))
     }
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_conv2d_weight_backward(x.primitive, weight.primitive, dy.primitive, options))

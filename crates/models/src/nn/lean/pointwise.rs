@@ -105,13 +105,13 @@ pub(super) fn mish_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<
 #[derive(Debug)]
 struct ReluBackward;
 
-impl<B: LeanBackend> Backward<B, 1> for ReluBackward {
+impl<B: Backend> Backward<B, 1> for ReluBackward {
     type State = Prim<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         if let [Some(node)] = ops.parents {
-            grads.register::<B>(node.id, B::lean_relu_backward(ops.state, dy));
+            grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
         }
     }
 }
