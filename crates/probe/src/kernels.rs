@@ -22,9 +22,15 @@
 //!   is measured wall time (compiling and benchmarking every candidate). A search with a single
 //!   candidate ends without a result line and is counted with zero seconds.
 //!
+//! - **launches by kernel**: the same launch lines, counted per kernel name (the `<kernel>` of the
+//!   line: the kernel's type name as CubeCL formats it, generic arguments as ` | `-separated
+//!   parts; [`short_name`] cuts long ones for display). Exact in the same way as the total, which
+//!   they sum to.
+//!
 //! Time spent compiling kernels outside autotune is not logged by CubeCL with a duration; reports
 //! infer it from step 1's time over the steady step and say so.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -41,7 +47,7 @@ const CUDA_COMPILE_TARGET: &str = "cubecl_cuda::compute::context";
 pub const SETTLE_QUIET: Duration = Duration::from_millis(3);
 
 /// Kernel counts since the start of the process (or, as a difference, over a step).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct KernelCounts {
     /// Kernel launches (autotune's benchmark launches included).
     pub launches: u64,
@@ -53,19 +59,67 @@ pub struct KernelCounts {
     pub autotune_searches: u64,
     /// Wall time of those searches, seconds.
     pub autotune_s: f64,
+    /// Launches per kernel name as CubeCL logs it, most launched first (ties by name); kernels
+    /// with no launch are left out. Sums to `launches`.
+    pub by_kernel: Vec<(String, u64)>,
 }
 
 impl std::ops::Sub for KernelCounts {
     type Output = KernelCounts;
     fn sub(self, o: KernelCounts) -> KernelCounts {
+        let before: HashMap<&str, u64> = o.by_kernel.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        let by_kernel = self.by_kernel.iter().filter_map(|(k, n)| Some((k.clone(), n.checked_sub(before.get(k.as_str()).copied().unwrap_or(0)).filter(|&d| d > 0)?))).collect();
         KernelCounts {
             launches: self.launches.saturating_sub(o.launches),
             compiled: self.compiled.saturating_sub(o.compiled),
             from_cache: self.from_cache.saturating_sub(o.from_cache),
             autotune_searches: self.autotune_searches.saturating_sub(o.autotune_searches),
             autotune_s: (self.autotune_s - o.autotune_s).max(0.0),
+            by_kernel: sorted(by_kernel),
         }
     }
+}
+
+/// Most launched first, ties by name (a stable order for reports and tests).
+fn sorted(mut v: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// A kernel name for display. CubeCL 0.10 logs a kernel's type name in its "balanced" format,
+/// generic arguments as ` | `-separated parts (`KernelBinop | AddOp | WgpuRuntime`); a name of
+/// more than [`SHORT_PARTS`]` + 2` parts (a matmul's runs to thirty) keeps its first
+/// [`SHORT_PARTS`] and ` | …`. A full type name (`burn_cubecl::kernel::binary::Op<f32,
+/// burn_cubecl::ops::AddOp>`) loses its module paths (`Op<f32, AddOp>`): every path segment
+/// before a `::` goes; the generic arguments and their nesting stay.
+pub fn short_name(name: &str) -> String {
+    let parts: Vec<&str> = name.split(" | ").collect();
+    if parts.len() > SHORT_PARTS + 2 {
+        return format!("{} | …", parts[..SHORT_PARTS].iter().map(|p| drop_paths(p)).collect::<Vec<_>>().join(" | "));
+    }
+    drop_paths(name)
+}
+
+/// How many ` | `-separated parts a long kernel name keeps ([`short_name`]).
+pub const SHORT_PARTS: usize = 4;
+
+fn drop_paths(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    // Where the identifier being written started in `out`.
+    let mut word_start = 0;
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ':' && chars.peek() == Some(&':') {
+            chars.next();
+            out.truncate(word_start);
+            continue;
+        }
+        out.push(c);
+        if !(c.is_alphanumeric() || c == '_') {
+            word_start = out.len();
+        }
+    }
+    out
 }
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
@@ -74,6 +128,8 @@ static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
 static SEARCHES: AtomicU64 = AtomicU64::new(0);
 static TUNE_NANOS: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Launches per kernel name (the name as logged).
+static BY_KERNEL: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
 /// The search in progress: its key and start (searches block the thread that asked).
 static PENDING_TUNE: Mutex<Option<(String, Instant)>> = Mutex::new(None);
 
@@ -85,6 +141,7 @@ pub fn totals() -> KernelCounts {
         from_cache: FROM_CACHE.load(Ordering::Relaxed),
         autotune_searches: SEARCHES.load(Ordering::Relaxed),
         autotune_s: TUNE_NANOS.load(Ordering::Relaxed) as f64 * 1e-9,
+        by_kernel: sorted(BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten().map(|(k, n)| (k.clone(), *n)).collect()),
     }
 }
 
@@ -150,7 +207,7 @@ fn classify(target: &str, level: log::Level, args: &fmt::Arguments) {
     let head = head.as_str();
     match (target, level) {
         (PROFILING_TARGET, _) if head.starts_with("Executing ") || head.starts_with("| ") => {
-            LAUNCHES.fetch_add(1, Ordering::Relaxed);
+            count_launch(args);
         }
         (PROFILING_TARGET, _) if head.starts_with("Fastest result ") => {
             let text = args.to_string();
@@ -174,6 +231,25 @@ fn classify(target: &str, level: log::Level, args: &fmt::Arguments) {
         }
         _ => {}
     }
+}
+
+/// One launch line: `Executing <kernel>` or `| <duration> | <kernel>`. The per-kernel count is
+/// updated before the total, so a reading never shows more launches in total than by kernel.
+fn count_launch(args: &fmt::Arguments) {
+    let text = args.to_string();
+    let name = match text.strip_prefix("Executing ") {
+        Some(name) => name,
+        None => text[2..].split_once(" | ").map_or("?", |(_, name)| name),
+    };
+    let mut map = BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.get_or_insert_with(HashMap::new);
+    match map.get_mut(name) {
+        Some(n) => *n += 1,
+        None => {
+            map.insert(name.to_string(), 1);
+        }
+    }
+    LAUNCHES.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The first bytes of a message, formatted without allocating (a launch line per kernel).
@@ -236,6 +312,35 @@ mod tests {
         classify("wgpu_core::device", log::Level::Trace, &format_args!("Compiling kernel"));
         let d = totals() - before;
         assert_eq!((d.launches, d.compiled, d.from_cache), (6, 2, 1), "{d:?}");
+        assert_eq!(d.by_kernel, vec![(name.to_string(), 6)], "{d:?}");
+    }
+
+    #[test]
+    fn launches_are_counted_per_kernel_and_a_step_keeps_only_its_own() {
+        let _serial = serial();
+        let (a, b, c) = ("m::Reduce<f32>", "m::Matmul<f32, m::Tile<4>>", "m::Copy");
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("Executing {c}"));
+        let before = totals();
+        for name in [a, b, a, b, a, "m::Zeta", "m::Alpha"] {
+            classify(PROFILING_TARGET, log::Level::Info, &format_args!("Executing {name}"));
+        }
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("| {:<10?} | {b}", Duration::from_micros(3)));
+        let d = totals() - before;
+        // Most launched first, ties by name; `Copy` launched only before the step is absent.
+        let want: Vec<(String, u64)> = [(b, 3), (a, 3), ("m::Alpha", 1), ("m::Zeta", 1)].iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        assert_eq!(d.by_kernel, want);
+        assert_eq!(d.launches, d.by_kernel.iter().map(|(_, n)| n).sum::<u64>());
+    }
+
+    #[test]
+    fn a_short_name_drops_module_paths_but_keeps_generics() {
+        assert_eq!(short_name("burn_cubecl::kernel::binary::kernel_scalar_binop::KernelScalarBinop<cubecl_wgpu::WgpuRuntime, f32, burn_cubecl::ops::AddOp>"), "KernelScalarBinop<WgpuRuntime, f32, AddOp>");
+        assert_eq!(short_name("a::b<c::d<e::f, 2>, [g::h; 3]>"), "b<d<f, 2>, [h; 3]>");
+        assert_eq!(short_name("plain"), "plain");
+        assert_eq!(short_name("KernelBinop | AddOp | WgpuRuntime"), "KernelBinop | AddOp | WgpuRuntime");
+        let matmul = "MatmulEntry | TensorArgs | DynamicScalar | __Lhs | DynamicSize | __LhsSize | UnitMatmulFamily | WgpuRuntime";
+        assert_eq!(short_name(matmul), "MatmulEntry | TensorArgs | DynamicScalar | __Lhs | …");
+        assert_eq!(short_name("A | B | C | D | E | F"), "A | B | C | D | E | F");
     }
 
     #[test]

@@ -22,7 +22,8 @@ use vramlab_bytes::human;
 ///   `nvidia-smi` shows, all processes and the CUDA context included), maximum over the probe
 ///   points of the step; absent where the driver cannot be asked.
 /// - `kernel_launches`, `kernels_compiled`, `kernels_from_cache`, `autotune_searches`,
-///   `autotune_s` ([`KernelStep`]): on CubeCL backends (wgpu, cuda) only; absent on flex.
+///   `autotune_s`, `top_kernels` ([`KernelStep`]): on CubeCL backends (wgpu, cuda) only; absent
+///   on flex.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     pub step: u64,
@@ -59,9 +60,14 @@ pub struct StepRecord {
     pub kernels: Option<KernelStep>,
 }
 
+/// How many of a step's most launched kernels its record keeps (`top_kernels`).
+pub const TOP_KERNELS_PER_STEP: usize = 20;
+/// How many kernels the summary's table shows.
+const TOP_KERNELS_IN_SUMMARY: usize = 15;
+
 /// A step's kernels on a CubeCL backend, counted from CubeCL's log messages
 /// (`vramlab_probe::kernels` says how and how exact each count is).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct KernelStep {
     /// Kernel launches (autotune's benchmark launches included). The total over a run is exact;
     /// a few launches can be counted in the next step (CubeCL reports launches from a thread).
@@ -74,13 +80,30 @@ pub struct KernelStep {
     pub autotune_searches: u64,
     /// Wall time of those searches (compiling and benchmarking every candidate), seconds.
     pub autotune_s: f64,
+    /// The step's [`TOP_KERNELS_PER_STEP`] most launched kernels, `[name, launches]`, most
+    /// launched first; names as CubeCL logs them, long ones cut (`vramlab_probe::kernels::short_name`:
+    /// matmul variants that share their first parts are added up).
+    /// Exact counts; the launches of the kernels left out are `kernel_launches` minus their sum.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub top_kernels: Vec<(String, u64)>,
 }
 
 impl KernelStep {
     /// The counts between two readings of `vramlab_probe::kernels::totals`.
     pub fn between(before: vramlab_probe::KernelCounts, after: vramlab_probe::KernelCounts) -> Self {
         let d = after - before;
-        Self { kernel_launches: d.launches, kernels_compiled: d.compiled, kernels_from_cache: d.from_cache, autotune_searches: d.autotune_searches, autotune_s: d.autotune_s }
+        // Two names can shorten to one (matmul variants, the same kernel over two runtimes): add them up.
+        let mut top: Vec<(String, u64)> = Vec::new();
+        for (name, n) in &d.by_kernel {
+            let short = vramlab_probe::kernels::short_name(name);
+            match top.iter_mut().find(|(k, _)| *k == short) {
+                Some(e) => e.1 += n,
+                None => top.push((short, *n)),
+            }
+        }
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(TOP_KERNELS_PER_STEP);
+        Self { kernel_launches: d.launches, kernels_compiled: d.compiled, kernels_from_cache: d.from_cache, autotune_searches: d.autotune_searches, autotune_s: d.autotune_s, top_kernels: top }
     }
 }
 
@@ -147,7 +170,7 @@ pub fn summary_markdown(title: &str, header: &[(String, String)], records: &[Ste
 /// The summary's kernel section (CubeCL backends; empty when no step counted kernels): step 1
 /// against the steady steps.
 fn kernels_markdown(records: &[StepRecord]) -> String {
-    let Some(k1) = records.first().and_then(|r| r.kernels) else {
+    let Some(k1) = records.first().and_then(|r| r.kernels.as_ref()) else {
         return String::new();
     };
     let first = &records[0];
@@ -171,7 +194,7 @@ fn kernels_markdown(records: &[StepRecord]) -> String {
         k1.autotune_searches,
         sum(|k| k.autotune_searches),
         k1.autotune_s,
-        rest.iter().filter_map(|r| r.kernels.map(|k| k.autotune_s)).sum::<f64>(),
+        rest.iter().filter_map(|r| r.kernels.as_ref().map(|k| k.autotune_s)).sum::<f64>(),
     );
     if !rest.is_empty() {
         let steady = median_by(records, 1, |r| r.step_time_s);
@@ -182,6 +205,41 @@ fn kernels_markdown(records: &[StepRecord]) -> String {
             k1.autotune_s,
         ));
     }
+    s.push_str(&top_kernels_markdown(if rest.is_empty() { &records[..1] } else { &records[1..] }));
+    s
+}
+
+/// The kernels launched most in the given steps (the steady ones): launches per step (mean over
+/// the steps) and their share of all launches. Empty when no step lists its kernels.
+fn top_kernels_markdown(steps: &[StepRecord]) -> String {
+    let ks: Vec<&KernelStep> = steps.iter().filter_map(|r| r.kernels.as_ref()).filter(|k| !k.top_kernels.is_empty()).collect();
+    if ks.is_empty() {
+        return String::new();
+    }
+    let n = ks.len() as f64;
+    let mut sums: Vec<(&str, u64)> = Vec::new();
+    for k in &ks {
+        for (name, c) in &k.top_kernels {
+            match sums.iter_mut().find(|(s, _)| s == name) {
+                Some(e) => e.1 += c,
+                None => sums.push((name, *c)),
+            }
+        }
+    }
+    sums.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let total: u64 = ks.iter().map(|k| k.kernel_launches).sum();
+    let (first, last) = (steps[0].step, steps[steps.len() - 1].step);
+    let span = if first == last { format!("step {first}") } else { format!("steps {first}–{last}") };
+    let mut s = format!(
+        "\n### Most launched kernels ({span}; launches per step, mean)\n\nEach step records its {TOP_KERNELS_PER_STEP} most launched kernels (`top_kernels` in metrics.jsonl; names as CubeCL logs them, long ones cut after 4 parts).\n\n| kernel | launches/step | share |\n|---|---:|---:|\n"
+    );
+    let mut shown = 0;
+    for (name, c) in sums.iter().take(TOP_KERNELS_IN_SUMMARY) {
+        shown += c;
+        s.push_str(&format!("| `{}` | {:.0} | {:.1} % |\n", name.replace('|', "\\|"), *c as f64 / n, 100.0 * *c as f64 / total.max(1) as f64));
+    }
+    let other = total.saturating_sub(shown);
+    s.push_str(&format!("| all other kernels | {:.0} | {:.1} % |\n| **all** | {:.0} | 100 % |\n", other as f64 / n, 100.0 * other as f64 / total.max(1) as f64, total as f64 / n));
     s
 }
 
@@ -199,9 +257,10 @@ mod tests {
 
     #[test]
     fn kernel_fields_are_flat_in_the_jsonl_and_absent_without_counts() {
-        let k = KernelStep { kernel_launches: 812, kernels_compiled: 95, kernels_from_cache: 0, autotune_searches: 6, autotune_s: 4.5 };
-        let line = serde_json::to_string(&record(1, Some(k))).unwrap();
+        let k = KernelStep { kernel_launches: 812, kernels_compiled: 95, kernels_from_cache: 0, autotune_searches: 6, autotune_s: 4.5, top_kernels: vec![("Matmul<f32>".into(), 700), ("Copy".into(), 12)] };
+        let line = serde_json::to_string(&record(1, Some(k.clone()))).unwrap();
         assert!(line.contains(r#""kernel_launches":812"#) && line.contains(r#""kernels_compiled":95"#), "{line}");
+        assert!(line.contains(r#""top_kernels":[["Matmul<f32>",700],["Copy",12]]"#), "{line}");
         assert_eq!(serde_json::from_str::<StepRecord>(&line).unwrap().kernels, Some(k));
         let flex = serde_json::to_string(&record(1, None)).unwrap();
         assert!(!flex.contains("kernel"), "{flex}");
@@ -210,14 +269,49 @@ mod tests {
 
     #[test]
     fn the_summary_shows_step_one_against_the_later_steps_only_when_kernels_were_counted() {
-        let k = |launches, compiled, tune| Some(KernelStep { kernel_launches: launches, kernels_compiled: compiled, kernels_from_cache: 0, autotune_searches: compiled / 10, autotune_s: tune });
+        let k = |launches, compiled, tune| Some(KernelStep { kernel_launches: launches, kernels_compiled: compiled, kernels_from_cache: 0, autotune_searches: compiled / 10, autotune_s: tune, top_kernels: vec![] });
         let records = vec![record(1, k(900, 120, 3.0)), record(2, k(500, 2, 0.0)), record(3, k(502, 0, 0.0)), record(4, k(498, 0, 0.0))];
         let md = summary_markdown("t", &[], &records);
         assert!(md.contains("## Kernels (CubeCL)"), "{md}");
         assert!(md.contains("| kernel launches (per step; after the first: median) | 900 | 500 |"), "{md}");
         assert!(md.contains("| kernels compiled (after the first: total) | 120 | 2 |"), "{md}");
         assert!(md.contains("took 9.00 s more than the median later step"), "{md}");
+        assert!(!md.contains("Most launched"), "no step listed its kernels: {md}");
         let flex: Vec<StepRecord> = records.into_iter().map(|r| StepRecord { kernels: None, ..r }).collect();
         assert!(!summary_markdown("t", &[], &flex).contains("Kernels"));
+    }
+
+    #[test]
+    fn a_step_keeps_its_most_launched_kernels_by_short_name() {
+        let counts = |v: &[(&str, u64)]| vramlab_probe::KernelCounts { launches: v.iter().map(|(_, n)| n).sum(), by_kernel: v.iter().map(|(k, n)| (k.to_string(), *n)).collect(), ..Default::default() };
+        let before = counts(&[("a::Mm<f32>", 5), ("a::Copy", 1)]);
+        let mut after: Vec<(String, u64)> = (0..30).map(|i| (format!("k::K{i:02}"), i + 1)).collect();
+        after.extend([("a::Mm<f32>".to_string(), 105), ("b::Mm<f32>".to_string(), 7), ("a::Copy".to_string(), 1)]);
+        let after = counts(&after.iter().map(|(k, n)| (k.as_str(), *n)).collect::<Vec<_>>());
+        let k = KernelStep::between(before, after);
+        assert_eq!(k.kernel_launches, (1..=30).sum::<u64>() + 100 + 7);
+        assert_eq!(k.top_kernels.len(), TOP_KERNELS_PER_STEP);
+        // `a::Mm<f32>` and `b::Mm<f32>` are one short name; `Copy` had no launch in the step.
+        assert_eq!(k.top_kernels[0], ("Mm<f32>".to_string(), 107));
+        assert_eq!(k.top_kernels[1], ("K29".to_string(), 30));
+        assert!(k.top_kernels.iter().all(|(name, _)| name != "Copy"));
+    }
+
+    #[test]
+    fn the_summary_lists_the_steady_steps_most_launched_kernels() {
+        let k = |top: &[(&str, u64)], other: u64| Some(KernelStep { kernel_launches: top.iter().map(|(_, n)| n).sum::<u64>() + other, kernels_compiled: 0, kernels_from_cache: 0, autotune_searches: 0, autotune_s: 0.0, top_kernels: top.iter().map(|(k, n)| (k.to_string(), *n)).collect() });
+        let mut top: Vec<(String, u64)> = (0..16).map(|i| (format!("K{i:02}"), 100 - i)).collect();
+        top.push(("Or|Pipe".into(), 200));
+        let top: Vec<(&str, u64)> = top.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        // Step 1 (autotune's launches) is not in the table; a kernel missing from a step counts 0.
+        let records = vec![record(1, k(&[("Tune", 9000)], 0)), record(2, k(&top, 50)), record(3, k(&top[1..], 50))];
+        let md = summary_markdown("t", &[], &records);
+        assert!(md.contains("### Most launched kernels (steps 2–3; launches per step, mean)"), "{md}");
+        assert!(!md.contains("`Tune`"), "{md}");
+        assert!(md.contains("| `Or\\|Pipe` | 200 |"), "{md}");
+        // K00: 100 launches in step 2, none in step 3: 50 per step, below the 15 shown.
+        assert!(md.contains("| `K14` | 86 |") && !md.contains("`K15`") && !md.contains("`K00`"), "15 rows only: {md}");
+        let all = (records[1].kernels.as_ref().unwrap().kernel_launches + records[2].kernels.as_ref().unwrap().kernel_launches) as f64 / 2.0;
+        assert!(md.contains(&format!("| **all** | {all:.0} | 100 % |")), "{md}");
     }
 }
