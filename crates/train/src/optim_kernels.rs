@@ -8,7 +8,10 @@
 //! pass over contiguous memory, in place, on all threads; it does the same f32 operations in the
 //! same order as the tensor version, so the two agree bit for bit (tested). GPU backends use
 //! the tensor version with Burn's fusion on; without it, wgpu and cuda run the update as one
-//! `#[cube]` kernel per parameter (`cube`, tested against the tensor version in `cube_tests`).
+//! `#[cube]` kernel per parameter, in place where the buffers are the update's alone, and the
+//! squared norm as one `#[cube]` launch per gradient instead of the tensor ops' square, sum and
+//! add (`cube`, tested against the tensor versions in `cube_tests`). The clip itself is a
+//! factor of the update's `coef` (computed once per step from the norm read to the host).
 
 use burn::prelude::*;
 use burn::tensor::FloatDType;
