@@ -19,7 +19,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use vramlab_store::{PathStack, WeightError};
 
-use crate::optim_kernels::{AdamUpdate, Decay, OptimKernels, SqSum};
+use crate::optim_kernels::{AdamUpdate, Decay, OptimKernels, SqAcc};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -144,9 +144,9 @@ impl<B: AutodiffBackend> Optimizer<B> {
         B::InnerBackend: OptimKernels,
     {
         // Global norm over all gradients, computed on device, read once.
-        let mut norm = NormVisitor::<B> { grads: &mut grads, host: 0.0, device: None };
+        let mut norm = NormVisitor::<B> { grads: &mut grads, acc: SqAcc::default() };
         module.visit(&mut norm);
-        let sq = norm.host + norm.device.map(|s| s.into_scalar().elem::<f64>()).unwrap_or(0.0);
+        let sq = B::InnerBackend::sq_total(norm.acc);
         let grad_norm = sq.sqrt() / grad_scale;
         if !grad_norm.is_finite() {
             return (module, StepInfo { grad_norm, applied: false });
@@ -312,27 +312,17 @@ pub fn trainable_params<B: Backend, M: burn::module::Module<B>>(module: &M) -> V
     vramlab_store::trainable_param_shapes::<B, M>(module)
 }
 
-struct NormVisitor<'a, B: AutodiffBackend> {
+struct NormVisitor<'a, B: AutodiffBackend<InnerBackend: OptimKernels>> {
     grads: &'a mut GradientsParams,
-    host: f64,
-    device: Option<Tensor<B::InnerBackend, 1>>,
+    acc: SqAcc<B::InnerBackend>,
 }
 
 impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleVisitor<B> for NormVisitor<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             // The kernel may hand the gradient back re-laid out for the update.
-            let (g, s) = B::InnerBackend::grad_sq_sum(g);
+            let g = B::InnerBackend::grad_sq_sum(g, &mut self.acc);
             self.grads.register::<B::InnerBackend, D>(param.id, g);
-            match s {
-                SqSum::Host(s) => self.host += s,
-                SqSum::Device(s) => {
-                    self.device = Some(match self.device.take() {
-                        Some(acc) => acc + s,
-                        None => s,
-                    })
-                }
-            }
         }
     }
 }

@@ -8,7 +8,10 @@
 //! pass over contiguous memory, in place, on all threads; it does the same f32 operations in the
 //! same order as the tensor version, so the two agree bit for bit (tested). GPU backends use
 //! the tensor version with Burn's fusion on; without it, wgpu and cuda run the update as one
-//! `#[cube]` kernel per parameter (`cube`, tested against the tensor version in `cube_tests`).
+//! `#[cube]` kernel per parameter, in place where the buffers are the update's alone, and the
+//! squared norm as one `#[cube]` launch per gradient instead of the tensor ops' square, sum and
+//! add (`cube`, tested against the tensor versions in `cube_tests`). The clip itself is a
+//! factor of the update's `coef` (computed once per step from the norm read to the host).
 
 use burn::prelude::*;
 use burn::tensor::FloatDType;
@@ -39,20 +42,37 @@ pub enum Decay {
     Decoupled(f64),
 }
 
-/// A gradient's sum of squares: already on the host, or a one-element tensor still on the
-/// device (summed there and read once per step).
-pub enum SqSum<B: Backend> {
-    Host(f64),
-    Device(Tensor<B, 1>),
+/// `Σ g²` over the gradients of one step, read to the host once ([`OptimKernels::sq_total`]):
+/// a part summed on the host (flex), a one-element sum on the device (the tensor ops) and a
+/// kernel's per-unit partial sums on the device (CubeCL), added up at the end.
+pub struct SqAcc<B: Backend> {
+    pub host: f64,
+    pub device: Option<Tensor<B, 1>>,
+    pub partials: Option<Tensor<B, 1>>,
+}
+
+impl<B: Backend> Default for SqAcc<B> {
+    fn default() -> Self {
+        Self { host: 0.0, device: None, partials: None }
+    }
 }
 
 /// See the module docs. The default methods are the tensor-op versions.
 pub trait OptimKernels: Backend {
-    /// `Σ g²` in f32 arithmetic, and `g` back (on flex laid out contiguously, so the update
-    /// reads it in order).
-    fn grad_sq_sum<const D: usize>(g: Tensor<Self, D>) -> (Tensor<Self, D>, SqSum<Self>) {
-        let s = g.clone().cast(FloatDType::F32).square().sum();
-        (g, SqSum::Device(s))
+    /// Adds `Σ g²` (f32 arithmetic) to `acc` and hands `g` back (on flex and CubeCL backends laid
+    /// out contiguously, so the update reads it in order).
+    fn grad_sq_sum<const D: usize>(g: Tensor<Self, D>, acc: &mut SqAcc<Self>) -> Tensor<Self, D> {
+        sq_sum_tensors(g, acc)
+    }
+
+    /// The sum `acc` holds, read to the host (one read).
+    fn sq_total(acc: SqAcc<Self>) -> f64 {
+        let device = match (acc.device, acc.partials) {
+            (Some(d), Some(p)) => Some(d + p.sum()),
+            (d, None) => d,
+            (None, Some(p)) => Some(p.sum()),
+        };
+        acc.host + device.map_or(0.0, |s| s.into_scalar().elem::<f64>())
     }
 
     /// One update of the parameter `p` with gradient `g` (same shape) and the flattened
@@ -63,6 +83,16 @@ pub trait OptimKernels: Backend {
         let (p, m, v) = adam_update_tensors(p.reshape([n]), g.reshape([n]), moments, h);
         (p.reshape(shape), m, v)
     }
+}
+
+/// `Σ g²` with tensor ops (cast, square, sum, and an add into `acc`'s one-element sum).
+pub fn sq_sum_tensors<B: Backend, const D: usize>(g: Tensor<B, D>, acc: &mut SqAcc<B>) -> Tensor<B, D> {
+    let s = g.clone().cast(FloatDType::F32).square().sum();
+    acc.device = Some(match acc.device.take() {
+        Some(a) => a + s,
+        None => s,
+    });
+    g
 }
 
 /// The update with tensor ops (any backend, any dtype).
@@ -242,14 +272,13 @@ mod flex {
     }
 
     impl OptimKernels for Flex {
-        fn grad_sq_sum<const D: usize>(g: Tensor<Flex, D>) -> (Tensor<Flex, D>, SqSum<Flex>) {
+        fn grad_sq_sum<const D: usize>(g: Tensor<Flex, D>, acc: &mut SqAcc<Flex>) -> Tensor<Flex, D> {
             let g = prim(g);
             if g.dtype() != DType::F32 {
-                let s = tensor::<D>(g.clone()).square().sum();
-                return (tensor(g), SqSum::Device(s));
+                return sq_sum_tensors(tensor(g), acc);
             }
             let sq = |c: &[f32]| c.iter().map(|&x| (x * x) as f64).sum::<f64>();
-            let s = if covers_storage(&g) {
+            let s: f64 = if covers_storage(&g) {
                 g.storage::<f32>().par_chunks(CHUNK).map(sq).sum()
             } else {
                 let reader = Reader::new(&g);
@@ -264,7 +293,8 @@ mod flex {
                     })
                     .sum()
             };
-            (tensor(g), SqSum::Host(s))
+            acc.host += s;
+            tensor(g)
         }
 
         fn adam_update<const D: usize>(p: Tensor<Flex, D>, g: Tensor<Flex, D>, moments: Option<(Tensor<Flex, 1>, Tensor<Flex, 1>)>, h: &AdamUpdate) -> (Tensor<Flex, D>, Tensor<Flex, 1>, Tensor<Flex, 1>) {
@@ -383,19 +413,21 @@ mod tests {
             let n: usize = dims.iter().product();
             let t = Tensor::<Flex, 3>::from_data(TensorData::new((0..n).map(|i| i as f32).collect::<Vec<_>>(), dims), &Default::default()).permute(perm);
             let expect = t.clone().into_data().to_vec::<f32>().unwrap();
-            let (back, _) = <Flex as OptimKernels>::grad_sq_sum(t);
+            let back = <Flex as OptimKernels>::grad_sq_sum(t, &mut SqAcc::default());
             assert_eq!(back.into_data().to_vec::<f32>().unwrap(), expect, "{dims:?} {perm:?}");
             let t = Tensor::<Flex, 3>::from_data(TensorData::new((0..n).map(|i| i as f32).collect::<Vec<_>>(), dims), &Default::default()).narrow(1, 1, 2);
             let expect = t.clone().into_data().to_vec::<f32>().unwrap();
-            let (back, _) = <Flex as OptimKernels>::grad_sq_sum(t);
+            let back = <Flex as OptimKernels>::grad_sq_sum(t, &mut SqAcc::default());
             assert_eq!(back.into_data().to_vec::<f32>().unwrap(), expect, "{dims:?} narrowed");
         }
         let data: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
         let expect: f64 = data.iter().map(|&x| (x * x) as f64).sum();
         let g = Tensor::<Flex, 3>::from_data(TensorData::new(data, [2, 3, 4]), &Default::default()).swap_dims(0, 2);
         let before = g.clone().into_data().to_vec::<f32>().unwrap();
-        let (back, s) = <Flex as OptimKernels>::grad_sq_sum(g);
-        let SqSum::Host(s) = s else { panic!("flex f32 sums on the host") };
+        let mut acc = SqAcc::default();
+        let back = <Flex as OptimKernels>::grad_sq_sum(g, &mut acc);
+        assert!(acc.device.is_none(), "flex f32 sums on the host");
+        let s = acc.host;
         assert!((s - expect).abs() < 1e-9, "{s} vs {expect}");
         assert_eq!(back.dims(), [4, 3, 2]);
         assert_eq!(back.into_data().to_vec::<f32>().unwrap(), before);

@@ -1,17 +1,23 @@
-//! The Adam(W) update as one `#[cube]` kernel on CubeCL backends (wgpu, cuda; Burn's fusion
-//! off): one launch per parameter tensor instead of the tensor version's ~14 elementwise ones.
-//! Same f32 arithmetic, in the same order, as [`adam_update_tensors`] (a GPU compiler may still
+//! The optimizer's per-parameter passes as `#[cube]` kernels on CubeCL backends (wgpu, cuda;
+//! Burn's fusion off): the squared gradient norm (one launch per gradient, into per-unit
+//! partial sums that one reduction reads at the end of the pass) and the Adam(W) update (one
+//! launch per parameter instead of the tensor version's ~14 elementwise ones). Same f32
+//! arithmetic, in the same order, as [`adam_update_tensors`] (a GPU compiler may still
 //! contract a multiply-add, so the two agree to rounding, not bit for bit; tested on lavapipe in
-//! `cube_tests`). f32 parameters, gradients and moments only; other dtypes, and
-//! `VRAMLAB_COMPOSED_KERNELS=1`, take the tensor version. The outputs are new buffers (three
-//! per update, fewer than the tensor version's temporaries), so shared inputs are never written.
+//! `cube_tests`); the norm sums in another order than Burn's reduction (f32 rounding). f32
+//! only; other dtypes, and `VRAMLAB_COMPOSED_KERNELS=1`, take the tensor versions.
+//!
+//! The update writes `p`, `m` and `v` in place (outputs aliasing the inputs) when their buffers
+//! are ours alone (`CubeTensor::can_mut`, the test Burn's own in-place elementwise ops use:
+//! no other tensor holds the memory handle), and into new buffers otherwise, so a shared input
+//! is never written. On the first step, `m` takes the gradient's buffer when that is ours alone.
 
 use burn::tensor::{DType, Shape, Tensor as BurnTensor, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-use super::{AdamUpdate, Decay, OptimKernels, adam_update_tensors};
+use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 
 /// `VRAMLAB_COMPOSED_KERNELS=1`: the tensor-op update instead of the kernel (read once per
 /// process; the same switch the models' lean nodes read).
@@ -21,7 +27,8 @@ fn composed() -> bool {
 }
 
 /// One unit per element. `first`: no moments yet (`m`, `v` are not read); `scale`: multiply
-/// the gradient by `coef`; `l2` / `decoupled`: the weight decay kind.
+/// the gradient by `coef`; `l2` / `decoupled`: the weight decay kind. Each output may alias an
+/// input (the launch decides): every unit reads its element of each input before writing it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn adam_kernel(
@@ -54,6 +61,12 @@ fn adam_kernel(
     }
     let mut pi = p[i];
     let mut gi = g[i];
+    let mut mi = gi;
+    let mut vi = gi;
+    if !first {
+        mi = m[i];
+        vi = v[i];
+    }
     if scale {
         gi *= coef;
     }
@@ -63,16 +76,38 @@ fn adam_kernel(
     if decoupled {
         pi *= keep;
     }
-    let mut mi = gi * nb1;
-    let mut vi = gi * gi * nb2;
-    if !first {
-        mi = m[i] * b1 + mi;
-        vi = v[i] * b2 + vi;
+    if first {
+        mi = gi * nb1;
+        vi = gi * gi * nb2;
+    } else {
+        mi = mi * b1 + gi * nb1;
+        vi = vi * b2 + gi * gi * nb2;
     }
     let denom = vi.sqrt() / sbc2 + eps;
     p_out[i] = pi - mi / denom * step;
     m_out[i] = mi;
     v_out[i] = vi;
+}
+
+/// Units of the squared-norm kernel: each owns one slot of the partial sums.
+const SQ_CUBE: u32 = 256;
+const SQ_CUBES: u32 = 64;
+/// Elements a unit sums at least before another cube is launched.
+const SQ_PER_UNIT: usize = 16;
+
+/// `acc[unit] += Σ g[i]²` over the unit's elements `unit, unit + stride, …` (`stride`: the units
+/// launched). Launches run in order on one stream, and within one each unit owns its slot.
+#[cube(launch)]
+fn sq_sum_kernel(g: &Tensor<f32>, acc: &mut Tensor<f32>, n: u32, stride: u32) {
+    let unit = ABSOLUTE_POS;
+    let mut i = unit;
+    let mut s = 0.0f32;
+    while i < n as usize {
+        let x = g[i];
+        s += x * x;
+        i += stride as usize;
+    }
+    acc[unit] += s;
 }
 
 fn prim<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: BurnTensor<CubeBackend<R, F, I, BT>, 1>) -> CubeTensor<R> {
@@ -83,7 +118,19 @@ fn tensor<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: Cu
     BurnTensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-/// The update of the flattened, f32 `p`, `g` and moments: one launch, three new buffers.
+#[cfg(test)]
+thread_local! {
+    /// Which of the last update's outputs (p, m, v) on this thread were written in an input's buffer.
+    pub(super) static IN_PLACE: std::cell::Cell<[bool; 3]> = const { std::cell::Cell::new([false; 3]) };
+}
+
+/// Whether the kernel may write `t`'s buffer: no other tensor holds it.
+fn ours<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    t.can_mut() && t.is_contiguous()
+}
+
+/// The update of the flattened, f32 `p`, `g` and moments: one launch, in place where the
+/// buffers are ours alone (see the module docs), new buffers otherwise.
 pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
     g: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
@@ -93,13 +140,30 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
     let n = p.shape().num_elements();
     let (p, g) = (prim(p), prim(g));
     let first = moments.is_none();
-    // On the first step the kernel reads no moments: `g` stands in for them.
+    let moments = moments.map(|(m, v)| (prim(m), prim(v)));
+    // Decided before any clone below (a clone holds the handle too).
+    let p_ours = ours(&p);
+    let g_ours = first && ours(&g);
+    let (m_ours, v_ours) = moments.as_ref().map_or((false, false), |(m, v)| (ours(m), ours(v)));
+    let new = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
+    // Inputs 0..4 are p, g, m, v; an output aliasing input k is written in k's buffer. On the
+    // first step the kernel reads no moments: `g` stands in for them.
     let (m, v) = match moments {
-        Some((m, v)) => (prim(m), prim(v)),
+        Some(mv) => mv,
         None => (g.clone(), g.clone()),
     };
-    let out = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
-    let (p_out, m_out, v_out) = (out(), out(), out());
+    let (p_out, p_arg) = if p_ours { (p.clone(), p.as_tensor_alias(0)) } else { let t = new(); (t.clone(), t.into_tensor_arg()) };
+    let (m_out, m_arg) = if first && g_ours {
+        (g.clone(), g.as_tensor_alias(1))
+    } else if m_ours {
+        (m.clone(), m.as_tensor_alias(2))
+    } else {
+        let t = new();
+        (t.clone(), t.into_tensor_arg())
+    };
+    let (v_out, v_arg) = if v_ours { (v.clone(), v.as_tensor_alias(3)) } else { let t = new(); (t.clone(), t.into_tensor_arg()) };
+    #[cfg(test)]
+    IN_PLACE.set([p_ours, g_ours || m_ours, v_ours]);
     // The scalars as the tensor version's scalar ops see them: converted to f32 first.
     let f = |x: f64| x as f32;
     let (wd, keep) = match h.decay {
@@ -118,9 +182,9 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
         g.into_tensor_arg(),
         m.into_tensor_arg(),
         v.into_tensor_arg(),
-        p_out.clone().into_tensor_arg(),
-        m_out.clone().into_tensor_arg(),
-        v_out.clone().into_tensor_arg(),
+        p_arg,
+        m_arg,
+        v_arg,
         f(h.coef),
         wd,
         keep,
@@ -140,7 +204,30 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
     (tensor(p_out), tensor(m_out), tensor(v_out))
 }
 
+/// Adds the f32, contiguous `g`'s `Σ g²` into `acc`'s partial sums (allocated and zeroed on the
+/// first gradient of a step): one launch.
+fn sq_sum_f32<R: CubeRuntime>(g: &CubeTensor<R>, acc: &mut Option<CubeTensor<R>>) {
+    let n = g.meta.num_elements();
+    let slots = (SQ_CUBE * SQ_CUBES) as usize;
+    let acc = acc.get_or_insert_with(|| burn_cubecl::ops::numeric::zeros_client::<R>(g.client.clone(), g.device.clone(), Shape::from(vec![slots]), DType::F32));
+    let cubes = n.div_ceil(SQ_CUBE as usize * SQ_PER_UNIT).clamp(1, SQ_CUBES as usize) as u32;
+    sq_sum_kernel::launch::<R>(&g.client, CubeCount::new_1d(cubes), CubeDim::new_1d(SQ_CUBE), g.clone().into_tensor_arg(), acc.clone().into_tensor_arg(), n as u32, cubes * SQ_CUBE);
+}
+
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKernels for CubeBackend<R, F, I, BT> {
+    fn grad_sq_sum<const D: usize>(g: BurnTensor<Self, D>, acc: &mut SqAcc<Self>) -> BurnTensor<Self, D> {
+        let n = g.shape().num_elements();
+        if g.dtype() != DType::F32 || n == 0 || n > u32::MAX as usize || composed() {
+            return sq_sum_tensors(g, acc);
+        }
+        // Contiguous for the kernel, and handed back so for the update.
+        let g = burn_cubecl::kernel::into_contiguous(g.into_primitive().tensor());
+        let mut partials = acc.partials.take().map(|a| a.into_primitive().tensor());
+        sq_sum_f32(&g, &mut partials);
+        acc.partials = partials.map(tensor);
+        BurnTensor::from_primitive(TensorPrimitive::Float(g))
+    }
+
     fn adam_update<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
         let shape = p.shape();
         let n = shape.num_elements();

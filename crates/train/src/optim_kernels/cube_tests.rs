@@ -1,7 +1,9 @@
 //! The `#[cube]` Adam(W) update on wgpu (CI: Mesa lavapipe) against the tensor-op update on the
 //! same device: several steps, each path carrying its own parameter and moments, every decay
-//! kind, with and without gradient scaling, sizes ragged against the kernel's cubes. f32 within
-//! 1e-6 relative (largest difference over the largest magnitude).
+//! kind, with and without gradient scaling, sizes ragged against the kernel's cubes; in place
+//! when the buffers are the update's alone, never writing a shared one. f32 within 1e-6 relative
+//! (largest difference over the largest magnitude). The squared gradient norm's kernel against
+//! the tensor ops' sum, within 1e-5 relative.
 //!
 //! `CARGO_TARGET_DIR=target/wgpu cargo test --release -p vramlab-train --features wgpu --lib cube_tests`
 
@@ -9,7 +11,8 @@ use burn::backend::Wgpu;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-use super::{AdamUpdate, Decay, OptimKernels, adam_update_tensors};
+use super::cube::IN_PLACE;
+use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 
 type W = Wgpu;
 
@@ -67,6 +70,9 @@ fn kernel_update_matches(rows: usize, cols: usize, decay: Decay, coef: f64) {
         let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(tensor(&p_k, [rows, cols]), tensor(&g, [rows, cols]), moments(&mom_k), &h);
         let (pt, mt, vt) = adam_update_tensors::<W>(tensor(&p_t, [n]), tensor(&g, [n]), moments(&mom_t), &h);
         assert_eq!(pk.dims(), [rows, cols], "{at}: shape");
+        // Every buffer here is the update's alone: p in place, m in the gradient's buffer on the
+        // first step and in its own later, v in its own after the first step.
+        assert_eq!(IN_PLACE.get(), [true, true, t > 1], "{at}: written in place (p, m, v)");
         (p_k, p_t) = (vals(pk), vals(pt));
         let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
         close(&format!("p {at}"), &p_k, &p_t);
@@ -103,4 +109,89 @@ fn cube_adam_update_reads_a_transposed_gradient() {
     let (pt, _, vt) = adam_update_tensors::<W>(tensor(&p, [n]), tensor(&dense, [n]), None, &h);
     close("p", &vals(pk), &vals(pt));
     close("v", &vals(vk), &vals(vt));
+}
+
+/// Shared inputs (another tensor holds each buffer) are not written: the update goes to new
+/// buffers, the other holders keep their values, and the result is the tensor update's. Then
+/// only the parameter shared: the moments are still updated in place.
+#[test]
+fn cube_adam_update_leaves_shared_inputs_alone() {
+    let (rows, cols) = (19, 83);
+    let n = rows * cols;
+    let (pv, gv, mv, vv) = (values(n, 41), values(n, 42), values(n, 43), values(n, 44).iter().map(|x| x.abs()).collect::<Vec<_>>());
+    let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-2, bc1: 1.0 - 0.9f64.powi(2), bc2: 1.0 - 0.999f64.powi(2), coef: 0.6, decay: Decay::Decoupled(0.999) };
+    let (pt, mt, vt) = adam_update_tensors::<W>(tensor(&pv, [n]), tensor(&gv, [n]), Some((tensor(&mv, [n]), tensor(&vv, [n]))), &h);
+    let (pt, mt, vt) = (vals(pt), vals(mt), vals(vt));
+    // Everything shared.
+    let (p, g, m, v) = (tensor(&pv, [rows, cols]), tensor(&gv, [rows, cols]), tensor(&mv, [n]), tensor(&vv, [n]));
+    let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(p.clone(), g.clone(), Some((m.clone(), v.clone())), &h);
+    assert_eq!(IN_PLACE.get(), [false, false, false], "shared buffers are not written in place");
+    close("p", &vals(pk), &pt);
+    close("m", &vals(mk), &mt);
+    close("v", &vals(vk), &vt);
+    assert_eq!(vals(p), pv, "the shared parameter kept its values");
+    assert_eq!(vals(g), gv, "the shared gradient kept its values");
+    assert_eq!(vals(m), mv, "the shared first moment kept its values");
+    assert_eq!(vals(v), vv, "the shared second moment kept its values");
+    // Only the parameter shared.
+    let p = tensor(&pv, [rows, cols]);
+    let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(p.clone(), tensor(&gv, [rows, cols]), Some((tensor(&mv, [n]), tensor(&vv, [n]))), &h);
+    assert_eq!(IN_PLACE.get(), [false, true, true], "owned moments in place, the shared parameter not");
+    close("p", &vals(pk), &pt);
+    close("m", &vals(mk), &mt);
+    close("v", &vals(vk), &vt);
+    assert_eq!(vals(p), pv, "the shared parameter kept its values");
+    // First step with a shared gradient: m does not take its buffer.
+    let g = tensor(&gv, [rows, cols]);
+    let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(tensor(&pv, [rows, cols]), g.clone(), None, &h);
+    assert_eq!(IN_PLACE.get(), [true, false, false], "the shared gradient's buffer is not reused for m");
+    let (pt, mt, vt) = adam_update_tensors::<W>(tensor(&pv, [n]), tensor(&gv, [n]), None, &h);
+    close("p", &vals(pk), &vals(pt));
+    close("m", &vals(mk), &vals(mt));
+    close("v", &vals(vk), &vals(vt));
+    assert_eq!(vals(g), gv, "the shared gradient kept its values");
+}
+
+fn rel_close(name: &str, a: f64, b: f64, tol: f64) {
+    let e = (a - b).abs() / b.abs();
+    assert!(e <= tol, "{name}: {a} vs {b}, relative error {e:e} > {tol:e}");
+}
+
+/// The kernel's `Σ g²` over a step's gradients (sizes below one unit's share, ragged, and past
+/// the capped cube count so units loop; one transposed) equals the tensor ops' sum to f32
+/// rounding, and hands every gradient back with its values.
+#[test]
+fn cube_grad_sq_sum_matches_the_tensor_ops() {
+    let shapes: [(usize, usize); 6] = [(1, 1), (3, 37), (5, 67), (129, 1031), (70, 33), (613, 1009)];
+    let mut kernel = SqAcc::<W>::default();
+    let mut ops = SqAcc::<W>::default();
+    let mut expect = 0f64;
+    for (k, &(rows, cols)) in shapes.iter().enumerate() {
+        let v = values(rows * cols, 60 + k as u64);
+        expect += v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+        // The fifth one arrives transposed, as autodiff hands some gradients back.
+        let g = if k == 4 { tensor(&v, [cols, rows]).transpose() } else { tensor(&v, [rows, cols]) };
+        let want = vals(g.clone());
+        let back = <W as OptimKernels>::grad_sq_sum(g.clone(), &mut kernel);
+        assert_eq!(vals(back), want, "[{rows}, {cols}] handed back");
+        let _ = sq_sum_tensors(g, &mut ops);
+    }
+    assert!(kernel.partials.is_some() && kernel.device.is_none(), "the f32 gradients went through the kernel");
+    let (k, t) = (<W as OptimKernels>::sq_total(kernel), <W as OptimKernels>::sq_total(ops));
+    rel_close("kernel vs tensor ops", k, t, 1e-5);
+    rel_close("kernel vs f64", k, expect, 1e-5);
+}
+
+/// A step whose gradients take both paths (the kernel's partial sums and the tensor ops'
+/// one-element sum, as a non-f32 gradient would) adds both, once each.
+#[test]
+fn cube_grad_sq_sum_adds_the_kernel_and_tensor_op_parts() {
+    let (a, b) = (values(4099, 71), values(517, 72));
+    let sq = |v: &[f32]| v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+    let mut acc = SqAcc::<W>::default();
+    let _ = <W as OptimKernels>::grad_sq_sum(tensor(&a, [4099]), &mut acc);
+    let _ = sq_sum_tensors(tensor(&b, [11, 47]), &mut acc);
+    let _ = <W as OptimKernels>::grad_sq_sum(tensor(&b, [47, 11]), &mut acc);
+    assert!(acc.partials.is_some() && acc.device.is_some());
+    rel_close("mixed", <W as OptimKernels>::sq_total(acc), sq(&a) + 2.0 * sq(&b), 1e-5);
 }
