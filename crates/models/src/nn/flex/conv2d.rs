@@ -176,12 +176,7 @@ mod tests {
     use burn::tensor::ops::ModuleOps;
     use burn::tensor::TensorData;
 
-    /// Values in [-1, 1] spread by a multiplicative hash of the index and `seed`.
-    fn rand(shape: &[usize], seed: u64) -> T {
-        let len = shape.iter().product::<usize>() as u64;
-        let v = (0..len).map(|i| ((i.wrapping_add(seed * 7919).wrapping_mul(2654435761) >> 7) % 2001) as f32 / 1000.0 - 1.0).collect();
-        T::from_data(TensorData::new::<f32, _>(v, shape.to_vec()))
-    }
+    use super::super::hashed_tensor as rand;
 
     /// Equal to flex's own convolution (≤ 1e-5 relative to the output's largest value) on
     /// strides, paddings (beyond the kernel too), dilations, 1×1 (pointwise and strided), uneven

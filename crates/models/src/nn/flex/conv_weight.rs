@@ -202,14 +202,9 @@ const DIRECT_POSITIONS: usize = 2048;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::TensorData;
     use burn::tensor::ops::{ConvOptions, ModuleOps};
 
-    fn rand(shape: &[usize], seed: u64) -> T {
-        let len = shape.iter().product::<usize>() as u64;
-        let v = (0..len).map(|i| ((i.wrapping_add(seed * 7919).wrapping_mul(2654435761) >> 7) % 2001) as f32 / 1000.0 - 1.0).collect();
-        T::from_data(TensorData::new::<f32, _>(v, shape.to_vec()))
-    }
+    use super::super::hashed_tensor as rand;
 
     /// Equal to flex's weight gradient with blocks that end inside a sample, on planes read in
     /// place (≥ DIRECT_POSITIONS) and on copied ones, strided and padded.

@@ -98,6 +98,15 @@ fn f32_slice<E: Num>(s: &[E]) -> Option<&[f32]> {
     (E::dtype() == DType::F32).then(|| bytemuck::cast_slice(s))
 }
 
+/// A test tensor of `shape` with values in [-1, 1] spread by a multiplicative hash of the index
+/// and `seed` (no RNG state: the same values in every test and thread).
+#[cfg(test)]
+fn hashed_tensor(shape: &[usize], seed: u64) -> T {
+    let len = shape.iter().product::<usize>() as u64;
+    let v = (0..len).map(|i| ((i.wrapping_add(seed * 7919).wrapping_mul(2654435761) >> 7) % 2001) as f32 / 1000.0 - 1.0).collect();
+    T::from_data(burn::tensor::TensorData::new::<f32, _>(v, shape.to_vec()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::Num;
