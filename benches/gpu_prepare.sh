@@ -7,7 +7,8 @@
 #   bash benches/gpu_prepare.sh [DIR]       # default DIR: .gpu (git-ignored); ~7 min on 2 cores
 #   SKIP_BUILD=1 bash benches/gpu_prepare.sh   # reuse target/cuda/release/vramlab
 #   UNTUNED=0 bash benches/gpu_prepare.sh       # without the autotune-off build (vramlab-untuned.xz,
-#                                               # ~1/4 of the binary's size; built first, ~2 more min)
+#                                               # ~1/5 of the binary's size; built first: a second
+#                                               # build of the burn crates and ours, minutes more)
 #
 # The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped), the VAE fixture
 # (3.3 MiB) and the wheels (~10 MiB) fit; act_small (44 MiB) and diffusion_small (61 MiB) do not,
