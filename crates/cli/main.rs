@@ -16,6 +16,9 @@ use vramlab_probe::CountingAllocator;
 static GLOBAL: CountingAllocator = CountingAllocator;
 
 fn main() -> ExitCode {
+    // Freed tensor buffers are kept for reuse instead of being handed back to the OS and faulted
+    // in again every step (vramlab_probe::heap; GLIBC_TUNABLES overrides).
+    vramlab_probe::heap::keep_freed_memory_once();
     // A memory cap for this process (set by `vramlab fit` for its trials; usable by hand to
     // stand in for a smaller GPU on the CPU backend).
     if let Some(v) = std::env::var_os(vramlab_probe::BUDGET_ENV) {

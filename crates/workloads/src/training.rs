@@ -289,6 +289,9 @@ where
     #[cfg(feature = "flex")]
     if info.backend == crate::backend::BackendKind::Flex {
         summary_header.insert(2, ("cpu kernels (flex)".into(), vramlab_models::nn::flex_isa()));
+        if let Some(heap) = vramlab_probe::heap::described() {
+            summary_header.insert(3, ("heap (flex)".into(), heap.into()));
+        }
     }
     let train_config = lerobot_train_config(cfg, &config_json, policy, &out, &tcfg);
     let mut builder = Trainer::builder(tcfg, probe)
