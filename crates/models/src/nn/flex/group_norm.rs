@@ -4,7 +4,7 @@
 //! polynomial `exp` (`exp_fast`) and lane sums (`sum_lanes`), compiled for the instruction level
 //! the process runs at ([`Isa`]: AVX-512 with 16-lane sums, AVX2 + FMA with 8-lane sums, or the
 //! baseline). The bf16 backward, whose `dx` cannot hold the f32 gradient through SiLU between
-//! its two passes, computes that gradient again in the second.
+//! its two passes, keeps that gradient in an f32 scratch of the block.
 
 use burn::tensor::DType;
 use rayon::prelude::*;
@@ -65,33 +65,6 @@ fn sum_pairs<const L: usize, A: Num, B: Num>(xs: &[A], ys: &[B], f: impl Fn(f32,
         total += acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64;
     }
     total
-}
-
-/// `(Σ f(x, y).0, Σ f(x, y).1)` over `xs` and `ys` (same length) as [`sum_lanes`] sums, in one
-/// pass.
-#[inline(always)]
-fn sum_pairs2<const L: usize, E: Num>(xs: &[E], ys: &[E], f: impl Fn(f32, f32) -> (f32, f32)) -> (f64, f64) {
-    let (mut t0, mut t1) = (0f64, 0f64);
-    for (xc, yc) in xs.chunks(SUM_CHUNK).zip(ys.chunks(SUM_CHUNK)) {
-        let (mut a0, mut a1) = ([0f32; L], [0f32; L]);
-        let (mut xi, mut yi) = (xc.chunks_exact(L), yc.chunks_exact(L));
-        for (x, y) in (&mut xi).zip(&mut yi) {
-            for l in 0..L {
-                let (p, q) = f(x[l].f(), y[l].f());
-                a0[l] += p;
-                a1[l] += q;
-            }
-        }
-        let (mut r0, mut r1) = (0f32, 0f32);
-        for (&x, &y) in xi.remainder().iter().zip(yi.remainder()) {
-            let (p, q) = f(x.f(), y.f());
-            r0 += p;
-            r1 += q;
-        }
-        t0 += a0.iter().map(|&a| a as f64).sum::<f64>() + r0 as f64;
-        t1 += a1.iter().map(|&a| a as f64).sum::<f64>() + r1 as f64;
-    }
-    (t0, t1)
 }
 
 /// One `(sample, group)` block of the GroupNorm (+ SiLU) forward, f32 or bf16 computed in f32:
@@ -178,7 +151,9 @@ fn gn_backward_block<E: Num>(isa: Isa, xin: &[E], dyin: &[E], dx: &mut [E], part
 }
 
 /// [`gn_backward_body`] for f32; for bf16 (whose `dx` cannot hold the f32 intermediate) the
-/// same sums with the gradient through SiLU computed twice, once per pass (its two sums in one).
+/// gradient through SiLU goes to an f32 scratch of the block (freed at the end of the block;
+/// two blocks live on two threads, e.g. 2 × 64 KiB for the VAE ultra at 8×32×32), so SiLU's
+/// sigmoid is computed once per element, as in f32.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn gn_backward_any<const L: usize, E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], part: &mut [(f64, f64)], spatial: usize, mu: f32, rs: f32, w: &[f32], b: &[f32], silu: bool) {
@@ -187,35 +162,31 @@ fn gn_backward_any<const L: usize, E: Num>(xin: &[E], dyin: &[E], dx: &mut [E], 
     {
         return gn_backward_body::<L>(xf, dyf, dxf, part, spatial, mu, rs, w, b, silu);
     }
-    // g: the gradient at the affine's output (through SiLU).
-    let grad = |wc: f32, bc: f32, v: f32, d: f32| -> f32 {
-        if silu {
-            let z = (v - mu) * rs * wc + bc;
-            let s = sigmoid_fast(z);
-            d * s * (z * (1.0 - s) + 1.0)
-        } else {
-            d
-        }
-    };
+    let mut g = vec![0f32; xin.len()];
     let (mut s1, mut s2) = (0f64, 0f64);
-    for (j, (xr, dr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).enumerate() {
+    for (j, ((xr, dr), gr)) in xin.chunks(spatial).zip(dyin.chunks(spatial)).zip(g.chunks_mut(spatial)).enumerate() {
         let (wc, bc) = (w[j], b[j]);
-        let (gs, gx) = sum_pairs2::<L, E>(xr, dr, |v, d| {
-            let g = grad(wc, bc, v, d);
-            (g, g * ((v - mu) * rs))
-        });
+        if silu {
+            gr.iter_mut().zip(xr.iter().zip(dr)).for_each(|(g, (&v, &d))| {
+                let (v, d) = (v.f(), d.f());
+                let z = (v - mu) * rs * wc + bc;
+                let s = sigmoid_fast(z);
+                *g = d * s * (z * (1.0 - s) + 1.0);
+            });
+        } else {
+            gr.iter_mut().zip(dr).for_each(|(g, &d)| *g = d.f());
+        }
+        let gs = sum_lanes::<L, f32>(gr, |g| g);
+        let gx = sum_pairs::<L, f32, E>(gr, xr, |g, x| g * ((x - mu) * rs));
         part[j] = (gx, gs);
         s1 += gs * wc as f64;
         s2 += gx * wc as f64;
     }
     let block = xin.len() as f64;
     let (m1, m2) = ((s1 / block) as f32, (s2 / block) as f32);
-    for (j, ((o, xr), dr)) in dx.chunks_mut(spatial).zip(xin.chunks(spatial)).zip(dyin.chunks(spatial)).enumerate() {
-        let (wc, bc) = (w[j], b[j]);
-        o.iter_mut().zip(xr.iter().zip(dr)).for_each(|(o, (&v, &d))| {
-            let v = v.f();
-            *o = E::of((grad(wc, bc, v, d.f()) * wc - m1 - (v - mu) * rs * m2) * rs);
-        });
+    for (j, ((o, xr), gr)) in dx.chunks_mut(spatial).zip(xin.chunks(spatial)).zip(g.chunks(spatial)).enumerate() {
+        let wc = w[j];
+        o.iter_mut().zip(xr.iter().zip(gr)).for_each(|(o, (&v, &g))| *o = E::of((g * wc - m1 - (v.f() - mu) * rs * m2) * rs));
     }
 }
 
