@@ -463,6 +463,17 @@ fn weight_tile(isa: Isa, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; C
             // SAFETY: AVX-512 F/VL and FMA are supported (asserted); every read is within `x`
             // and `dy` (checked above; masked lanes are not read).
             Isa::Avx512 | Isa::Avx512Bf16 => unsafe {
+                // Rows of 8 positions: two rows per 16-lane vector.
+                if g.wv == 8 {
+                    return match (cob, taps) {
+                        (CO_WIDE, 3) => avx512::weight_tile_rows::<CO_WIDE, 3>(xp, dp, g),
+                        (CO_WIDE, 2) => avx512::weight_tile_rows::<CO_WIDE, 2>(xp, dp, g),
+                        (CO_WIDE, _) => avx512::weight_tile_rows::<CO_WIDE, 1>(xp, dp, g),
+                        (_, 3) => avx512::weight_tile_rows::<CO, 3>(xp, dp, g),
+                        (_, 2) => avx512::weight_tile_rows::<CO, 2>(xp, dp, g),
+                        _ => avx512::weight_tile_rows::<CO, 1>(xp, dp, g),
+                    };
+                }
                 return match (cob, taps) {
                     (CO_WIDE, 3) => avx512::weight_tile::<CO_WIDE, 3>(xp, dp, g),
                     (CO_WIDE, 2) => avx512::weight_tile::<CO_WIDE, 2>(xp, dp, g),
@@ -530,10 +541,11 @@ mod tests {
     /// whole tiles, padding beyond the kernel's reach, rows of 1–5 vectors of 8 (AVX-512's masked
     /// row ends, 24- and 32-position tiles); at every level the CPU has (the others say they skip).
     /// bf16 at `avx512bf16` runs the `vdpbf16ps` kernels: odd channel counts (a pair's zero
-    /// half), weight-gradient rows ending in 8, 16 or 24 positions of a 32-position vector.
+    /// half), weight-gradient rows ending in 8, 16 or 24 positions of a 32-position vector, and
+    /// rows of 16 or 8 positions packed 2 or 4 to a vector, with a short last group.
     #[test]
     fn direct_conv3d_equals_flex() {
-        let cases: [([usize; 5], [usize; 5], [usize; 3]); 8] = [
+        let cases: [([usize; 5], [usize; 5], [usize; 3]); 10] = [
             ([2, 3, 4, 5, 6], [5, 3, 3, 3, 3], [1, 1, 1]),
             ([1, 16, 4, 8, 16], [16, 16, 3, 3, 3], [1, 1, 1]),
             ([2, 4, 3, 4, 19], [6, 4, 1, 1, 1], [0, 0, 0]),
@@ -542,6 +554,10 @@ mod tests {
             ([3, 5, 2, 2, 33], [9, 5, 1, 3, 3], [0, 1, 1]),
             ([2, 6, 3, 3, 22], [12, 6, 3, 3, 3], [1, 1, 1]),
             ([1, 8, 2, 5, 40], [8, 8, 1, 3, 3], [0, 1, 1]),
+            // Rows of 16 and of 8 positions, an odd number of them (weight-gradient vectors
+            // holding 2 or 4 rows, the last group short).
+            ([2, 5, 3, 5, 14], [8, 5, 3, 3, 3], [1, 1, 1]),
+            ([2, 4, 3, 3, 8], [4, 4, 3, 3, 3], [1, 1, 1]),
         ];
         for isa in Isa::ALL.into_iter().filter(|l| !l.supported()) {
             eprintln!("direct_conv3d_equals_flex: skipping the {} tiles: this CPU has only {}", isa.name(), Isa::detected().name());

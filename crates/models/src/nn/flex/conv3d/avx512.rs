@@ -115,3 +115,56 @@ pub unsafe fn weight_tile<const C: usize, const K: usize>(x: *const f32, dy: *co
         out
     }
 }
+
+/// [`weight_tile`] for rows of 8 positions (`g.wv == 8`): two rows per 16-lane vector, so no
+/// lane idles at a row's end. `dy`'s rows are consecutive (row stride 8): one load covers two;
+/// the input's rows are `wp` apart (each carries the taps' halo), so each input vector is put
+/// together from two row pieces. A last single row is masked.
+///
+/// # Safety
+/// As [`weight_tile`]; `g.wv == 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub unsafe fn weight_tile_rows<const C: usize, const K: usize>(x: *const f32, dy: *const f32, g: &Geo) -> [f32; super::CO_WIDE * TAPS] {
+    use std::arch::x86_64::*;
+    debug_assert!(g.cob == C && g.wv == 8);
+    let [od, oh, _] = g.out;
+    let rows = od * oh;
+    let cop = g.co_blocks() * C;
+    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    // The padded input's offset of output row `q` (depth q / oh, height q % oh).
+    let row_at = |q: usize| ((q / oh) * g.hp + q % oh) * g.wp;
+    let mut acc = [[_mm512_setzero_ps(); K]; C];
+    // SAFETY: the caller's bounds (every piece read lies in a row the one-row tile reads).
+    unsafe {
+        for n in 0..g.n {
+            let (xs, ds) = (x.add(n * xn), dy.add(n * dyn_));
+            let mut r = 0;
+            while r < rows {
+                let two = r + 1 < rows;
+                let (a0, a1) = (row_at(r), if two { row_at(r + 1) } else { 0 });
+                let mut xv = [_mm512_setzero_ps(); K];
+                for (e, xv) in xv.iter_mut().enumerate() {
+                    let lo = _mm256_loadu_ps(xs.add(a0 + e));
+                    let hi = if two { _mm256_loadu_ps(xs.add(a1 + e)) } else { _mm256_setzero_ps() };
+                    *xv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi)));
+                }
+                let mask: u16 = if two { 0xFFFF } else { 0x00FF };
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    let d = _mm512_maskz_loadu_ps(mask, ds.add(l * dyc + r * 8));
+                    for e in 0..K {
+                        acc[e] = _mm512_fmadd_ps(d, xv[e], acc[e]);
+                    }
+                }
+                r += 2;
+            }
+        }
+        let mut out = [0f32; super::CO_WIDE * TAPS];
+        for (l, acc) in acc.iter().enumerate() {
+            for (e, &v) in acc.iter().enumerate() {
+                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
+            }
+        }
+        out
+    }
+}

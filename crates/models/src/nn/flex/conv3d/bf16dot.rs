@@ -159,6 +159,22 @@ fn weight_tile(taps: usize, x: &[u16], dy: &[u16], g: &Geo) -> [f32; CO_WIDE * T
         // SAFETY: AVX-512 F/BW/VL and BF16 are supported (asserted); every read is within `x`
         // and `dy` (checked above; masked lanes are not read).
         unsafe {
+            // Rows of 16 or 8 positions: 2 or 4 rows per 32-position vector.
+            match (g.wv, cob, taps) {
+                (16, CO_WIDE, 3) => return weight_kernel_rows::<CO_WIDE, 3, 2>(xp, dp, g),
+                (16, CO_WIDE, 2) => return weight_kernel_rows::<CO_WIDE, 2, 2>(xp, dp, g),
+                (16, CO_WIDE, _) => return weight_kernel_rows::<CO_WIDE, 1, 2>(xp, dp, g),
+                (16, _, 3) => return weight_kernel_rows::<CO, 3, 2>(xp, dp, g),
+                (16, _, 2) => return weight_kernel_rows::<CO, 2, 2>(xp, dp, g),
+                (16, _, _) => return weight_kernel_rows::<CO, 1, 2>(xp, dp, g),
+                (8, CO_WIDE, 3) => return weight_kernel_rows::<CO_WIDE, 3, 4>(xp, dp, g),
+                (8, CO_WIDE, 2) => return weight_kernel_rows::<CO_WIDE, 2, 4>(xp, dp, g),
+                (8, CO_WIDE, _) => return weight_kernel_rows::<CO_WIDE, 1, 4>(xp, dp, g),
+                (8, _, 3) => return weight_kernel_rows::<CO, 3, 4>(xp, dp, g),
+                (8, _, 2) => return weight_kernel_rows::<CO, 2, 4>(xp, dp, g),
+                (8, _, _) => return weight_kernel_rows::<CO, 1, 4>(xp, dp, g),
+                _ => {}
+            }
             match (cob, taps) {
                 (CO_WIDE, 3) => weight_kernel::<CO_WIDE, 3>(xp, dp, g),
                 (CO_WIDE, 2) => weight_kernel::<CO_WIDE, 2>(xp, dp, g),
@@ -279,6 +295,69 @@ unsafe fn weight_kernel<const C: usize, const K: usize>(x: *const u16, dy: *cons
                         }
                     }
                 }
+            }
+        }
+        let mut out = [0f32; CO_WIDE * TAPS];
+        for (l, acc) in acc.iter().enumerate() {
+            for (e, &v) in acc.iter().enumerate() {
+                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
+            }
+        }
+        out
+    }
+}
+
+/// [`weight_kernel`] for rows of `32 / R` positions (`g.wv` 16 or 8), `R` rows per vector, so
+/// no lane idles at a row's end: `dy`'s rows are consecutive (row stride `wv`), one load covers
+/// `R` of them; the input's rows are `wp` apart (each carries the taps' halo), so each vector of
+/// the input is put together from `R` row pieces. A last group of fewer than `R` rows is masked.
+///
+/// # Safety
+/// As [`weight_kernel`]; `g.wv == 32 / R`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2")]
+unsafe fn weight_kernel_rows<const C: usize, const K: usize, const R: usize>(x: *const u16, dy: *const u16, g: &Geo) -> [f32; CO_WIDE * TAPS] {
+    use std::arch::x86_64::*;
+    debug_assert!(g.cob == C && g.wv * R == 32);
+    let [od, oh, _] = g.out;
+    let rows = od * oh;
+    let cop = g.co_blocks() * C;
+    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    // The padded input's offset of output row `q` (depth q / oh, height q % oh).
+    let row_at = |q: usize| ((q / oh) * g.hp + q % oh) * g.wp;
+    let mut acc = [[_mm512_setzero_ps(); K]; C];
+    // SAFETY: the caller's bounds (every piece read lies in a row the scalar path reads).
+    unsafe {
+        for n in 0..g.n {
+            let (xs, ds) = (x.add(n * xn), dy.add(n * dyn_));
+            let mut r = 0;
+            while r < rows {
+                let cnt = (rows - r).min(R);
+                let mut at = [0usize; R];
+                for (j, at) in at.iter_mut().enumerate() {
+                    *at = if j < cnt { row_at(r + j) } else { usize::MAX };
+                }
+                let mut xv = [_mm512_setzero_si512(); K];
+                for (e, xv) in xv.iter_mut().enumerate() {
+                    *xv = if R == 2 {
+                        let lo = _mm256_loadu_si256(xs.add(at[0] + e).cast());
+                        let hi = if cnt > 1 { _mm256_loadu_si256(xs.add(at[1] + e).cast()) } else { _mm256_setzero_si256() };
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                    } else {
+                        let q = |j: usize| if j < cnt { _mm_loadu_si128(xs.add(at[j] + e).cast()) } else { _mm_setzero_si128() };
+                        let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q(0)), q(1));
+                        let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q(2)), q(3));
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                    };
+                }
+                let mask: u32 = if cnt == R { u32::MAX } else { ((1u64 << (cnt * g.wv)) - 1) as u32 };
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    let d = bh(_mm512_maskz_loadu_epi16(mask, ds.add(l * dyc + r * g.wv).cast()));
+                    for e in 0..K {
+                        acc[e] = _mm512_dpbf16_ps(acc[e], d, bh(xv[e]));
+                    }
+                }
+                r += R;
             }
         }
         let mut out = [0f32; CO_WIDE * TAPS];
