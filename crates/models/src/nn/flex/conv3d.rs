@@ -17,8 +17,9 @@
 //! The instruction level ([`Isa`], detected at run time, capped by `VRAMLAB_SIMD`) picks the
 //! tile: AVX2 + FMA as above; AVX-512 (32 vector registers of 16 lanes) 8 output channels (where
 //! `co` is a multiple of 8, else 4) × 32 (or 16) positions, the last vector of a row masked when the row is not whole vectors of 16,
-//! and weight-gradient tiles of 8 output channels × 3 taps; scalar: the AVX2 loops on plain
-//! arrays. Sums run in a different order than the GEMM's: results equal flex's to f32 rounding
+//! and weight-gradient tiles of 8 output channels × 3 taps; rows of 8 positions (16 for bf16's
+//! weight gradient) are packed several to a vector, so no lane idles past a row's end; scalar:
+//! the AVX2 loops on plain arrays. Sums run in a different order than the GEMM's: results equal flex's to f32 rounding
 //! (the tests compare every level the machine has with Burn's convolution).
 //!
 //! The stride-1 input gradient is this forward too (`nn::lean`: the output gradient convolved
@@ -223,7 +224,9 @@ fn bias_f32<E: Num>(bias: Option<&T>) -> Option<Vec<f32>> {
 /// The forward's output `[n, co, od, oh, ow]` as `E`, plus `bias`: one task per (sample,
 /// channel block, output depth row), each output row in tiles of up to [`MAX_STEP`] positions
 /// that `tile(n, cb, z, y, x0, step, sums)` sums (`sums[l·step + i]` for channel `l` of the
-/// block, position `x0 + i`).
+/// block, position `x0 + i`). At AVX-512, rows of 8 positions (`wv == 8`) go up to 4 to a tile
+/// (`x0 = 0`, `step = 8·rows`; row `y + k` at `sums[l·step + 8k + i]`), so that no lane idles
+/// past a row's end; the tile functions tell this case by `wv == 8 && step > 8`.
 fn output_rows<E: Num>(g: &Geo, bias: Option<&[f32]>, isa: Isa, tile: impl Fn(usize, usize, usize, usize, usize, usize, &mut [f32; CO_WIDE * MAX_STEP]) + Sync) -> T {
     let g = *g;
     let [od, oh, ow] = g.out;
@@ -240,6 +243,35 @@ fn output_rows<E: Num>(g: &Geo, bias: Option<&[f32]>, isa: Isa, tile: impl Fn(us
         let cob = g.cob;
         let lanes = (g.co - cb * cob).min(cob);
         let mut sums = [0f32; CO_WIDE * MAX_STEP];
+        // Writes rows `yy..yy + rows` of the tile (`step / rows` positions each, from `x0`).
+        let write = |yy: usize, rows: usize, x0: usize, step: usize, sums: &[f32; CO_WIDE * MAX_STEP]| {
+            let per = step / rows;
+            let valid = (ow - x0.min(ow)).min(per);
+            for l in 0..lanes {
+                let co = cb * cob + l;
+                let b = bias.map_or(0.0, |b| b[co]);
+                for k in 0..rows {
+                    let dst = ((n * g.co + co) * od + z) * oh * ow + (yy + k) * ow + x0;
+                    // Converted in a loop of fixed length (it vectorises), then copied.
+                    let mut row = [E::zeroed(); MAX_STEP];
+                    row.iter_mut().zip(&sums[l * step + k * per..][..MAX_STEP - k * per]).for_each(|(o, &v)| *o = E::of(v + b));
+                    // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
+                    // sample n; dst + valid ≤ len (the capacity) by the shapes.
+                    unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), yp.at(dst), valid) };
+                }
+            }
+        };
+        if matches!(isa, Isa::Avx512 | Isa::Avx512Bf16) && g.wv == LANES {
+            // Rows of 8 positions: up to 4 rows per tile, 2 per 16-lane vector.
+            let mut yy = 0;
+            while yy < oh {
+                let rows = (oh - yy).min(MAX_STEP / LANES);
+                tile(n, cb, z, yy, 0, rows * LANES, &mut sums);
+                write(yy, rows, 0, rows * LANES, &sums);
+                yy += rows;
+            }
+            return;
+        }
         for yy in 0..oh {
             let mut x0 = 0;
             while x0 < g.wv {
@@ -253,18 +285,7 @@ fn output_rows<E: Num>(g: &Geo, bias: Option<&[f32]>, isa: Isa, tile: impl Fn(us
                     _ => LANES,
                 };
                 tile(n, cb, z, yy, x0, step, &mut sums);
-                let valid = (ow - x0.min(ow)).min(step);
-                for l in 0..lanes {
-                    let co = cb * cob + l;
-                    let b = bias.map_or(0.0, |b| b[co]);
-                    let dst = ((n * g.co + co) * od + z) * oh * ow + yy * ow + x0;
-                    // Converted in a loop of fixed length (it vectorises), then copied.
-                    let mut row = [E::zeroed(); MAX_STEP];
-                    row.iter_mut().zip(&sums[l * step..][..MAX_STEP]).for_each(|(o, &v)| *o = E::of(v + b));
-                    // SAFETY: task (n, cb, z) alone writes rows z of channels cb·CO.. of
-                    // sample n; dst + valid ≤ len (the capacity) by the shapes.
-                    unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), yp.at(dst), valid) };
-                }
+                write(yy, 1, x0, step, &sums);
                 x0 += step;
             }
         }
@@ -283,12 +304,29 @@ fn forward_tile(isa: Isa, step: usize, row: &[f32], g: &Geo, w: &[f32], tile: &m
     let (cs, ps, rs) = (g.plane(), g.hp * g.wp, g.wp);
     // Highest element read: channel ci−1, tap (kd−1, kh−1, kw−1), last lane (AVX-512's masked
     // lanes are not read).
-    let last = (g.ci - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + step - 1;
+    // Rows of 8 packed into one tile (see `output_rows`): `rows` rows `rs` apart.
+    let rows = if g.wv == LANES && step > LANES { step / LANES } else { 1 };
+    let span = if rows > 1 { (rows - 1) * rs + LANES } else { step };
+    let last = (g.ci - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + span - 1;
     assert!(last < row.len() && w.len() == g.ci * g.kvol() * g.cob && step % LANES == 0 && step <= MAX_STEP);
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     {
         let (r, wp, t, st) = (row.as_ptr(), w.as_ptr(), tile.as_mut_ptr(), [cs, ps, rs]);
+        if rows > 1 {
+            assert!(matches!(isa, Isa::Avx512 | Isa::Avx512Bf16), "rows are packed at AVX-512 only");
+            // SAFETY: AVX-512 F/VL and FMA are supported (asserted); every read is within `row`
+            // (`last` above) and `w`; `tile` holds cob·step values.
+            unsafe {
+                match (g.cob, rows > 2) {
+                    (CO_WIDE, true) => avx512::forward_tile_rows::<CO_WIDE, 2>(r, st, g.ci, g.kernel, wp, t, rows),
+                    (CO_WIDE, false) => avx512::forward_tile_rows::<CO_WIDE, 1>(r, st, g.ci, g.kernel, wp, t, rows),
+                    (_, true) => avx512::forward_tile_rows::<CO, 2>(r, st, g.ci, g.kernel, wp, t, rows),
+                    (_, false) => avx512::forward_tile_rows::<CO, 1>(r, st, g.ci, g.kernel, wp, t, rows),
+                }
+            }
+            return;
+        }
         match isa {
             Isa::Avx512 | Isa::Avx512Bf16 => {
                 // The last vector's lanes: all 16, or the lower 8 (a row end).
@@ -545,7 +583,7 @@ mod tests {
     /// rows of 16 or 8 positions packed 2 or 4 to a vector, with a short last group.
     #[test]
     fn direct_conv3d_equals_flex() {
-        let cases: [([usize; 5], [usize; 5], [usize; 3]); 10] = [
+        let cases: [([usize; 5], [usize; 5], [usize; 3]); 11] = [
             ([2, 3, 4, 5, 6], [5, 3, 3, 3, 3], [1, 1, 1]),
             ([1, 16, 4, 8, 16], [16, 16, 3, 3, 3], [1, 1, 1]),
             ([2, 4, 3, 4, 19], [6, 4, 1, 1, 1], [0, 0, 0]),
@@ -558,6 +596,8 @@ mod tests {
             // holding 2 or 4 rows, the last group short).
             ([2, 5, 3, 5, 14], [8, 5, 3, 3, 3], [1, 1, 1]),
             ([2, 4, 3, 3, 8], [4, 4, 3, 3, 3], [1, 1, 1]),
+            // Forward tiles of 4 + 2 rows of 8 (8 output channels).
+            ([1, 3, 2, 6, 5], [8, 3, 3, 3, 3], [1, 1, 1]),
         ];
         for isa in Isa::ALL.into_iter().filter(|l| !l.supported()) {
             eprintln!("direct_conv3d_equals_flex: skipping the {} tiles: this CPU has only {}", isa.name(), Isa::detected().name());

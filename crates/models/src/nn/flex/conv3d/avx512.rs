@@ -168,3 +168,53 @@ pub unsafe fn weight_tile_rows<const C: usize, const K: usize>(x: *const f32, dy
         out
     }
 }
+
+/// [`forward_tile`] for rows of 8 positions: `rows` (2–4) consecutive output rows, `rs` apart
+/// in the padded input, two per 16-lane vector (`NV` = ⌈rows / 2⌉ vectors); row `k` of channel
+/// `l` goes to `tile[l·8·rows + 8k ..][..8]`.
+///
+/// # Safety
+/// AVX-512 F/VL and FMA available; `row` readable up to the last tap of row `rows − 1`'s 8th
+/// position, `w` holds `ci·k³·C` values, `tile` writable for `C` rows of `8·rows` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn forward_tile_rows<const C: usize, const NV: usize>(row: *const f32, strides: [usize; 3], ci: usize, k: [usize; 3], w: *const f32, tile: *mut f32, rows: usize) {
+    use std::arch::x86_64::*;
+    debug_assert!(rows > 2 * (NV - 1) && rows <= 2 * NV);
+    let [cs, ps, rs] = strides;
+    let mut acc = [[_mm512_setzero_ps(); NV]; C];
+    let mut wp = w;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for c in 0..ci {
+            for a in 0..k[0] {
+                for b in 0..k[1] {
+                    let r = row.add(c * cs + a * ps + b * rs);
+                    for e in 0..k[2] {
+                        let mut xv = [_mm512_setzero_ps(); NV];
+                        for (j, v) in xv.iter_mut().enumerate() {
+                            let lo = _mm256_loadu_ps(r.add(2 * j * rs + e));
+                            let hi = if 2 * j + 1 < rows { _mm256_loadu_ps(r.add((2 * j + 1) * rs + e)) } else { _mm256_setzero_ps() };
+                            *v = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi)));
+                        }
+                        for (l, acc) in acc.iter_mut().enumerate() {
+                            let wv = _mm512_set1_ps(*wp.add(l));
+                            for j in 0..NV {
+                                acc[j] = _mm512_fmadd_ps(wv, xv[j], acc[j]);
+                            }
+                        }
+                        wp = wp.add(C);
+                    }
+                }
+            }
+        }
+        let step = 8 * rows;
+        for (l, acc) in acc.iter().enumerate() {
+            for (j, &v) in acc.iter().enumerate() {
+                let m = if 2 * j + 1 < rows { 0xFFFF } else { 0x00FF };
+                _mm512_mask_storeu_ps(tile.add(l * step + j * 16), m, v);
+            }
+        }
+    }
+}

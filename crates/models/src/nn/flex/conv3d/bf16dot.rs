@@ -106,12 +106,27 @@ fn paired_weight(w: &[u16], g: &Geo) -> Vec<u32> {
 fn forward_tile(step: usize, row: &[u32], g: &Geo, w: &[u32], tile: &mut [f32; CO_WIDE * MAX_STEP]) {
     let cp = pairs(g);
     let (cs, ps, rs) = (g.plane(), g.hp * g.wp, g.wp);
-    let last = (cp - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + step - 1;
+    // Rows of 8 packed into one tile (see `super::output_rows`): `rows` rows `rs` apart.
+    let rows = if g.wv == 8 && step > 8 { step / 8 } else { 1 };
+    let span = if rows > 1 { (rows - 1) * rs + 8 } else { step };
+    let last = (cp - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + span - 1;
     assert!(last < row.len() && w.len() == cp * g.kvol() * g.cob && step.is_multiple_of(8) && step <= MAX_STEP);
     assert!(Isa::Avx512Bf16.supported(), "the caller checks the CPU has AVX512-BF16");
     #[cfg(target_arch = "x86_64")]
     {
         let (r, wp, t, st) = (row.as_ptr(), w.as_ptr(), tile.as_mut_ptr(), [cs, ps, rs]);
+        if rows > 1 {
+            // SAFETY: as below; every read is within `row` (`last` above).
+            unsafe {
+                match (g.cob, rows > 2) {
+                    (CO_WIDE, true) => forward_kernel_rows::<CO_WIDE, 2>(r, st, cp, g.kernel, wp, t, rows),
+                    (CO_WIDE, false) => forward_kernel_rows::<CO_WIDE, 1>(r, st, cp, g.kernel, wp, t, rows),
+                    (_, true) => forward_kernel_rows::<CO, 2>(r, st, cp, g.kernel, wp, t, rows),
+                    (_, false) => forward_kernel_rows::<CO, 1>(r, st, cp, g.kernel, wp, t, rows),
+                }
+            }
+            return;
+        }
         let mask: u16 = if step.is_multiple_of(16) { 0xFFFF } else { 0x00FF };
         // SAFETY: AVX-512 F/BW/VL and BF16 are supported (asserted); every read is within
         // `row` and `w` (checked above; masked lanes are not read); `tile` holds cob·step values.
@@ -367,5 +382,54 @@ unsafe fn weight_kernel_rows<const C: usize, const K: usize, const R: usize>(x: 
             }
         }
         out
+    }
+}
+
+/// [`forward_kernel`] for rows of 8 positions: `rows` (2–4) consecutive output rows, `rs` apart
+/// in the paired input, two per 16-lane vector (`NV` = ⌈rows / 2⌉ vectors); row `k` of channel
+/// `l` goes to `tile[l·8·rows + 8k ..][..8]`.
+///
+/// # Safety
+/// As [`forward_kernel`], with `row` readable up to the last tap of row `rows − 1`'s 8th position.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn forward_kernel_rows<const C: usize, const NV: usize>(row: *const u32, strides: [usize; 3], cp: usize, k: [usize; 3], w: *const u32, tile: *mut f32, rows: usize) {
+    use std::arch::x86_64::*;
+    debug_assert!(rows > 2 * (NV - 1) && rows <= 2 * NV);
+    let [cs, ps, rs] = strides;
+    let mut acc = [[_mm512_setzero_ps(); NV]; C];
+    let mut wp = w;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for c in 0..cp {
+            for a in 0..k[0] {
+                for b in 0..k[1] {
+                    let r = row.add(c * cs + a * ps + b * rs);
+                    for e in 0..k[2] {
+                        let mut xv = [_mm512_setzero_si512(); NV];
+                        for (j, v) in xv.iter_mut().enumerate() {
+                            let lo = _mm256_loadu_si256(r.add(2 * j * rs + e).cast());
+                            let hi = if 2 * j + 1 < rows { _mm256_loadu_si256(r.add((2 * j + 1) * rs + e).cast()) } else { _mm256_setzero_si256() };
+                            *v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                        }
+                        for (l, acc) in acc.iter_mut().enumerate() {
+                            let wv = bh(_mm512_set1_epi32(*wp.add(l) as i32));
+                            for j in 0..NV {
+                                acc[j] = _mm512_dpbf16_ps(acc[j], bh(xv[j]), wv);
+                            }
+                        }
+                        wp = wp.add(C);
+                    }
+                }
+            }
+        }
+        let step = 8 * rows;
+        for (l, acc) in acc.iter().enumerate() {
+            for (j, &v) in acc.iter().enumerate() {
+                let m = if 2 * j + 1 < rows { 0xFFFF } else { 0x00FF };
+                _mm512_mask_storeu_ps(tile.add(l * step + j * 16), m, v);
+            }
+        }
     }
 }
