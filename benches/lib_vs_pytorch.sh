@@ -304,6 +304,16 @@ vp_cpu_isa_flags() {
   echo "${have:-none of avx2/fma/avx512 (or /proc/cpuinfo unreadable)}"
 }
 
+# The ISA caps set in this environment, as a clause of the header's ISA line (empty if none):
+# vramlab's VRAMLAB_SIMD, PyTorch's ATEN_CPU_CAPABILITY and oneDNN's ONEDNN_MAX_CPU_ISA.
+vp_isa_caps() {
+  local v caps=""
+  for v in VRAMLAB_SIMD ATEN_CPU_CAPABILITY ONEDNN_MAX_CPU_ISA; do
+    [ -n "${!v:-}" ] && caps="$caps${caps:+, }\`$v=${!v}\`"
+  done
+  [ -z "$caps" ] || echo "; caps set for this run: $caps"
+}
+
 # PyTorch's CPU capability from `baseline.py probe`'s JSON ($1).
 vp_torch_capability() {
   "$(vp_report_py)" -c 'import json, sys
@@ -314,7 +324,8 @@ except ValueError:
 }
 
 # vramlab's flex-kernel ISA level, as its runs' summary.md reports it (the first row's run under
-# OUT_DIR's scratch dir), e.g. "avx512" or "avx2 (VRAMLAB_SIMD=avx2; the CPU has avx512)".
+# OUT_DIR's scratch dir), e.g. "avx512; GEMM up to AVX-512 (…)" or "avx2 (VRAMLAB_SIMD=avx2; the
+# CPU has avx512); GEMM up to AVX2 (…)".
 vp_vramlab_isa() {
   local f line
   for f in "$VP_SCRATCH_OUT"/*/run/summary.md; do
@@ -337,7 +348,7 @@ vp_header() {
     local host_cpu=""
     [ "$mode" = cuda ] && host_cpu="; host CPU $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ //') × $(nproc)"
     echo "- **Machine**: $VP_DEVICE_NAME$host_cpu; $mem RAM; host \`$(hostname)\`; $(date -u '+%Y-%m-%d %H:%M UTC')."
-    [ "$mode" = cuda ] || echo "- **Vector ISA**: CPU flags: $(vp_cpu_isa_flags); PyTorch's \`torch.backends.cpu.get_cpu_capability()\`: \`$(vp_torch_capability "$torch_info")\`; vramlab's flex kernels: \`$(vp_vramlab_isa "$out")\` (\`VRAMLAB_SIMD\` caps it; the GEMM under flex dispatches on its own, up to AVX-512)."
+    [ "$mode" = cuda ] || echo "- **Vector ISA**: CPU flags: $(vp_cpu_isa_flags); PyTorch's \`torch.backends.cpu.get_cpu_capability()\`: \`$(vp_torch_capability "$torch_info")\`; vramlab's flex kernels: \`$(vp_vramlab_isa "$out")\` (\`VRAMLAB_SIMD\` caps vramlab's own kernels, not the GEMM; a \`--features flex-avx2\` build has the GEMM's AVX2 kernels only)$(vp_isa_caps)."
     echo "- **PyTorch side**: $(vp_report torch-line "$torch_info"); eager, no torch.compile."
     echo "- **vramlab side**: \`$VP_BIN\` — $VP_BIN_VERSION; \`--backend=$( [ "$mode" = cuda ] && echo cuda || echo flex)\`, \`--dataset.type=random\` for ACT/Diffusion, built-in voxel scenes for the VAE, \`--num_workers=0 --save_checkpoint=false\`."
     echo "- **Command**: \`$VP_COMMAND\`; $( [ -n "${STEPS:-}" ] && echo "STEPS=$STEPS" || { [ "$mode" = cuda ] && echo "8 steps" || echo "5 steps"; }) per run, each run its own process, the two sides of a row back to back."

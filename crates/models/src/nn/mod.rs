@@ -40,10 +40,13 @@ pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};
 
 /// The vector instructions flex's CPU kernels run at in this process, for run summaries:
 /// `avx512bf16`, `avx512`, `avx2` or `scalar` (detected once; capped by `VRAMLAB_SIMD=avx512bf16|avx512|avx2|scalar`,
-/// or `VRAMLAB_NO_SIMD` = scalar), with the cap and the CPU's own level when a cap applies.
+/// or `VRAMLAB_NO_SIMD` = scalar), with the cap and the CPU's own level when a cap applies, and
+/// the GEMM under flex: AVX-512 kernels compiled in (feature `gemm-avx512`, the default; gemm
+/// picks them at run time where the CPU has AVX-512, `VRAMLAB_SIMD` does not cap it) or AVX2 only.
 #[cfg(feature = "flex")]
 pub fn flex_isa() -> String {
-    flex::isa::describe()
+    let gemm = if cfg!(feature = "gemm-avx512") { "GEMM up to AVX-512 (gemm's own run-time choice)" } else { "GEMM up to AVX2 (built without gemm-avx512)" };
+    format!("{}; {gemm}", flex::isa::describe())
 }
 
 /// The longest reduction (`cin · k³`) flex's direct 3-D convolution takes (`nn::flex::conv3d`;
