@@ -21,7 +21,6 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
-pub mod conv3d;
 pub mod group_norm;
 pub mod layer_norm;
 pub mod softmax;

@@ -203,8 +203,7 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubePrim};
-    pub use burn_kernels::{channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, x_backward};
-    pub use crate::nn::cube::conv3d::weight_backward_3d;
+    pub use burn_kernels::{channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
     pub fn layer_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::layer_norm::<B>(x, w, b, eps);
