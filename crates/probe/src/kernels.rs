@@ -27,6 +27,18 @@
 //!   parts; [`short_name`] cuts long ones for display). Exact in the same way as the total, which
 //!   they sum to.
 //!
+//! - **time by kernel** (opt-in: only when CubeCL's profiling level is `basic` or above, which
+//!   vramlab sets for `VRAMLAB_KERNEL_ACCOUNTING=time`): the durations of the timed lines
+//!   `| <duration> | <kernel>`, summed per kernel name. CubeCL 0.10 times a kernel by wrapping
+//!   its launch in `ComputeClient::profile` (`cubecl-runtime` `client.rs`, `launch_inner`): the
+//!   server is taken exclusively, pending work is flushed (wgpu, device timing) or the device is
+//!   synchronised (system timing), the kernel is submitted alone and its end is recorded. The
+//!   duration is the device's timestamps around the kernel where the adapter has timestamp
+//!   queries (`TimingMethod::Device`), else host wall time from a sync before to a sync after
+//!   (`TimingMethod::System`). Either way every kernel becomes its own submission: a timed step
+//!   is slower than an untimed one and its kernels do not overlap, so the times say where a step
+//!   goes kernel by kernel, not what the untimed step takes.
+//!
 //! Time spent compiling kernels outside autotune is not logged by CubeCL with a duration; reports
 //! infer it from step 1's time over the steady step and say so.
 
@@ -62,6 +74,10 @@ pub struct KernelCounts {
     /// Launches per kernel name as CubeCL logs it, most launched first (ties by name); kernels
     /// with no launch are left out. Sums to `launches`.
     pub by_kernel: Vec<(String, u64)>,
+    /// Timed seconds per kernel name (timed profiling levels only: see the module's header),
+    /// most time first (ties by name); kernels with no timed launch are left out. Empty when
+    /// kernels are not timed.
+    pub time_by_kernel: Vec<(String, f64)>,
 }
 
 impl std::ops::Sub for KernelCounts {
@@ -69,6 +85,8 @@ impl std::ops::Sub for KernelCounts {
     fn sub(self, o: KernelCounts) -> KernelCounts {
         let before: HashMap<&str, u64> = o.by_kernel.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         let by_kernel = self.by_kernel.iter().filter_map(|(k, n)| Some((k.clone(), n.checked_sub(before.get(k.as_str()).copied().unwrap_or(0)).filter(|&d| d > 0)?))).collect();
+        let time_before: HashMap<&str, f64> = o.time_by_kernel.iter().map(|(k, t)| (k.as_str(), *t)).collect();
+        let time_by_kernel = self.time_by_kernel.iter().filter_map(|(k, t)| Some((k.clone(), Some(t - time_before.get(k.as_str()).copied().unwrap_or(0.0)).filter(|&d| d > 0.0)?))).collect();
         KernelCounts {
             launches: self.launches.saturating_sub(o.launches),
             compiled: self.compiled.saturating_sub(o.compiled),
@@ -76,8 +94,32 @@ impl std::ops::Sub for KernelCounts {
             autotune_searches: self.autotune_searches.saturating_sub(o.autotune_searches),
             autotune_s: (self.autotune_s - o.autotune_s).max(0.0),
             by_kernel: sorted(by_kernel),
+            time_by_kernel: sorted_by_time(time_by_kernel),
         }
     }
+}
+
+/// Most time first, ties by name.
+fn sorted_by_time(mut v: Vec<(String, f64)>) -> Vec<(String, f64)> {
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// A duration as Rust's `Debug` writes it (CubeCL's timed lines: `12.5µs`, `3.25ms`, `1.5s`,
+/// `800ns`, padded with spaces). `None` for anything else.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "µs" | "us" => 1e-6,
+        "ns" => 1e-9,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(value * scale).ok()
 }
 
 /// Most launched first, ties by name (a stable order for reports and tests).
@@ -128,20 +170,22 @@ static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
 static SEARCHES: AtomicU64 = AtomicU64::new(0);
 static TUNE_NANOS: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
-/// Launches per kernel name (the name as logged).
-static BY_KERNEL: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+/// Launches and timed nanoseconds per kernel name (the name as logged).
+static BY_KERNEL: Mutex<Option<HashMap<String, (u64, u64)>>> = Mutex::new(None);
 /// The search in progress: its key and start (searches block the thread that asked).
 static PENDING_TUNE: Mutex<Option<(String, Instant)>> = Mutex::new(None);
 
 /// Totals since the process started.
 pub fn totals() -> KernelCounts {
+    let map = BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner());
     KernelCounts {
         launches: LAUNCHES.load(Ordering::Relaxed),
         compiled: COMPILED.load(Ordering::Relaxed),
         from_cache: FROM_CACHE.load(Ordering::Relaxed),
         autotune_searches: SEARCHES.load(Ordering::Relaxed),
         autotune_s: TUNE_NANOS.load(Ordering::Relaxed) as f64 * 1e-9,
-        by_kernel: sorted(BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten().map(|(k, n)| (k.clone(), *n)).collect()),
+        by_kernel: sorted(map.iter().flatten().map(|(k, (n, _))| (k.clone(), *n)).collect()),
+        time_by_kernel: sorted_by_time(map.iter().flatten().filter(|(_, (_, t))| *t > 0).map(|(k, (_, t))| (k.clone(), *t as f64 * 1e-9)).collect()),
     }
 }
 
@@ -233,20 +277,24 @@ fn classify(target: &str, level: log::Level, args: &fmt::Arguments) {
     }
 }
 
-/// One launch line: `Executing <kernel>` or `| <duration> | <kernel>`. The per-kernel count is
-/// updated before the total, so a reading never shows more launches in total than by kernel.
+/// One launch line: `Executing <kernel>` or `| <duration> | <kernel>` (its duration added to
+/// the kernel's time). The per-kernel count is updated before the total, so a reading never
+/// shows more launches in total than by kernel.
 fn count_launch(args: &fmt::Arguments) {
     let text = args.to_string();
-    let name = match text.strip_prefix("Executing ") {
-        Some(name) => name,
-        None => text[2..].split_once(" | ").map_or("?", |(_, name)| name),
+    let (name, nanos) = match text.strip_prefix("Executing ") {
+        Some(name) => (name, 0),
+        None => text[2..].split_once(" | ").map_or(("?", 0), |(d, name)| (name, parse_duration(d).map_or(0, |d| d.as_nanos() as u64))),
     };
     let mut map = BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner());
     let map = map.get_or_insert_with(HashMap::new);
     match map.get_mut(name) {
-        Some(n) => *n += 1,
+        Some((n, t)) => {
+            *n += 1;
+            *t += nanos;
+        }
         None => {
-            map.insert(name.to_string(), 1);
+            map.insert(name.to_string(), (1, nanos));
         }
     }
     LAUNCHES.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +378,42 @@ mod tests {
         let want: Vec<(String, u64)> = [(b, 3), (a, 3), ("m::Alpha", 1), ("m::Zeta", 1)].iter().map(|(k, n)| (k.to_string(), *n)).collect();
         assert_eq!(d.by_kernel, want);
         assert_eq!(d.launches, d.by_kernel.iter().map(|(_, n)| n).sum::<u64>());
+    }
+
+    #[test]
+    fn durations_parse_as_rusts_debug_writes_them() {
+        for d in [Duration::from_nanos(800), Duration::from_micros(12), Duration::from_nanos(12_345), Duration::from_micros(3_250), Duration::from_millis(1_500), Duration::ZERO] {
+            let text = format!("{d:<10?}");
+            let back = parse_duration(&text).unwrap_or_else(|| panic!("{text:?}"));
+            assert!((back.as_secs_f64() - d.as_secs_f64()).abs() <= 1e-12 + 1e-9 * d.as_secs_f64(), "{text:?} → {back:?}");
+        }
+        assert_eq!(parse_duration(" 2.5ms "), Some(Duration::from_micros(2_500)));
+        assert_eq!(parse_duration("7us"), Some(Duration::from_micros(7)));
+        for bad in ["", "ms", "12", "12 ms", "1.2.3s", "5min", "-3ms"] {
+            assert_eq!(parse_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn timed_lines_add_their_durations_per_kernel_and_a_step_keeps_only_its_own() {
+        let _serial = serial();
+        let (conv, copy) = ("t::Conv<f32>", "t::Copy");
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("| {:<10?} | {conv}", Duration::from_millis(40)));
+        let before = totals();
+        for us in [1500, 2500] {
+            classify(PROFILING_TARGET, log::Level::Info, &format_args!("| {:<10?} | {conv}", Duration::from_micros(us)));
+        }
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("| {:<10?} | {copy}", Duration::from_micros(5_000)));
+        // An untimed launch of the same kernel counts a launch and no time.
+        classify(PROFILING_TARGET, log::Level::Info, &format_args!("Executing {copy}"));
+        let d = totals() - before;
+        assert_eq!(d.launches, 4);
+        assert_eq!(d.by_kernel.iter().find(|(k, _)| k == copy).map(|e| e.1), Some(2));
+        let t: Vec<(&str, f64)> = d.time_by_kernel.iter().map(|(k, t)| (k.as_str(), *t)).collect();
+        assert_eq!(t.len(), 2, "{t:?}");
+        // Most time first: the copy's 5 ms before the conv's 4 ms (its 40 ms before the step excluded).
+        assert_eq!(t[0].0, copy);
+        assert!((t[0].1 - 5e-3).abs() < 1e-9 && t[1].0 == conv && (t[1].1 - 4e-3).abs() < 1e-9, "{t:?}");
     }
 
     #[test]

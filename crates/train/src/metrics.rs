@@ -22,7 +22,8 @@ use vramlab_bytes::human;
 ///   `nvidia-smi` shows, all processes and the CUDA context included), maximum over the probe
 ///   points of the step; absent where the driver cannot be asked.
 /// - `kernel_launches`, `kernels_compiled`, `kernels_from_cache`, `autotune_searches`,
-///   `autotune_s`, `top_kernels` ([`KernelStep`]): on CubeCL backends (wgpu, cuda) only; absent
+///   `autotune_s`, `top_kernels`, and with `VRAMLAB_KERNEL_ACCOUNTING=time` `kernel_time_s` and
+///   `top_kernel_time` ([`KernelStep`]): on CubeCL backends (wgpu, cuda) only; absent
 ///   on flex.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
@@ -86,6 +87,15 @@ pub struct KernelStep {
     /// Exact counts; the launches of the kernels left out are `kernel_launches` minus their sum.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub top_kernels: Vec<(String, u64)>,
+    /// Timed kernels only (`VRAMLAB_KERNEL_ACCOUNTING=time`: CubeCL times each kernel alone,
+    /// which slows the step; `vramlab_probe::kernels` says how): the seconds of all the step's
+    /// timed kernels. Absent when kernels are not timed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kernel_time_s: Option<f64>,
+    /// The step's [`TOP_KERNELS_PER_STEP`] kernels with the most time, `[name, seconds]`, most
+    /// first (short names as in `top_kernels`). Empty when kernels are not timed.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub top_kernel_time: Vec<(String, f64)>,
 }
 
 impl KernelStep {
@@ -103,7 +113,18 @@ impl KernelStep {
         }
         top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         top.truncate(TOP_KERNELS_PER_STEP);
-        Self { kernel_launches: d.launches, kernels_compiled: d.compiled, kernels_from_cache: d.from_cache, autotune_searches: d.autotune_searches, autotune_s: d.autotune_s, top_kernels: top }
+        let mut time: Vec<(String, f64)> = Vec::new();
+        for (name, t) in &d.time_by_kernel {
+            let short = vramlab_probe::kernels::short_name(name);
+            match time.iter_mut().find(|(k, _)| *k == short) {
+                Some(e) => e.1 += t,
+                None => time.push((short, *t)),
+            }
+        }
+        let kernel_time_s = (!time.is_empty()).then(|| time.iter().map(|(_, t)| t).sum());
+        time.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        time.truncate(TOP_KERNELS_PER_STEP);
+        Self { kernel_launches: d.launches, kernels_compiled: d.compiled, kernels_from_cache: d.from_cache, autotune_searches: d.autotune_searches, autotune_s: d.autotune_s, top_kernels: top, kernel_time_s, top_kernel_time: time }
     }
 }
 
@@ -205,7 +226,52 @@ fn kernels_markdown(records: &[StepRecord]) -> String {
             k1.autotune_s,
         ));
     }
-    s.push_str(&top_kernels_markdown(if rest.is_empty() { &records[..1] } else { &records[1..] }));
+    let steady = if rest.is_empty() { &records[..1] } else { &records[1..] };
+    s.push_str(&top_kernels_markdown(steady));
+    s.push_str(&kernel_time_markdown(steady));
+    s
+}
+
+/// The kernels with the most time in the given steps (the steady ones), where kernels were timed
+/// (`VRAMLAB_KERNEL_ACCOUNTING=time`): seconds per step (mean over the steps), share of all timed
+/// kernel time, and launches per step. Empty when no step was timed.
+fn kernel_time_markdown(steps: &[StepRecord]) -> String {
+    let ks: Vec<(&StepRecord, &KernelStep)> = steps.iter().filter_map(|r| Some((r, r.kernels.as_ref()?))).filter(|(_, k)| k.kernel_time_s.is_some()).collect();
+    if ks.is_empty() {
+        return String::new();
+    }
+    let n = ks.len() as f64;
+    let mut sums: Vec<(&str, f64)> = Vec::new();
+    for (_, k) in &ks {
+        for (name, t) in &k.top_kernel_time {
+            match sums.iter_mut().find(|(s, _)| s == name) {
+                Some(e) => e.1 += t,
+                None => sums.push((name, *t)),
+            }
+        }
+    }
+    sums.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let total: f64 = ks.iter().filter_map(|(_, k)| k.kernel_time_s).sum();
+    let step_s: f64 = ks.iter().map(|(r, _)| r.step_time_s).sum();
+    let launches = |name: &str| -> String {
+        let all: Vec<u64> = ks.iter().filter_map(|(_, k)| k.top_kernels.iter().find(|(k, _)| k == name).map(|e| e.1)).collect();
+        if all.len() == ks.len() { format!("{:.0}", all.iter().sum::<u64>() as f64 / n) } else { "–".into() }
+    };
+    let (first, last) = (ks[0].0.step, ks[ks.len() - 1].0.step);
+    let span = if first == last { format!("step {first}") } else { format!("steps {first}–{last}") };
+    let mut s = format!(
+        "\n### Time by kernel ({span}; seconds per step, mean)\n\nKernels timed one by one (`VRAMLAB_KERNEL_ACCOUNTING=time`: CubeCL's profiling level `basic`). Timing changes the step: CubeCL wraps each launch in `ComputeClient::profile`, which flushes the work before it (or synchronises the device, where the adapter has no timestamp queries) and submits the kernel alone, so kernels never overlap or share a submission and the timed step ({:.2} s per step here) is slower than an untimed one. A kernel's time is its device timestamps (or the host's wall time between the syncs): where the step goes, kernel by kernel. Timed kernels: {:.2} s per step, {:.0} % of the step; the rest is host work between kernels (Burn's graph, the autodiff tape, allocation, the probe's syncs). Each step records its {TOP_KERNELS_PER_STEP} costliest kernels (`top_kernel_time` in metrics.jsonl).\n\n| kernel | s/step | share of kernel time | launches/step |\n|---|---:|---:|---:|\n",
+        step_s / n,
+        total / n,
+        100.0 * total / step_s.max(f64::MIN_POSITIVE),
+    );
+    let mut shown = 0.0;
+    for (name, t) in sums.iter().take(TOP_KERNELS_IN_SUMMARY) {
+        shown += t;
+        s.push_str(&format!("| `{}` | {:.4} | {:.1} % | {} |\n", name.replace('|', "\\|"), t / n, 100.0 * t / total.max(f64::MIN_POSITIVE), launches(name)));
+    }
+    let other = (total - shown).max(0.0);
+    s.push_str(&format!("| all other kernels | {:.4} | {:.1} % | |\n| **all timed kernels** | {:.4} | 100 % | |\n", other / n, 100.0 * other / total.max(f64::MIN_POSITIVE), total / n));
     s
 }
 
@@ -257,19 +323,20 @@ mod tests {
 
     #[test]
     fn kernel_fields_are_flat_in_the_jsonl_and_absent_without_counts() {
-        let k = KernelStep { kernel_launches: 812, kernels_compiled: 95, kernels_from_cache: 0, autotune_searches: 6, autotune_s: 4.5, top_kernels: vec![("Matmul<f32>".into(), 700), ("Copy".into(), 12)] };
+        let k = KernelStep { kernel_launches: 812, kernels_compiled: 95, kernels_from_cache: 0, autotune_searches: 6, autotune_s: 4.5, top_kernels: vec![("Matmul<f32>".into(), 700), ("Copy".into(), 12)], kernel_time_s: None, top_kernel_time: vec![] };
         let line = serde_json::to_string(&record(1, Some(k.clone()))).unwrap();
         assert!(line.contains(r#""kernel_launches":812"#) && line.contains(r#""kernels_compiled":95"#), "{line}");
         assert!(line.contains(r#""top_kernels":[["Matmul<f32>",700],["Copy",12]]"#), "{line}");
         assert_eq!(serde_json::from_str::<StepRecord>(&line).unwrap().kernels, Some(k));
         let flex = serde_json::to_string(&record(1, None)).unwrap();
         assert!(!flex.contains("kernel"), "{flex}");
+        assert!(!line.contains("kernel_time"), "untimed: {line}");
         assert_eq!(serde_json::from_str::<StepRecord>(&flex).unwrap().kernels, None);
     }
 
     #[test]
     fn the_summary_shows_step_one_against_the_later_steps_only_when_kernels_were_counted() {
-        let k = |launches, compiled, tune| Some(KernelStep { kernel_launches: launches, kernels_compiled: compiled, kernels_from_cache: 0, autotune_searches: compiled / 10, autotune_s: tune, top_kernels: vec![] });
+        let k = |launches, compiled, tune| Some(KernelStep { kernel_launches: launches, kernels_compiled: compiled, kernels_from_cache: 0, autotune_searches: compiled / 10, autotune_s: tune, top_kernels: vec![], kernel_time_s: None, top_kernel_time: vec![] });
         let records = vec![record(1, k(900, 120, 3.0)), record(2, k(500, 2, 0.0)), record(3, k(502, 0, 0.0)), record(4, k(498, 0, 0.0))];
         let md = summary_markdown("t", &[], &records);
         assert!(md.contains("## Kernels (CubeCL)"), "{md}");
@@ -299,7 +366,7 @@ mod tests {
 
     #[test]
     fn the_summary_lists_the_steady_steps_most_launched_kernels() {
-        let k = |top: &[(&str, u64)], other: u64| Some(KernelStep { kernel_launches: top.iter().map(|(_, n)| n).sum::<u64>() + other, kernels_compiled: 0, kernels_from_cache: 0, autotune_searches: 0, autotune_s: 0.0, top_kernels: top.iter().map(|(k, n)| (k.to_string(), *n)).collect() });
+        let k = |top: &[(&str, u64)], other: u64| Some(KernelStep { kernel_launches: top.iter().map(|(_, n)| n).sum::<u64>() + other, kernels_compiled: 0, kernels_from_cache: 0, autotune_searches: 0, autotune_s: 0.0, top_kernels: top.iter().map(|(k, n)| (k.to_string(), *n)).collect(), kernel_time_s: None, top_kernel_time: vec![] });
         let mut top: Vec<(String, u64)> = (0..16).map(|i| (format!("K{i:02}"), 100 - i)).collect();
         top.push(("Or|Pipe".into(), 200));
         let top: Vec<(&str, u64)> = top.iter().map(|(k, n)| (k.as_str(), *n)).collect();
@@ -313,5 +380,32 @@ mod tests {
         assert!(md.contains("| `K14` | 86 |") && !md.contains("`K15`") && !md.contains("`K00`"), "15 rows only: {md}");
         let all = (records[1].kernels.as_ref().unwrap().kernel_launches + records[2].kernels.as_ref().unwrap().kernel_launches) as f64 / 2.0;
         assert!(md.contains(&format!("| **all** | {all:.0} | 100 % |")), "{md}");
+    }
+
+    #[test]
+    fn timed_kernels_are_recorded_by_short_name_and_tabled_by_time() {
+        let counts = |t: &[(&str, f64)]| vramlab_probe::KernelCounts { launches: 10, by_kernel: t.iter().map(|(k, _)| (k.to_string(), 5)).collect(), time_by_kernel: t.iter().map(|(k, s)| (k.to_string(), *s)).collect(), ..Default::default() };
+        let before = counts(&[("a::Conv<f32>", 1.0)]);
+        let after = counts(&[("a::Conv<f32>", 1.25), ("b::Conv<f32>", 0.5), ("x::Add", 0.125)]);
+        let k = KernelStep::between(before, after);
+        // `a::Conv` and `b::Conv` shorten to one name: 0.25 s in the step (1.0 s before it) + 0.5 s.
+        assert_eq!(k.top_kernel_time, vec![("Conv<f32>".to_string(), 0.75), ("Add".to_string(), 0.125)]);
+        assert_eq!(k.kernel_time_s, Some(0.875));
+        let line = serde_json::to_string(&record(2, Some(k.clone()))).unwrap();
+        assert!(line.contains(r#""kernel_time_s":0.875"#) && line.contains(r#""top_kernel_time":[["Conv<f32>",0.75],["Add",0.125]]"#), "{line}");
+        let mut slow = k.clone();
+        slow.top_kernel_time[0].1 = 1.75;
+        slow.kernel_time_s = Some(1.875);
+        // Step 1 is not tabled; steps 2 and 3 (1 s each) have 0.875 and 1.875 s of kernels.
+        let md = summary_markdown("t", &[], &[record(1, Some(KernelStep { kernel_time_s: Some(100.0), top_kernel_time: vec![("Tune".into(), 100.0)], ..k.clone() })), record(2, Some(k)), record(3, Some(slow))]);
+        assert!(md.contains("### Time by kernel (steps 2–3; seconds per step, mean)"), "{md}");
+        assert!(md.contains("Timing changes the step"), "{md}");
+        assert!(md.contains("Timed kernels: 1.38 s per step, 138 % of the step"), "{md}");
+        assert!(md.contains("| `Conv<f32>` | 1.2500 | 90.9 % | 5 |"), "{md}");
+        assert!(md.contains("| `Add` | 0.1250 | 9.1 % | 5 |") && !md.contains("`Tune`"), "{md}");
+        assert!(md.contains("| **all timed kernels** | 1.3750 | 100 % | |"), "{md}");
+        // Untimed runs have no such table.
+        let untimed = |r: StepRecord| StepRecord { kernels: r.kernels.map(|k| KernelStep { kernel_time_s: None, top_kernel_time: vec![], ..k }), ..r };
+        assert!(!summary_markdown("t", &[], &[untimed(record(1, None)), untimed(record(2, Some(KernelStep::between(Default::default(), Default::default()))))]).contains("Time by kernel"));
     }
 }

@@ -4,7 +4,8 @@
 //! (for `--gradient_checkpointing=balanced`). Each has a memory probe: the counting allocator
 //! on CPU, CubeCL's per-stream memory statistics on wgpu/cuda, which also counts kernels
 //! (launches, compilations, autotune searches: [`vramlab_probe::kernels`]; set
-//! `VRAMLAB_KERNEL_ACCOUNTING=off` to leave CubeCL's loggers as configured).
+//! `VRAMLAB_KERNEL_ACCOUNTING=off` to leave CubeCL's loggers as configured, `=time` to time every
+//! kernel as well, which slows the step: see [`vramlab_probe::kernels`]).
 
 use std::fmt;
 
@@ -208,8 +209,10 @@ static KERNEL_ACCOUNTING: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 /// Kernel accounting: install the counting `log` logger and give CubeCL's profiling logger (at
 /// level `minimal`, one line per launch, no timing and no sync) and autotune logger the `log`
 /// crate as a sink; compile messages reach it without any setting (trace level). A profiling
-/// level set in `cubecl.toml`/`CUBECL_*` is kept (its timed lines are counted as well). Returns
-/// the note for the configuration line.
+/// level set in `cubecl.toml`/`CUBECL_*` is kept (its timed lines are counted as well).
+/// `VRAMLAB_KERNEL_ACCOUNTING=time` sets level `basic` instead: CubeCL times every kernel alone
+/// (a flush or sync around each, [`vramlab_probe::kernels`] says how) and the counter sums the
+/// times per kernel. Returns the note for the configuration line.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn kernel_accounting(c: &mut burn::cubecl::config::CubeClRuntimeConfig) -> String {
     use burn::cubecl::config::profiling::ProfilingLogLevel;
@@ -219,7 +222,10 @@ fn kernel_accounting(c: &mut burn::cubecl::config::CubeClRuntimeConfig) -> Strin
     if let Err(e) = vramlab_probe::kernels::install() {
         return format!("; {e}");
     }
-    if matches!(c.profiling.logger.level, ProfilingLogLevel::Disabled) {
+    let timed = std::env::var("VRAMLAB_KERNEL_ACCOUNTING").is_ok_and(|v| v == "time");
+    if timed {
+        c.profiling.logger.level = ProfilingLogLevel::Basic;
+    } else if matches!(c.profiling.logger.level, ProfilingLogLevel::Disabled) {
         c.profiling.logger.level = ProfilingLogLevel::Minimal;
     }
     // CubeCL's `LogCrateLevel` is not re-exported: name it by its serde name.
@@ -227,6 +233,9 @@ fn kernel_accounting(c: &mut burn::cubecl::config::CubeClRuntimeConfig) -> Strin
     c.profiling.logger.log = info();
     c.autotune.logger.log = info();
     KERNEL_ACCOUNTING.store(true, std::sync::atomic::Ordering::Relaxed);
+    if timed {
+        return "; kernels counted (launches, compilations, autotune searches) and timed one by one (VRAMLAB_KERNEL_ACCOUNTING=time: CubeCL's profiling level `basic`, a flush or sync around every kernel: the steps are slower than untimed ones)".into();
+    }
     "; kernels counted (launches, compilations, autotune searches)".into()
 }
 
@@ -368,6 +377,13 @@ where
     R: burn::cubecl::Runtime,
     B: Backend<Device = R::Device>,
 {
+    if KERNEL_ACCOUNTING.load(std::sync::atomic::Ordering::Relaxed) && std::env::var("VRAMLAB_KERNEL_ACCOUNTING").is_ok_and(|v| v == "time") {
+        let how = match R::client(&device).properties().timing_method {
+            burn::cubecl::profile::TimingMethod::Device => "the device's timestamps around each kernel (TimingMethod::Device)",
+            burn::cubecl::profile::TimingMethod::System => "host wall time from a device sync before each kernel to one after it (TimingMethod::System)",
+        };
+        eprintln!("vramlab: kernels timed by {how}");
+    }
     let probe = vramlab_probe::SampledProbe::new(name, move || {
         let _ = B::sync(&device);
         let client = R::client(&device);
