@@ -9,6 +9,10 @@
 #   UNTUNED=0 bash benches/gpu_prepare.sh       # without the autotune-off build (vramlab-untuned.xz,
 #                                               # ~1/5 of the binary's size; built first: a second
 #                                               # build of the burn crates and ours, minutes more)
+#   FUSION=0 bash benches/gpu_prepare.sh        # without the `cuda,fusion` build (vramlab-fusion.xz:
+#                                               # Burn's fusion + our #[cube] kernels as custom ops;
+#                                               # built before the main one, a third build; carried
+#                                               # only if everything fits the carry limit with it)
 #
 # The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped), the VAE fixture
 # (3.3 MiB) and the wheels (~10 MiB) fit; act_small (44 MiB) and diffusion_small (61 MiB) do not,
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/.."
 dir=${1:-.gpu}
 limit_mib=${CARRY_LIMIT_MIB:-64}
 untuned=${UNTUNED:-1}
+fusion=${FUSION:-1}
 rm -rf "$dir"
 mkdir -p "$dir/oracle" "$dir/wheels"
 if [ "$untuned" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -25,6 +30,12 @@ if [ "$untuned" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
   CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda-untuned
   strip -o "$dir/vramlab-untuned" target/cuda/release/vramlab
   xz -T0 -6 "$dir/vramlab-untuned"
+fi
+if [ "$fusion" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # Its own target dir: Burn's crates with `fusion` differ from the main build's.
+  CARGO_TARGET_DIR=target/cuda-fusion cargo build --release --no-default-features --features cuda,fusion
+  strip -o "$dir/vramlab-fusion" target/cuda-fusion/release/vramlab
+  xz -T0 -6 "$dir/vramlab-fusion"
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda
@@ -44,11 +55,17 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "
   -d "$dir/wheels" $VP_LEROBOT_WHEELS \
   || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
 size=$(du -sm "$dir" | cut -f1)
+if [ "$size" -gt "$limit_mib" ] && [ -f "$dir/vramlab-fusion.xz" ]; then
+  # The fusion build is the first thing to leave: the main rows, parity and autotune-off come first.
+  echo "gpu_prepare: ${size} MiB with vramlab-fusion.xz ($(du -sm "$dir/vramlab-fusion.xz" | cut -f1) MiB) is over the carry limit: left out" >&2
+  rm -f "$dir/vramlab-fusion.xz"
+  size=$(du -sm "$dir" | cut -f1)
+fi
 echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
 [ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra) or the autotune-off build (UNTUNED=0)" >&2; exit 3; }
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
-    TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )bash benches/gpu_vs_pytorch.sh
+    TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )bash benches/gpu_vs_pytorch.sh
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder> (carry it too).
 CMD

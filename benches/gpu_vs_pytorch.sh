@@ -17,8 +17,11 @@
 # as not run); after every row the table is rewritten and, with RESULTS_COPY, the results folder
 # (table, raw.jsonl, parity, the rows' kernel caches under kernel_cache/<row>/) is copied there,
 # so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
-# kernel_cache folder> lets a later run start warm. BIN_UNTUNED=<a `cuda-untuned` build, maybe
-# .xz> adds the VAE row with Burn's autotune compiled out (benches/kernels.sh, into kernels/).
+# kernel_cache folder> lets a later run start warm. After the rows, while the budget lasts:
+# BIN_FUSION=<a `cuda,fusion` build, maybe .xz> adds the VAE row with Burn's fusion and our
+# kernels as custom operations, then the same binary with VRAMLAB_COMPOSED_KERNELS=1 (fusion,
+# composed ops); BIN_UNTUNED=<a `cuda-untuned` build, maybe .xz> adds the VAE row with Burn's
+# autotune compiled out (both through benches/kernels.sh, into kernels/).
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
 # ../shared/oracle; vae3d_ultra right after the first row, act_small and diffusion_small at the end
 # while the budget lasts), compared by `baseline.py parity` (tolerance PARITY_TOL, default 5e-3:
@@ -36,7 +39,7 @@
 # the table, and defaults to the CPU rows (ROWS=gpu runs the GPU list anyway, slowly).
 source "$(dirname "$0")/lib_vs_pytorch.sh"
 
-VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN BIN_UNTUNED ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
+VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN BIN_UNTUNED BIN_FUSION ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
 mode=cpu
 why=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -125,33 +128,44 @@ vp_after_row() {
   fi
 }
 
-# Autotune off (issue 24, cold start): the VAE row again with a binary built with
-# `--features cuda-untuned`, through benches/kernels.sh (cold and warm step 1, steady step,
-# kernels compiled, launches), while at least UNTUNED_MIN_S (default 120) of the budget is left.
-# BIN_UNTUNED may be xz-compressed (`.xz`, as gpu_prepare.sh carries it): it is unpacked first.
-untuned() {
-  [ "$mode" = cuda ] && [ -n "${BIN_UNTUNED:-}" ] || return 0
-  local left bin=$BIN_UNTUNED
+# The VAE row again with another build of vramlab, through benches/kernels.sh (cold and warm
+# step 1, steady step, kernels compiled, launches), while at least MIN_S (default 120) of the
+# budget is left: `kernels_row BIN VARIANT [ENV=VALUE…]`. BIN may be xz-compressed (`.xz`, as
+# gpu_prepare.sh carries it): it is unpacked first.
+kernels_row() {
+  [ "$mode" = cuda ] && [ -n "$1" ] || return 0
+  local bin=$1 variant=$2 left
+  shift 2
   left=$(vp_left 600)
-  if [ "$left" -lt "${UNTUNED_MIN_S:-120}" ]; then
-    vp_log "autotune-off row: not run, ${left} s of BUDGET_S left"
+  if [ "$left" -lt "${MIN_S:-120}" ]; then
+    vp_log "kernels row '$variant': not run, ${left} s of BUDGET_S left"
     return 0
   fi
   if [[ "$bin" == *.xz ]]; then
-    "$VP_PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin" "$VP_SCRATCH_OUT/vramlab-untuned"
-    chmod +x "$VP_SCRATCH_OUT/vramlab-untuned"
-    bin=$VP_SCRATCH_OUT/vramlab-untuned
+    local plain
+    plain=$VP_SCRATCH_OUT/$(basename "$bin" .xz)
+    [ -x "$plain" ] || "$VP_PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin" "$plain"
+    chmod +x "$plain"
+    bin=$plain
   fi
-  vp_log "autotune-off row: $bin, ${left} s left"
-  BACKEND=cuda VARIANT="autotune off (cuda-untuned build)" BIN=$bin STEPS=4 ROW_TIMEOUT_S=$(( left / 2 )) BUDGET_S=$left \
+  vp_log "kernels row '$variant': $bin, ${left} s left"
+  env "$@" BACKEND=cuda VARIANT="$variant" BIN="$bin" STEPS=4 ROW_TIMEOUT_S=$(( left / 2 )) BUDGET_S="$left" \
     NOTE="run by gpu_vs_pytorch.sh after its rows, on the same GPU" bash benches/kernels.sh vae >&2 || vp_log "kernels.sh failed"
   mkdir -p "$out/kernels"
   cp benches/results/kernels/cuda/raw.jsonl benches/results/kernels/cuda/table.md "$out/kernels/" 2>/dev/null || true
+  if [ -n "${RESULTS_COPY:-}" ]; then
+    mkdir -p "$RESULTS_COPY"
+    cp -r "$out/." "$RESULTS_COPY/"
+  fi
 }
 
 vp_fixture_check "$out"
 vp_run_rows "$mode" "$out" "${rows[@]}"
-untuned
+# Burn's fusion (issue 24): with our #[cube] kernels as custom ops, then with the composed ops.
+kernels_row "${BIN_FUSION:-}" "fusion + custom kernels (cuda,fusion build)"
+kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
+# Autotune off (cold start): the `cuda-untuned` build.
+kernels_row "${BIN_UNTUNED:-}" "autotune off (cuda-untuned build)"
 parity act_small
 parity diffusion_small
 vp_after_row ""

@@ -6,11 +6,11 @@
 //! conv weight's) is walked element by element in every one of them. Diffusion Policy's UNet
 //! (263 M parameters) spent 8.8 s of a 13 s CPU step there. On flex the update below is one
 //! pass over contiguous memory, in place, on all threads; it does the same f32 operations in the
-//! same order as the tensor version, so the two agree bit for bit (tested). GPU backends use
-//! the tensor version with Burn's fusion on; without it, wgpu and cuda run the update as one
-//! `#[cube]` kernel per parameter, in place where the buffers are the update's alone, and the
-//! squared norm as one `#[cube]` launch per gradient instead of the tensor ops' square, sum and
-//! add (`cube`, tested against the tensor versions in `cube_tests`). The clip itself is a
+//! same order as the tensor version, so the two agree bit for bit (tested). wgpu and cuda run
+//! the update as one `#[cube]` kernel per parameter, in place where the buffers are the update's
+//! alone, and the squared norm as one `#[cube]` launch per gradient instead of the tensor ops'
+//! square, sum and add (`cube`, tested against the tensor versions in `cube_tests`); with Burn's
+//! fusion on, the same kernels as custom operations of the fusion stream (`fusion`). The clip itself is a
 //! factor of the update's `coef` (computed once per step from the norm read to the host).
 
 use burn::prelude::*;
@@ -115,16 +115,14 @@ pub fn adam_update_tensors<B: Backend>(p: Tensor<B, 1>, g: Tensor<B, 1>, moments
     (p, m, v)
 }
 
-// CubeCL backends: the `#[cube]` update of `cube` without Burn's fusion (then `Wgpu` and `Cuda`
-// are `CubeBackend`s); with fusion, the tensor version (fused there).
-#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+// CubeCL backends: the `#[cube]` kernels of `cube`, on `CubeBackend` (`Wgpu` and `Cuda` without
+// Burn's fusion) and, through `fusion`, on `Fusion<CubeBackend>`.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
-#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion"), test))]
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), test))]
 mod cube_tests;
-#[cfg(all(feature = "wgpu", feature = "fusion"))]
-impl OptimKernels for burn::backend::Wgpu {}
-#[cfg(all(feature = "cuda", feature = "fusion"))]
-impl OptimKernels for burn::backend::Cuda {}
+#[cfg(all(any(feature = "wgpu", feature = "cuda"), feature = "fusion"))]
+mod fusion;
 
 #[cfg(feature = "flex")]
 mod flex {

@@ -13,8 +13,8 @@
 //! backend ([`LeanBackend`]). `flex` (feature `flex`): the CPU kernels on burn-flex tensors that
 //! lean's Flex backend calls where they apply; they import no autodiff code. What both layers
 //! use lives here ([`linear_source_indices`], [`DIRECT_CONV3D_MAX_REDUCTION`]). `cube` (features
-//! `wgpu`/`cuda`, without `fusion`): the GPU kernels (`#[cube]`, CubeCL) lean's CubeCL backends
-//! call, on Burn's `CubeTensor`s.
+//! `wgpu`/`cuda`, with or without `fusion`): the GPU kernels (`#[cube]`, CubeCL) lean's CubeCL
+//! backends call, on Burn's `CubeTensor`s (under fusion as custom ops of the fusion stream).
 
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 mod attention;
 mod conv;
-#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 mod dropout;
 #[cfg(feature = "flex")]

@@ -1,5 +1,5 @@
 //! The optimizer's per-parameter passes as `#[cube]` kernels on CubeCL backends (wgpu, cuda;
-//! Burn's fusion off): the squared gradient norm (one launch per gradient, into per-unit
+//! with Burn's fusion through `super::fusion`): the squared gradient norm (one launch per gradient, into per-unit
 //! partial sums that one reduction reads at the end of the pass) and the Adam(W) update (one
 //! launch per parameter instead of the tensor version's ~14 elementwise ones). Same f32
 //! arithmetic, in the same order, as [`adam_update_tensors`] (a GPU compiler may still
@@ -21,7 +21,7 @@ use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_
 
 /// `VRAMLAB_COMPOSED_KERNELS=1`: the tensor-op update instead of the kernel (read once per
 /// process; the same switch the models' lean nodes read).
-fn composed() -> bool {
+pub(super) fn composed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
@@ -92,6 +92,8 @@ fn adam_kernel(
 /// Units of the squared-norm kernel: each owns one slot of the partial sums.
 const SQ_CUBE: u32 = 256;
 const SQ_CUBES: u32 = 64;
+/// Slots of the partial sums: one per unit launched at most.
+pub(super) const SQ_SLOTS: usize = (SQ_CUBE * SQ_CUBES) as usize;
 /// Elements a unit sums at least before another cube is launched.
 const SQ_PER_UNIT: usize = 16;
 
@@ -118,11 +120,11 @@ fn tensor<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: Cu
     BurnTensor::from_primitive(TensorPrimitive::Float(t))
 }
 
+/// Which of the last update's outputs (p, m, v) of a parameter of `n` elements were written in
+/// an input's buffer, by `n` (tests run in parallel on distinct sizes; under fusion the update
+/// runs on the fusion server's thread, after the test's next read).
 #[cfg(test)]
-thread_local! {
-    /// Which of the last update's outputs (p, m, v) on this thread were written in an input's buffer.
-    pub(super) static IN_PLACE: std::cell::Cell<[bool; 3]> = const { std::cell::Cell::new([false; 3]) };
-}
+pub(super) static IN_PLACE: std::sync::Mutex<std::collections::BTreeMap<usize, [bool; 3]>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Whether the kernel may write `t`'s buffer: no other tensor holds it.
 fn ours<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
@@ -163,7 +165,7 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
     };
     let (v_out, v_arg) = if v_ours { (v.clone(), v.as_tensor_alias(3)) } else { let t = new(); (t.clone(), t.into_tensor_arg()) };
     #[cfg(test)]
-    IN_PLACE.set([p_ours, g_ours || m_ours, v_ours]);
+    IN_PLACE.lock().unwrap().insert(n, [p_ours, g_ours || m_ours, v_ours]);
     // The scalars as the tensor version's scalar ops see them: converted to f32 first.
     let f = |x: f64| x as f32;
     let (wd, keep) = match h.decay {
@@ -206,10 +208,9 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
 
 /// Adds the f32, contiguous `g`'s `Σ g²` into `acc`'s partial sums (allocated and zeroed on the
 /// first gradient of a step): one launch.
-fn sq_sum_f32<R: CubeRuntime>(g: &CubeTensor<R>, acc: &mut Option<CubeTensor<R>>) {
+pub(super) fn sq_sum_f32<R: CubeRuntime>(g: &CubeTensor<R>, acc: &mut Option<CubeTensor<R>>) {
     let n = g.meta.num_elements();
-    let slots = (SQ_CUBE * SQ_CUBES) as usize;
-    let acc = acc.get_or_insert_with(|| burn_cubecl::ops::numeric::zeros_client::<R>(g.client.clone(), g.device.clone(), Shape::from(vec![slots]), DType::F32));
+    let acc = acc.get_or_insert_with(|| burn_cubecl::ops::numeric::zeros_client::<R>(g.client.clone(), g.device.clone(), Shape::from(vec![SQ_SLOTS]), DType::F32));
     let cubes = n.div_ceil(SQ_CUBE as usize * SQ_PER_UNIT).clamp(1, SQ_CUBES as usize) as u32;
     sq_sum_kernel::launch::<R>(&g.client, CubeCount::new_1d(cubes), CubeDim::new_1d(SQ_CUBE), g.clone().into_tensor_arg(), acc.clone().into_tensor_arg(), n as u32, cubes * SQ_CUBE);
 }

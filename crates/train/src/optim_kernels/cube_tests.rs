@@ -3,15 +3,23 @@
 //! kind, with and without gradient scaling, sizes ragged against the kernel's cubes; in place
 //! when the buffers are the update's alone, never writing a shared one. f32 within 1e-6 relative
 //! (largest difference over the largest magnitude). The squared gradient norm's kernel against
-//! the tensor ops' sum, within 1e-5 relative.
+//! the tensor ops' sum, within 1e-5 relative. With `--features wgpu,fusion` the same tests run the
+//! kernels as custom operations of Burn's fusion stream (`fusion.rs`), where "shared" means
+//! another fusion tensor, or the tensor a reshape came from, holds the buffer.
 //!
-//! `CARGO_TARGET_DIR=target/wgpu cargo test --release -p vramlab-train --features wgpu --lib cube_tests`
+//! `CARGO_TARGET_DIR=target/wgpu cargo test --release -p vramlab-train --features wgpu[,fusion] --lib cube_tests`
 
 use burn::backend::Wgpu;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
 use super::cube::IN_PLACE;
+
+/// Which outputs of the last update of an `n`-element parameter were written in place (read
+/// after the outputs: under fusion the update runs when the stream is read).
+fn in_place(n: usize) -> [bool; 3] {
+    IN_PLACE.lock().unwrap().get(&n).copied().expect("an update of this size ran through the kernel")
+}
 use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 
 type W = Wgpu;
@@ -70,10 +78,10 @@ fn kernel_update_matches(rows: usize, cols: usize, decay: Decay, coef: f64) {
         let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(tensor(&p_k, [rows, cols]), tensor(&g, [rows, cols]), moments(&mom_k), &h);
         let (pt, mt, vt) = adam_update_tensors::<W>(tensor(&p_t, [n]), tensor(&g, [n]), moments(&mom_t), &h);
         assert_eq!(pk.dims(), [rows, cols], "{at}: shape");
+        (p_k, p_t) = (vals(pk), vals(pt));
         // Every buffer here is the update's alone: p in place, m in the gradient's buffer on the
         // first step and in its own later, v in its own after the first step.
-        assert_eq!(IN_PLACE.get(), [true, true, t > 1], "{at}: written in place (p, m, v)");
-        (p_k, p_t) = (vals(pk), vals(pt));
+        assert_eq!(in_place(n), [true, true, t > 1], "{at}: written in place (p, m, v)");
         let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
         close(&format!("p {at}"), &p_k, &p_t);
         close(&format!("m {at}"), &mk, &mt);
@@ -125,8 +133,8 @@ fn cube_adam_update_leaves_shared_inputs_alone() {
     // Everything shared.
     let (p, g, m, v) = (tensor(&pv, [rows, cols]), tensor(&gv, [rows, cols]), tensor(&mv, [n]), tensor(&vv, [n]));
     let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(p.clone(), g.clone(), Some((m.clone(), v.clone())), &h);
-    assert_eq!(IN_PLACE.get(), [false, false, false], "shared buffers are not written in place");
     close("p", &vals(pk), &pt);
+    assert_eq!(in_place(n), [false, false, false], "shared buffers are not written in place");
     close("m", &vals(mk), &mt);
     close("v", &vals(vk), &vt);
     assert_eq!(vals(p), pv, "the shared parameter kept its values");
@@ -136,20 +144,48 @@ fn cube_adam_update_leaves_shared_inputs_alone() {
     // Only the parameter shared.
     let p = tensor(&pv, [rows, cols]);
     let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(p.clone(), tensor(&gv, [rows, cols]), Some((tensor(&mv, [n]), tensor(&vv, [n]))), &h);
-    assert_eq!(IN_PLACE.get(), [false, true, true], "owned moments in place, the shared parameter not");
     close("p", &vals(pk), &pt);
+    assert_eq!(in_place(n), [false, true, true], "owned moments in place, the shared parameter not");
     close("m", &vals(mk), &mt);
     close("v", &vals(vk), &vt);
     assert_eq!(vals(p), pv, "the shared parameter kept its values");
     // First step with a shared gradient: m does not take its buffer.
     let g = tensor(&gv, [rows, cols]);
     let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(tensor(&pv, [rows, cols]), g.clone(), None, &h);
-    assert_eq!(IN_PLACE.get(), [true, false, false], "the shared gradient's buffer is not reused for m");
     let (pt, mt, vt) = adam_update_tensors::<W>(tensor(&pv, [n]), tensor(&gv, [n]), None, &h);
     close("p", &vals(pk), &vals(pt));
+    assert_eq!(in_place(n), [true, false, false], "the shared gradient's buffer is not reused for m");
     close("m", &vals(mk), &vals(mt));
     close("v", &vals(vk), &vals(vt));
     assert_eq!(vals(g), gv, "the shared gradient kept its values");
+}
+
+/// Inputs reached through a view of a buffer the caller still holds (a reshape of it; under
+/// fusion a reshape is an operation of its own whose output shares the buffer) are shared too:
+/// the held tensors keep their values over two steps, and the results are the tensor update's.
+#[test]
+fn cube_adam_update_leaves_viewed_buffers_alone() {
+    let (rows, cols) = (23, 61);
+    let n = rows * cols;
+    let (pv, gv, mv, vv) = (values(n, 81), values(n, 82), values(n, 83), values(n, 84).iter().map(|x| x.abs()).collect::<Vec<_>>());
+    let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-2, bc1: 1.0 - 0.9f64.powi(2), bc2: 1.0 - 0.999f64.powi(2), coef: 1.0, decay: Decay::L2(0.01) };
+    // The parameter held flat, updated as [rows, cols]; the moments held as [rows, cols], passed flat.
+    let (p_flat, g, m2, v2) = (tensor(&pv, [n]), tensor(&gv, [rows, cols]), tensor(&mv, [rows, cols]), tensor(&vv, [rows, cols]));
+    let mut moments = Some((m2.clone().reshape([n]), v2.clone().reshape([n])));
+    let mut p = p_flat.clone().reshape([rows, cols]);
+    let (mut pt, mut mom_t) = (tensor(&pv, [n]), Some((tensor(&mv, [n]), tensor(&vv, [n]))));
+    for step in 1..=2 {
+        let (pk, mk, vk) = <W as OptimKernels>::adam_update::<2>(p, g.clone(), moments, &h);
+        let (pn, mn, vn) = adam_update_tensors::<W>(pt, tensor(&gv, [n]), mom_t, &h);
+        close(&format!("p step {step}"), &vals(pk.clone()), &vals(pn.clone()));
+        close(&format!("m step {step}"), &vals(mk.clone()), &vals(mn.clone()));
+        close(&format!("v step {step}"), &vals(vk.clone()), &vals(vn.clone()));
+        assert_eq!(vals(p_flat.clone()), pv, "step {step}: the held parameter kept its values");
+        assert_eq!(vals(m2.clone()), mv, "step {step}: the held first moment kept its values");
+        assert_eq!(vals(v2.clone()), vv, "step {step}: the held second moment kept its values");
+        assert_eq!(vals(g.clone()), gv, "step {step}: the held gradient kept its values");
+        (p, moments, pt, mom_t) = (pk, Some((mk, vk)), pn, Some((mn, vn)));
+    }
 }
 
 fn rel_close(name: &str, a: f64, b: f64, tol: f64) {

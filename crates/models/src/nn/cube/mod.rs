@@ -1,6 +1,6 @@
-//! GPU kernels for the lean autodiff nodes (`nn::lean`) on CubeCL backends (wgpu, cuda; Burn's
-//! fusion off): `#[cube]` sources compiled to WGSL/SPIR-V or CUDA from one source, launched on
-//! `CubeTensor`s. They replace the composed Burn ops (`lean::burn_kernels`: a dozen or more
+//! GPU kernels for the lean autodiff nodes (`nn::lean`) on CubeCL backends (wgpu, cuda, with or
+//! without Burn's fusion): `#[cube]` sources compiled to WGSL/SPIR-V or CUDA from one source,
+//! launched on `CubeTensor`s. They replace the composed Burn ops (`lean::burn_kernels`: a dozen or more
 //! small kernels per op) with a few launches each:
 //!
 //! - [`group_norm`]: GroupNorm (+ fused SiLU) forward (stats, apply) and backward (per-channel
@@ -12,8 +12,11 @@
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
 //! f32, exactly what the composed ops take and return. Here: what the families share (the cube-wide sum, launch helpers, the
-//! backend ↔ `CubeTensor` bridge [`CubePrim`], and [`composed`], the switch back to the
-//! composed ops).
+//! backend ↔ `CubeTensor` bridge [`CubeLaunch`], and [`composed`], the switch back to the
+//! composed ops). [`CubeLaunch`] runs a kernel on a backend's float primitives: on Burn's
+//! `CubeBackend` at once, on `Fusion<CubeBackend>` (`fusion`) as a custom operation of the
+//! fusion stream, which ends the fused block before it and runs the kernel on the stream's
+//! handles when the stream gets there.
 
 use burn::prelude::*;
 use burn::tensor::DType;
@@ -21,6 +24,8 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+#[cfg(feature = "fusion")]
+mod fusion;
 pub mod group_norm;
 pub mod layer_norm;
 pub mod softmax;
@@ -28,20 +33,52 @@ pub mod softmax;
 /// Units per cube of the reducing kernels (one cube per group / channel / row).
 pub(crate) const BLOCK: usize = 256; // `cube_sum` and `softmax::cube_max` halve it eight times
 
-/// A backend whose float primitive is a `CubeTensor` (Burn's `CubeBackend`, without fusion).
-pub trait CubePrim: Backend {
-    type Runtime: CubeRuntime;
-    fn into_cube(x: <Self as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive) -> CubeTensor<Self::Runtime>;
-    fn from_cube(x: CubeTensor<Self::Runtime>) -> <Self as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+/// Float primitive of backend `B`.
+pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
+
+/// The dims and dtype of a kernel's output, declared before the launch: Burn's fusion creates an
+/// operation's output tensors when the operation is registered, before it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutSpec {
+    pub dims: Vec<usize>,
+    pub dtype: DType,
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubePrim for CubeBackend<R, F, I, BT> {
-    type Runtime = R;
-    fn into_cube(x: CubeTensor<R>) -> CubeTensor<R> {
-        x
+impl OutSpec {
+    pub fn new(dims: Vec<usize>, dtype: DType) -> Self {
+        Self { dims, dtype }
     }
-    fn from_cube(x: CubeTensor<R>) -> CubeTensor<R> {
-        x
+    pub fn f32(dims: Vec<usize>) -> Self {
+        Self { dims, dtype: DType::F32 }
+    }
+    /// Panics when `t` is not what was declared: a kernel and its declaration disagree (a bug
+    /// here, not a user error), which under fusion would hand later operations wrong metadata.
+    fn check<R: CubeRuntime>(&self, name: &str, t: &CubeTensor<R>) {
+        let dims = t.meta.shape().to_vec();
+        assert!(dims == self.dims && t.dtype == self.dtype, "{name}: the kernel returned {dims:?} {:?}, declared {:?} {:?}", t.dtype, self.dims, self.dtype);
+    }
+}
+
+/// A backend the `#[cube]` kernels run on: Burn's `CubeBackend` (its float primitive is a
+/// `CubeTensor`, the kernel runs at once) and `Fusion<CubeBackend>` (`fusion`: a custom operation
+/// of the fusion stream).
+pub trait CubeLaunch: Backend {
+    type Runtime: CubeRuntime;
+    /// Runs `kernel` on the `CubeTensor`s of `inputs`; its results, whose dims and dtypes
+    /// `outputs` declares, come back as this backend's primitives. `name` identifies the
+    /// operation in the fusion stream (with its inputs' and outputs' metadata; the scalars the
+    /// kernel captures are not part of it).
+    fn cube_op<const I: usize, const O: usize>(name: &'static str, inputs: [Float<Self>; I], outputs: [OutSpec; O], kernel: impl Fn([CubeTensor<Self::Runtime>; I]) -> [CubeTensor<Self::Runtime>; O] + Send + Sync + 'static) -> [Float<Self>; O];
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch for CubeBackend<R, F, I, BT> {
+    type Runtime = R;
+    fn cube_op<const NI: usize, const O: usize>(name: &'static str, inputs: [CubeTensor<R>; NI], outputs: [OutSpec; O], kernel: impl Fn([CubeTensor<R>; NI]) -> [CubeTensor<R>; O] + Send + Sync + 'static) -> [CubeTensor<R>; O] {
+        let out = kernel(inputs);
+        for (t, spec) in out.iter().zip(&outputs) {
+            spec.check(name, t);
+        }
+        out
     }
 }
 

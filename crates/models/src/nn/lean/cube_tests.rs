@@ -173,3 +173,33 @@ fn f16_kernels_match_the_composed_ops_within_rounding() {
     let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
     close("f16 softmax dx", kx, cx, 5e-3);
 }
+
+/// Under Burn's fusion each kernel is a custom operation of the fusion stream: here its inputs
+/// come from a fused chain not yet run and are moved into it (no other holder), its outputs feed
+/// another fused chain, and the softmax backward gets one tensor as both inputs. Every result
+/// equals the same chains through the composed ops within 1e-5 relative.
+#[cfg(feature = "fusion")]
+#[test]
+fn kernels_between_fused_operations_match_the_composed_ops() {
+    use super::t;
+    type Gn = fn(Prim<W>, Prim<W>, Prim<W>, usize, f64, NormAct) -> (Prim<W>, Prim<W>, Prim<W>);
+    type GnBack = fn(Prim<W>, Prim<W>, Prim<W>, Prim<W>, Prim<W>, Prim<W>, usize, NormAct) -> (Prim<W>, Prim<W>, Prim<W>);
+    let dims = [2, 8, 5, 9];
+    let (x0, w0, b0) = (random::<W, 4>(dims, 61), random::<W, 1>([8], 62) * 0.5 + 1.0, random::<W, 1>([8], 63) * 0.5);
+    let run = |kernels: bool| -> Vec<(&'static str, Vec<f32>)> {
+        let (gn, gn_back): (Gn, GnBack) = if kernels { (cube_kernels::group_norm::<W>, cube_kernels::group_norm_backward::<W>) } else { (burn_kernels::group_norm::<W>, burn_kernels::group_norm_backward::<W>) };
+        let (sm, sm_back): (fn(Prim<W>, usize) -> Prim<W>, fn(Prim<W>, Prim<W>, usize) -> Prim<W>) = if kernels { (cube_kernels::softmax::<W>, cube_kernels::softmax_backward::<W>) } else { (burn_kernels::softmax::<W>, burn_kernels::softmax_backward::<W>) };
+        let x = || p(x0.clone() * 1.5 + 0.25);
+        let (y, m, r) = gn(x(), p(w0.clone()), p(b0.clone()), 4, 1e-5, NormAct::Silu);
+        let z = t::<W, 4>(y) * 2.0 - 0.5;
+        let s = sm(p(z), 3);
+        let ds = sm_back(s.clone(), s.clone(), 3);
+        let (dx, dw, db) = gn_back(x(), m.clone(), r, p(w0.clone()), p(b0.clone()), p(t::<W, 4>(ds.clone()) * 3.0), 4, NormAct::Silu);
+        let v4 = |x: Prim<W>| vals(t::<W, 4>(x));
+        vec![("softmax", v4(s)), ("softmax backward", v4(ds)), ("mean", v4(m)), ("dx", v4(dx)), ("dweight", vals(t::<W, 1>(dw))), ("dbias", vals(t::<W, 1>(db)))]
+    };
+    for ((name, k), (_, c)) in run(true).into_iter().zip(run(false)) {
+        let e = rel(&k, &c);
+        assert!(e <= 1e-5, "{name}: relative error {e:e} > 1e-5");
+    }
+}

@@ -20,8 +20,8 @@
 //! backends' implementations (`inner_lean_backend!`), which run the same forwards and
 //! backwards: flex through the CPU kernels of `nn::flex` where they apply (`flex_kernels`
 //! below), wgpu and cuda through the `#[cube]` kernels of `nn::cube` (GroupNorm(+SiLU),
-//! LayerNorm, softmax: `cube_kernels`; with Burn's fusion, or `VRAMLAB_COMPOSED_KERNELS=1`, the
-//! composed ops), everything else composed of Burn ops (`burn_kernels`). Each backward is
+//! LayerNorm, softmax: `cube_kernels`, with or without Burn's fusion; with
+//! `VRAMLAB_COMPOSED_KERNELS=1`, the composed ops), everything else composed of Burn ops (`burn_kernels`). Each backward is
 //! tested against plain autodiff of the composed forward, or Burn's own node (each file's
 //! `tests`; on wgpu, `cube_tests`).
 
@@ -33,7 +33,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{TensorMetadata, TensorPrimitive};
 
 mod conv;
-#[cfg(all(test, feature = "wgpu", not(feature = "fusion")))]
+#[cfg(all(test, feature = "wgpu"))]
 mod cube_tests;
 mod norm;
 mod pointwise;
@@ -197,56 +197,89 @@ mod burn_kernels {
     }
 }
 
-/// CubeCL backends without fusion: the `#[cube]` kernels of `nn::cube` where there is one
-/// (unless [`cube::composed`](crate::nn::cube::composed)), else Burn's.
-#[cfg(all(any(feature = "wgpu", feature = "cuda"), not(feature = "fusion")))]
+/// CubeCL backends, with or without Burn's fusion: the `#[cube]` kernels of `nn::cube` where
+/// there is one (unless [`cube::composed`](crate::nn::cube::composed)), else Burn's. Each call
+/// declares its outputs' dims and dtypes (what the kernel returns: `nn::cube`'s docs) for the
+/// fusion stream ([`CubeLaunch`](crate::nn::cube::CubeLaunch)).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_kernels {
     use super::*;
-    use crate::nn::cube::{self, CubePrim};
+    use crate::nn::cube::{self, CubeLaunch, OutSpec};
     pub use burn_kernels::{channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
-    pub fn layer_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+    /// `(rows, len)` of `dims` read as rows along the last axis.
+    fn rows(dims: &[usize]) -> (usize, usize) {
+        let len = dims.last().copied().unwrap_or(1).max(1);
+        (dims.iter().product::<usize>() / len, len)
+    }
+    pub fn layer_norm<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::layer_norm::<B>(x, w, b, eps);
         }
-        let (y, m, r) = cube::layer_norm::forward(B::into_cube(x), B::into_cube(w), B::into_cube(b), eps);
-        (B::from_cube(y), B::from_cube(m), B::from_cube(r))
+        let dims = dims_of::<B>(&x);
+        let (n, _) = rows(&dims);
+        let outs = [OutSpec::f32(dims), OutSpec::f32(vec![n, 1]), OutSpec::f32(vec![n, 1])];
+        let [y, m, r] = B::cube_op("vramlab.layer_norm", [x, w, b], outs, move |[x, w, b]| {
+            let (y, m, r) = cube::layer_norm::forward(x, w, b, eps);
+            [y, m, r]
+        });
+        (y, m, r)
     }
-    pub fn layer_norm_backward<B: CubePrim>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, dy: Prim<B>) -> (Prim<B>, Prim<B>, Prim<B>) {
+    pub fn layer_norm_backward<B: CubeLaunch>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, dy: Prim<B>) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::layer_norm_backward::<B>(x, mean, rstd, w, dy);
         }
-        let c = B::into_cube;
-        let (dx, dw, db) = cube::layer_norm::backward(c(x), c(mean), c(rstd), c(w), c(dy));
-        (B::from_cube(dx), B::from_cube(dw), B::from_cube(db))
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        let (_, len) = rows(&dims);
+        let outs = [OutSpec::new(dims, dtype), OutSpec::f32(vec![len]), OutSpec::f32(vec![len])];
+        let [dx, dw, db] = B::cube_op("vramlab.layer_norm_backward", [x, mean, rstd, w, dy], outs, |[x, mean, rstd, w, dy]| {
+            let (dx, dw, db) = cube::layer_norm::backward(x, mean, rstd, w, dy);
+            [dx, dw, db]
+        });
+        (dx, dw, db)
     }
     /// The kernels' softmax runs along the last axis; any other axis, Burn's.
-    pub fn softmax<B: CubePrim>(x: Prim<B>, dim: usize) -> Prim<B> {
+    pub fn softmax<B: CubeLaunch>(x: Prim<B>, dim: usize) -> Prim<B> {
         if cube::composed() || dim + 1 != x.shape().num_dims() {
             return burn_kernels::softmax::<B>(x, dim);
         }
-        B::from_cube(cube::softmax::forward(B::into_cube(x)))
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.softmax", [x], [out], |[x]| [cube::softmax::forward(x)]);
+        y
     }
-    pub fn softmax_backward<B: CubePrim>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
+    pub fn softmax_backward<B: CubeLaunch>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
         if cube::composed() || dim + 1 != y.shape().num_dims() {
             return burn_kernels::softmax_backward::<B>(y, dy, dim);
         }
-        B::from_cube(cube::softmax::backward(B::into_cube(y), B::into_cube(dy)))
+        let out = OutSpec::new(dims_of::<B>(&y), y.dtype());
+        let [dx] = B::cube_op("vramlab.softmax_backward", [y, dy], [out], |[y, dy]| [cube::softmax::backward(y, dy)]);
+        dx
     }
-    pub fn group_norm<B: CubePrim>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    pub fn group_norm<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::group_norm::<B>(x, w, b, groups, eps, act);
         }
-        let (y, m, r) = cube::group_norm::forward(B::into_cube(x), B::into_cube(w), B::into_cube(b), groups, eps, act == NormAct::Silu);
-        (B::from_cube(y), B::from_cube(m), B::from_cube(r))
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        let stats = || OutSpec::f32(vec![dims[0], groups, 1, 1]);
+        let outs = [OutSpec::new(dims.clone(), dtype), stats(), stats()];
+        let [y, m, r] = B::cube_op("vramlab.group_norm", [x, w, b], outs, move |[x, w, b]| {
+            let (y, m, r) = cube::group_norm::forward(x, w, b, groups, eps, act == NormAct::Silu);
+            [y, m, r]
+        });
+        (y, m, r)
     }
     #[allow(clippy::too_many_arguments)]
-    pub fn group_norm_backward<B: CubePrim>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
+    pub fn group_norm_backward<B: CubeLaunch>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::group_norm_backward::<B>(x, mean, rstd, w, b, dy, groups, act);
         }
-        let c = B::into_cube;
-        let (dx, dw, db) = cube::group_norm::backward(c(x), c(mean), c(rstd), c(w), c(b), c(dy), groups, act == NormAct::Silu);
-        (B::from_cube(dx), B::from_cube(dw), B::from_cube(db))
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        let c = dims[1];
+        let outs = [OutSpec::new(dims, dtype), OutSpec::f32(vec![c]), OutSpec::f32(vec![c])];
+        let [dx, dw, db] = B::cube_op("vramlab.group_norm_backward", [x, mean, rstd, w, b, dy], outs, move |[x, mean, rstd, w, b, dy]| {
+            let (dx, dw, db) = cube::group_norm::backward(x, mean, rstd, w, b, dy, groups, act == NormAct::Silu);
+            [dx, dw, db]
+        });
+        (dx, dw, db)
     }
 }
 
@@ -406,14 +439,10 @@ macro_rules! inner_lean_backend {
 
 #[cfg(feature = "flex")]
 inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), flex_kernels);
-#[cfg(all(feature = "wgpu", not(feature = "fusion")))]
+#[cfg(feature = "wgpu")]
 inner_lean_backend!(burn::backend::Wgpu, None, cube_kernels);
-#[cfg(all(feature = "cuda", not(feature = "fusion")))]
+#[cfg(feature = "cuda")]
 inner_lean_backend!(burn::backend::Cuda, None, cube_kernels);
-#[cfg(all(feature = "wgpu", feature = "fusion"))]
-inner_lean_backend!(burn::backend::Wgpu, None, burn_kernels);
-#[cfg(all(feature = "cuda", feature = "fusion"))]
-inner_lean_backend!(burn::backend::Cuda, None, burn_kernels);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
