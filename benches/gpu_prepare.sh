@@ -14,7 +14,7 @@
 #                                               # built before the main one, a third build; carried
 #                                               # only if everything fits the carry limit with it)
 #
-# The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped), the VAE fixture
+# The device tool carries at most 64 MiB: the binary (~30–40 MiB stripped, carried xz-compressed), the VAE fixture
 # (3.3 MiB) and the wheels (~10 MiB) fit; act_small (44 MiB) and diffusion_small (61 MiB) do not,
 # so their parity is recorded as skipped unless FIXTURES names them and they fit.
 set -euo pipefail
@@ -42,6 +42,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 [ -x target/cuda/release/vramlab ] || { echo "gpu_prepare: target/cuda/release/vramlab missing (build failed?)" >&2; exit 2; }
 strip -o "$dir/vramlab" target/cuda/release/vramlab
+# Compressed like the other builds (about a fifth of its size): benches/lib_vs_pytorch.sh unpacks it.
+xz -T0 -6 "$dir/vramlab"
 for f in ${FIXTURES:-vae3d_ultra}; do
   [ -d "../shared/oracle/$f" ] || { echo "gpu_prepare: ../shared/oracle/$f missing" >&2; exit 2; }
   cp -r "../shared/oracle/$f" "$dir/oracle/"
@@ -65,7 +67,7 @@ echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
 [ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra) or the autotune-off build (UNTUNED=0)" >&2; exit 3; }
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
-  BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
+  BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
     TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )bash benches/gpu_vs_pytorch.sh
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder> (carry it too).
 CMD

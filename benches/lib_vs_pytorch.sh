@@ -157,8 +157,20 @@ vp_fixture_check() {
 
 # ---------------------------------------------------------------------------------- vramlab
 
-# Sets VP_BIN: $BIN, else builds. $1: flex | cuda.
+# Sets VP_BIN: $BIN (unpacked first when xz-compressed, `.xz`, as gpu_prepare.sh carries it),
+# else builds. $1: flex | cuda.
 vp_setup_vramlab() {
+  if [[ "${BIN:-}" == *.xz ]]; then
+    [ -f "$BIN" ] || vp_die 2 "BIN=$BIN: no such file"
+    local plain
+    plain="$VP_ROOT/target/vs_pytorch/$(basename "$BIN" .xz)"
+    mkdir -p "$(dirname "$plain")"
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$BIN" "$plain" \
+      || vp_die 2 "BIN=$BIN: cannot unpack it (xz)"
+    chmod +x "$plain"
+    vp_log "unpacked $BIN to $plain"
+    BIN=$plain
+  fi
   if [ -n "${BIN:-}" ]; then
     [ -x "$BIN" ] || vp_die 2 "BIN=$BIN is not an executable"
     VP_BIN=$BIN
