@@ -106,13 +106,7 @@ pub unsafe fn weight_tile<const C: usize, const K: usize>(x: *const f32, dy: *co
                 }
             }
         }
-        let mut out = [0f32; super::CO_WIDE * TAPS];
-        for (l, acc) in acc.iter().enumerate() {
-            for (e, &v) in acc.iter().enumerate() {
-                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
+        weight_sums(&acc)
     }
 }
 
@@ -159,13 +153,7 @@ pub unsafe fn weight_tile_rows<const C: usize, const K: usize>(x: *const f32, dy
                 r += 2;
             }
         }
-        let mut out = [0f32; super::CO_WIDE * TAPS];
-        for (l, acc) in acc.iter().enumerate() {
-            for (e, &v) in acc.iter().enumerate() {
-                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
+        weight_sums(&acc)
     }
 }
 
@@ -217,4 +205,22 @@ pub unsafe fn forward_tile_rows<const C: usize, const NV: usize>(row: *const f32
             }
         }
     }
+}
+
+/// The end of a weight-gradient tile: each of the `C × K` accumulators' lanes summed, channel
+/// `l`'s tap `e` at `l·TAPS + e`.
+///
+/// # Safety
+/// AVX-512 F available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn weight_sums<const C: usize, const K: usize>(acc: &[[std::arch::x86_64::__m512; K]; C]) -> [f32; super::CO_WIDE * TAPS] {
+    use std::arch::x86_64::*;
+    let mut out = [0f32; super::CO_WIDE * TAPS];
+    for (l, acc) in acc.iter().enumerate() {
+        for (e, &v) in acc.iter().enumerate() {
+            out[l * TAPS + e] = _mm512_reduce_add_ps(v);
+        }
+    }
+    out
 }

@@ -312,13 +312,7 @@ unsafe fn weight_kernel<const C: usize, const K: usize>(x: *const u16, dy: *cons
                 }
             }
         }
-        let mut out = [0f32; CO_WIDE * TAPS];
-        for (l, acc) in acc.iter().enumerate() {
-            for (e, &v) in acc.iter().enumerate() {
-                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
+        super::avx512::weight_sums(&acc)
     }
 }
 
@@ -375,13 +369,7 @@ unsafe fn weight_kernel_rows<const C: usize, const K: usize, const R: usize>(x: 
                 r += R;
             }
         }
-        let mut out = [0f32; CO_WIDE * TAPS];
-        for (l, acc) in acc.iter().enumerate() {
-            for (e, &v) in acc.iter().enumerate() {
-                out[l * TAPS + e] = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
+        super::avx512::weight_sums(&acc)
     }
 }
 
