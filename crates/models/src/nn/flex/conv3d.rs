@@ -93,7 +93,7 @@ impl Geo {
         let wv = out[2].div_ceil(LANES) * LANES;
         // 8-channel tiles only where `co` is whole tiles of 8 (then the packed weight and the
         // padded output gradient are the sizes the 4-channel tiles use: peaks do not change).
-        let cob = if isa >= Isa::Avx512 && ws[0] % CO_WIDE == 0 { CO_WIDE } else { CO };
+        let cob = if isa >= Isa::Avx512 && ws[0].is_multiple_of(CO_WIDE) { CO_WIDE } else { CO };
         Some(Self { n: xs[0], ci: xs[1], co: ws[0], cob, input, kernel, pad, out, wv, dp: input[0] + 2 * pad[0], hp: input[1] + 2 * pad[1], wp: wv + kernel[2] - 1 })
     }
 
@@ -308,7 +308,7 @@ fn forward_tile(isa: Isa, step: usize, row: &[f32], g: &Geo, w: &[f32], tile: &m
     let rows = if g.wv == LANES && step > LANES { step / LANES } else { 1 };
     let span = if rows > 1 { (rows - 1) * rs + LANES } else { step };
     let last = (g.ci - 1) * cs + (g.kernel[0] - 1) * ps + (g.kernel[1] - 1) * rs + g.kernel[2] - 1 + span - 1;
-    assert!(last < row.len() && w.len() == g.ci * g.kvol() * g.cob && step % LANES == 0 && step <= MAX_STEP);
+    assert!(last < row.len() && w.len() == g.ci * g.kvol() * g.cob && step.is_multiple_of(LANES) && step <= MAX_STEP);
     assert!(isa.supported(), "the caller picks a level the CPU has");
     #[cfg(target_arch = "x86_64")]
     {
@@ -330,7 +330,7 @@ fn forward_tile(isa: Isa, step: usize, row: &[f32], g: &Geo, w: &[f32], tile: &m
         match isa {
             Isa::Avx512 | Isa::Avx512Bf16 => {
                 // The last vector's lanes: all 16, or the lower 8 (a row end).
-                let mask: u16 = if step % 16 == 0 { 0xFFFF } else { 0x00FF };
+                let mask: u16 = if step.is_multiple_of(16) { 0xFFFF } else { 0x00FF };
                 // SAFETY: AVX-512 F/VL and FMA are supported (asserted); every read is within
                 // `row` and `w` (checked above); `tile` holds cob·step values.
                 unsafe {

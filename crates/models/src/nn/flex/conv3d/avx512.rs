@@ -68,7 +68,7 @@ pub unsafe fn weight_tile<const C: usize, const K: usize>(x: *const f32, dy: *co
     let [od, oh, _] = g.out;
     let cop = g.co_blocks() * C;
     let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
-    let (whole, tail) = (g.wv / 16 * 16, g.wv % 16 != 0);
+    let (whole, tail) = (g.wv / 16 * 16, !g.wv.is_multiple_of(16));
     let mut acc = [[_mm512_setzero_ps(); K]; C];
     // SAFETY: the caller's bounds.
     unsafe {
