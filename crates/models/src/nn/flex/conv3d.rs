@@ -108,6 +108,19 @@ impl Geo {
     fn kvol(&self) -> usize {
         self.kernel.iter().product()
     }
+
+    /// The weight gradient's strides, in elements: one sample of the padded input, one sample
+    /// of the padded output gradient `[n, co_blocks·cob, od, oh, wv]`, one channel of the latter.
+    fn dy_strides(&self) -> (usize, usize, usize) {
+        let dyc = self.out[0] * self.out[1] * self.wv;
+        (self.ci * self.plane(), self.co_blocks() * self.cob * dyc, dyc)
+    }
+
+    /// Offset in one channel of the padded input of output row `q` (`q` counts rows over the
+    /// output's depth and height: depth `q / oh`, height `q % oh`).
+    fn row_offset(&self, q: usize) -> usize {
+        ((q / self.out[1]) * self.hp + q % self.out[1]) * self.wp
+    }
 }
 
 /// Whether the direct kernels take this convolution: f32 or bf16 (input and weight alike),
@@ -488,8 +501,7 @@ fn weight_from_tiles<E: Num>(g: &Geo, tile: impl Fn(usize, usize, usize, usize, 
 fn weight_tile(isa: Isa, taps: usize, x: &[f32], dy: &[f32], g: &Geo) -> [f32; CO_WIDE * TAPS] {
     let [od, oh, _] = g.out;
     let cob = g.cob;
-    let cop = g.co_blocks() * cob;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let (xn, dyn_, dyc) = g.dy_strides();
     let last_x = (g.n - 1) * xn + ((od - 1) * g.hp + oh - 1) * g.wp + g.wv - 1 + taps - 1;
     let last_dy = (g.n - 1) * dyn_ + (cob - 1) * dyc + od * oh * g.wv - 1;
     assert!(last_x < x.len() && last_dy < dy.len());

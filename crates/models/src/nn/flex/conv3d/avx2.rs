@@ -56,8 +56,7 @@ pub unsafe fn weight_tile<const K: usize>(x: *const f32, dy: *const f32, g: &Geo
     use std::arch::x86_64::*;
     debug_assert_eq!(g.cob, CO);
     let [od, oh, _] = g.out;
-    let cop = g.co_blocks() * CO;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let (xn, dyn_, dyc) = g.dy_strides();
     let mut acc = [[_mm256_setzero_ps(); K]; CO];
     // SAFETY: the caller's bounds.
     unsafe {

@@ -66,8 +66,7 @@ pub unsafe fn weight_tile<const C: usize, const K: usize>(x: *const f32, dy: *co
     use std::arch::x86_64::*;
     debug_assert_eq!(g.cob, C);
     let [od, oh, _] = g.out;
-    let cop = g.co_blocks() * C;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let (xn, dyn_, dyc) = g.dy_strides();
     let (whole, tail) = (g.wv / 16 * 16, !g.wv.is_multiple_of(16));
     let mut acc = [[_mm512_setzero_ps(); K]; C];
     // SAFETY: the caller's bounds.
@@ -124,10 +123,7 @@ pub unsafe fn weight_tile_rows<const C: usize, const K: usize>(x: *const f32, dy
     debug_assert!(g.cob == C && g.wv == 8);
     let [od, oh, _] = g.out;
     let rows = od * oh;
-    let cop = g.co_blocks() * C;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
-    // The padded input's offset of output row `q` (depth q / oh, height q % oh).
-    let row_at = |q: usize| ((q / oh) * g.hp + q % oh) * g.wp;
+    let (xn, dyn_, dyc) = g.dy_strides();
     let mut acc = [[_mm512_setzero_ps(); K]; C];
     // SAFETY: the caller's bounds (every piece read lies in a row the one-row tile reads).
     unsafe {
@@ -136,7 +132,7 @@ pub unsafe fn weight_tile_rows<const C: usize, const K: usize>(x: *const f32, dy
             let mut r = 0;
             while r < rows {
                 let two = r + 1 < rows;
-                let (a0, a1) = (row_at(r), if two { row_at(r + 1) } else { 0 });
+                let (a0, a1) = (g.row_offset(r), if two { g.row_offset(r + 1) } else { 0 });
                 let mut xv = [_mm512_setzero_ps(); K];
                 for (e, xv) in xv.iter_mut().enumerate() {
                     let lo = _mm256_loadu_ps(xs.add(a0 + e));

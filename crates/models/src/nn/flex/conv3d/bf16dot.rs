@@ -162,8 +162,7 @@ pub(super) fn weight_backward(x: &T, dy: &T, g: &Geo) -> T {
 fn weight_tile(taps: usize, x: &[u16], dy: &[u16], g: &Geo) -> [f32; CO_WIDE * TAPS] {
     let [od, oh, _] = g.out;
     let cob = g.cob;
-    let cop = g.co_blocks() * cob;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let (xn, dyn_, dyc) = g.dy_strides();
     let last_x = (g.n - 1) * xn + ((od - 1) * g.hp + oh - 1) * g.wp + g.wv - 1 + taps - 1;
     let last_dy = (g.n - 1) * dyn_ + (cob - 1) * dyc + od * oh * g.wv - 1;
     assert!(last_x < x.len() && last_dy < dy.len() && (1..=TAPS).contains(&taps));
@@ -271,8 +270,7 @@ unsafe fn weight_kernel<const C: usize, const K: usize>(x: *const u16, dy: *cons
     use std::arch::x86_64::*;
     debug_assert_eq!(g.cob, C);
     let [od, oh, _] = g.out;
-    let cop = g.co_blocks() * C;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
+    let (xn, dyn_, dyc) = g.dy_strides();
     let whole = g.wv / 32 * 32;
     let tail: u32 = ((1u64 << (g.wv - whole)) - 1) as u32;
     let mut acc = [[_mm512_setzero_ps(); K]; C];
@@ -330,10 +328,7 @@ unsafe fn weight_kernel_rows<const C: usize, const K: usize, const R: usize>(x: 
     debug_assert!(g.cob == C && g.wv * R == 32);
     let [od, oh, _] = g.out;
     let rows = od * oh;
-    let cop = g.co_blocks() * C;
-    let (xn, dyn_, dyc) = (g.ci * g.plane(), cop * od * oh * g.wv, od * oh * g.wv);
-    // The padded input's offset of output row `q` (depth q / oh, height q % oh).
-    let row_at = |q: usize| ((q / oh) * g.hp + q % oh) * g.wp;
+    let (xn, dyn_, dyc) = g.dy_strides();
     let mut acc = [[_mm512_setzero_ps(); K]; C];
     // SAFETY: the caller's bounds (every piece read lies in a row the scalar path reads).
     unsafe {
@@ -344,7 +339,7 @@ unsafe fn weight_kernel_rows<const C: usize, const K: usize, const R: usize>(x: 
                 let cnt = (rows - r).min(R);
                 let mut at = [0usize; R];
                 for (j, at) in at.iter_mut().enumerate() {
-                    *at = if j < cnt { row_at(r + j) } else { usize::MAX };
+                    *at = if j < cnt { g.row_offset(r + j) } else { usize::MAX };
                 }
                 let mut xv = [_mm512_setzero_si512(); K];
                 for (e, xv) in xv.iter_mut().enumerate() {
