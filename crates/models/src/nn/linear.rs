@@ -10,6 +10,7 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::{gelu, relu};
 use burn::tensor::module::linear;
 
+use super::lean::LeanBackend;
 use super::{Precision, cast};
 
 /// `nn.Linear` with PyTorch's layout: `weight` `[out, in]`, `bias` `[out]`.
@@ -36,7 +37,9 @@ impl<B: Backend> Linear<B> {
         self.weight = Param::from_tensor(xavier_uniform([out, inp], inp, out, &self.weight.device()));
         self
     }
+}
 
+impl<B: LeanBackend> Linear<B> {
     /// `y = x Wᵀ + b` in precision `p`.
     ///
     /// # Shapes
@@ -52,17 +55,24 @@ impl<B: Backend> Linear<B> {
 /// On a rank-3 input Burn's `linear` is a batched matmul against the broadcast weight, and its
 /// weight gradient multiplies `xᵀ @ grad` per leading index before summing: one weight-sized
 /// gradient per sample (300 MiB for ACT's 512 × 3200 FFN weight at batch 48). On rows the
-/// weight gradient is one matmul, as PyTorch's `addmm`.
-pub fn linear_rows<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, D> {
-    if D <= 2 {
-        return linear(x, weight, bias);
-    }
+/// weight gradient is one matmul, as PyTorch's `addmm`. The bias is added by its own node
+/// ([`lean::bias_add`](super::lean::bias_add)), whose gradient is one kernel for every layer
+/// shape on CubeCL backends; Burn's linear adds it the same way (a matmul, then an add).
+pub fn linear_rows<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, D> {
     let mut dims = x.dims();
     let din = dims[D - 1];
-    let rows = x.shape().num_elements() / din.max(1);
-    let y = linear(x.reshape([rows, din]), weight, bias);
-    dims[D - 1] = y.dims()[1];
-    y.reshape(dims)
+    let y = if D <= 2 {
+        linear(x, weight, None)
+    } else {
+        let rows = x.shape().num_elements() / din.max(1);
+        let y = linear(x.reshape([rows, din]), weight, None);
+        dims[D - 1] = y.dims()[1];
+        y.reshape(dims)
+    };
+    match bias {
+        Some(b) => super::lean::bias_add(y, b),
+        None => y,
+    }
 }
 
 /// `U(−a, a)` with `a = √(6 / (fan_in + fan_out))`.

@@ -7,7 +7,9 @@
 //!   reduction, per-group/per-channel finish, apply);
 //! - [`layer_norm`]: LayerNorm forward (one launch) and backward (rows, then columns);
 //! - [`softmax`]: softmax along the last axis, forward and backward from the output (one
-//!   launch each).
+//!   launch each);
+//! - [`channel_sum`]: the sum over every axis but one (the bias gradients of the convolution
+//!   and linear nodes), one launch and one compilation for every shape.
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
@@ -24,6 +26,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+pub mod channel_sum;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod group_norm;

@@ -144,7 +144,7 @@ fn batch_slice<B: Backend>(x: &Prim<B>, range: std::ops::Range<usize>) -> Prim<B
     B::float_slice(x.clone(), &slices)
 }
 
-impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
+impl<B: LeanBackend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     type State = ConvState<B, O>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -152,10 +152,7 @@ impl<B: Backend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
         let dy = grads.consume::<B>(&ops.node);
         let [node_x, node_w, node_b] = ops.parents;
         if let Some(node) = node_b.filter(|_| has_bias) {
-            // Sum over every axis but the channels.
-            let dims = dy.shape().to_vec();
-            let g = t::<B, 3>(B::float_reshape(dy.clone(), Shape::from(vec![dims[0], dims[1], dims[2..].iter().product()])));
-            grads.register::<B>(node.id, p(g.sum_dim(2).sum_dim(0).reshape([dims[1]])));
+            grads.register::<B>(node.id, B::lean_channel_sum(dy.clone(), 1));
         }
         if let Some(node) = node_w {
             let batch = x.shape()[0];

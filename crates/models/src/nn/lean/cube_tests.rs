@@ -140,6 +140,49 @@ fn softmax_kernels_and_node_match_the_composed_ops() {
     }
 }
 
+/// The per-channel sum kernel (bias gradients) against Burn's reductions: channel axes first,
+/// middle and last, cubes ragged against 256 units (one channel, a thousand, 1-sized ends);
+/// f16 within its rounding. And the nodes that use it (a convolution's and the linear bias's
+/// gradients) against Burn's own autodiff of the same ops.
+#[test]
+fn channel_sum_kernel_and_bias_gradients_match_burns() {
+    use burn::tensor::ops::FloatTensorOps;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    for (dims, axis) in [(vec![2, 16, 8, 4, 4], 1), (vec![800, 14], 1), (vec![1, 3, 1], 1), (vec![5, 1, 700], 1), (vec![3, 1000], 0), (vec![2, 9, 600], 2)] {
+        let x = p(random::<W, 1>([dims.iter().product::<usize>()], 71));
+        let x = <W as FloatTensorOps<W>>::float_reshape(x, burn::tensor::Shape::from(dims.clone()));
+        close(&format!("channel sum {dims:?} axis {axis}"), cube_kernels::channel_sum::<W>(x.clone(), axis), burn_kernels::channel_sum::<W>(x.clone(), axis), 1e-5);
+        let h = <W as FloatTensorOps<W>>::float_cast(x, FloatDType::F16);
+        let k = cube_kernels::channel_sum::<W>(h.clone(), axis);
+        assert_eq!(k.dtype(), burn::tensor::DType::F16);
+        let f32_sum = burn_kernels::channel_sum::<W>(<W as FloatTensorOps<W>>::float_cast(h, FloatDType::F32), axis);
+        close(&format!("f16 channel sum {dims:?} axis {axis}"), <W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32), f32_sum, 1e-3);
+    }
+    let (x0, w0, b0, r) = (random::<A, 5>([2, 3, 4, 9, 7], 72), random::<A, 5>([5, 3, 3, 3, 3], 73), random::<A, 1>([5], 74), random::<A, 5>([2, 5, 4, 9, 7], 75));
+    let o = || burn::tensor::ops::ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
+    let conv = |lean: bool| {
+        let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+        let y = if lean { super::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) } else { burn::tensor::module::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) };
+        let g = (y * r.clone()).sum().backward();
+        [vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
+    };
+    for ((name, a), b) in ["conv dx", "conv dweight", "conv dbias"].into_iter().zip(conv(true)).zip(conv(false)) {
+        let e = rel(&a, &b);
+        assert!(e <= 1e-5, "{name}: relative error {e:e}");
+    }
+    let (x0, w0, b0, r) = (random::<A, 3>([8, 100, 32], 76), random::<A, 2>([32, 14], 77), random::<A, 1>([14], 78), random::<A, 3>([8, 100, 14], 79));
+    let linear = |ours: bool| {
+        let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+        let y = if ours { crate::nn::linear::linear_rows(x.clone(), w.clone(), Some(b.clone())) } else { burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone())) };
+        let g = (y * r.clone()).sum().backward();
+        [vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
+    };
+    for ((name, a), b) in ["linear dx", "linear dweight", "linear dbias"].into_iter().zip(linear(true)).zip(linear(false)) {
+        let e = rel(&a, &b);
+        assert!(e <= 1e-5, "{name}: relative error {e:e}");
+    }
+}
+
 /// f16 inputs (lavapipe has f16, not bf16; the kernels take either through the same generic
 /// element): GroupNorm+SiLU, LayerNorm and softmax kernels against the composed ops on the same
 /// f16 values. The norms compute in f32 both ways, so they differ by the final rounding to f16

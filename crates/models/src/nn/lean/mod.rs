@@ -41,7 +41,7 @@ mod pointwise;
 pub use super::linear_source_indices;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub(crate) use norm::{group_norm, layer_norm};
-pub use pointwise::{channel_affine, mish, relu, silu, softmax, upsample_linear};
+pub use pointwise::{bias_add, channel_affine, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
@@ -130,6 +130,16 @@ pub trait LeanBackend: Backend {
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
     /// Burn does; chunks would add kernel launches; neither choice is measured on a GPU).
     fn conv_workspace_bytes() -> Option<usize>;
+    /// `x` summed over every axis but `axis`: `[x.dims[axis]]` in `x`'s dtype, a bias's gradient
+    /// (per channel of a convolution's output gradient, per feature of a linear's). On CubeCL
+    /// one `#[cube]` kernel that takes the shape at run time (`nn::cube::channel_sum`): Burn's
+    /// two reductions are autotuned and compiled per shape, a search and its compilations for
+    /// every layer shape at a cold start. Elsewhere Burn's `sum_dim`s.
+    fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self>;
+    /// `x + bias` along the last axis of `x: [..., d]`, `bias: [d]` in `x`'s dtype (a linear
+    /// layer's bias). On autodiff one node keeping nothing, whose bias gradient is
+    /// [`LeanBackend::lean_channel_sum`] (Burn's linear node sums it with Burn's reductions).
+    fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self>;
 }
 
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
@@ -189,6 +199,26 @@ mod burn_kernels {
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
     }
+    /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
+    pub fn channel_sum<B: Backend>(x: Prim<B>, axis: usize) -> Prim<B> {
+        let dims = dims_of::<B>(&x);
+        let (outer, c, inner) = (dims[..axis].iter().product::<usize>(), dims[axis], dims[axis + 1..].iter().product::<usize>());
+        let mut g = B::float_reshape(x, Shape::from(vec![outer, c, inner]));
+        if inner > 1 {
+            g = B::float_sum_dim(g, 2);
+        }
+        if outer > 1 {
+            g = B::float_sum_dim(g, 0);
+        }
+        B::float_reshape(g, Shape::from(vec![c]))
+    }
+    pub fn bias_add<B: Backend>(x: Prim<B>, bias: Prim<B>) -> Prim<B> {
+        let rank = x.shape().num_dims();
+        let d = bias.shape().num_elements();
+        let mut bshape = vec![1; rank];
+        bshape[rank - 1] = d;
+        B::float_add(x, B::float_reshape(bias, Shape::from(bshape)))
+    }
     pub fn x_backward<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d_x_backward(x, w, dy, o)
     }
@@ -205,7 +235,15 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub use burn_kernels::{bias_add, channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub fn channel_sum<B: CubeLaunch>(x: Prim<B>, axis: usize) -> Prim<B> {
+        if cube::composed() {
+            return burn_kernels::channel_sum::<B>(x, axis);
+        }
+        let out = OutSpec::new(vec![x.shape()[axis]], x.dtype());
+        let [s] = B::cube_op("vramlab.channel_sum", [x], [out], move |[x]| [cube::channel_sum::channel_sum(x, axis)]);
+        s
+    }
     /// `(rows, len)` of `dims` read as rows along the last axis.
     fn rows(dims: &[usize]) -> (usize, usize) {
         let len = dims.last().copied().unwrap_or(1).max(1);
@@ -299,7 +337,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{layer_norm, layer_norm_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, layer_norm, layer_norm_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
@@ -399,6 +437,12 @@ macro_rules! inner_lean_backend {
             }
             fn conv_workspace_bytes() -> Option<usize> {
                 $workspace
+            }
+            fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self> {
+                $kernels::channel_sum::<Self>(x, axis)
+            }
+            fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
+                $kernels::bias_add::<Self>(x, bias)
             }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
@@ -540,6 +584,15 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn conv_workspace_bytes() -> Option<usize> {
         B::conv_workspace_bytes()
+    }
+
+    // The composed ops, differentiable (the nodes call the inner backend's).
+    fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self> {
+        burn_kernels::channel_sum::<Self>(x, axis)
+    }
+
+    fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
+        pointwise::bias_add_node::<B, C>(x, bias)
     }
 
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {

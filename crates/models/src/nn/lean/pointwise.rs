@@ -1,6 +1,7 @@
 //! The per-element and per-row nodes: SiLU and Mish (keep their input, as PyTorch's), ReLU
 //! and softmax (keep their output), the per-channel affine (frozen batch norm: keeps only the
-//! scale) and linear upsampling along one axis (keeps nothing).
+//! scale), linear upsampling along one axis and a bias added along the last axis (keep
+//! nothing).
 //!
 //! - SiLU: `dx = dy · s · (1 + x·(1 − s))`, `s = sigmoid(x)`;
 //! - Mish: `dx = dy · (tanh(sp) + x · (1 − tanh²(sp)) · sigmoid(x))`, `sp = softplus(x)`;
@@ -215,6 +216,34 @@ pub(super) fn upsample_linear_node<B: LeanBackend, C: CheckpointStrategy>(x: Pri
     }
 }
 
+/// `y = x + bias` along the last axis: `dx = dy`, `dbias = Σ dy` over every axis but the last.
+#[derive(Debug)]
+struct BiasAddBackward;
+
+impl<B: LeanBackend> Backward<B, 2> for BiasAddBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let [node_x, node_b] = ops.parents;
+        if let Some(node) = node_b {
+            let last = dy.shape().num_dims() - 1;
+            grads.register::<B>(node.id, B::lean_channel_sum(dy.clone(), last));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, dy);
+        }
+    }
+}
+
+/// [`LeanBackend::lean_bias_add`] on `Autodiff<B, C>`: one node keeping nothing.
+pub(super) fn bias_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, bias: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    match BiasAddBackward.prepare::<C>([x.node.clone(), bias.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((), B::lean_bias_add(x.primitive, bias.primitive)),
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_bias_add(x.primitive, bias.primitive)),
+    }
+}
+
 /// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
 pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
     let dims = dims_of::<B>(&x);
@@ -280,6 +309,11 @@ pub fn softmax<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize) -> T
     t(B::lean_softmax(p(x), dim))
 }
 
+/// [`LeanBackend::lean_bias_add`] on tensors: `x + bias` along the last axis.
+pub fn bias_add<B: LeanBackend, const D: usize>(x: Tensor<B, D>, bias: Tensor<B, 1>) -> Tensor<B, D> {
+    t(B::lean_bias_add(p(x), p(bias)))
+}
+
 /// [`LeanBackend::lean_channel_affine`] on tensors.
 pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Tensor<B, 1>, shift: Option<Tensor<B, 1>>) -> Tensor<B, D> {
     t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
@@ -343,6 +377,51 @@ mod tests {
             };
             let ((lo, lx), (po, px)) = (run(true), run(false));
             assert!(rel(&lo, &po) <= 1e-6 && rel(&lx, &px) <= 1e-5, "dim {dim} scale {scale}");
+        }
+    }
+
+    /// The bias node against Burn's broadcast add (output, dx, dbias), on rank 2 and 3, with
+    /// the bias trainable or constant and with `x` constant; and `linear_rows` (matmul node
+    /// + bias node) against Burn's `linear` with its bias.
+    #[test]
+    fn bias_add_equals_burns_broadcast_add() {
+        fn case<const D: usize>(dims: [usize; D], x_tracked: bool, b_tracked: bool) {
+            let d = dims[D - 1];
+            let mut bshape = [1; D];
+            bshape[D - 1] = d;
+            let run = |lean: bool| {
+                let (x0, b0, r): (Tensor<A, D>, Tensor<A, 1>, Tensor<A, D>) = (random(dims, 21), random([d], 22), random(dims, 23));
+                let x = if x_tracked { x0.require_grad() } else { x0 };
+                let b = if b_tracked { b0.require_grad() } else { b0 };
+                let y = if lean { super::bias_add(x.clone(), b.clone()) } else { x.clone() + b.clone().reshape(bshape) };
+                let out = vals(y.clone());
+                let g = (y * r).sum().backward();
+                (out, x.grad(&g).map(vals), b.grad(&g).map(vals))
+            };
+            let ((lo, lx, lb), (po, px, pb)) = (run(true), run(false));
+            assert_eq!((lx.is_some(), lb.is_some()), (x_tracked, b_tracked), "{dims:?}");
+            assert!(rel(&lo, &po) <= 1e-6, "{dims:?} output");
+            for (name, a, b) in [("dx", lx, px), ("dbias", lb, pb)] {
+                if let (Some(a), Some(b)) = (a, b) {
+                    assert!(rel(&a, &b) <= 1e-6, "{dims:?} {name}");
+                }
+            }
+        }
+        case([7, 5], true, true);
+        case([3, 4, 6], true, true);
+        case([3, 4, 6], false, true);
+        case([3, 4, 6], true, false);
+        let x0: Tensor<A, 3> = random([2, 9, 6], 24);
+        let (w0, b0): (Tensor<A, 2>, Tensor<A, 1>) = (random([6, 4], 25), random([4], 26));
+        let r: Tensor<A, 3> = random([2, 9, 4], 27);
+        let run = |ours: bool| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = if ours { crate::nn::linear::linear_rows(x.clone(), w.clone(), Some(b.clone())) } else { burn::tensor::module::linear(x.clone(), w.clone(), Some(b.clone())) };
+            let g = (y.clone() * r.clone()).sum().backward();
+            [vals(y), vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
+        };
+        for (name, a, b) in ["output", "dx", "dweight", "dbias"].into_iter().zip(run(true)).zip(run(false)).map(|((n, a), b)| (n, a, b)) {
+            assert!(rel(&a, &b) <= 1e-5, "linear_rows {name}: {:e}", rel(&a, &b));
         }
     }
 
