@@ -124,6 +124,12 @@ fn measure_here<M: Staged<A> + Module<A>>(model: &M, input: &M::Input, loss: imp
 /// in one stage or a neighbour from one run to the next).
 const FLOOR_SHARE: f64 = 0.03;
 
+/// One growth of autodiff's own tables: a block of up to this many bytes that lands in one
+/// stage or its neighbour from one run to the next (ACT's decoder layer or its action head,
+/// 123 KB, seen both ways in consecutive runs of the same binary). A checked stage whose
+/// measured bytes are above the band passes when they are inside it less at most this block.
+const TABLE_GROWTH: u64 = 160 << 10;
+
 /// A stage where the graph is known to differ from the forward today: `ratio` is graph ÷
 /// measured as measured when the test was written; the stage is checked at that ratio ± the
 /// band, so it still fails when the forward (or the graph) changes there.
@@ -146,7 +152,10 @@ fn check(model: &str, measured: &[(String, u64)], graph: &Graph, gaps: &[Gap]) {
         let expected = gaps.iter().find(|g| g.stage == name).map_or(1.0, |g| g.ratio);
         let checked = *m >= floor;
         eprintln!("{model}: {i:>2} {name:<24} | {m:>10} | {e:>10} | {ratio:.3} | {}", if checked { format!("{expected:.2} ± {:.0} %", 100.0 * BAND) } else { "(under the floor)".into() });
-        if checked && (ratio / expected - 1.0).abs() > BAND {
+        // Inside the band with the measured bytes less some part of one table growth.
+        let inside = |m: u64| (*e as f64 / m.max(1) as f64 / expected - 1.0).abs() <= BAND;
+        let with_growth = (m.saturating_sub(TABLE_GROWTH)..=*m).step_by(1024).any(inside);
+        if checked && !inside(*m) && !with_growth {
             bad.push(format!("{name}: measured {m} B, graph {e} B: graph/measured {ratio:.3}, expected {expected:.2} ± {:.0} %", 100.0 * BAND));
         }
     }
