@@ -428,8 +428,8 @@ impl<B: LeanBackend> Act<B> {
             Some(pad) => err * pad.bool_not().float().reshape([b, c, 1]),
             None => err,
         };
-        // Axis by axis keeps the partial sums short (see vae3d::mean_all).
-        let l1_loss = err.mean_dim(2).mean_dim(1).mean_dim(0).reshape([1]);
+        // Every partial sum short (see vae3d::mean_all).
+        let l1_loss = crate::nn::lean::mean_all(err);
         let kld_loss = match (&out.mu, &out.log_sigma_x2) {
             (Some(mu), Some(ls)) if self.config.use_vae => {
                 let kld = (ls.clone().exp() + mu.clone().square() - ls.clone() - 1.0) * 0.5; // [b, latent]

@@ -414,17 +414,18 @@ impl Vae3dConfig {
     }
 }
 
-/// Mean of all elements of a rank-5 tensor, reduced one axis at a time.
+/// Mean of all elements of a rank-5 tensor ([`lean::mean_all`](crate::nn::lean::mean_all)).
 ///
 /// A single flat reduction over a whole activation (65k–millions of elements) accumulates
 /// visible f32 error on some backends (Flex's CPU sum is ~1e-5 relative at 65k elements,
-/// where PyTorch's cascade sum is ~1e-7); reducing axis by axis keeps every partial sum short.
-/// The mean of equal-sized means is the mean, so the value is unchanged up to rounding.
+/// where PyTorch's cascade sum is ~1e-7); flex reduces axis by axis and the CubeCL kernel
+/// row by row, so every partial sum stays short. The mean of equal-sized means is the mean,
+/// so the value is unchanged up to rounding.
 ///
 /// # Shapes
 /// - x: `[a, b, c, d, e]` → `[1]`
 pub fn mean_all<B: LeanBackend>(x: Tensor<B, 5>) -> Tensor<B, 1> {
-    x.mean_dim(4).mean_dim(3).mean_dim(2).mean_dim(1).mean_dim(0).reshape([1])
+    crate::nn::lean::mean_all(x)
 }
 
 /// Split the encoder's moments into `(mean, logvar.clamp(-30, 20))`, as `VAE3D.encode` does.

@@ -140,7 +140,8 @@ fn softmax_kernels_and_node_match_the_composed_ops() {
     }
 }
 
-/// The per-channel sum kernel (bias gradients) against Burn's reductions: channel axes first,
+/// The per-channel sum kernel (bias gradients, and in two launches a whole tensor's mean)
+/// against Burn's reductions: channel axes first,
 /// middle and last, cubes ragged against 256 units (one channel, a thousand, 1-sized ends);
 /// f16 within its rounding. And the nodes that use it (a convolution's and the linear bias's
 /// gradients) against Burn's own autodiff of the same ops.
@@ -157,6 +158,11 @@ fn channel_sum_kernel_and_bias_gradients_match_burns() {
         assert_eq!(k.dtype(), burn::tensor::DType::F16);
         let f32_sum = burn_kernels::channel_sum::<W>(<W as FloatTensorOps<W>>::float_cast(h, FloatDType::F32), axis);
         close(&format!("f16 channel sum {dims:?} axis {axis}"), <W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32), f32_sum, 1e-3);
+    }
+    for dims in [vec![2, 4, 8, 32, 32], vec![3, 700], vec![5]] {
+        let x = p(random::<W, 1>([dims.iter().product::<usize>()], 80));
+        let x = <W as FloatTensorOps<W>>::float_reshape(x, burn::tensor::Shape::from(dims.clone()));
+        close(&format!("mean {dims:?}"), cube_kernels::mean_all::<W>(x.clone()), burn_kernels::mean_all::<W>(x), 1e-5);
     }
     let (x0, w0, b0, r) = (random::<A, 5>([2, 3, 4, 9, 7], 72), random::<A, 5>([5, 3, 3, 3, 3], 73), random::<A, 1>([5], 74), random::<A, 5>([2, 5, 4, 9, 7], 75));
     let o = || burn::tensor::ops::ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);

@@ -41,7 +41,7 @@ mod pointwise;
 pub use super::linear_source_indices;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub(crate) use norm::{group_norm, layer_norm};
-pub use pointwise::{bias_add, channel_affine, mish, relu, silu, softmax, upsample_linear};
+pub use pointwise::{bias_add, channel_affine, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
@@ -140,6 +140,12 @@ pub trait LeanBackend: Backend {
     /// layer's bias). On autodiff one node keeping nothing, whose bias gradient is
     /// [`LeanBackend::lean_channel_sum`] (Burn's linear node sums it with Burn's reductions).
     fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self>;
+    /// The mean of every element of `x`: `[1]` in `x`'s dtype (a loss's mean). Burn's flat sum
+    /// loses f32 precision on a CPU over a whole activation, so flex takes the mean axis by axis
+    /// (every partial sum short); on CubeCL two launches of `nn::cube::channel_sum`'s kernel
+    /// instead of one autotuned reduction per axis and shape. On autodiff one node keeping only
+    /// the shape (Burn's `mean_dim` nodes each sum the gradient again in their backward).
+    fn lean_mean_all(x: Prim<Self>) -> Prim<Self>;
 }
 
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
@@ -212,6 +218,12 @@ mod burn_kernels {
         }
         B::float_reshape(g, Shape::from(vec![c]))
     }
+    /// `mean_dim` from the last axis to the first, then `[1]`.
+    pub fn mean_all<B: Backend>(x: Prim<B>) -> Prim<B> {
+        let rank = x.shape().num_dims();
+        let m = (0..rank).rev().fold(x, |m, d| B::float_mean_dim(m, d));
+        B::float_reshape(m, Shape::from(vec![1]))
+    }
     pub fn bias_add<B: Backend>(x: Prim<B>, bias: Prim<B>) -> Prim<B> {
         let rank = x.shape().num_dims();
         let d = bias.shape().num_elements();
@@ -243,6 +255,14 @@ mod cube_kernels {
         let out = OutSpec::new(vec![x.shape()[axis]], x.dtype());
         let [s] = B::cube_op("vramlab.channel_sum", [x], [out], move |[x]| [cube::channel_sum::channel_sum(x, axis)]);
         s
+    }
+    pub fn mean_all<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
+        if cube::composed() {
+            return burn_kernels::mean_all::<B>(x);
+        }
+        let out = OutSpec::new(vec![1], x.dtype());
+        let [m] = B::cube_op("vramlab.mean_all", [x], [out], |[x]| [cube::channel_sum::mean_all(x)]);
+        m
     }
     /// `(rows, len)` of `dims` read as rows along the last axis.
     fn rows(dims: &[usize]) -> (usize, usize) {
@@ -337,7 +357,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, layer_norm, layer_norm_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
@@ -443,6 +463,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
                 $kernels::bias_add::<Self>(x, bias)
+            }
+            fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
+                $kernels::mean_all::<Self>(x)
             }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
@@ -593,6 +616,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
         pointwise::bias_add_node::<B, C>(x, bias)
+    }
+
+    fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
+        pointwise::mean_all_node::<B, C>(x)
     }
 
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {

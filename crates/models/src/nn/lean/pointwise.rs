@@ -244,6 +244,38 @@ pub(super) fn bias_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autod
     }
 }
 
+/// `y = mean(x)`: `dx = dy / n` everywhere (`dy` broadcast over a tensor of ones, in `x`'s
+/// shape and `dy`'s dtype, as Burn's `mean_dim` backward writes its gradient).
+#[derive(Debug)]
+struct MeanAllBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for MeanAllBackward {
+    type State = Shape;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            let shape = ops.state;
+            let n = shape.num_elements().max(1);
+            let dtype = dy.dtype();
+            let g = B::float_mul_scalar(B::float_reshape(dy, Shape::from(vec![1; shape.num_dims()])), (1.0 / n as f64).into());
+            let ones = B::float_ones(shape, &B::float_device(&g), dtype.into());
+            grads.register::<B>(node.id, B::float_mul(ones, g));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_mean_all`] on `Autodiff<B, C>`: one node keeping the shape.
+pub(super) fn mean_all_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    match MeanAllBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let shape = x.primitive.shape();
+            prep.finish(shape, B::lean_mean_all(x.primitive))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_mean_all(x.primitive)),
+    }
+}
+
 /// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
 pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
     let dims = dims_of::<B>(&x);
@@ -307,6 +339,11 @@ pub fn upsample_linear<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usi
 /// [`LeanBackend::lean_softmax`] on a tensor.
 pub fn softmax<B: LeanBackend, const D: usize>(x: Tensor<B, D>, dim: usize) -> Tensor<B, D> {
     t(B::lean_softmax(p(x), dim))
+}
+
+/// [`LeanBackend::lean_mean_all`] on tensors: the mean of every element, `[1]`.
+pub fn mean_all<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, 1> {
+    t(B::lean_mean_all(p(x)))
 }
 
 /// [`LeanBackend::lean_bias_add`] on tensors: `x + bias` along the last axis.
@@ -423,6 +460,24 @@ mod tests {
         for (name, a, b) in ["output", "dx", "dweight", "dbias"].into_iter().zip(run(true)).zip(run(false)).map(|((n, a), b)| (n, a, b)) {
             assert!(rel(&a, &b) <= 1e-5, "linear_rows {name}: {:e}", rel(&a, &b));
         }
+    }
+
+    /// The mean node against Burn's `mean_dim` chain: value and gradient, ranks 3 and 5.
+    #[test]
+    fn mean_all_equals_burns_mean() {
+        fn case<const D: usize>(dims: [usize; D]) {
+            let (x0, r): (Tensor<A, D>, Tensor<A, 1>) = (random(dims, 31), random([1], 32));
+            let run = |lean: bool| {
+                let x = x0.clone().require_grad();
+                let m = if lean { super::mean_all(x.clone()) } else { x.clone().mean() };
+                let g = (m.clone() * r.clone()).sum().backward();
+                (vals(m), vals(x.grad(&g).unwrap()))
+            };
+            let ((lm, lx), (pm, px)) = (run(true), run(false));
+            assert!(rel(&lm, &pm) <= 1e-5 && rel(&lx, &px) <= 1e-6, "{dims:?}: {lm:?} vs {pm:?}");
+        }
+        case([3, 4, 5]);
+        case([2, 3, 4, 5, 6]);
     }
 
     /// The channel affine with constant scale and shift (frozen batch norm's node, which keeps
