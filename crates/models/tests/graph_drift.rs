@@ -152,10 +152,12 @@ fn check(model: &str, measured: &[(String, u64)], graph: &Graph, gaps: &[Gap]) {
         let expected = gaps.iter().find(|g| g.stage == name).map_or(1.0, |g| g.ratio);
         let checked = *m >= floor;
         eprintln!("{model}: {i:>2} {name:<24} | {m:>10} | {e:>10} | {ratio:.3} | {}", if checked { format!("{expected:.2} ± {:.0} %", 100.0 * BAND) } else { "(under the floor)".into() });
-        // Inside the band with the measured bytes less some part of one table growth.
-        let inside = |m: u64| (*e as f64 / m.max(1) as f64 / expected - 1.0).abs() <= BAND;
-        let with_growth = (m.saturating_sub(TABLE_GROWTH)..=*m).step_by(1024).any(inside);
-        if checked && !inside(*m) && !with_growth {
+        // The ratio grows as measured bytes shrink: with the measured bytes anywhere from `m`
+        // down to `m` less one table growth, it spans [ratio, ratio_less_growth]; that span must
+        // meet the band.
+        let ratio_less_growth = *e as f64 / m.saturating_sub(TABLE_GROWTH).max(1) as f64;
+        let meets_band = ratio <= expected * (1.0 + BAND) && ratio_less_growth >= expected * (1.0 - BAND);
+        if checked && !meets_band {
             bad.push(format!("{name}: measured {m} B, graph {e} B: graph/measured {ratio:.3}, expected {expected:.2} ± {:.0} %", 100.0 * BAND));
         }
     }

@@ -53,6 +53,12 @@ pub fn flex_isa() -> String {
 /// e.g. 64 channels × 3³); past it flex's GEMM wins. The estimator models the same split.
 pub const DIRECT_CONV3D_MAX_REDUCTION: usize = 1728;
 
+/// `dims` read as `[outer, dims[axis], inner]`: the products of the axes before `axis`, its
+/// size, the product of those after (a per-channel reduction's view, `lean::LeanBackend::lean_channel_sum`).
+pub(crate) fn around_axis(dims: &[usize], axis: usize) -> (usize, usize, usize) {
+    (dims[..axis].iter().product(), dims[axis], dims[axis + 1..].iter().product())
+}
+
 /// Source neighbours and weights of PyTorch's linear upsampling along one axis, as its
 /// `area_pixel_compute_source_index` computes them with `align_corners=False` and an
 /// explicit `scale_factor` (the scale used is `1/scale_factor`):

@@ -57,9 +57,8 @@ fn sum_rows<R: CubeRuntime>(x: CubeTensor<R>, (outer, channels, inner): (usize, 
 pub fn channel_sum<R: CubeRuntime>(x: CubeTensor<R>, axis: usize) -> CubeTensor<R> {
     let x = contiguous(x);
     let dims = x.meta.shape().to_vec();
-    let split = (dims[..axis].iter().product::<usize>(), dims[axis], dims[axis + 1..].iter().product::<usize>());
     let dtype = x.dtype;
-    sum_rows(x, split, 1.0, dtype)
+    sum_rows(x, crate::nn::around_axis(&dims, axis), 1.0, dtype)
 }
 
 /// The mean of all of `x`: `[1]` in `x`'s dtype. Two launches: one cube per row of the last two

@@ -208,7 +208,7 @@ mod burn_kernels {
     /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
     pub fn channel_sum<B: Backend>(x: Prim<B>, axis: usize) -> Prim<B> {
         let dims = dims_of::<B>(&x);
-        let (outer, c, inner) = (dims[..axis].iter().product::<usize>(), dims[axis], dims[axis + 1..].iter().product::<usize>());
+        let (outer, c, inner) = crate::nn::around_axis(&dims, axis);
         let mut g = B::float_reshape(x, Shape::from(vec![outer, c, inner]));
         if inner > 1 {
             g = B::float_sum_dim(g, 2);
@@ -609,7 +609,7 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         B::conv_workspace_bytes()
     }
 
-    // The composed ops, differentiable (the nodes call the inner backend's).
+    // The composed ops, differentiable (the bias node calls the inner backend's).
     fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self> {
         burn_kernels::channel_sum::<Self>(x, axis)
     }

@@ -457,7 +457,7 @@ mod tests {
             let g = (y.clone() * r.clone()).sum().backward();
             [vals(y), vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
         };
-        for (name, a, b) in ["output", "dx", "dweight", "dbias"].into_iter().zip(run(true)).zip(run(false)).map(|((n, a), b)| (n, a, b)) {
+        for ((name, a), b) in ["output", "dx", "dweight", "dbias"].into_iter().zip(run(true)).zip(run(false)) {
             assert!(rel(&a, &b) <= 1e-5, "linear_rows {name}: {:e}", rel(&a, &b));
         }
     }
