@@ -131,6 +131,7 @@ mod flex {
     use burn::tensor::{DType, TensorPrimitive};
     use burn_flex::FlexTensor;
     use rayon::prelude::*;
+    use vramlab_simd::Isa;
 
     /// Elements per parallel task: large enough that rayon's overhead vanishes, small enough to
     /// split a 1 M-element tensor across the threads.
@@ -148,6 +149,10 @@ mod flex {
     /// layout's innermost contiguous run is copied per step of an odometer over the outer dims.
     /// Flex's own copy of a permuted layout (a conv weight's gradient, `[cout, cin, k]` stored
     /// as `[cin, cout, k]`) goes one element at a time through a generic index iterator.
+    ///
+    /// A transposed matrix (`[r, c]` with strides `[1, s ≥ r]`: every `nn::Linear` weight's
+    /// gradient, since the forward multiplies by `weightᵀ`) has runs of one element; it is read
+    /// instead as a block transpose of whole rows ([`Transposed`]).
     struct Reader<'a> {
         src: &'a [f32],
         outer_shape: Vec<usize>,
@@ -155,6 +160,15 @@ mod flex {
         start: isize,
         /// Elements per run.
         run: usize,
+        transposed: Option<Transposed>,
+    }
+
+    /// A `[rows, cols]` layout with strides `[1, col_stride]`: column `j` is the contiguous
+    /// `src[start + j·col_stride ..][..rows]`.
+    #[derive(Clone, Copy)]
+    struct Transposed {
+        cols: usize,
+        col_stride: usize,
     }
 
     impl<'a> Reader<'a> {
@@ -167,12 +181,15 @@ mod flex {
                 run *= shape[k - 1];
                 k -= 1;
             }
-            Self { src: t.storage::<f32>(), outer_shape: shape[..k].to_vec(), outer_strides: strides[..k].to_vec(), start: layout.start_offset() as isize, run }
+            let transposed = (shape.len() == 2 && strides[0] == 1 && shape[0] > 1 && shape[1] > 1 && strides[1] >= shape[0] as isize).then(|| Transposed { cols: shape[1], col_stride: strides[1] as usize });
+            Self { src: t.storage::<f32>(), outer_shape: shape[..k].to_vec(), outer_strides: strides[..k].to_vec(), start: layout.start_offset() as isize, run, transposed }
         }
 
-        /// Elements per parallel task: whole runs, about [`CHUNK`] of them.
+        /// Elements per parallel task: whole runs (whole rows of a transposed matrix), about
+        /// [`CHUNK`] of them.
         fn chunk(&self) -> usize {
-            self.run * (CHUNK / self.run).max(1)
+            let unit = self.transposed.map_or(self.run, |t| t.cols);
+            unit * (CHUNK / unit).max(1)
         }
 
         /// Elements `first..first + len` straight from storage when the layout is one contiguous run.
@@ -181,8 +198,28 @@ mod flex {
             self.outer_shape.is_empty().then(|| &self.src[start..start + len])
         }
 
-        /// Fills `out` with the elements from logical index `first` (a multiple of the run).
+        /// Fills `out` with the elements from logical index `first` (a multiple of the run, or
+        /// of the row for a transposed matrix).
         fn read(&self, first: usize, out: &mut [f32]) {
+            if let Some(t) = self.transposed {
+                // Rows r0.. of the result are the same positions of every stored column: read
+                // each column's segment contiguously and write it down the rows.
+                debug_assert!(first % t.cols == 0 && out.len() % t.cols == 0);
+                // Sixteen columns at a time: sixteen sequential read streams, and each row's
+                // sixteen outputs fill one cache line.
+                const TILE: usize = 16;
+                let (r0, rows) = (first / t.cols, out.len() / t.cols);
+                for j0 in (0..t.cols).step_by(TILE) {
+                    let w = TILE.min(t.cols - j0);
+                    let cols: [&[f32]; TILE] = std::array::from_fn(|jj| if jj < w { &self.src[self.start as usize + (j0 + jj) * t.col_stride + r0..][..rows] } else { &[] });
+                    for (i, row) in out.chunks_exact_mut(t.cols).enumerate() {
+                        for (o, col) in row[j0..j0 + w].iter_mut().zip(&cols) {
+                            *o = col[i];
+                        }
+                    }
+                }
+                return;
+            }
             let k = self.outer_shape.len();
             let mut idx = vec![0usize; k];
             let mut rest = first / self.run;
@@ -258,7 +295,7 @@ mod flex {
 
     /// The update of one chunk; `prep(p, g)` applies the gradient scaling and weight decay.
     #[inline(always)]
-    fn update<const FIRST: bool>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: impl Fn(f32, f32) -> (f32, f32)) {
+    fn update_body<const FIRST: bool>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: impl Fn(f32, f32) -> (f32, f32)) {
         for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
             let (pi, gi) = prep(*p, g);
             let (mi, vi) = if FIRST { (gi * k.nb1, gi * gi * k.nb2) } else { (*m * k.b1 + gi * k.nb1, *v * k.b2 + gi * gi * k.nb2) };
@@ -269,83 +306,160 @@ mod flex {
         }
     }
 
+    /// [`update_body`] compiled for `isa` (the caller checked the CPU has it). Every level gives
+    /// the same bits: Rust never contracts `a * b + c` into an FMA, and vector square roots and
+    /// divisions round as the scalar ones do.
+    #[inline(always)]
+    fn update<const FIRST: bool, P: Fn(f32, f32) -> (f32, f32)>(isa: Isa, p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: P) {
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 | Isa::Avx512Bf16 => {
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+                unsafe fn wide<const FIRST: bool, P: Fn(f32, f32) -> (f32, f32)>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: P) {
+                    update_body::<FIRST>(p, m, v, g, k, prep)
+                }
+                // SAFETY: the caller checked that the CPU has AVX-512.
+                return unsafe { wide::<FIRST, P>(p, m, v, g, k, prep) };
+            }
+            Isa::Avx2 => {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide<const FIRST: bool, P: Fn(f32, f32) -> (f32, f32)>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: &Consts, prep: P) {
+                    update_body::<FIRST>(p, m, v, g, k, prep)
+                }
+                // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+                return unsafe { wide::<FIRST, P>(p, m, v, g, k, prep) };
+            }
+            Isa::Scalar => {}
+        }
+        update_body::<FIRST>(p, m, v, g, k, prep)
+    }
+
+    /// `Σ x²` in f64, over eight partial sums (one f64 chain is bound by the adder's latency:
+    /// 3.4× slower on a 51 M-element gradient set).
+    #[inline(always)]
+    fn sq_body(c: &[f32]) -> f64 {
+        let mut acc = [0f64; 8];
+        let mut lanes = c.chunks_exact(8);
+        for x in &mut lanes {
+            for (a, &x) in acc.iter_mut().zip(x) {
+                *a += (x * x) as f64;
+            }
+        }
+        acc.iter().sum::<f64>() + lanes.remainder().iter().map(|&x| (x * x) as f64).sum::<f64>()
+    }
+
+    /// [`sq_body`] compiled for `isa` (the caller checked the CPU has it).
+    fn sq(isa: Isa, c: &[f32]) -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            Isa::Avx512 | Isa::Avx512Bf16 => {
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+                unsafe fn wide(c: &[f32]) -> f64 {
+                    sq_body(c)
+                }
+                // SAFETY: the caller checked that the CPU has AVX-512.
+                return unsafe { wide(c) };
+            }
+            Isa::Avx2 => {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide(c: &[f32]) -> f64 {
+                    sq_body(c)
+                }
+                // SAFETY: the caller checked that the CPU has AVX2 and FMA.
+                return unsafe { wide(c) };
+            }
+            Isa::Scalar => {}
+        }
+        sq_body(c)
+    }
+
+    /// [`OptimKernels::grad_sq_sum`] on flex with the kernels compiled for `isa` (supported).
+    pub(super) fn grad_sq_sum_at<const D: usize>(isa: Isa, g: Tensor<Flex, D>, acc: &mut SqAcc<Flex>) -> Tensor<Flex, D> {
+        let g = prim(g);
+        if g.dtype() != DType::F32 {
+            return sq_sum_tensors(tensor(g), acc);
+        }
+        let sq = |c: &[f32]| sq(isa, c);
+        let s: f64 = if covers_storage(&g) {
+            g.storage::<f32>().par_chunks(CHUNK).map(sq).sum()
+        } else {
+            let reader = Reader::new(&g);
+            let chunk = reader.chunk();
+            let n = g.layout().num_elements();
+            (0..n.div_ceil(chunk))
+                .into_par_iter()
+                .map_init(Vec::new, |buf, i| {
+                    buf.resize(chunk.min(n - i * chunk), 0.0);
+                    reader.read(i * chunk, buf);
+                    sq(buf)
+                })
+                .sum()
+        };
+        acc.host += s;
+        tensor(g)
+    }
+
+    /// [`OptimKernels::adam_update`] on flex with the update compiled for `isa` (supported).
+    pub(super) fn adam_update_at<const D: usize>(isa: Isa, p: Tensor<Flex, D>, g: Tensor<Flex, D>, moments: Option<(Tensor<Flex, 1>, Tensor<Flex, 1>)>, h: &AdamUpdate) -> (Tensor<Flex, D>, Tensor<Flex, 1>, Tensor<Flex, 1>) {
+        let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32;
+        if !f32s || moments.as_ref().is_some_and(|(m, v)| !is_f32(m) || !is_f32(v)) {
+            let shape = p.shape();
+            let n = shape.num_elements();
+            let (p, m, v) = adam_update_tensors(p.reshape([n]), g.reshape([n]), moments, h);
+            return (p.reshape(shape), m, v);
+        }
+        let n = p.shape().num_elements();
+        // p and the moments are updated in place (they are ours alone after the backward;
+        // flex copies a shared buffer first). g is read through its layout, chunk by chunk.
+        let (mut p, g) = (dense(prim(p)), prim(g));
+        let (mut m, mut v, first) = match moments {
+            Some((m, v)) => (dense(prim(m)), dense(prim(v)), false),
+            None => (FlexTensor::zeros([n].into(), DType::F32), FlexTensor::zeros([n].into(), DType::F32), true),
+        };
+        // The scalars as the tensor version's scalar ops see them: converted to f32 first.
+        let f = |x: f64| x as f32;
+        let (coef, b1, nb1, b2, nb2) = (f(h.coef), f(h.b1), f(1.0 - h.b1), f(h.b2), f(1.0 - h.b2));
+        let (sbc2, eps, step) = (f(h.bc2.sqrt()), f(h.eps), f(h.lr / h.bc1));
+        let k = Consts { b1, nb1, b2, nb2, sbc2, eps, step };
+        let reader = Reader::new(&g);
+        let chunk = reader.chunk();
+        let (ps, ms, vs) = (p.storage_mut::<f32>(), m.storage_mut::<f32>(), v.storage_mut::<f32>());
+        let work = ps.par_chunks_mut(chunk).zip(ms.par_chunks_mut(chunk)).zip(vs.par_chunks_mut(chunk)).enumerate();
+        // One monomorphic loop per (scaling, decay) case, so each vectorizes without branches.
+        macro_rules! run {
+            ($prep:expr) => {
+                work.for_each_init(Vec::new, |gbuf, (task, ((pc, mc), vc))| {
+                    let gc = match reader.slice(task * chunk, pc.len()) {
+                        Some(gc) => gc,
+                        None => {
+                            gbuf.resize(pc.len(), 0.0);
+                            reader.read(task * chunk, gbuf);
+                            &gbuf[..]
+                        }
+                    };
+                    if first { update::<true, _>(isa, pc, mc, vc, gc, &k, $prep) } else { update::<false, _>(isa, pc, mc, vc, gc, &k, $prep) }
+                })
+            };
+        }
+        let scale = h.coef != 1.0;
+        match (scale, h.decay) {
+            (false, Decay::None) => run!(|p, g| (p, g)),
+            (true, Decay::None) => run!(|p, g| (p, g * coef)),
+            (false, Decay::L2(wd)) => run!(|p, g| (p, g + p * f(wd))),
+            (true, Decay::L2(wd)) => run!(|p, g| (p, g * coef + p * f(wd))),
+            (false, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g)),
+            (true, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g * coef)),
+        }
+        (tensor(p), tensor(m), tensor(v))
+    }
+
     impl OptimKernels for Flex {
         fn grad_sq_sum<const D: usize>(g: Tensor<Flex, D>, acc: &mut SqAcc<Flex>) -> Tensor<Flex, D> {
-            let g = prim(g);
-            if g.dtype() != DType::F32 {
-                return sq_sum_tensors(tensor(g), acc);
-            }
-            let sq = |c: &[f32]| c.iter().map(|&x| (x * x) as f64).sum::<f64>();
-            let s: f64 = if covers_storage(&g) {
-                g.storage::<f32>().par_chunks(CHUNK).map(sq).sum()
-            } else {
-                let reader = Reader::new(&g);
-                let chunk = reader.chunk();
-                let n = g.layout().num_elements();
-                (0..n.div_ceil(chunk))
-                    .into_par_iter()
-                    .map_init(Vec::new, |buf, i| {
-                        buf.resize(chunk.min(n - i * chunk), 0.0);
-                        reader.read(i * chunk, buf);
-                        sq(buf)
-                    })
-                    .sum()
-            };
-            acc.host += s;
-            tensor(g)
+            grad_sq_sum_at(vramlab_simd::level(), g, acc)
         }
 
         fn adam_update<const D: usize>(p: Tensor<Flex, D>, g: Tensor<Flex, D>, moments: Option<(Tensor<Flex, 1>, Tensor<Flex, 1>)>, h: &AdamUpdate) -> (Tensor<Flex, D>, Tensor<Flex, 1>, Tensor<Flex, 1>) {
-            let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32;
-            if !f32s || moments.as_ref().is_some_and(|(m, v)| !is_f32(m) || !is_f32(v)) {
-                let shape = p.shape();
-                let n = shape.num_elements();
-                let (p, m, v) = adam_update_tensors(p.reshape([n]), g.reshape([n]), moments, h);
-                return (p.reshape(shape), m, v);
-            }
-            let n = p.shape().num_elements();
-            // p and the moments are updated in place (they are ours alone after the backward;
-            // flex copies a shared buffer first). g is read through its layout, chunk by chunk.
-            let (mut p, g) = (dense(prim(p)), prim(g));
-            let (mut m, mut v, first) = match moments {
-                Some((m, v)) => (dense(prim(m)), dense(prim(v)), false),
-                None => (FlexTensor::zeros([n].into(), DType::F32), FlexTensor::zeros([n].into(), DType::F32), true),
-            };
-            // The scalars as the tensor version's scalar ops see them: converted to f32 first.
-            let f = |x: f64| x as f32;
-            let (coef, b1, nb1, b2, nb2) = (f(h.coef), f(h.b1), f(1.0 - h.b1), f(h.b2), f(1.0 - h.b2));
-            let (sbc2, eps, step) = (f(h.bc2.sqrt()), f(h.eps), f(h.lr / h.bc1));
-            let k = Consts { b1, nb1, b2, nb2, sbc2, eps, step };
-            let reader = Reader::new(&g);
-            let chunk = reader.chunk();
-            let (ps, ms, vs) = (p.storage_mut::<f32>(), m.storage_mut::<f32>(), v.storage_mut::<f32>());
-            let work = ps.par_chunks_mut(chunk).zip(ms.par_chunks_mut(chunk)).zip(vs.par_chunks_mut(chunk)).enumerate();
-            // One monomorphic loop per (scaling, decay) case, so each vectorizes without branches.
-            macro_rules! run {
-                ($prep:expr) => {
-                    work.for_each_init(Vec::new, |gbuf, (task, ((pc, mc), vc))| {
-                        let gc = match reader.slice(task * chunk, pc.len()) {
-                            Some(gc) => gc,
-                            None => {
-                                gbuf.resize(pc.len(), 0.0);
-                                reader.read(task * chunk, gbuf);
-                                &gbuf[..]
-                            }
-                        };
-                        if first { update::<true>(pc, mc, vc, gc, &k, $prep) } else { update::<false>(pc, mc, vc, gc, &k, $prep) }
-                    })
-                };
-            }
-            let scale = h.coef != 1.0;
-            match (scale, h.decay) {
-                (false, Decay::None) => run!(|p, g| (p, g)),
-                (true, Decay::None) => run!(|p, g| (p, g * coef)),
-                (false, Decay::L2(wd)) => run!(|p, g| (p, g + p * f(wd))),
-                (true, Decay::L2(wd)) => run!(|p, g| (p, g * coef + p * f(wd))),
-                (false, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g)),
-                (true, Decay::Decoupled(keep)) => run!(|p, g| (p * f(keep), g * coef)),
-            }
-            (tensor(p), tensor(m), tensor(v))
+            adam_update_at(vramlab_simd::level(), p, g, moments, h)
         }
     }
 }
@@ -355,6 +469,7 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::{Distribution, TensorData};
+    use vramlab_simd::Isa;
 
     fn vals(t: Tensor<Flex, 1>) -> Vec<f32> {
         t.into_data().to_vec::<f32>().unwrap()
@@ -365,24 +480,65 @@ mod tests {
         Tensor::random([n], Distribution::Normal(0.0, 1.0), &Default::default())
     }
 
-    /// The flex update equals the tensor-op update bit for bit, for every decay kind, with and
-    /// without gradient scaling, on the first step and later ones, across parallel chunks.
+    /// The ISA levels this CPU runs; says which it skips.
+    fn levels(test: &str) -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| {
+                let ok = isa.supported();
+                if !ok {
+                    eprintln!("{test}: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
+                }
+                ok
+            })
+            .collect()
+    }
+
+    /// The flex update equals the tensor-op update bit for bit at every ISA level the CPU has,
+    /// for every decay kind, with and without gradient scaling, on the first step and later
+    /// ones, across parallel chunks and a tail shorter than the vector width.
     #[test]
     fn flex_update_equals_the_tensor_update_bit_for_bit() {
         let n = 3 * (1 << 16) + 123;
-        for (k, decay) in [Decay::None, Decay::L2(0.01), Decay::Decoupled(1.0 - 1e-4 * 0.01)].into_iter().enumerate() {
-            for coef in [1.0, 0.37] {
-                let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-4, bc1: 1.0 - 0.9f64.powi(3), bc2: 1.0 - 0.999f64.powi(3), coef, decay };
-                let (p, g) = (random(n, 1 + k as u64), random(n, 11 + k as u64));
-                let (m, v) = (random(n, 21), random(n, 31).abs());
-                for moments in [None, Some((m.clone(), v.clone()))] {
-                    let fast = <Flex as OptimKernels>::adam_update::<1>(p.clone(), g.clone(), moments.clone(), &h);
-                    let slow = adam_update_tensors(p.clone(), g.clone(), moments, &h);
-                    assert_eq!(vals(fast.0), vals(slow.0), "p, {decay:?} coef {coef}");
-                    assert_eq!(vals(fast.1), vals(slow.1), "m, {decay:?} coef {coef}");
-                    assert_eq!(vals(fast.2), vals(slow.2), "v, {decay:?} coef {coef}");
+        for isa in levels("flex_update_equals_the_tensor_update_bit_for_bit") {
+            for (k, decay) in [Decay::None, Decay::L2(0.01), Decay::Decoupled(1.0 - 1e-4 * 0.01)].into_iter().enumerate() {
+                for coef in [1.0, 0.37] {
+                    let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-4, bc1: 1.0 - 0.9f64.powi(3), bc2: 1.0 - 0.999f64.powi(3), coef, decay };
+                    let (p, g) = (random(n, 1 + k as u64), random(n, 11 + k as u64));
+                    let (m, v) = (random(n, 21), random(n, 31).abs());
+                    for moments in [None, Some((m.clone(), v.clone()))] {
+                        let fast = flex::adam_update_at::<1>(isa, p.clone(), g.clone(), moments.clone(), &h);
+                        let slow = adam_update_tensors(p.clone(), g.clone(), moments, &h);
+                        let at = format!("{}, {decay:?} coef {coef}", isa.name());
+                        assert_eq!(vals(fast.0), vals(slow.0), "p, {at}");
+                        assert_eq!(vals(fast.1), vals(slow.1), "m, {at}");
+                        assert_eq!(vals(fast.2), vals(slow.2), "v, {at}");
+                    }
                 }
             }
+        }
+    }
+
+    /// The flex sum of squares at every ISA level equals one f64 sum of the squares (to f64
+    /// rounding: the partial sums add in another order), contiguous and permuted.
+    #[test]
+    fn flex_sq_sum_at_every_level() {
+        let n = (1 << 17) + 13;
+        let g = random(n, 3);
+        let data = g.clone().into_data().to_vec::<f32>().unwrap();
+        let expect: f64 = data.iter().map(|&x| (x * x) as f64).sum();
+        for isa in levels("flex_sq_sum_at_every_level") {
+            for t in [g.clone().reshape([n]), g.clone().reshape([n]).reshape([1, n]).transpose().reshape([n])] {
+                let mut acc = SqAcc::default();
+                let back = flex::grad_sq_sum_at(isa, t, &mut acc);
+                assert!(((acc.host - expect) / expect).abs() < 1e-12, "{}: {} vs {expect}", isa.name(), acc.host);
+                assert_eq!(vals(back), data);
+            }
+            let m = g.clone().slice([0..(1 << 17)]).reshape([256, 512]).transpose();
+            let want: f64 = m.clone().into_data().to_vec::<f32>().unwrap().iter().map(|&x| (x * x) as f64).sum();
+            let mut acc = SqAcc::default();
+            flex::grad_sq_sum_at(isa, m, &mut acc);
+            assert!(((acc.host - want) / want).abs() < 1e-12, "{} transposed: {} vs {want}", isa.name(), acc.host);
         }
     }
 
@@ -400,6 +556,30 @@ mod tests {
         let slow = adam_update_tensors(p, dense, None, &h);
         assert_eq!(fast.0.into_data().to_vec::<f32>().unwrap(), vals(slow.0));
         assert_eq!(vals(fast.2), vals(slow.2));
+    }
+
+    /// A transposed matrix gradient (every `nn::Linear` weight's: `[out, in]` with strides
+    /// `[1, out]`), also offset and with a column stride beyond its rows, updates as its
+    /// contiguous copy does, across several chunks of whole rows.
+    #[test]
+    fn flex_update_reads_a_transposed_gradient_by_columns() {
+        let mat = |r: usize, c: usize, seed: usize| Tensor::<Flex, 2>::from_data(TensorData::new((0..r * c).map(|i| ((i * 7919 + seed) % 1013) as f32 * 1e-3 - 0.5).collect::<Vec<_>>(), [r, c]), &Default::default());
+        let cases = [mat(700, 300, 1).transpose(), mat(400, 300, 2).narrow(0, 50, 300).transpose(), mat(300, 400, 3).narrow(1, 10, 300).transpose(), mat(2, 5, 4).transpose()];
+        for (k, g) in cases.into_iter().enumerate() {
+            let dims = g.dims();
+            let n = dims[0] * dims[1];
+            let dense = Tensor::<Flex, 1>::from_data(TensorData::new(g.clone().into_data().to_vec::<f32>().unwrap(), [n]), &Default::default());
+            let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-3, bc1: 0.1, bc2: 0.001, coef: 0.5, decay: Decay::Decoupled(0.99) };
+            let p = random(n, 7 + k as u64);
+            let slow = adam_update_tensors(p.clone(), dense, None, &h);
+            let (p, m, v) = (vals(slow.0), vals(slow.1), vals(slow.2));
+            for isa in levels("flex_update_reads_a_transposed_gradient_by_columns") {
+                let fast = flex::adam_update_at(isa, random(n, 7 + k as u64).reshape(dims), g.clone(), None, &h);
+                assert_eq!(fast.0.into_data().to_vec::<f32>().unwrap(), p, "case {k}, {}: p", isa.name());
+                assert_eq!(vals(fast.1), m, "case {k}, {}: m", isa.name());
+                assert_eq!(vals(fast.2), v, "case {k}, {}: v", isa.name());
+            }
+        }
     }
 
     /// A gradient in a permuted layout (as conv weight gradients come out of autodiff) gives the

@@ -9,9 +9,10 @@
 //! - [`conv_weight`]: `conv_weight_backward`, any rank's weight gradient as bounded GEMMs;
 //! - [`group_norm`]: `group_norm` and `group_norm_backward` (+ fused SiLU);
 //! - [`pointwise`]: `channel_affine`, `flipped_weight`, `upsample_linear`;
-//! - [`isa`]: the vector-instruction level the kernels run at (scalar, AVX2, AVX-512, AVX-512 +
-//!   BF16 dot products: detected, capped by `VRAMLAB_SIMD`); each kernel takes it as an
-//!   argument, so tests run every level.
+//! - [`isa`] (the `vramlab-simd` crate, shared with the optimizer's CPU kernels): the
+//!   vector-instruction level the kernels run at (scalar, AVX2, AVX-512, AVX-512 + BF16 dot
+//!   products: detected, capped by `VRAMLAB_SIMD`); each kernel takes it as an argument, so
+//!   tests run every level.
 //!
 //! Shared here: the element trait [`Num`] (f32, bf16), the tensor <-> slice helpers
 //! ([`typed_data`], [`typed`], [`f32_data`], [`tensor`], [`f32_slice`]) and [`matmul`].
@@ -26,7 +27,7 @@ pub(super) mod conv2d;
 pub(super) mod conv3d;
 pub(super) mod conv_weight;
 pub(super) mod group_norm;
-pub(super) mod isa;
+pub(super) use vramlab_simd as isa;
 pub(super) mod pointwise;
 
 use isa::Isa;

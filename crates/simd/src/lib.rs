@@ -1,4 +1,5 @@
-//! The instruction-set level the flex kernels run at ([`Isa`]): detected once at run time
+//! The instruction-set level vramlab's CPU kernels (the models' flex kernels, the optimizer's
+//! update) run at ([`Isa`]): detected once at run time
 //! (scalar < AVX2 + FMA < AVX-512 < AVX-512 + BF16 dot products), capped by the environment
 //! variable `VRAMLAB_SIMD` (`avx512bf16`, `avx512`, `avx2` or `scalar`; `VRAMLAB_NO_SIMD` set =
 //! `scalar`), so that a machine with AVX-512 runs, and tests, the narrower paths too. Kernels take the level as an argument
