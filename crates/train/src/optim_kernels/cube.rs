@@ -90,6 +90,8 @@ fn adam_kernel(
 }
 
 /// Units of the squared-norm kernel: each owns one slot of the partial sums.
+/// Units per cube of the update ([`adam_update_f32`]): one size for every parameter.
+const ADAM_CUBE: u32 = 256;
 const SQ_CUBE: u32 = 256;
 const SQ_CUBES: u32 = 64;
 /// Slots of the partial sums: one per unit launched at most.
@@ -174,7 +176,10 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
         Decay::None => (0.0, 1.0),
     };
     let client = p.client.clone();
-    let dim = CubeDim::new(&client, n.max(1));
+    // One cube size for every parameter: the cube size is part of the kernel's compiled
+    // identity, and `CubeDim::new` sizes cubes by the element count (four compilations of this
+    // kernel in one VAE step, one per size class).
+    let dim = CubeDim::new_1d(ADAM_CUBE);
     let count = cubecl::calculate_cube_count_elemwise(&client, n.max(1), dim);
     adam_kernel::launch::<R>(
         &client,

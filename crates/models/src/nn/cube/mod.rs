@@ -134,9 +134,14 @@ pub(crate) fn row_cubes(rows: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1), CubeDim::new_1d(BLOCK as u32))
 }
 
-/// One unit per element of `n` elements.
+/// Units per cube of an element-wise launch: one size for every tensor, because the cube size
+/// is part of a kernel's compiled identity (`CubeDim::new` sizes cubes by the element count,
+/// which compiled the optimizer's update four times in one VAE step, once per size class).
+pub(crate) const ELEM_CUBE: u32 = 256;
+
+/// One unit per element of `n` elements, in cubes of [`ELEM_CUBE`] units.
 pub(crate) fn elem_cubes<R: CubeRuntime>(client: &ComputeClient<R>, n: usize) -> (CubeCount, CubeDim) {
-    let dim = CubeDim::new(client, n.max(1));
+    let dim = CubeDim::new_1d(ELEM_CUBE);
     (cubecl::calculate_cube_count_elemwise(client, n.max(1), dim), dim)
 }
 
