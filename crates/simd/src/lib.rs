@@ -66,6 +66,21 @@ impl Isa {
     }
 }
 
+/// The levels this CPU runs, narrowest first, for a test that runs every level: names each level
+/// it leaves out (and why) on stderr, prefixed with `test`.
+pub fn testable_levels(test: &str) -> Vec<Isa> {
+    Isa::ALL
+        .into_iter()
+        .filter(|isa| {
+            let ok = isa.supported();
+            if !ok {
+                eprintln!("{test}: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
+            }
+            ok
+        })
+        .collect()
+}
+
 /// The cap the environment sets, or why its value was ignored: `VRAMLAB_NO_SIMD` (any value)
 /// means scalar; otherwise `VRAMLAB_SIMD`, when set.
 fn env_cap(simd: Option<&str>, no_simd: bool) -> Result<Option<Isa>, String> {

@@ -203,10 +203,9 @@ mod flex {
         fn read(&self, first: usize, out: &mut [f32]) {
             if let Some(t) = self.transposed {
                 // Rows r0.. of the result are the same positions of every stored column: read
-                // each column's segment contiguously and write it down the rows.
-                debug_assert!(first % t.cols == 0 && out.len() % t.cols == 0);
-                // Sixteen columns at a time: sixteen sequential read streams, and each row's
-                // sixteen outputs fill one cache line.
+                // sixteen columns' segments at a time (sixteen sequential read streams) and
+                // write them down the rows (each row's sixteen outputs fill one cache line).
+                debug_assert!(first.is_multiple_of(t.cols) && out.len().is_multiple_of(t.cols));
                 const TILE: usize = 16;
                 let (r0, rows) = (first / t.cols, out.len() / t.cols);
                 for j0 in (0..t.cols).step_by(TILE) {
@@ -469,7 +468,7 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::{Distribution, TensorData};
-    use vramlab_simd::Isa;
+    use vramlab_simd::testable_levels;
 
     fn vals(t: Tensor<Flex, 1>) -> Vec<f32> {
         t.into_data().to_vec::<f32>().unwrap()
@@ -480,27 +479,13 @@ mod tests {
         Tensor::random([n], Distribution::Normal(0.0, 1.0), &Default::default())
     }
 
-    /// The ISA levels this CPU runs; says which it skips.
-    fn levels(test: &str) -> Vec<Isa> {
-        Isa::ALL
-            .into_iter()
-            .filter(|isa| {
-                let ok = isa.supported();
-                if !ok {
-                    eprintln!("{test}: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
-                }
-                ok
-            })
-            .collect()
-    }
-
     /// The flex update equals the tensor-op update bit for bit at every ISA level the CPU has,
     /// for every decay kind, with and without gradient scaling, on the first step and later
     /// ones, across parallel chunks and a tail shorter than the vector width.
     #[test]
     fn flex_update_equals_the_tensor_update_bit_for_bit() {
         let n = 3 * (1 << 16) + 123;
-        for isa in levels("flex_update_equals_the_tensor_update_bit_for_bit") {
+        for isa in testable_levels("flex_update_equals_the_tensor_update_bit_for_bit") {
             for (k, decay) in [Decay::None, Decay::L2(0.01), Decay::Decoupled(1.0 - 1e-4 * 0.01)].into_iter().enumerate() {
                 for coef in [1.0, 0.37] {
                     let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-4, bc1: 1.0 - 0.9f64.powi(3), bc2: 1.0 - 0.999f64.powi(3), coef, decay };
@@ -527,14 +512,14 @@ mod tests {
         let g = random(n, 3);
         let data = g.clone().into_data().to_vec::<f32>().unwrap();
         let expect: f64 = data.iter().map(|&x| (x * x) as f64).sum();
-        for isa in levels("flex_sq_sum_at_every_level") {
+        for isa in testable_levels("flex_sq_sum_at_every_level") {
             for t in [g.clone().reshape([n]), g.clone().reshape([n]).reshape([1, n]).transpose().reshape([n])] {
                 let mut acc = SqAcc::default();
                 let back = flex::grad_sq_sum_at(isa, t, &mut acc);
                 assert!(((acc.host - expect) / expect).abs() < 1e-12, "{}: {} vs {expect}", isa.name(), acc.host);
                 assert_eq!(vals(back), data);
             }
-            let m = g.clone().slice([0..(1 << 17)]).reshape([256, 512]).transpose();
+            let m = g.clone().narrow(0, 0, 1 << 17).reshape([256, 512]).transpose();
             let want: f64 = m.clone().into_data().to_vec::<f32>().unwrap().iter().map(|&x| (x * x) as f64).sum();
             let mut acc = SqAcc::default();
             flex::grad_sq_sum_at(isa, m, &mut acc);
@@ -573,7 +558,7 @@ mod tests {
             let p = random(n, 7 + k as u64);
             let slow = adam_update_tensors(p.clone(), dense, None, &h);
             let (p, m, v) = (vals(slow.0), vals(slow.1), vals(slow.2));
-            for isa in levels("flex_update_reads_a_transposed_gradient_by_columns") {
+            for isa in testable_levels("flex_update_reads_a_transposed_gradient_by_columns") {
                 let fast = flex::adam_update_at(isa, random(n, 7 + k as u64).reshape(dims), g.clone(), None, &h);
                 assert_eq!(fast.0.into_data().to_vec::<f32>().unwrap(), p, "case {k}, {}: p", isa.name());
                 assert_eq!(vals(fast.1), m, "case {k}, {}: m", isa.name());

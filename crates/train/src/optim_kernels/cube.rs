@@ -89,9 +89,9 @@ fn adam_kernel(
     v_out[i] = vi;
 }
 
-/// Units of the squared-norm kernel: each owns one slot of the partial sums.
 /// Units per cube of the update ([`adam_update_f32`]): one size for every parameter.
 const ADAM_CUBE: u32 = 256;
+/// Units of the squared-norm kernel: each owns one slot of the partial sums.
 const SQ_CUBE: u32 = 256;
 const SQ_CUBES: u32 = 64;
 /// Slots of the partial sums: one per unit launched at most.

@@ -375,11 +375,7 @@ mod tests {
         let b: Vec<f32> = (0..c).map(|i| 0.2 - 0.05 * i as f32).collect();
         let shape = vec![n, c, 3, 5, 7];
         let (xt, dyt, wt, bt) = (tensor(x.clone(), shape.clone()), tensor(dy.clone(), shape), tensor(w.clone(), vec![c]), tensor(b.clone(), vec![c]));
-        for isa in Isa::ALL {
-            if !isa.supported() {
-                eprintln!("group_norm_at_every_level_equals_the_definition: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
-                continue;
-            }
+        for isa in vramlab_simd::testable_levels("group_norm_at_every_level_equals_the_definition") {
             for silu in [true, false] {
                 let what = format!("{}, silu {silu}", isa.name());
                 let (ry, rm, rr, rdx, rdw, rdb) = reference(&x, &dy, &w, &b, n, groups, 1e-5, silu);

@@ -166,11 +166,7 @@ mod tests {
         let (scale, shift) = (vec![0.5f32, -1.25, 3.0], vec![0.1f32, 0.2, -0.3]);
         let x = tensor(xs.clone(), vec![n, c, h, w]);
         let (st, bt) = (tensor(scale.clone(), vec![c]), tensor(shift.clone(), vec![c]));
-        for isa in Isa::ALL {
-            if !isa.supported() {
-                eprintln!("channel_affine_at_every_level_equals_the_formula: skipping {}: this CPU has only {}", isa.name(), Isa::detected().name());
-                continue;
-            }
+        for isa in vramlab_simd::testable_levels("channel_affine_at_every_level_equals_the_formula") {
             for with_shift in [true, false] {
                 let y = channel_affine_with(&x, &st, with_shift.then_some(&bt), isa).expect("f32, contiguous");
                 let got = y.as_slice::<f32>().expect("contiguous").to_vec();
