@@ -160,8 +160,10 @@ impl<B: AutodiffBackend> Optimizer<B> {
             }
         }
         self.step += 1;
-        let mut mapper = AdamMapper { opt: self, grads: &mut grads, coef, lr_factor, path: PathStack::default() };
+        let mut mapper = AdamMapper { opt: self, grads: &mut grads, coef, lr_factor, path: PathStack::default(), later: Default::default() };
         let module = module.map(&mut mapper);
+        // The updates a backend held back run now, before anything reads the parameters.
+        B::InnerBackend::adam_flush(mapper.later);
         (module, StepInfo { grad_norm, applied: true })
     }
 
@@ -327,12 +329,13 @@ impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleVisitor<B> for NormVi
     }
 }
 
-struct AdamMapper<'a, B: AutodiffBackend> {
+struct AdamMapper<'a, B: AutodiffBackend<InnerBackend: OptimKernels>> {
     opt: &'a mut Optimizer<B>,
     grads: &'a mut GradientsParams,
     coef: f64,
     lr_factor: f64,
     path: PathStack,
+    later: <B::InnerBackend as OptimKernels>::Later,
 }
 
 impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleMapper<B> for AdamMapper<'_, B> {
@@ -361,7 +364,7 @@ impl<B: AutodiffBackend<InnerBackend: OptimKernels>> ModuleMapper<B> for AdamMap
         };
         let h = AdamUpdate { b1, b2, eps: cfg.eps, lr, bc1: 1.0 - b1.powi(t), bc2: 1.0 - b2.powi(t), coef: self.coef, decay };
         let moments = self.opt.state.remove(&name).map(|s| (s.m, s.v));
-        let (p, m, v) = B::InnerBackend::adam_update(p, grad, moments, &h);
+        let (p, m, v) = B::InnerBackend::adam_update_later(p, grad, moments, &h, &mut self.later);
         self.opt.state.insert(name, MomentState { m, v });
         let mut value = Tensor::<B, D>::from_inner(p);
         if require_grad {

@@ -7,10 +7,11 @@
 //! (263 M parameters) spent 8.8 s of a 13 s CPU step there. On flex the update below is one
 //! pass over contiguous memory, in place, on all threads; it does the same f32 operations in the
 //! same order as the tensor version, so the two agree bit for bit (tested). wgpu and cuda run
-//! the update as one `#[cube]` kernel per parameter, in place where the buffers are the update's
-//! alone, and the squared norm as one `#[cube]` launch per gradient instead of the tensor ops'
-//! square, sum and add (`cube`, tested against the tensor versions in `cube_tests`); with Burn's
-//! fusion on, the same kernels as custom operations of the fusion stream (`fusion`). The clip itself is a
+//! the update as `#[cube]` kernels, in place where the buffers are the update's alone, one
+//! launch per group of up to eight parameters with the same hyper-parameters, and the squared
+//! norm as one launch per group of gradients instead of the tensor ops' square, sum and add per
+//! gradient (`cube`, tested against the tensor versions in `cube_tests`); with Burn's fusion on,
+//! the same kernels as custom operations of the fusion stream, one per parameter (`fusion`). The clip itself is a
 //! factor of the update's `coef` (computed once per step from the norm read to the host).
 
 use burn::prelude::*;
@@ -49,16 +50,22 @@ pub struct SqAcc<B: Backend> {
     pub host: f64,
     pub device: Option<Tensor<B, 1>>,
     pub partials: Option<Tensor<B, 1>>,
+    /// Gradients (flat, contiguous) a backend holds back to sum several in one launch (CubeCL:
+    /// up to a group's worth), summed into `partials` when the group fills or in `sq_total`.
+    pub pending: Vec<Tensor<B, 1>>,
 }
 
 impl<B: Backend> Default for SqAcc<B> {
     fn default() -> Self {
-        Self { host: 0.0, device: None, partials: None }
+        Self { host: 0.0, device: None, partials: None, pending: Vec::new() }
     }
 }
 
 /// See the module docs. The default methods are the tensor-op versions.
 pub trait OptimKernels: Backend {
+    /// Updates [`Self::adam_update_later`] has held back: `()` where each runs at once.
+    type Later: Default;
+
     /// Adds `Σ g²` (f32 arithmetic) to `acc` and hands `g` back (on flex and CubeCL backends laid
     /// out contiguously, so the update reads it in order).
     fn grad_sq_sum<const D: usize>(g: Tensor<Self, D>, acc: &mut SqAcc<Self>) -> Tensor<Self, D> {
@@ -67,12 +74,7 @@ pub trait OptimKernels: Backend {
 
     /// The sum `acc` holds, read to the host (one read).
     fn sq_total(acc: SqAcc<Self>) -> f64 {
-        let device = match (acc.device, acc.partials) {
-            (Some(d), Some(p)) => Some(d + p.sum()),
-            (d, None) => d,
-            (None, Some(p)) => Some(p.sum()),
-        };
-        acc.host + device.map_or(0.0, |s| s.into_scalar().elem::<f64>())
+        sq_total_tensors(acc)
     }
 
     /// One update of the parameter `p` with gradient `g` (same shape) and the flattened
@@ -83,6 +85,32 @@ pub trait OptimKernels: Backend {
         let (p, m, v) = adam_update_tensors(p.reshape([n]), g.reshape([n]), moments, h);
         (p.reshape(shape), m, v)
     }
+
+    /// [`Self::adam_update`], which the backend may hold back in `later` until
+    /// [`Self::adam_flush`] to launch several parameters' updates at once (CubeCL). The tensors
+    /// it returns hold the results once flushed: nothing may read them before. The default runs
+    /// the update at once.
+    fn adam_update_later<const D: usize>(p: Tensor<Self, D>, g: Tensor<Self, D>, moments: Option<(Tensor<Self, 1>, Tensor<Self, 1>)>, h: &AdamUpdate, later: &mut Self::Later) -> (Tensor<Self, D>, Tensor<Self, 1>, Tensor<Self, 1>) {
+        let _ = later;
+        Self::adam_update(p, g, moments, h)
+    }
+
+    /// Runs the updates `later` holds (the step's last call).
+    fn adam_flush(later: Self::Later) {
+        let _ = later;
+    }
+}
+
+/// [`OptimKernels::sq_total`] of what `acc` holds on the host, in its one-element sum and in
+/// its partial sums (`pending` must be empty: a backend that holds gradients back sums them first).
+pub fn sq_total_tensors<B: Backend>(acc: SqAcc<B>) -> f64 {
+    debug_assert!(acc.pending.is_empty(), "gradients held back were not summed");
+    let device = match (acc.device, acc.partials) {
+        (Some(d), Some(p)) => Some(d + p.sum()),
+        (d, None) => d,
+        (None, Some(p)) => Some(p.sum()),
+    };
+    acc.host + device.map_or(0.0, |s| s.into_scalar().elem::<f64>())
 }
 
 /// `Σ g²` with tensor ops (cast, square, sum, and an add into `acc`'s one-element sum).
@@ -453,6 +481,7 @@ mod flex {
     }
 
     impl OptimKernels for Flex {
+        type Later = ();
         fn grad_sq_sum<const D: usize>(g: Tensor<Flex, D>, acc: &mut SqAcc<Flex>) -> Tensor<Flex, D> {
             grad_sq_sum_at(vramlab_simd::level(), g, acc)
         }

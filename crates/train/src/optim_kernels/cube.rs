@@ -1,8 +1,9 @@
 //! The optimizer's per-parameter passes as `#[cube]` kernels on CubeCL backends (wgpu, cuda;
-//! with Burn's fusion through `super::fusion`): the squared gradient norm (one launch per gradient, into per-unit
-//! partial sums that one reduction reads at the end of the pass) and the Adam(W) update (one
-//! launch per parameter instead of the tensor version's ~14 elementwise ones). Same f32
-//! arithmetic, in the same order, as [`adam_update_tensors`] (a GPU compiler may still
+//! with Burn's fusion through `super::fusion`): the squared gradient norm (one launch per group
+//! of [`GROUP`] gradients, into per-unit partial sums that one reduction reads at the end of the
+//! pass) and the Adam(W) update (one launch per group of parameters with the same
+//! hyper-parameters, instead of the tensor version's ~14 element-wise launches per parameter).
+//! Same f32 arithmetic, in the same order, as [`adam_update_tensors`] (a GPU compiler may still
 //! contract a multiply-add, so the two agree to rounding, not bit for bit; tested on lavapipe in
 //! `cube_tests`); the norm sums in another order than Burn's reduction (f32 rounding). f32
 //! only; other dtypes, and `VRAMLAB_COMPOSED_KERNELS=1`, take the tensor versions.
@@ -11,6 +12,8 @@
 //! are ours alone (`CubeTensor::can_mut`, the test Burn's own in-place elementwise ops use:
 //! no other tensor holds the memory handle), and into new buffers otherwise, so a shared input
 //! is never written. On the first step, `m` takes the gradient's buffer when that is ours alone.
+//! In-place updates are held back ([`OptimKernels::adam_update_later`]) and launched a group at
+//! a time; an update that must write new buffers runs at once, alone ([`adam_update_f32`]).
 
 use burn::tensor::{DType, Shape, Tensor as BurnTensor, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
@@ -98,21 +101,6 @@ const SQ_CUBES: u32 = 64;
 pub(super) const SQ_SLOTS: usize = (SQ_CUBE * SQ_CUBES) as usize;
 /// Elements a unit sums at least before another cube is launched.
 const SQ_PER_UNIT: usize = 16;
-
-/// `acc[unit] += Σ g[i]²` over the unit's elements `unit, unit + stride, …` (`stride`: the units
-/// launched). Launches run in order on one stream, and within one each unit owns its slot.
-#[cube(launch)]
-fn sq_sum_kernel(g: &Tensor<f32>, acc: &mut Tensor<f32>, n: u32, stride: u32) {
-    let unit = ABSOLUTE_POS;
-    let mut i = unit;
-    let mut s = 0.0f32;
-    while i < n as usize {
-        let x = g[i];
-        s += x * x;
-        i += stride as usize;
-    }
-    acc[unit] += s;
-}
 
 fn prim<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: BurnTensor<CubeBackend<R, F, I, BT>, 1>) -> CubeTensor<R> {
     burn_cubecl::kernel::into_contiguous(t.into_primitive().tensor())
@@ -211,27 +199,260 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
     (tensor(p_out), tensor(m_out), tensor(v_out))
 }
 
-/// Adds the f32, contiguous `g`'s `Σ g²` into `acc`'s partial sums (allocated and zeroed on the
-/// first gradient of a step): one launch.
-pub(super) fn sq_sum_f32<R: CubeRuntime>(g: &CubeTensor<R>, acc: &mut Option<CubeTensor<R>>) {
-    let n = g.meta.num_elements();
-    let acc = acc.get_or_insert_with(|| burn_cubecl::ops::numeric::zeros_client::<R>(g.client.clone(), g.device.clone(), Shape::from(vec![SQ_SLOTS]), DType::F32));
+/// Parameters (or gradients) one launch of [`adam_many_kernel`] / [`sq_sum_many_kernel`] takes
+/// at most: a step launches one update and one sum per group instead of one per tensor (the
+/// VAE's 132 parameter tensors: 19 + 17 launches instead of 264 on lavapipe). The group's size is
+/// comptime (its tensors are a `Sequence`), so a model compiles one variant for full groups and
+/// one for its last. Each tensor of a launch is a binding: see [`group_sizes`].
+const GROUP: usize = 8;
+/// Cubes of a grouped update at most: units loop over larger tensors.
+const GROUP_CUBES: usize = 1024;
+
+/// How many parameters one update launch and how many gradients one sum launch can take on this
+/// device: every tensor is a storage binding, and a device has a limit per kernel (lavapipe:
+/// 32, of which CubeCL keeps one for wgpu and one holds the launch's metadata). An update binds
+/// four tensors per parameter (`p`, `g`, `m`, `v`; its outputs alias them), a first step's three
+/// (`p`, `g` and the new `v`); a sum one per gradient and the partial sums. Below two, nothing is
+/// grouped.
+pub(super) fn group_sizes<R: CubeRuntime>(client: &ComputeClient<R>) -> (usize, usize) {
+    let free = (client.properties().hardware.max_bindings as usize).saturating_sub(1);
+    (GROUP.min(free / 4), GROUP.min(free.saturating_sub(1)))
+}
+
+/// [`adam_kernel`] over a group of parameters: unit `u` updates elements `u, u + stride, …` of
+/// each in turn (`stride`: the units launched), with the group's one set of hyper-parameters.
+/// Each output aliases its input (the in-place case of [`adam_kernel`]); on the first step `ms`
+/// and `vs` are empty (no moments are read), `m_out` is the gradient's buffer and `v_out` new.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn adam_many_kernel(
+    ps: &Sequence<Tensor<f32>>,
+    gs: &Sequence<Tensor<f32>>,
+    ms: &Sequence<Tensor<f32>>,
+    vs: &Sequence<Tensor<f32>>,
+    p_out: &mut Sequence<Tensor<f32>>,
+    m_out: &mut Sequence<Tensor<f32>>,
+    v_out: &mut Sequence<Tensor<f32>>,
+    coef: f32,
+    wd: f32,
+    keep: f32,
+    b1: f32,
+    nb1: f32,
+    b2: f32,
+    nb2: f32,
+    sbc2: f32,
+    eps: f32,
+    step: f32,
+    stride: u32,
+    #[comptime] first: bool,
+    #[comptime] scale: bool,
+    #[comptime] l2: bool,
+    #[comptime] decoupled: bool,
+) {
+    #[unroll]
+    for k in 0..ps.len() {
+        let p = ps.index(k);
+        let g = gs.index(k);
+        let po = p_out.index_mut(k);
+        let mo = m_out.index_mut(k);
+        let vo = v_out.index_mut(k);
+        let n = p.len();
+        let mut i = ABSOLUTE_POS;
+        while i < n {
+            let mut pi = p[i];
+            let mut gi = g[i];
+            let mut mi = gi;
+            let mut vi = gi;
+            if !first {
+                mi = ms.index(k)[i];
+                vi = vs.index(k)[i];
+            }
+            if scale {
+                gi *= coef;
+            }
+            if l2 {
+                gi += pi * wd;
+            }
+            if decoupled {
+                pi *= keep;
+            }
+            if first {
+                mi = gi * nb1;
+                vi = gi * gi * nb2;
+            } else {
+                mi = mi * b1 + gi * nb1;
+                vi = vi * b2 + gi * gi * nb2;
+            }
+            let denom = vi.sqrt() / sbc2 + eps;
+            po[i] = pi - mi / denom * step;
+            mo[i] = mi;
+            vo[i] = vi;
+            i += stride as usize;
+        }
+    }
+}
+
+/// `acc[unit] += Σ_k Σ g_k[i]²` over the unit's elements `unit, unit + stride, …` of each gradient
+/// of a group (`stride`: the units launched). Launches run in order on one stream, and within
+/// one each unit owns its slot.
+#[cube(launch)]
+fn sq_sum_many_kernel(gs: &Sequence<Tensor<f32>>, acc: &mut Tensor<f32>, stride: u32) {
+    let unit = ABSOLUTE_POS;
+    let mut s = 0.0f32;
+    #[unroll]
+    for k in 0..gs.len() {
+        let g = gs.index(k);
+        let n = g.len();
+        let mut i = unit;
+        while i < n {
+            let x = g[i];
+            s += x * x;
+            i += stride as usize;
+        }
+    }
+    acc[unit] += s;
+}
+
+/// Sums the f32, contiguous gradients `gs` (at most [`group_sizes`]' second) into `acc`'s partial sums
+/// (allocated and zeroed on the first launch of a step): one launch.
+pub(super) fn sq_sum_group<R: CubeRuntime>(gs: Vec<CubeTensor<R>>, acc: &mut Option<CubeTensor<R>>) {
+    let Some(first) = gs.first() else { return };
+    let (client, device) = (first.client.clone(), first.device.clone());
+    let acc = acc.get_or_insert_with(|| burn_cubecl::ops::numeric::zeros_client::<R>(client.clone(), device, Shape::from(vec![SQ_SLOTS]), DType::F32));
+    let n = gs.iter().map(|g| g.meta.num_elements()).max().unwrap_or(1);
     let cubes = n.div_ceil(SQ_CUBE as usize * SQ_PER_UNIT).clamp(1, SQ_CUBES as usize) as u32;
-    sq_sum_kernel::launch::<R>(&g.client, CubeCount::new_1d(cubes), CubeDim::new_1d(SQ_CUBE), g.clone().into_tensor_arg(), acc.clone().into_tensor_arg(), n as u32, cubes * SQ_CUBE);
+    let args: SequenceArg<R, Tensor<f32>> = gs.into_iter().map(|g| g.into_tensor_arg()).collect();
+    sq_sum_many_kernel::launch::<R>(&client, CubeCount::new_1d(cubes), CubeDim::new_1d(SQ_CUBE), args, acc.clone().into_tensor_arg(), cubes * SQ_CUBE);
+}
+
+/// One parameter's update held back for a group launch: its tensors (flat, f32, contiguous;
+/// each output the buffer the launch writes) and its hyper-parameters.
+pub struct Held<R: CubeRuntime> {
+    p: CubeTensor<R>,
+    g: CubeTensor<R>,
+    /// `None` on the first step.
+    mv: Option<(CubeTensor<R>, CubeTensor<R>)>,
+    /// The first step's new `v` buffer.
+    v_new: Option<CubeTensor<R>>,
+    h: AdamUpdate,
+}
+
+/// Updates held back by [`OptimKernels::adam_update_later`] on CubeCL: launched a group at a
+/// time, as soon as one fills, and the rest at [`OptimKernels::adam_flush`].
+pub struct Later<R: CubeRuntime> {
+    held: Vec<Held<R>>,
+}
+
+impl<R: CubeRuntime> Default for Later<R> {
+    fn default() -> Self {
+        Self { held: Vec::new() }
+    }
+}
+
+/// Whether two updates can share a launch: the same scalars and the same comptime flags.
+fn same_launch<R: CubeRuntime>(a: &Held<R>, b: &Held<R>) -> bool {
+    let key = |x: &Held<R>| {
+        let h = &x.h;
+        let decay = match h.decay {
+            Decay::None => (0, 0.0),
+            Decay::L2(w) => (1, w),
+            Decay::Decoupled(k) => (2, k),
+        };
+        (x.mv.is_none(), [h.b1, h.b2, h.eps, h.lr, h.bc1, h.bc2, h.coef, decay.1].map(f64::to_bits), decay.0)
+    };
+    key(a) == key(b)
+}
+
+/// Launches the held updates (one group, all with the same launch key): in place.
+fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
+    let Some(head) = group.first() else { return };
+    let h = head.h;
+    let first = head.mv.is_none();
+    let client = head.p.client.clone();
+    let k = group.len();
+    let n = group.iter().map(|x| x.p.meta.num_elements()).max().unwrap_or(1);
+    let dim = CubeDim::new_1d(ADAM_CUBE);
+    let cubes = n.div_ceil(ADAM_CUBE as usize).clamp(1, GROUP_CUBES) as u32;
+    let (mut ps, mut gs, mut ms, mut vs) = (SequenceArg::new(), SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+    let (mut po, mut mo, mut vo) = (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
+    // Inputs are numbered in the order registered: the i-th parameter is input i, its gradient
+    // K + i, its moments 2K + i and 3K + i.
+    for (i, x) in group.into_iter().enumerate() {
+        po.push(x.p.as_tensor_alias(i));
+        ps.push(x.p.into_tensor_arg());
+        match (x.mv, x.v_new) {
+            (Some((m, v)), _) => {
+                mo.push(m.as_tensor_alias(2 * k + i));
+                vo.push(v.as_tensor_alias(3 * k + i));
+                ms.push(m.into_tensor_arg());
+                vs.push(v.into_tensor_arg());
+            }
+            (None, v_new) => {
+                // No moments: m is written in the gradient's buffer, v in a new one.
+                mo.push(x.g.as_tensor_alias(k + i));
+                vo.push(v_new.expect("a first step's update holds its new v buffer").into_tensor_arg());
+            }
+        }
+        gs.push(x.g.into_tensor_arg());
+    }
+    let f = |x: f64| x as f32;
+    let (wd, keep) = match h.decay {
+        Decay::L2(wd) => (f(wd), 1.0),
+        Decay::Decoupled(keep) => (0.0, f(keep)),
+        Decay::None => (0.0, 1.0),
+    };
+    adam_many_kernel::launch::<R>(
+        &client,
+        CubeCount::new_1d(cubes),
+        dim,
+        ps,
+        gs,
+        ms,
+        vs,
+        po,
+        mo,
+        vo,
+        f(h.coef),
+        wd,
+        keep,
+        f(h.b1),
+        f(1.0 - h.b1),
+        f(h.b2),
+        f(1.0 - h.b2),
+        f(h.bc2.sqrt()),
+        f(h.eps),
+        f(h.lr / h.bc1),
+        cubes * ADAM_CUBE,
+        first,
+        h.coef != 1.0,
+        matches!(h.decay, Decay::L2(_)),
+        matches!(h.decay, Decay::Decoupled(_)),
+    );
 }
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKernels for CubeBackend<R, F, I, BT> {
+    type Later = Later<R>;
+
     fn grad_sq_sum<const D: usize>(g: BurnTensor<Self, D>, acc: &mut SqAcc<Self>) -> BurnTensor<Self, D> {
         let n = g.shape().num_elements();
         if g.dtype() != DType::F32 || n == 0 || n > u32::MAX as usize || composed() {
             return sq_sum_tensors(g, acc);
         }
-        // Contiguous for the kernel, and handed back so for the update.
+        // Contiguous for the kernel, and handed back so for the update; summed with the next
+        // gradients, a group at a time.
         let g = burn_cubecl::kernel::into_contiguous(g.into_primitive().tensor());
-        let mut partials = acc.partials.take().map(|a| a.into_primitive().tensor());
-        sq_sum_f32(&g, &mut partials);
-        acc.partials = partials.map(tensor);
-        BurnTensor::from_primitive(TensorPrimitive::Float(g))
+        let group = group_sizes(&g.client).1;
+        let g = BurnTensor::<Self, D>::from_primitive(TensorPrimitive::Float(g));
+        acc.pending.push(g.clone().reshape([n]));
+        if acc.pending.len() >= group {
+            sum_pending(acc);
+        }
+        g
+    }
+
+    fn sq_total(mut acc: SqAcc<Self>) -> f64 {
+        sum_pending(&mut acc);
+        super::sq_total_tensors(acc)
     }
 
     fn adam_update<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
@@ -242,4 +463,60 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         let (p, m, v) = if f32s && n > 0 && n <= u32::MAX as usize && !composed() { adam_update_f32(p, g, moments, h) } else { adam_update_tensors(p, g, moments, h) };
         (p.reshape(shape), m, v)
     }
+
+    fn adam_update_later<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate, later: &mut Later<R>) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
+        let shape = p.shape();
+        let n = shape.num_elements();
+        let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32 && moments.as_ref().is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+        if !(f32s && n > 0 && n <= u32::MAX as usize) || composed() {
+            return Self::adam_update(p, g, moments, h);
+        }
+        let (p, g) = (prim(p.reshape([n])), prim(g.reshape([n])));
+        let moments = moments.map(|(m, v)| (prim(m), prim(v)));
+        // Held back only when every buffer it writes is its own (see the module docs); otherwise
+        // one launch now, into new buffers where shared.
+        let owned = ours(&p) && match &moments {
+            Some((m, v)) => ours(m) && ours(v),
+            None => ours(&g),
+        };
+        let group = group_sizes(&p.client).0;
+        if !owned || group < 2 {
+            let (p, m, v) = adam_update_f32(tensor(p), tensor(g), moments.map(|(m, v)| (tensor(m), tensor(v))), h);
+            return (p.reshape(shape), m, v);
+        }
+        #[cfg(test)]
+        IN_PLACE.lock().unwrap().insert(n, [true, true, moments.is_some()]);
+        let (m_out, v_out, v_new) = match &moments {
+            Some((m, v)) => (m.clone(), v.clone(), None),
+            None => {
+                let v = burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
+                (g.clone(), v.clone(), Some(v))
+            }
+        };
+        let p_out = p.clone();
+        let held = Held { p, g, mv: moments, v_new, h: *h };
+        if later.held.first().is_some_and(|x| !same_launch(x, &held)) {
+            adam_group(std::mem::take(&mut later.held));
+        }
+        later.held.push(held);
+        if later.held.len() >= group {
+            adam_group(std::mem::take(&mut later.held));
+        }
+        (tensor::<R, F, I, BT>(p_out).reshape(shape), tensor(m_out), tensor(v_out))
+    }
+
+    fn adam_flush(later: Later<R>) {
+        adam_group(later.held);
+    }
+}
+
+/// Sums the gradients `acc` holds back into its partial sums (one launch).
+fn sum_pending<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(acc: &mut SqAcc<CubeBackend<R, F, I, BT>>) {
+    if acc.pending.is_empty() {
+        return;
+    }
+    let gs = std::mem::take(&mut acc.pending).into_iter().map(|g| g.into_primitive().tensor()).collect();
+    let mut partials = acc.partials.take().map(|a| a.into_primitive().tensor());
+    sq_sum_group(gs, &mut partials);
+    acc.partials = partials.map(tensor);
 }

@@ -21,6 +21,8 @@ fn in_place(n: usize) -> [bool; 3] {
     IN_PLACE.lock().unwrap().get(&n).copied().expect("an update of this size ran through the kernel")
 }
 use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
+#[cfg(not(feature = "fusion"))]
+use super::cube::group_sizes;
 
 type W = Wgpu;
 
@@ -212,7 +214,8 @@ fn cube_grad_sq_sum_matches_the_tensor_ops() {
         assert_eq!(vals(back), want, "[{rows}, {cols}] handed back");
         let _ = sq_sum_tensors(g, &mut ops);
     }
-    assert!(kernel.partials.is_some() && kernel.device.is_none(), "the f32 gradients went through the kernel");
+    // Held back for one grouped launch (without fusion) or summed one by one (fusion).
+    assert!(kernel.device.is_none() && (kernel.partials.is_some() || kernel.pending.len() == shapes.len()), "the f32 gradients went through the kernel");
     let (k, t) = (<W as OptimKernels>::sq_total(kernel), <W as OptimKernels>::sq_total(ops));
     rel_close("kernel vs tensor ops", k, t, 1e-5);
     rel_close("kernel vs f64", k, expect, 1e-5);
@@ -228,6 +231,98 @@ fn cube_grad_sq_sum_adds_the_kernel_and_tensor_op_parts() {
     let _ = <W as OptimKernels>::grad_sq_sum(tensor(&a, [4099]), &mut acc);
     let _ = sq_sum_tensors(tensor(&b, [11, 47]), &mut acc);
     let _ = <W as OptimKernels>::grad_sq_sum(tensor(&b, [47, 11]), &mut acc);
-    assert!(acc.partials.is_some() && acc.device.is_some());
+    assert!(acc.device.is_some() && (acc.partials.is_some() || acc.pending.len() == 2));
     rel_close("mixed", <W as OptimKernels>::sq_total(acc), sq(&a) + 2.0 * sq(&b), 1e-5);
+}
+
+/// More gradients than a launch takes (full groups and a partial one, ragged sizes, some past
+/// the capped cube count): the grouped sums equal the tensor ops' to f32 rounding.
+#[test]
+fn cube_grad_sq_sum_over_several_groups() {
+    let shapes: Vec<(usize, usize)> = (0..19).map(|k| (1 + 7 * k, 3 + 131 * (k % 5) + k)).collect();
+    let mut kernel = SqAcc::<W>::default();
+    let mut expect = 0f64;
+    for (k, &(rows, cols)) in shapes.iter().enumerate() {
+        let v = values(rows * cols, 300 + k as u64);
+        expect += v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+        let _ = <W as OptimKernels>::grad_sq_sum(tensor(&v, [rows, cols]), &mut kernel);
+    }
+    #[cfg(not(feature = "fusion"))]
+    {
+        let group = group_sizes(&tensor(&[0.0], [1]).into_primitive().tensor().client).1;
+        assert_eq!(kernel.pending.len(), shapes.len() % group, "full groups of {group} are launched as they fill");
+    }
+    rel_close("grouped kernel vs f64", <W as OptimKernels>::sq_total(kernel), expect, 1e-5);
+}
+
+/// Eleven parameters (a full group and a partial one; ragged sizes, one past the capped cube
+/// count), every third at another learning rate (so groups also split on their
+/// hyper-parameters), four steps through `adam_update_later` and `adam_flush`: each equals the
+/// tensor update, in place. Sizes are this test's own (`IN_PLACE` is keyed by size).
+#[test]
+fn cube_adam_updates_held_back_match_the_tensor_update() {
+    let shapes = [(1, 2), (3, 41), (5, 71), (521, 1033), (2, 3), (7, 13), (64, 65), (1, 301), (17, 23), (31, 70), (4, 5)];
+    let (b1, b2) = (0.9f64, 0.999f64);
+    let n = |j: usize| shapes[j].0 * shapes[j].1;
+    let mut p_k: Vec<Vec<f32>> = (0..shapes.len()).map(|j| values(n(j), 500 + j as u64)).collect();
+    let mut p_t = p_k.clone();
+    let mut mom_k: Vec<Option<(Vec<f32>, Vec<f32>)>> = vec![None; shapes.len()];
+    let mut mom_t = mom_k.clone();
+    let moments = |m: &Option<(Vec<f32>, Vec<f32>)>, n: usize| m.as_ref().map(|(m, v)| (tensor(m, [n]), tensor(v, [n])));
+    for t in 1..=4 {
+        let mut later = <W as OptimKernels>::Later::default();
+        let mut outs = Vec::new();
+        let mut expected = Vec::new();
+        for (j, &(rows, cols)) in shapes.iter().enumerate() {
+            let lr = if j == 10 { 3e-3 } else { 1e-2 };
+            let h = AdamUpdate { b1, b2, eps: 1e-8, lr, bc1: 1.0 - b1.powi(t), bc2: 1.0 - b2.powi(t), coef: 0.37, decay: Decay::Decoupled(1.0 - lr * 0.05) };
+            let g = values(n(j), 1000 * t as u64 + j as u64);
+            outs.push(<W as OptimKernels>::adam_update_later::<2>(tensor(&p_k[j], [rows, cols]), tensor(&g, [rows, cols]), moments(&mom_k[j], n(j)), &h, &mut later));
+            expected.push(adam_update_tensors::<W>(tensor(&p_t[j], [n(j)]), tensor(&g, [n(j)]), moments(&mom_t[j], n(j)), &h));
+        }
+        <W as OptimKernels>::adam_flush(later);
+        for (j, ((pk, mk, vk), (pt, mt, vt))) in outs.into_iter().zip(expected).enumerate() {
+            let at = format!("parameter {j} {:?} step {t}", shapes[j]);
+            assert_eq!(pk.dims(), [shapes[j].0, shapes[j].1], "{at}: shape");
+            (p_k[j], p_t[j]) = (vals(pk), vals(pt));
+            assert_eq!(in_place(n(j)), [true, true, t > 1], "{at}: written in place (p, m, v)");
+            let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
+            close(&format!("p {at}"), &p_k[j], &p_t[j]);
+            close(&format!("m {at}"), &mk, &mt);
+            close(&format!("v {at}"), &vk, &vt);
+            (mom_k[j], mom_t[j]) = (Some((mk, vk)), Some((mt, vt)));
+        }
+    }
+}
+
+/// Among held-back updates, one whose parameter another tensor shares runs at once into new
+/// buffers (the shared tensor keeps its values); the others are still held and written in place.
+#[test]
+fn cube_adam_update_held_back_leaves_a_shared_parameter_alone() {
+    let shapes = [(3, 43), (9, 17), (5, 29)];
+    let h = AdamUpdate { b1: 0.9, b2: 0.999, eps: 1e-8, lr: 1e-2, bc1: 1.0 - 0.9f64.powi(2), bc2: 1.0 - 0.999f64.powi(2), coef: 1.0, decay: Decay::L2(0.01) };
+    let mut later = <W as OptimKernels>::Later::default();
+    let mut outs = Vec::new();
+    let mut expected = Vec::new();
+    let mut shared = None;
+    for (j, &(rows, cols)) in shapes.iter().enumerate() {
+        let n = rows * cols;
+        let (pv, gv, mv, vv) = (values(n, 700 + j as u64), values(n, 710 + j as u64), values(n, 720 + j as u64), values(n, 730 + j as u64).iter().map(|x| x.abs()).collect::<Vec<_>>());
+        let p = tensor(&pv, [rows, cols]);
+        if j == 1 {
+            shared = Some((p.clone(), pv.clone()));
+        }
+        outs.push(<W as OptimKernels>::adam_update_later::<2>(p, tensor(&gv, [rows, cols]), Some((tensor(&mv, [n]), tensor(&vv, [n]))), &h, &mut later));
+        expected.push(adam_update_tensors::<W>(tensor(&pv, [n]), tensor(&gv, [n]), Some((tensor(&mv, [n]), tensor(&vv, [n]))), &h));
+    }
+    <W as OptimKernels>::adam_flush(later);
+    for (j, ((pk, mk, vk), (pt, mt, vt))) in outs.into_iter().zip(expected).enumerate() {
+        let n = shapes[j].0 * shapes[j].1;
+        close(&format!("p {j}"), &vals(pk), &vals(pt));
+        close(&format!("m {j}"), &vals(mk), &vals(mt));
+        close(&format!("v {j}"), &vals(vk), &vals(vt));
+        assert_eq!(in_place(n), if j == 1 { [false, true, true] } else { [true, true, true] }, "parameter {j}: written in place (p, m, v)");
+    }
+    let (p, pv) = shared.expect("the second parameter is shared");
+    assert_eq!(vals(p), pv, "the shared parameter kept its values");
 }

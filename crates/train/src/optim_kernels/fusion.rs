@@ -21,7 +21,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 
-use super::cube::{self, adam_update_f32, composed, sq_sum_f32};
+use super::cube::{self, adam_update_f32, composed, sq_sum_group};
 use super::{AdamUpdate, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 
 type Inner<R, F, I, BT> = CubeBackend<R, F, I, BT>;
@@ -93,6 +93,9 @@ fn cube_tensor<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
 }
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKernels for Fusion<Inner<R, F, I, BT>> {
+    // One custom operation per parameter (the fusion stream holds no group of them).
+    type Later = ();
+
     fn grad_sq_sum<const D: usize>(g: BurnTensor<Self, D>, acc: &mut SqAcc<Self>) -> BurnTensor<Self, D> {
         let n = g.shape().num_elements();
         if g.dtype() != DType::F32 || n == 0 || n > u32::MAX as usize || composed() {
@@ -105,8 +108,8 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
             let g = burn_cubecl::kernel::into_contiguous(g);
             // The sums are the accumulator's alone (`SqAcc` is not `Clone`); copied if not.
             let mut partials = partials.map(|p| if p.can_mut() { p } else { p.copy() });
-            sq_sum_f32(&g, &mut partials);
-            [g, partials.expect("sq_sum_f32 allocates the partial sums")]
+            sq_sum_group(vec![g.clone()], &mut partials);
+            [g, partials.expect("sq_sum_group allocates the partial sums")]
         };
         let outs = [(dims, DType::F32), (slots, DType::F32)];
         let [g, partials] = match acc.partials.take() {
