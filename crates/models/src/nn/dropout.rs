@@ -1,7 +1,9 @@
 //! Deterministic dropout (`nn.Dropout` in training mode, with masks from a seed).
 
 use burn::prelude::*;
-use burn::tensor::TensorData;
+use burn::tensor::{TensorData, TensorPrimitive};
+
+use super::lean::LeanBackend;
 
 /// Deterministic dropout masks, generated on the host from a seed.
 ///
@@ -36,12 +38,17 @@ impl DropoutCtx {
         (block << 40) | ((layer as u64) << 8) | slot
     }
 
+    /// The hash base of `site` and the threshold of `rate`: element `i` is dropped when
+    /// `splitmix64(base + i) >> 11 < threshold` (a uniform u in [0, 1) below `rate`).
+    pub fn base_threshold(&self, site: u64, rate: f64) -> (u64, u64) {
+        (splitmix64(self.seed ^ splitmix64(site)), (rate * (1u64 << 53) as f64) as u64)
+    }
+
     /// Which of `n` elements of `site` are dropped (`true`: set to 0).
     pub fn drop_flags(&self, site: u64, n: usize, rate: f64) -> Vec<bool> {
         // Keep when a uniform u in [0, 1) is >= rate, as Bernoulli(1 - rate).
-        let threshold = (rate * (1u64 << 53) as f64) as u64;
-        let base = splitmix64(self.seed ^ splitmix64(site));
-        (0..n as u64).map(|i| (splitmix64(base.wrapping_add(i)) >> 11) < threshold).collect()
+        let (base, threshold) = self.base_threshold(site, rate);
+        flags(base, threshold, n)
     }
 
     /// Keep-mask values (`0` or `1/(1−rate)`) for `n` elements of `site`.
@@ -51,22 +58,42 @@ impl DropoutCtx {
     }
 
     /// `nn.Dropout(rate)` in training mode at `site`: dropped elements set to 0, the rest scaled
-    /// by `1/(1−rate)`. The mask is a bool tensor (1 byte per element), which is all the
-    /// backward keeps (`mask_fill`'s state), as PyTorch keeps a 1-byte mask; the scaling keeps
-    /// nothing. Same values as `x · mask_values` (`x · s` for kept elements, 0 otherwise).
-    pub fn apply<B: Backend, const D: usize>(&self, x: Tensor<B, D>, site: u64, rate: f64) -> Tensor<B, D> {
+    /// by `1/(1−rate)`. On CubeCL backends one kernel computes the masks on the device and the
+    /// backward recomputes them: nothing is uploaded or kept
+    /// ([`LeanBackend::lean_dropout`]). Elsewhere the masks are drawn on the host and the mask is
+    /// a bool tensor (1 byte per element on flex), which is all the backward keeps
+    /// (`mask_fill`'s state), as PyTorch keeps a 1-byte mask; the scaling keeps nothing. Both
+    /// give the values of `x · mask_values` (`x · s` for kept elements, 0 otherwise).
+    pub fn apply<B: LeanBackend, const D: usize>(&self, x: Tensor<B, D>, site: u64, rate: f64) -> Tensor<B, D> {
         if rate <= 0.0 {
             return x;
         }
-        let dims = x.dims();
-        let n = dims.iter().product();
-        let drop = Tensor::<B, D, Bool>::from_data(TensorData::new(self.drop_flags(site, n, rate), dims), &x.device());
-        x.mask_fill(drop, 0.0).mul_scalar(1.0 / (1.0 - rate))
+        let (base, threshold) = self.base_threshold(site, rate);
+        let scale = 1.0 / (1.0 - rate);
+        if B::lean_dropout_on_device() && x.shape().num_elements() <= u32::MAX as usize {
+            return Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, scale)));
+        }
+        host_dropout(x, base, threshold, scale)
     }
 }
 
+/// The drop flags of `n` elements from a site's hash base and a rate's threshold
+/// ([`DropoutCtx::base_threshold`]).
+fn flags(base: u64, threshold: u64, n: usize) -> Vec<bool> {
+    (0..n as u64).map(|i| (splitmix64(base.wrapping_add(i)) >> 11) < threshold).collect()
+}
+
+/// Dropout with the flags drawn on the host, uploaded as a bool mask (`mask_fill`, then the
+/// scaling): see [`DropoutCtx::apply`].
+pub(crate) fn host_dropout<B: Backend, const D: usize>(x: Tensor<B, D>, base: u64, threshold: u64, scale: f64) -> Tensor<B, D> {
+    let dims = x.dims();
+    let n = dims.iter().product();
+    let drop = Tensor::<B, D, Bool>::from_data(TensorData::new(flags(base, threshold, n), dims), &x.device());
+    x.mask_fill(drop, 0.0).mul_scalar(scale)
+}
+
 /// Dropout at `site` when a context is given and the rate is positive; identity otherwise.
-pub fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
     match ctx {
         Some(c) if rate > 0.0 => c.apply(x, site, rate),
         _ => x,
@@ -113,5 +140,33 @@ mod tests {
         let (y_f32, g_f32) = run(&|x| x * Tensor::<B, 3>::from_data(TensorData::new(ctx.mask_values(site, n, rate), dims), &dev));
         y_bool.assert_approx_eq::<f32>(&y_f32, burn::tensor::Tolerance::relative(1e-6));
         g_bool.assert_approx_eq::<f32>(&g_f32, burn::tensor::Tolerance::relative(1e-6));
+    }
+
+    /// The dropout node (`LeanBackend::lean_dropout` on autodiff, keeping only the hash base,
+    /// threshold and scale; its backward redraws the flags) gives the host path's values and
+    /// input gradient exactly.
+    #[test]
+    fn dropout_node_recomputes_the_masks_in_its_backward() {
+        use crate::nn::lean::LeanBackend;
+        type B = burn::backend::Autodiff<burn::backend::Flex>;
+        let dev = Default::default();
+        let ctx = DropoutCtx::new(5);
+        let site = DropoutCtx::site(1, 2, 3);
+        let dims = [3usize, 9, 41];
+        let (base, threshold) = ctx.base_threshold(site, 0.2);
+        let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| {
+            let x = x0.clone().detach().require_grad();
+            let y = f(x.clone());
+            let g = (y.clone() * w.clone()).sum().backward();
+            (y.into_data(), x.grad(&g).unwrap().into_data())
+        };
+        let node = |x: Tensor<B, 3>| Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / 0.8)));
+        let (y_node, g_node) = run(&node);
+        let (y_host, g_host) = run(&|x| host_dropout(x, base, threshold, 1.0 / 0.8));
+        assert_eq!(y_node, y_host);
+        assert_eq!(g_node, g_host);
+        assert!(!<B as LeanBackend>::lean_dropout_on_device(), "flex draws the masks on the host");
     }
 }

@@ -9,7 +9,9 @@
 //! - [`softmax`]: softmax along the last axis, forward and backward from the output (one
 //!   launch each);
 //! - [`channel_sum`]: the sum over every axis but one (the bias gradients of the convolution
-//!   and linear nodes), one launch and one compilation for every shape.
+//!   and linear nodes), one launch and one compilation for every shape;
+//! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
+//!   one launch each, nothing uploaded or stored.
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
@@ -27,6 +29,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::*;
 
 pub mod channel_sum;
+pub mod dropout;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod group_norm;

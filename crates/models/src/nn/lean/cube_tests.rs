@@ -252,3 +252,49 @@ fn kernels_between_fused_operations_match_the_composed_ops() {
         assert!(e <= 1e-5, "{name}: relative error {e:e} > 1e-5");
     }
 }
+
+/// Dropout on the device draws exactly the host's masks (the 64-bit hash in 32-bit halves:
+/// sizes past 2³² are not tested, bases and thresholds are) and gives exactly the host path's
+/// values and input gradient (`x · s` or 0, `dy · s` or 0), f32 and f16, ragged sizes.
+#[test]
+fn dropout_kernel_draws_the_host_masks() {
+    use crate::nn::dropout::{DropoutCtx, host_dropout};
+    for (k, n) in [1usize, 255, 257, 4099, 65_537].into_iter().enumerate() {
+        for (seed, rate) in [(3u64, 0.1), (u64::MAX - 7, 0.5), (1 << 40, 0.9)] {
+            let ctx = DropoutCtx::new(seed);
+            let site = DropoutCtx::site(1 + k as u64, k, 2);
+            let (base, threshold) = ctx.base_threshold(site, rate);
+            let scale = 1.0 / (1.0 - rate);
+            let x0 = random::<W, 1>([n], 40 + k as u64);
+            let at = format!("n {n} seed {seed} rate {rate}");
+            let kernel = vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout::<W>(p(x0.clone()), base, threshold, scale))));
+            let host = vals(host_dropout(x0.clone(), base, threshold, scale));
+            assert_eq!(kernel, host, "{at}: the device's dropout equals the host's bit for bit");
+            let dropped = kernel.iter().filter(|v| **v == 0.0).count();
+            assert_eq!(dropped, ctx.drop_flags(site, n, rate).iter().filter(|d| **d).count(), "{at}: dropped count");
+            // f16: the same flags, the scaling in f16 as Burn's mask_fill + mul_scalar.
+            let xh = x0.clone().cast(burn::tensor::DType::F16);
+            let kh = Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout::<W>(p(xh.clone()), base, threshold, scale)));
+            assert_eq!(vals(kh.cast(burn::tensor::DType::F32)), vals(host_dropout(xh, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+        }
+    }
+    // Through autodiff: DropoutCtx::apply takes the device node (nothing kept), the gradient is
+    // the host path's.
+    let dims = [3usize, 5, 67];
+    let ctx = DropoutCtx::new(17);
+    let site = DropoutCtx::site(2, 1, 4);
+    let x0 = random::<A, 3>(dims, 50);
+    let w = random::<A, 3>(dims, 51);
+    assert!(<A as super::LeanBackend>::lean_dropout_on_device(), "wgpu runs dropout on the device");
+    let run = |f: &dyn Fn(Tensor<A, 3>) -> Tensor<A, 3>| {
+        let x = x0.clone().detach().require_grad();
+        let y = f(x.clone());
+        let g = (y.clone() * w.clone()).sum().backward();
+        (vals(y.inner().reshape([dims.iter().product::<usize>()])), vals(x.grad(&g).expect("x has a gradient").reshape([dims.iter().product::<usize>()])))
+    };
+    let (base, threshold) = ctx.base_threshold(site, 0.3);
+    let (yk, gk) = run(&|x| ctx.apply(x, site, 0.3));
+    let (yh, gh) = run(&|x| host_dropout(x, base, threshold, 1.0 / 0.7));
+    assert_eq!(yk, yh, "forward");
+    assert_eq!(gk, gh, "input gradient");
+}

@@ -146,11 +146,32 @@ pub trait LeanBackend: Backend {
     /// instead of one autotuned reduction per axis and shape. On autodiff one node keeping only
     /// the shape (Burn's `mean_dim` nodes each sum the gradient again in their backward).
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self>;
+    /// Whether [`LeanBackend::lean_dropout`] runs on the device (CubeCL: one kernel, the masks
+    /// neither uploaded nor kept); otherwise [`crate::nn::dropout::DropoutCtx::apply`] draws the
+    /// masks on the host and keeps a bool mask.
+    fn lean_dropout_on_device() -> bool {
+        false
+    }
+    /// Dropout of `x` with the flags of `(base, threshold)`
+    /// ([`crate::nn::dropout::DropoutCtx::base_threshold`]), the kept elements scaled by `scale`.
+    /// On autodiff one node keeping nothing: its backward is the same dropout of the gradient.
+    /// The default draws the flags on the host (on the flattened tensor).
+    fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        burn_kernels::dropout::<Self>(x, base, threshold, scale)
+    }
 }
 
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
 mod burn_kernels {
     use super::*;
+    pub fn dropout_on_device() -> bool {
+        false
+    }
+    pub fn dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        let shape = x.shape();
+        let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
+        B::float_reshape(p(crate::nn::dropout::host_dropout(flat, base, threshold, scale)), shape)
+    }
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
     }
@@ -256,6 +277,17 @@ mod cube_kernels {
         let [s] = B::cube_op("vramlab.channel_sum", [x], [out], move |[x]| [cube::channel_sum::channel_sum(x, axis)]);
         s
     }
+    pub fn dropout_on_device() -> bool {
+        !cube::composed()
+    }
+    pub fn dropout<B: CubeLaunch>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        if cube::composed() {
+            return burn_kernels::dropout::<B>(x, base, threshold, scale);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.dropout", [x], [out], move |[x]| [cube::dropout::dropout(x, base, threshold, scale as f32)]);
+        y
+    }
     pub fn mean_all<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
         if cube::composed() {
             return burn_kernels::mean_all::<B>(x);
@@ -357,7 +389,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, dropout_on_device, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
     type F = burn::backend::Flex;
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
@@ -466,6 +498,12 @@ macro_rules! inner_lean_backend {
             }
             fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
                 $kernels::mean_all::<Self>(x)
+            }
+            fn lean_dropout_on_device() -> bool {
+                $kernels::dropout_on_device()
+            }
+            fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+                $kernels::dropout::<Self>(x, base, threshold, scale)
             }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
@@ -620,6 +658,14 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
         pointwise::mean_all_node::<B, C>(x)
+    }
+
+    fn lean_dropout_on_device() -> bool {
+        B::lean_dropout_on_device()
+    }
+
+    fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        pointwise::dropout_node::<B, C>(x, base, threshold, scale)
     }
 
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {

@@ -276,6 +276,31 @@ pub(super) fn mean_all_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autod
     }
 }
 
+/// Dropout with fixed flags: `dx` is the same dropout of `dy` (the flags recomputed).
+#[derive(Debug)]
+struct DropoutBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for DropoutBackward {
+    type State = (u64, u64, f64);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            let (base, threshold, scale) = ops.state;
+            grads.register::<B>(node.id, B::lean_dropout(dy, base, threshold, scale));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_dropout`] on `Autodiff<B, C>`: one node keeping the hash base, the
+/// threshold and the scale.
+pub(super) fn dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
+    match DropoutBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((base, threshold, scale), B::lean_dropout(x.primitive, base, threshold, scale)),
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_dropout(x.primitive, base, threshold, scale)),
+    }
+}
+
 /// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
 pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
     let dims = dims_of::<B>(&x);

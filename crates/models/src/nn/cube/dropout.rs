@@ -1,0 +1,69 @@
+//! Dropout on the device: `x` with the elements [`crate::nn::dropout::DropoutCtx`]'s hash drops
+//! set to 0 and the others scaled, in one launch. The flags are the host's (`splitmix64` of the
+//! site's base plus the element index, compared with the rate's threshold), computed here in
+//! 32-bit halves (WGSL has no 64-bit integers), so every backend draws the same masks; nothing
+//! is uploaded and no mask is stored (the backward runs the same kernel on the gradient).
+
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::{contiguous, elem_cubes, empty};
+
+/// `(hi, lo) · (ch, cl)` modulo 2⁶⁴, high half (the low half is `lo · cl`, wrapping).
+#[cube]
+fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
+    lo.mul_hi(cl) + lo * ch + hi * cl
+}
+
+/// Keeps (scaled) or drops element `i`; see the module docs. `base`: the site's hash base,
+/// `t`: the rate's threshold shifted into the hash's top 53 bits (`threshold << 11`), both as
+/// (high, low) 32-bit halves.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn dropout_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, scale: f32, n: u32, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= n as usize {
+        terminate!();
+    }
+    // z = base + i, then splitmix64(z).
+    let mut lo = base_lo + i as u32;
+    let mut hi = base_hi + select(lo < base_lo, 1u32, 0u32);
+    let l0 = lo + 0x7F4A_7C15u32;
+    hi = hi + 0x9E37_79B9u32 + select(l0 < lo, 1u32, 0u32);
+    lo = l0;
+    // z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    lo ^= (lo >> 30u32) | (hi << 2u32);
+    hi ^= hi >> 30u32;
+    let h = mul_hi64(hi, lo, 0xBF58_476Du32, 0x1CE4_E5B9u32);
+    lo *= 0x1CE4_E5B9u32;
+    hi = h;
+    // z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    lo ^= (lo >> 27u32) | (hi << 5u32);
+    hi ^= hi >> 27u32;
+    let h = mul_hi64(hi, lo, 0x94D0_49BBu32, 0x1331_11EBu32);
+    lo *= 0x1331_11EBu32;
+    hi = h;
+    // z ^= z >> 31
+    lo ^= (lo >> 31u32) | (hi << 1u32);
+    hi ^= hi >> 31u32;
+    let dropped = hi < t_hi || (hi == t_hi && lo < t_lo);
+    let mut v = F::new(0.0);
+    if !dropped {
+        v = x[i] * F::cast_from(scale);
+    }
+    y[i] = v;
+}
+
+/// Dropout of `x` (any float dtype; at most `u32::MAX` elements): see the module docs.
+pub fn dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
+    let x = contiguous(x);
+    let n = x.meta.num_elements();
+    let y = empty(&x, x.meta.shape().to_vec(), x.dtype);
+    let t = threshold << 11;
+    let client = x.client.clone();
+    let dtype: StorageType = x.dtype.into();
+    let (count, dim) = elem_cubes(&client, n);
+    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y.clone().into_tensor_arg(), (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, dtype);
+    y
+}
