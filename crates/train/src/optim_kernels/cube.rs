@@ -29,70 +29,9 @@ pub(super) fn composed() -> bool {
     *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
-/// One unit per element. `first`: no moments yet (`m`, `v` are not read); `scale`: multiply
-/// the gradient by `coef`; `l2` / `decoupled`: the weight decay kind. Each output may alias an
-/// input (the launch decides): every unit reads its element of each input before writing it.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn adam_kernel(
-    p: &Tensor<f32>,
-    g: &Tensor<f32>,
-    m: &Tensor<f32>,
-    v: &Tensor<f32>,
-    p_out: &mut Tensor<f32>,
-    m_out: &mut Tensor<f32>,
-    v_out: &mut Tensor<f32>,
-    coef: f32,
-    wd: f32,
-    keep: f32,
-    b1: f32,
-    nb1: f32,
-    b2: f32,
-    nb2: f32,
-    sbc2: f32,
-    eps: f32,
-    step: f32,
-    n: u32,
-    #[comptime] first: bool,
-    #[comptime] scale: bool,
-    #[comptime] l2: bool,
-    #[comptime] decoupled: bool,
-) {
-    let i = ABSOLUTE_POS;
-    if i >= n as usize {
-        terminate!();
-    }
-    let mut pi = p[i];
-    let mut gi = g[i];
-    let mut mi = gi;
-    let mut vi = gi;
-    if !first {
-        mi = m[i];
-        vi = v[i];
-    }
-    if scale {
-        gi *= coef;
-    }
-    if l2 {
-        gi += pi * wd;
-    }
-    if decoupled {
-        pi *= keep;
-    }
-    if first {
-        mi = gi * nb1;
-        vi = gi * gi * nb2;
-    } else {
-        mi = mi * b1 + gi * nb1;
-        vi = vi * b2 + gi * gi * nb2;
-    }
-    let denom = vi.sqrt() / sbc2 + eps;
-    p_out[i] = pi - mi / denom * step;
-    m_out[i] = mi;
-    v_out[i] = vi;
-}
-
-/// Units per cube of the update ([`adam_update_f32`]): one size for every parameter.
+/// Units per cube of the update ([`adam_many_kernel`]): one size for every launch (the cube size
+/// is part of a kernel's compiled identity; `CubeDim::new` sizes cubes by the element count,
+/// which compiled the update once per size class).
 const ADAM_CUBE: u32 = 256;
 /// Units of the squared-norm kernel: each owns one slot of the partial sums.
 const SQ_CUBE: u32 = 256;
@@ -122,6 +61,7 @@ fn ours<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
 }
 
 /// The update of the flattened, f32 `p`, `g` and moments: one launch, in place where the
+/// The update of the flattened, f32 `p`, `g` and moments: one launch, in place where the
 /// buffers are ours alone (see the module docs), new buffers otherwise.
 pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
@@ -131,71 +71,18 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
 ) -> (BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>) {
     let n = p.shape().num_elements();
     let (p, g) = (prim(p), prim(g));
-    let first = moments.is_none();
     let moments = moments.map(|(m, v)| (prim(m), prim(v)));
     // Decided before any clone below (a clone holds the handle too).
     let p_ours = ours(&p);
-    let g_ours = first && ours(&g);
+    let g_ours = moments.is_none() && ours(&g);
     let (m_ours, v_ours) = moments.as_ref().map_or((false, false), |(m, v)| (ours(m), ours(v)));
-    let new = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
-    // Inputs 0..4 are p, g, m, v; an output aliasing input k is written in k's buffer. On the
-    // first step the kernel reads no moments: `g` stands in for them.
-    let (m, v) = match moments {
-        Some(mv) => mv,
-        None => (g.clone(), g.clone()),
-    };
-    let (p_out, p_arg) = if p_ours { (p.clone(), p.as_tensor_alias(0)) } else { let t = new(); (t.clone(), t.into_tensor_arg()) };
-    let (m_out, m_arg) = if first && g_ours {
-        (g.clone(), g.as_tensor_alias(1))
-    } else if m_ours {
-        (m.clone(), m.as_tensor_alias(2))
-    } else {
-        let t = new();
-        (t.clone(), t.into_tensor_arg())
-    };
-    let (v_out, v_arg) = if v_ours { (v.clone(), v.as_tensor_alias(3)) } else { let t = new(); (t.clone(), t.into_tensor_arg()) };
     #[cfg(test)]
     IN_PLACE.lock().unwrap().insert(n, [p_ours, g_ours || m_ours, v_ours]);
-    // The scalars as the tensor version's scalar ops see them: converted to f32 first.
-    let f = |x: f64| x as f32;
-    let (wd, keep) = match h.decay {
-        Decay::L2(wd) => (f(wd), 1.0),
-        Decay::Decoupled(keep) => (0.0, f(keep)),
-        Decay::None => (0.0, 1.0),
-    };
-    let client = p.client.clone();
-    // One cube size for every parameter: the cube size is part of the kernel's compiled
-    // identity, and `CubeDim::new` sizes cubes by the element count (four compilations of this
-    // kernel in one VAE step, one per size class).
-    let dim = CubeDim::new_1d(ADAM_CUBE);
-    let count = cubecl::calculate_cube_count_elemwise(&client, n.max(1), dim);
-    adam_kernel::launch::<R>(
-        &client,
-        count,
-        dim,
-        p.into_tensor_arg(),
-        g.into_tensor_arg(),
-        m.into_tensor_arg(),
-        v.into_tensor_arg(),
-        p_arg,
-        m_arg,
-        v_arg,
-        f(h.coef),
-        wd,
-        keep,
-        f(h.b1),
-        f(1.0 - h.b1),
-        f(h.b2),
-        f(1.0 - h.b2),
-        f(h.bc2.sqrt()),
-        f(h.eps),
-        f(h.lr / h.bc1),
-        n as u32,
-        first,
-        h.coef != 1.0,
-        matches!(h.decay, Decay::L2(_)),
-        matches!(h.decay, Decay::Decoupled(_)),
-    );
+    let new = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
+    let fresh = [!p_ours, !(g_ours || m_ours), !v_ours].map(|f| f.then(new));
+    let held = Held { p, g, mv: moments, fresh, h: *h };
+    let [p_out, m_out, v_out] = held.outputs();
+    adam_group(vec![held]);
     (tensor(p_out), tensor(m_out), tensor(v_out))
 }
 
@@ -219,10 +106,12 @@ pub(super) fn group_sizes<R: CubeRuntime>(client: &ComputeClient<R>) -> (usize, 
     (GROUP.min(free / 4), GROUP.min(free.saturating_sub(1)))
 }
 
-/// [`adam_kernel`] over a group of parameters: unit `u` updates elements `u, u + stride, …` of
-/// each in turn (`stride`: the units launched), with the group's one set of hyper-parameters.
-/// Each output aliases its input (the in-place case of [`adam_kernel`]); on the first step `ms`
-/// and `vs` are empty (no moments are read), `m_out` is the gradient's buffer and `v_out` new.
+/// The Adam(W) update of a group of parameters with one set of hyper-parameters: unit `u`
+/// updates elements `u, u + stride, …` of each in turn (`stride`: the units launched).
+/// `first`: no moments yet (`ms` and `vs` are empty and not read); `scale`: multiply the
+/// gradient by `coef`; `l2` / `decoupled`: the weight decay kind. Each output is a new buffer or
+/// aliases an input (the launch decides: on the first step `m_out` may be the gradient's buffer);
+/// every unit reads its element of each input before writing it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn adam_many_kernel(
@@ -325,16 +214,28 @@ pub(super) fn sq_sum_group<R: CubeRuntime>(gs: Vec<CubeTensor<R>>, acc: &mut Opt
     sq_sum_many_kernel::launch::<R>(&client, CubeCount::new_1d(cubes), CubeDim::new_1d(SQ_CUBE), args, acc.clone().into_tensor_arg(), cubes * SQ_CUBE);
 }
 
-/// One parameter's update held back for a group launch: its tensors (flat, f32, contiguous;
-/// each output the buffer the launch writes) and its hyper-parameters.
+/// One parameter's update in a launch of [`adam_many_kernel`]: its inputs (flat, f32,
+/// contiguous), its hyper-parameters and, per output (`p`, `m`, `v`), the new buffer it is
+/// written in, or `None` to write it in its input's (`m` on the first step in `g`'s).
 pub struct Held<R: CubeRuntime> {
     p: CubeTensor<R>,
     g: CubeTensor<R>,
     /// `None` on the first step.
     mv: Option<(CubeTensor<R>, CubeTensor<R>)>,
-    /// The first step's new `v` buffer.
-    v_new: Option<CubeTensor<R>>,
+    fresh: [Option<CubeTensor<R>>; 3],
     h: AdamUpdate,
+}
+
+impl<R: CubeRuntime> Held<R> {
+    /// The buffers the update writes (`p`, `m`, `v`).
+    fn outputs(&self) -> [CubeTensor<R>; 3] {
+        let [p, m, v] = &self.fresh;
+        [
+            p.clone().unwrap_or_else(|| self.p.clone()),
+            m.clone().unwrap_or_else(|| self.mv.as_ref().map_or_else(|| self.g.clone(), |(m, _)| m.clone())),
+            v.clone().unwrap_or_else(|| self.mv.as_ref().map(|(_, v)| v.clone()).expect("a first step's update writes a new v")),
+        ]
+    }
 }
 
 /// Updates held back by [`OptimKernels::adam_update_later`] on CubeCL: launched a group at a
@@ -363,7 +264,7 @@ fn same_launch<R: CubeRuntime>(a: &Held<R>, b: &Held<R>) -> bool {
     key(a) == key(b)
 }
 
-/// Launches the held updates (one group, all with the same launch key): in place.
+/// Launches the updates of `group` (all with the same launch key, [`same_launch`]): one launch.
 fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
     let Some(head) = group.first() else { return };
     let h = head.h;
@@ -376,21 +277,23 @@ fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
     let (mut ps, mut gs, mut ms, mut vs) = (SequenceArg::new(), SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
     let (mut po, mut mo, mut vo) = (SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
     // Inputs are numbered in the order registered: the i-th parameter is input i, its gradient
-    // K + i, its moments 2K + i and 3K + i.
+    // K + i, its moments 2K + i and 3K + i. An output is a new buffer or aliases its input.
+    let out = |fresh: Option<CubeTensor<R>>, input: &CubeTensor<R>, pos: usize| fresh.map_or_else(|| input.as_tensor_alias(pos), |t| t.into_tensor_arg());
     for (i, x) in group.into_iter().enumerate() {
-        po.push(x.p.as_tensor_alias(i));
+        let [fp, fm, fv] = x.fresh;
+        po.push(out(fp, &x.p, i));
         ps.push(x.p.into_tensor_arg());
-        match (x.mv, x.v_new) {
-            (Some((m, v)), _) => {
-                mo.push(m.as_tensor_alias(2 * k + i));
-                vo.push(v.as_tensor_alias(3 * k + i));
+        match x.mv {
+            Some((m, v)) => {
+                mo.push(out(fm, &m, 2 * k + i));
+                vo.push(out(fv, &v, 3 * k + i));
                 ms.push(m.into_tensor_arg());
                 vs.push(v.into_tensor_arg());
             }
-            (None, v_new) => {
-                // No moments: m is written in the gradient's buffer, v in a new one.
-                mo.push(x.g.as_tensor_alias(k + i));
-                vo.push(v_new.expect("a first step's update holds its new v buffer").into_tensor_arg());
+            None => {
+                // No moments: m is written in the gradient's buffer or a new one, v in a new one.
+                mo.push(out(fm, &x.g, k + i));
+                vo.push(fv.expect("a first step's update writes a new v").into_tensor_arg());
             }
         }
         gs.push(x.g.into_tensor_arg());
@@ -486,15 +389,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         }
         #[cfg(test)]
         IN_PLACE.lock().unwrap().insert(n, [true, true, moments.is_some()]);
-        let (m_out, v_out, v_new) = match &moments {
-            Some((m, v)) => (m.clone(), v.clone(), None),
-            None => {
-                let v = burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
-                (g.clone(), v.clone(), Some(v))
-            }
-        };
-        let p_out = p.clone();
-        let held = Held { p, g, mv: moments, v_new, h: *h };
+        // The first step's v is new; everything else is written in place.
+        let v_new = moments.is_none().then(|| burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32));
+        let held = Held { p, g, mv: moments, fresh: [None, None, v_new], h: *h };
+        let [p_out, m_out, v_out] = held.outputs();
         if later.held.first().is_some_and(|x| !same_launch(x, &held)) {
             adam_group(std::mem::take(&mut later.held));
         }

@@ -164,9 +164,6 @@ pub trait LeanBackend: Backend {
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
 mod burn_kernels {
     use super::*;
-    pub fn dropout_on_device() -> bool {
-        false
-    }
     pub fn dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         let shape = x.shape();
         let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
@@ -389,8 +386,12 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, dropout_on_device, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
     type F = burn::backend::Flex;
+    /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
+    pub fn dropout_on_device() -> bool {
+        false
+    }
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
         flex::pointwise::flipped_weight(&w).unwrap_or_else(|| burn_kernels::flipped_weight::<F>(w))
     }
