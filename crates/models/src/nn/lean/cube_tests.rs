@@ -258,7 +258,8 @@ fn kernels_between_fused_operations_match_the_composed_ops() {
 /// values and input gradient (`x · s` or 0, `dy · s` or 0), f32 and f16, ragged sizes.
 #[test]
 fn dropout_kernel_draws_the_host_masks() {
-    use crate::nn::dropout::{DropoutCtx, host_dropout};
+    use crate::nn::dropout::DropoutCtx;
+    use crate::nn::dropout::host::host_dropout;
     for (k, n) in [1usize, 255, 257, 4099, 65_537].into_iter().enumerate() {
         for (seed, rate) in [(3u64, 0.1), (u64::MAX - 7, 0.5), (1 << 40, 0.9)] {
             let ctx = DropoutCtx::new(seed);

@@ -167,7 +167,7 @@ mod burn_kernels {
     pub fn dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         let shape = x.shape();
         let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
-        B::float_reshape(p(crate::nn::dropout::host_dropout(flat, base, threshold, scale)), shape)
+        B::float_reshape(p(crate::nn::dropout::host::host_dropout(flat, base, threshold, scale)), shape)
     }
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)

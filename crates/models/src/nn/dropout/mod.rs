@@ -1,9 +1,12 @@
 //! Deterministic dropout (`nn.Dropout` in training mode, with masks from a seed).
 
 use burn::prelude::*;
-use burn::tensor::{TensorData, TensorPrimitive};
+use burn::tensor::TensorPrimitive;
 
 use super::lean::LeanBackend;
+
+pub(crate) mod host;
+use host::{flags, host_dropout, splitmix64};
 
 /// Deterministic dropout masks, generated on the host from a seed.
 ///
@@ -18,13 +21,6 @@ use super::lean::LeanBackend;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DropoutCtx {
     pub seed: u64,
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 impl DropoutCtx {
@@ -77,21 +73,6 @@ impl DropoutCtx {
     }
 }
 
-/// The drop flags of `n` elements from a site's hash base and a rate's threshold
-/// ([`DropoutCtx::base_threshold`]).
-fn flags(base: u64, threshold: u64, n: usize) -> Vec<bool> {
-    (0..n as u64).map(|i| (splitmix64(base.wrapping_add(i)) >> 11) < threshold).collect()
-}
-
-/// Dropout with the flags drawn on the host, uploaded as a bool mask (`mask_fill`, then the
-/// scaling): see [`DropoutCtx::apply`].
-pub(crate) fn host_dropout<B: Backend, const D: usize>(x: Tensor<B, D>, base: u64, threshold: u64, scale: f64) -> Tensor<B, D> {
-    let dims = x.dims();
-    let n = dims.iter().product();
-    let drop = Tensor::<B, D, Bool>::from_data(TensorData::new(flags(base, threshold, n), dims), &x.device());
-    x.mask_fill(drop, 0.0).mul_scalar(scale)
-}
-
 /// Dropout at `site` when a context is given and the rate is positive; identity otherwise.
 pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
     match ctx {
@@ -103,6 +84,7 @@ pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&Dro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     #[test]
     fn dropout_is_deterministic_per_site_and_scaled() {
