@@ -100,23 +100,28 @@ mod tests {
         assert_ne!(DropoutCtx::new(8).mask_values(DropoutCtx::site(1, 0, 2), 100, 0.25), a[..100].to_vec());
     }
 
+    type Ad = burn::backend::Autodiff<burn::backend::Flex>;
+
+    /// `f(x)` and the gradient of `sum(f(x) · w)` with respect to `x`, from a fresh leaf `x0`.
+    fn value_and_grad(x0: &Tensor<Ad, 3>, w: &Tensor<Ad, 3>, f: &dyn Fn(Tensor<Ad, 3>) -> Tensor<Ad, 3>) -> (TensorData, TensorData) {
+        let x = x0.clone().detach().require_grad();
+        let y = f(x.clone());
+        let g = (y.clone() * w.clone()).sum().backward();
+        (y.into_data(), x.grad(&g).unwrap().into_data())
+    }
+
     /// The bool-mask dropout gives the same values and gradients as multiplying by the f32
     /// keep mask (what it replaced), and keeps only the 1-byte mask for the backward.
     #[test]
     fn bool_mask_dropout_equals_the_float_mask_product_with_its_gradient() {
-        type B = burn::backend::Autodiff<burn::backend::Flex>;
+        type B = Ad;
         let dev = Default::default();
         let ctx = DropoutCtx::new(11);
         let site = DropoutCtx::site(2, 3, 1);
         let (rate, dims) = (0.1, [4usize, 7, 33]);
         let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
         let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
-        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| {
-            let x = x0.clone().detach().require_grad();
-            let y = f(x.clone());
-            let g = (y.clone() * w.clone()).sum().backward();
-            (y.into_data(), x.grad(&g).unwrap().into_data())
-        };
+        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| value_and_grad(&x0, &w, f);
         let (y_bool, g_bool) = run(&|x| ctx.apply(x, site, rate));
         let n = dims.iter().product();
         let (y_f32, g_f32) = run(&|x| x * Tensor::<B, 3>::from_data(TensorData::new(ctx.mask_values(site, n, rate), dims), &dev));
@@ -130,7 +135,7 @@ mod tests {
     #[test]
     fn dropout_node_recomputes_the_masks_in_its_backward() {
         use crate::nn::lean::LeanBackend;
-        type B = burn::backend::Autodiff<burn::backend::Flex>;
+        type B = Ad;
         let dev = Default::default();
         let ctx = DropoutCtx::new(5);
         let site = DropoutCtx::site(1, 2, 3);
@@ -138,12 +143,7 @@ mod tests {
         let (base, threshold) = ctx.base_threshold(site, 0.2);
         let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
         let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
-        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| {
-            let x = x0.clone().detach().require_grad();
-            let y = f(x.clone());
-            let g = (y.clone() * w.clone()).sum().backward();
-            (y.into_data(), x.grad(&g).unwrap().into_data())
-        };
+        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| value_and_grad(&x0, &w, f);
         let node = |x: Tensor<B, 3>| Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / 0.8)));
         let (y_node, g_node) = run(&node);
         let (y_host, g_host) = run(&|x| host_dropout(x, base, threshold, 1.0 / 0.8));
