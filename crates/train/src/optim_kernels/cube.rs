@@ -60,15 +60,22 @@ fn ours<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     t.can_mut() && t.is_contiguous()
 }
 
-/// The update of the flattened, f32 `p`, `g` and moments: one launch, in place where the
-/// The update of the flattened, f32 `p`, `g` and moments: one launch, in place where the
-/// buffers are ours alone (see the module docs), new buffers otherwise.
-pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+/// Whether the kernels take this update: f32 throughout, 1 to `u32::MAX` elements, and
+/// `VRAMLAB_COMPOSED_KERNELS` unset (otherwise the tensor version runs).
+pub(super) fn kernel_takes<B: burn::tensor::backend::Backend, const D: usize>(p: &BurnTensor<B, D>, g: &BurnTensor<B, D>, moments: &Option<(BurnTensor<B, 1>, BurnTensor<B, 1>)>) -> bool {
+    let n = p.shape().num_elements();
+    let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32 && moments.as_ref().is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+    f32s && n > 0 && n <= u32::MAX as usize && !composed()
+}
+
+/// The update of the flattened, f32 `p`, `g` and moments, ready to launch: in place where the
+/// buffers are ours alone (see the module docs), into new buffers otherwise.
+fn prepare<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
     g: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
     moments: Option<(BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>)>,
     h: &AdamUpdate,
-) -> (BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>) {
+) -> Held<R> {
     let n = p.shape().num_elements();
     let (p, g) = (prim(p), prim(g));
     let moments = moments.map(|(m, v)| (prim(m), prim(v)));
@@ -80,7 +87,17 @@ pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT
     IN_PLACE.lock().unwrap().insert(n, [p_ours, g_ours || m_ours, v_ours]);
     let new = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
     let fresh = [!p_ours, !(g_ours || m_ours), !v_ours].map(|f| f.then(new));
-    let held = Held { p, g, mv: moments, fresh, h: *h };
+    Held { p, g, mv: moments, fresh, h: *h }
+}
+
+/// [`prepare`]d and launched at once, alone: one launch.
+pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
+    p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
+    g: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
+    moments: Option<(BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>)>,
+    h: &AdamUpdate,
+) -> (BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>) {
+    let held = prepare(p, g, moments, h);
     let [p_out, m_out, v_out] = held.outputs();
     adam_group(vec![held]);
     (tensor(p_out), tensor(m_out), tensor(v_out))
@@ -227,6 +244,13 @@ pub struct Held<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> Held<R> {
+    /// Whether it writes everything in place (but a first step's new `v`): such updates can
+    /// share a launch.
+    fn in_place(&self) -> bool {
+        let [p, m, v] = &self.fresh;
+        p.is_none() && m.is_none() && (v.is_none() || self.mv.is_none())
+    }
+
     /// The buffers the update writes (`p`, `m`, `v`).
     fn outputs(&self) -> [CubeTensor<R>; 3] {
         let [p, m, v] = &self.fresh;
@@ -361,38 +385,28 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
     fn adam_update<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
         let shape = p.shape();
         let n = shape.num_elements();
-        let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32 && moments.as_ref().is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+        let takes = kernel_takes(&p, &g, &moments);
         let (p, g) = (p.reshape([n]), g.reshape([n]));
-        let (p, m, v) = if f32s && n > 0 && n <= u32::MAX as usize && !composed() { adam_update_f32(p, g, moments, h) } else { adam_update_tensors(p, g, moments, h) };
+        let (p, m, v) = if takes { adam_update_f32(p, g, moments, h) } else { adam_update_tensors(p, g, moments, h) };
         (p.reshape(shape), m, v)
     }
 
     fn adam_update_later<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate, later: &mut Later<R>) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
-        let shape = p.shape();
-        let n = shape.num_elements();
-        let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32 && moments.as_ref().is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
-        if !(f32s && n > 0 && n <= u32::MAX as usize) || composed() {
+        if !kernel_takes(&p, &g, &moments) {
             return Self::adam_update(p, g, moments, h);
         }
-        let (p, g) = (prim(p.reshape([n])), prim(g.reshape([n])));
-        let moments = moments.map(|(m, v)| (prim(m), prim(v)));
+        let shape = p.shape();
+        let n = shape.num_elements();
+        let held = prepare(p.reshape([n]), g.reshape([n]), moments, h);
+        let [p_out, m_out, v_out] = held.outputs();
+        let output = (tensor::<R, F, I, BT>(p_out).reshape(shape), tensor(m_out), tensor(v_out));
         // Held back only when every buffer it writes is its own (see the module docs); otherwise
         // one launch now, into new buffers where shared.
-        let owned = ours(&p) && match &moments {
-            Some((m, v)) => ours(m) && ours(v),
-            None => ours(&g),
-        };
-        let group = group_sizes(&p.client).0;
-        if !owned || group < 2 {
-            let (p, m, v) = adam_update_f32(tensor(p), tensor(g), moments.map(|(m, v)| (tensor(m), tensor(v))), h);
-            return (p.reshape(shape), m, v);
+        let group = group_sizes(&held.p.client).0;
+        if !held.in_place() || group < 2 {
+            adam_group(vec![held]);
+            return output;
         }
-        #[cfg(test)]
-        IN_PLACE.lock().unwrap().insert(n, [true, true, moments.is_some()]);
-        // The first step's v is new; everything else is written in place.
-        let v_new = moments.is_none().then(|| burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32));
-        let held = Held { p, g, mv: moments, fresh: [None, None, v_new], h: *h };
-        let [p_out, m_out, v_out] = held.outputs();
         if later.held.first().is_some_and(|x| !same_launch(x, &held)) {
             adam_group(std::mem::take(&mut later.held));
         }
@@ -400,7 +414,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         if later.held.len() >= group {
             adam_group(std::mem::take(&mut later.held));
         }
-        (tensor::<R, F, I, BT>(p_out).reshape(shape), tensor(m_out), tensor(v_out))
+        output
     }
 
     fn adam_flush(later: Later<R>) {

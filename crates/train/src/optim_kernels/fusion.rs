@@ -21,7 +21,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 
-use super::cube::{self, adam_update_f32, composed, sq_sum_group};
+use super::cube::{self, adam_update_f32, composed, kernel_takes, sq_sum_group};
 use super::{AdamUpdate, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 
 type Inner<R, F, I, BT> = CubeBackend<R, F, I, BT>;
@@ -123,9 +123,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
     fn adam_update<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
         let shape = p.shape();
         let n = shape.num_elements();
-        let f32s = p.dtype() == DType::F32 && g.dtype() == DType::F32 && moments.as_ref().is_none_or(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32);
+        let takes = kernel_takes(&p, &g, &moments);
         let (p, g) = (p.reshape([n]), g.reshape([n]));
-        if !(f32s && n > 0 && n <= u32::MAX as usize) || composed() {
+        if !takes {
             let (p, m, v) = adam_update_tensors(p, g, moments, h);
             return (p.reshape(shape), m, v);
         }
