@@ -55,6 +55,7 @@ else
 fi
 
 if [ "$mode" = cuda ]; then
+  vp_cuda_env
   gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   VP_DEVICE_NAME="GPU: $gpu_name (driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1))"
   out=benches/results/gpu_vs_pytorch/$(vp_report slug "$gpu_name")
@@ -117,6 +118,17 @@ vp_after_row() {
   local row=$1
   vp_header "$VP_SCRATCH_OUT/header.md" "$mode" "$out"
   vp_report table "$out/raw.jsonl" --out "$out/table.md" --header-file "$VP_SCRATCH_OUT/header.md" --title "$title" >/dev/null
+  # The row's own records (kernel counts per step, summaries, the ends of the logs), for reading later.
+  if [ -n "$row" ] && [ -d "$VP_SCRATCH_OUT/$row" ]; then
+    local f runs="$out/runs/$row"
+    mkdir -p "$runs"
+    for f in run/metrics.jsonl run/summary.md run_warm/metrics.jsonl run_warm/summary.md; do
+      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && cp "$VP_SCRATCH_OUT/$row/$f" "$runs/${f//\//_}"
+    done
+    for f in vramlab.log vramlab_warm.log torch.log; do
+      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && tail -c 20000 "$VP_SCRATCH_OUT/$row/$f" >"$runs/$f"
+    done
+  fi
   if [ "$mode" = cuda ] && [ -d "$VP_SCRATCH_OUT/$row/kernel_cache" ]; then
     mkdir -p "$out/kernel_cache/$row"
     cp -r "$VP_SCRATCH_OUT/$row/kernel_cache/." "$out/kernel_cache/$row/"
@@ -163,9 +175,11 @@ vp_fixture_check "$out"
 vp_run_rows "$mode" "$out" "${rows[@]}"
 # Burn's fusion (issue 24): with our #[cube] kernels as custom ops, then with the composed ops.
 kernels_row "${BIN_FUSION:-}" "fusion + custom kernels (cuda,fusion build)"
-kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
-# Autotune off (cold start): the `cuda-untuned` build.
+# Cold start (issue 24, item 4): Burn's autotune compiled out (the `cuda-untuned` build), then the
+# main build at autotune level minimal.
 kernels_row "${BIN_UNTUNED:-}" "autotune off (cuda-untuned build)"
+kernels_row "$VP_BIN" "autotune minimal (main build, --autotune=minimal)" EXTRA=--autotune=minimal
+kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
 parity act_small
 parity diffusion_small
 vp_after_row ""

@@ -60,7 +60,7 @@ run() {
   t0=$(date +%s.%N)
   timeout "$row_timeout" "$bin" train --backend="$backend" --precision=f32 --steps="$n" --save_checkpoint=false \
     --kernel_cache_dir="$cache" "$@" "${extra[@]}" --output_dir="$d/run" >"$d/stdout" 2>"$d/stderr" || rc=$?
-  echo "$rc $(echo "$(date +%s.%N) - $t0" | bc)" >"$d/status"
+  echo "$rc $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }')" >"$d/status"
   [ -f "$d/run/metrics.jsonl" ] && cp "$d/run/metrics.jsonl" "$d/metrics.jsonl" || : >"$d/metrics.jsonl"
   echo "  $name: exit $rc, $(wc -l <"$d/metrics.jsonl") steps, $(cut -d' ' -f2 "$d/status" | cut -c1-6) s" >&2
   [ "$rc" -eq 0 ] || tail -3 "$d/stderr" >&2
@@ -127,7 +127,7 @@ if wrecs:
 elif recs:
     notes.append("warm process " + ("stopped at the timeout" if wrc in (124, 137) else f"failed (exit {wrc})"))
 load0 = os.environ.get("ROW_LOAD0")
-notes.append(f"1-min load average {load0} at the row's start, {os.getloadavg()[0]:.1f} at its end (2 CPUs)")
+notes.append(f"1-min load average {load0} at the row's start, {os.getloadavg()[0]:.1f} at its end ({os.cpu_count()} CPUs)")
 if os.environ.get("NOTE"):
     notes.append(os.environ["NOTE"])
 r["note"] = "; ".join(notes)
