@@ -26,7 +26,7 @@ VP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$VP_ROOT"
 export PYTHONDONTWRITEBYTECODE=1
 VP_TORCH_DIR="$VP_ROOT/benches/torch"
-VP_FIXTURE="$VP_ROOT/../shared/oracle/vae3d_ultra"
+VP_FIXTURE="${FIXTURE_DIR:-$VP_ROOT/../shared/oracle}/vae3d_ultra"
 # lerobot 0.4.4's pure-Python needs on an image that already has torch, torchvision, accelerate,
 # einops, imageio, safetensors, huggingface_hub, pyyaml, typing-inspect (PyAV: a stand-in is used).
 VP_LEROBOT_WHEELS="lerobot==0.4.4 draccus==0.10.0 diffusers==0.35.2 datasets==4.4.1 dill multiprocess deepdiff==8.6.1 orderly-set mergedeep toml pyserial termcolor jsonlines"
