@@ -58,7 +58,7 @@ run() {
   mkdir -p "$d"
   local t0 rc=0
   t0=$(date +%s.%N)
-  timeout "$row_timeout" "$bin" train --backend="$backend" --precision=f32 --steps="$n" --save_checkpoint=false \
+  timeout --kill-after=10 "$row_timeout" "$bin" train --backend="$backend" --precision=f32 --steps="$n" --save_checkpoint=false \
     --kernel_cache_dir="$cache" "$@" "${extra[@]}" --output_dir="$d/run" >"$d/stdout" 2>"$d/stderr" || rc=$?
   echo "$rc $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { printf "%.3f", a - b }')" >"$d/status"
   [ -f "$d/run/metrics.jsonl" ] && cp "$d/run/metrics.jsonl" "$d/metrics.jsonl" || : >"$d/metrics.jsonl"

@@ -14,7 +14,8 @@
 #                  run is capped at what is left, and rows that no longer fit (under VP_MIN_ROW_S,
 #                  default 45 s, left) are recorded as "not run: budget spent"
 #   KERNEL_CACHE_SEED  cuda: a directory of per-row kernel caches (<row>/) written by an earlier
-#                  run (its kernel_cache/ next to the results): each row starts from its copy, so
+#                  run (its kernel_cache/ next to the results; gpu_vs_pytorch.sh also takes the
+#                  kernel_cache.tgz in its RESULTS_COPY): each row starts from its copy, so
 #                  "step 1 cold" is then "seeded" (said in the table header)
 #   APPEND=1       keep the other rows' records already in raw.jsonl (default: start afresh)
 #   VP_SCRATCH     where vramlab's run directories and kernel caches go (default target/vs_pytorch)
@@ -291,11 +292,12 @@ vp_run_rows() {
   done
 }
 
-# Seconds a run may take now: VP_TIMEOUT ($1), capped by what is left of BUDGET_S (never below 1).
+# Seconds a run may take now: VP_TIMEOUT ($1), capped by what is left of BUDGET_S less the
+# VP_RESERVE_S seconds kept back for a later check (never below 1).
 vp_left() {
   local tmo=$1
   if [ -n "${BUDGET_S:-}" ]; then
-    local left=$(( BUDGET_S - ($(date +%s) - VP_T0) ))
+    local left=$(( BUDGET_S - ($(date +%s) - VP_T0) - ${VP_RESERVE_S:-0} ))
     [ "$left" -lt "$tmo" ] && tmo=$left
   fi
   [ "$tmo" -lt 1 ] && tmo=1

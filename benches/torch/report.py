@@ -3,6 +3,7 @@
 
     report.py vramlab-args ROW                      # vramlab train flags of a row, one per line
     report.py rows [SELECTION] [--tag cpu|gpu]      # row names (see rows.py)
+    report.py autotune KERNEL_CACHE_DIR             # CubeCL autotune cache → markdown (tuners, winners)
     report.py vramlab-record ROW RUN_DIR --backend B --device D [--warm-dir DIR] [--rc N --log F] [--out F]
     report.py error-record ROW --backend B --rc N --log F [--why TEXT] [--device D] [--out F]
     report.py slug TEXT                             # a directory-name slug
@@ -254,6 +255,44 @@ def table(a) -> str:
     return "\n".join(out) + "\n"
 
 
+def autotune_summary(cache_dir: Path) -> str:
+    """CubeCL's autotune cache (`<kernel_cache_dir>/autotune/<version>/<device>/*.json.log`, one JSON
+    line per tuned key) as markdown: per tuner, keys tuned, candidates tried and failed, the winners,
+    and the summed median time of the winners against that of each key's slowest working candidate."""
+    files = sorted(cache_dir.rglob("*.json.log"))
+    rows = ["| tuner | keys tuned | candidates tried | of them failed | winners (keys won) | winners' median time, µs (sum over keys) | slowest working candidate's (sum) |",
+            "|---|---:|---:|---:|---|---:|---:|"]
+    total_keys = total_cands = 0
+    for f in files:
+        if "autotune" not in f.parts:
+            continue
+        keys = cands = failed = 0
+        won: dict[str, int] = {}
+        t_win = t_slow = 0.0
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            v = json.loads(line)["value"]
+            keys += 1
+            cands += len(v["results"])
+            ok = [r["outcome"]["Ok"] for r in v["results"] if "Ok" in r["outcome"]]
+            failed += len(v["results"]) - len(ok)
+            med = lambda r: r["computation"]["median"]["secs"] * 1e6 + r["computation"]["median"]["nanos"] / 1e3  # noqa: E731
+            best = [r for r in ok if r["index"] == v["fastest_index"]]
+            if best:
+                won[best[0]["name"]] = won.get(best[0]["name"], 0) + 1
+                t_win += med(best[0])
+            if ok:
+                t_slow += max(med(r) for r in ok)
+        total_keys += keys
+        total_cands += cands
+        name = f.name.removesuffix(".json.log").removeprefix("burn_cubecl-kernel-")
+        winners = ", ".join(f"{k} {n}" for k, n in sorted(won.items(), key=lambda kv: -kv[1]))
+        rows.append(f"| {name} | {keys} | {cands} | {failed} | {winners} | {t_win:,.0f} | {t_slow:,.0f} |")
+    rows.append(f"| **all** | **{total_keys}** | **{total_cands}** | | | | |")
+    return "\n".join(rows) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -287,6 +326,8 @@ def main() -> int:
     p.add_argument("text", nargs="+")
     p = sub.add_parser("torch-line")
     p.add_argument("probe")
+    p = sub.add_parser("autotune", help="a CubeCL autotune cache as a markdown table")
+    p.add_argument("cache_dir", type=Path)
     p = sub.add_parser("table")
     p.add_argument("raw", type=Path)
     p.add_argument("--out", type=Path, required=True)
@@ -315,6 +356,8 @@ def main() -> int:
         av = av if av.startswith("PyAV") else f"PyAV stand-in ({av})"
         cap = f", CPU capability `{d['cpu_capability']}`" if d.get("cpu_capability") else ""
         print(f"torch {d.get('torch', '?')}{cap}, lerobot {d.get('lerobot', '?')}, {av}, python `{d.get('python', '?')}`")
+    elif a.cmd == "autotune":
+        print(autotune_summary(a.cache_dir), end="")
     elif a.cmd == "table":
         text = table(a)
         a.out.parent.mkdir(parents=True, exist_ok=True)
