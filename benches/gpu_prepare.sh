@@ -65,9 +65,13 @@ if [ "$size" -gt "$limit_mib" ] && [ -f "$dir/vramlab-fusion.xz" ]; then
 fi
 echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
 [ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra) or the autotune-off build (UNTUNED=0)" >&2; exit 3; }
+seed=benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune_seed
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
     TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )bash benches/gpu_vs_pytorch.sh
-A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder> (carry it too).
+A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder or
+kernel_cache.tgz> (carry it too). On an H100, KERNEL_CACHE_SEED=$seed
+(committed: that GPU's autotune results for the VAE row, no PTX) spares the VAE row's 6-minute
+cold step, so the ACT and Diffusion rows get the budget; the table then calls step 1 "seeded".
 CMD
