@@ -15,17 +15,19 @@
 #     WHEELS_DIR=<wheels> bash benches/gpu_vs_pytorch.sh
 # BUDGET_S caps the whole run (each process gets what is left; rows that no longer fit are recorded
 # as not run); after every row the table is rewritten and, with RESULTS_COPY, the results folder
-# (table, raw.jsonl, parity, the rows' kernel caches under kernel_cache/<row>/) is copied there,
-# so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
-# kernel_cache folder> lets a later run start warm. After the rows, while the budget lasts:
-# BIN_FUSION=<a `cuda,fusion` build, maybe .xz> adds the VAE row with Burn's fusion and our
-# kernels as custom operations, then the same binary with VRAMLAB_COMPOSED_KERNELS=1 (fusion,
-# composed ops); BIN_UNTUNED=<a `cuda-untuned` build, maybe .xz> adds the VAE row with Burn's
-# autotune compiled out (both through benches/kernels.sh, into kernels/).
+# (table, raw.jsonl, parity, each row's records under rows/<row>/) is copied there flat, the rows'
+# kernel caches as one kernel_cache.tgz (the device tool returns files one folder deep), so a run
+# killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
+# kernel_cache folder or .tgz> lets a later run start warm. After the three most important rows,
+# while the budget lasts, the VAE row again through benches/kernels.sh (into kernels/):
+# BIN_FUSION=<a `cuda,fusion` build, maybe .xz> with Burn's fusion and our kernels as custom
+# operations; BIN_UNTUNED=<a `cuda-untuned` build, maybe .xz> with Burn's autotune compiled out;
+# the main build at --autotune=minimal; BIN_FUSION with VRAMLAB_COMPOSED_KERNELS=1 (fusion,
+# composed ops). Then the other rows.
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
-# ../shared/oracle; vae3d_ultra right after the first row, act_small and diffusion_small at the end
-# while the budget lasts), compared by `baseline.py parity` (tolerance PARITY_TOL, default 5e-3:
-# TF32) into parity.txt.
+# ../shared/oracle; vae3d_ultra right after the first row, which leaves it PARITY_RESERVE_S
+# (30 s) of the budget; act_small and diffusion_small at the end while the budget lasts),
+# compared by `baseline.py parity` (tolerance PARITY_TOL, default 5e-3: TF32) into parity.txt.
 #
 # PyTorch: $TORCH_PYTHON or python3 (the image's torch); lerobot 0.4.4 and its pure-Python needs
 # are installed from WHEELS_DIR (pip --no-index --no-deps --target) when missing; without it the
@@ -147,13 +149,13 @@ vp_after_row() {
   vp_report table "$out/raw.jsonl" --out "$out/table.md" --header-file "$VP_SCRATCH_OUT/header.md" --title "$title" >/dev/null
   # The row's own records (kernel counts per step, summaries, the ends of the logs), for reading later.
   if [ -n "$row" ] && [ -d "$VP_SCRATCH_OUT/$row" ]; then
-    local f runs="$out/rows/$row"
-    mkdir -p "$runs"
+    local f keep="$out/rows/$row"
+    mkdir -p "$keep"
     for f in run/metrics.jsonl run/summary.md run_warm/metrics.jsonl run_warm/summary.md; do
-      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && cp "$VP_SCRATCH_OUT/$row/$f" "$runs/${f//\//_}"
+      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && cp "$VP_SCRATCH_OUT/$row/$f" "$keep/${f//\//_}"
     done
     for f in vramlab.log vramlab_warm.log torch.log; do
-      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && tail -c 20000 "$VP_SCRATCH_OUT/$row/$f" >"$runs/$f"
+      [ -f "$VP_SCRATCH_OUT/$row/$f" ] && tail -c 20000 "$VP_SCRATCH_OUT/$row/$f" >"$keep/$f"
     done
   fi
   if [ "$mode" = cuda ] && [ -d "$VP_SCRATCH_OUT/$row/kernel_cache" ]; then
