@@ -182,8 +182,7 @@ kernels_row() {
   if [[ "$bin" == *.xz ]]; then
     local plain
     plain=$VP_SCRATCH_OUT/$(basename "$bin" .xz)
-    [ -x "$plain" ] || "$VP_PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin" "$plain"
-    chmod +x "$plain"
+    [ -x "$plain" ] || vp_unxz "$bin" "$plain" || { vp_log "kernels row '$variant': cannot unpack $bin (xz)"; return 0; }
     bin=$plain
   fi
   vp_log "kernels row '$variant': $bin, ${left} s left"

@@ -188,6 +188,18 @@ vp_fixture_check() {
 
 # ---------------------------------------------------------------------------------- vramlab
 
+# vp_unxz SRC.xz DEST: unpacks an xz-compressed executable (as gpu_prepare.sh carries the builds)
+# with Python's lzma (the device image may lack xz); fails without leaving a partial DEST.
+vp_unxz() {
+  mkdir -p "$(dirname "$2")"
+  if python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2.part"; then
+    chmod +x "$2.part" && mv "$2.part" "$2"
+  else
+    rm -f "$2.part"
+    return 1
+  fi
+}
+
 # Sets VP_BIN: $BIN (unpacked first when xz-compressed, `.xz`, as gpu_prepare.sh carries it),
 # else builds. $1: flex | cuda.
 vp_setup_vramlab() {
@@ -195,10 +207,7 @@ vp_setup_vramlab() {
     [ -f "$BIN" ] || vp_die 2 "BIN=$BIN: no such file"
     local plain
     plain="$VP_ROOT/target/vs_pytorch/$(basename "$BIN" .xz)"
-    mkdir -p "$(dirname "$plain")"
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$BIN" "$plain" \
-      || vp_die 2 "BIN=$BIN: cannot unpack it (xz)"
-    chmod +x "$plain"
+    vp_unxz "$BIN" "$plain" || vp_die 2 "BIN=$BIN: cannot unpack it (xz)"
     vp_log "unpacked $BIN to $plain"
     BIN=$plain
   fi

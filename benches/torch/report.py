@@ -255,6 +255,12 @@ def table(a) -> str:
     return "\n".join(out) + "\n"
 
 
+def median_us(candidate: dict) -> float:
+    """A CubeCL autotune candidate's median time (`computation.median`, a Rust Duration), in µs."""
+    m = candidate["computation"]["median"]
+    return m["secs"] * 1e6 + m["nanos"] / 1e3
+
+
 def autotune_summary(cache_dir: Path) -> str:
     """CubeCL's autotune cache (`<kernel_cache_dir>/autotune/<version>/<device>/*.json.log`, one JSON
     line per tuned key) as markdown: per tuner, keys tuned, candidates tried and failed, the winners,
@@ -277,13 +283,12 @@ def autotune_summary(cache_dir: Path) -> str:
             cands += len(v["results"])
             ok = [r["outcome"]["Ok"] for r in v["results"] if "Ok" in r["outcome"]]
             failed += len(v["results"]) - len(ok)
-            med = lambda r: r["computation"]["median"]["secs"] * 1e6 + r["computation"]["median"]["nanos"] / 1e3  # noqa: E731
             best = [r for r in ok if r["index"] == v["fastest_index"]]
             if best:
                 won[best[0]["name"]] = won.get(best[0]["name"], 0) + 1
-                t_win += med(best[0])
+                t_win += median_us(best[0])
             if ok:
-                t_slow += max(med(r) for r in ok)
+                t_slow += max(median_us(r) for r in ok)
         total_keys += keys
         total_cands += cands
         name = f.name.removesuffix(".json.log").removeprefix("burn_cubecl-kernel-")
