@@ -89,8 +89,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch
 }
 
 /// `VRAMLAB_COMPOSED_KERNELS=1`: the lean nodes run the composed Burn ops on CubeCL backends
-/// instead of these kernels (read once per process; for comparisons and as a way around a
-/// driver that miscompiles a kernel).
+/// instead of these kernels, and on wgpu a strided conv3d's input gradient Burn's transposed
+/// convolution except where that is wrong (`LeanBackend::spread_strided_x_backward`) (read once
+/// per process; for comparisons and as a way around a driver that miscompiles a kernel).
 pub fn composed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))

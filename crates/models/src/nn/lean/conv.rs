@@ -70,7 +70,10 @@ pub(super) trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static 
 
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        B::lean_conv1d_x_backward(x, w, dy, o)
+        match spread_if_chosen::<B>(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(spread) => B::lean_conv1d(spread, B::lean_flipped_weight(w), None, ConvOptions::new([1], [0], o.dilation, 1)),
+            None => B::lean_conv1d_x_backward(x, w, dy, o),
+        }
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         B::lean_conv1d_weight_backward(x, w, dy, o)
@@ -79,8 +82,11 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
 
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::lean_conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1)),
+        if let Some(pad) = flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            return B::lean_conv2d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [pad[0], pad[1]], o.dilation, 1));
+        }
+        match spread_if_chosen::<B>(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(spread) => B::lean_conv2d(spread, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1], [0, 0], o.dilation, 1)),
             None => B::conv2d_x_backward(x, w, dy, o),
         }
     }
@@ -91,8 +97,11 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<2> {
 
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
-        match flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
-            Some(pad) => B::lean_conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1)),
+        if let Some(pad) = flipped_padding(&w.shape().to_vec()[2..], &o.stride, &o.padding, &o.dilation, o.groups) {
+            return B::lean_conv3d(dy, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [pad[0], pad[1], pad[2]], o.dilation, 1));
+        }
+        match spread_if_chosen::<B>(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, o.groups) {
+            Some(spread) => B::lean_conv3d(spread, B::lean_flipped_weight(w), None, ConvOptions::new([1, 1, 1], [0, 0, 0], o.dilation, 1)),
             None => B::conv3d_x_backward(x, w, dy, o),
         }
     }
@@ -113,6 +122,116 @@ fn flipped_padding(kernel: &[usize], stride: &[usize], padding: &[usize], dilati
         return None;
     }
     kernel.iter().zip(padding).zip(dilation).map(|((&k, &p), &d)| (d * (k - 1)).checked_sub(p)).collect()
+}
+
+/// [`spread_output_grad`] for a strided convolution where the backend asks for it
+/// ([`LeanBackend::spread_strided_x_backward`]: always where a kernel's reach `k·d` is shorter
+/// than its stride on some axis, e.g. ResNet's 1×1 stride-2 downsampling), else `None`.
+fn spread_if_chosen<B: LeanBackend>(x: &Prim<B>, w: &Prim<B>, dy: &Prim<B>, stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Prim<B>> {
+    if stride.iter().all(|&s| s == 1) {
+        return None;
+    }
+    let kernel = w.shape().to_vec()[2..].to_vec();
+    let short = kernel.iter().zip(dilation).zip(stride).any(|((&k, &d), &s)| k * d < s);
+    if !B::spread_strided_x_backward(kernel.len(), short) {
+        return None;
+    }
+    spread_output_grad::<B>(dy, &x.shape().to_vec()[2..], &kernel, stride, padding, dilation, groups)
+}
+
+/// The input gradient of a *strided* (ungrouped) convolution as a stride-1 one: `dy: [n, cout,
+/// o…]` written `stride` apart into a zero buffer `[n, cout, in + d·(k−1)]` (per spatial axis)
+/// from offset `d·(k−1) − p`; the unpadded forward convolution of that buffer with the flipped,
+/// in/out-swapped kernel (dilation `d`) is exactly `dx: [n, cin, in…]` — the zeros stand for
+/// the positions the stride skipped and for the padding. `None` where that offset would be
+/// negative (padding beyond the kernel's reach) or the convolution is grouped: the backend's
+/// transposed convolution then. Costs one buffer of `cout` channels at the input's size plus
+/// `d·(k−1)` per axis, and multiplies zeros (`1 − 1/Πstride` of them): worth it only where
+/// the backend's transposed convolution is much slower than its forward one
+/// ([`LeanBackend::spread_strided_x_backward`]).
+pub(super) fn spread_output_grad<B: Backend>(dy: &Prim<B>, input: &[usize], kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Prim<B>> {
+    if groups != 1 {
+        return None;
+    }
+    let dims = dy.shape().to_vec();
+    let mut full = dims[..2].to_vec();
+    let mut at: Vec<burn::tensor::Slice> = dims[..2].iter().map(|&d| burn::tensor::Slice::from(0..d)).collect();
+    for axis in 0..kernel.len() {
+        let reach = dilation[axis] * (kernel[axis] - 1);
+        let offset = reach.checked_sub(padding[axis])?;
+        let (n_out, step) = (dims[2 + axis], stride[axis]);
+        full.push(input[axis] + reach);
+        at.push(burn::tensor::Slice::new(offset as isize, Some((offset + (n_out - 1) * step + 1) as isize), step as isize));
+    }
+    let zeros = B::float_zeros(Shape::from(full), &B::float_device(dy), dy.dtype().into());
+    Some(B::float_slice_assign(zeros, &at, dy.clone()))
+}
+
+/// Test support: deterministic host values (an LCG in [-1.5, 1.5)) as a tensor on `B`, so that
+/// two backends see the same inputs.
+#[cfg(test)]
+pub(super) fn host_tensor<B: Backend, const D: usize>(dims: [usize; D], seed: u64) -> Tensor<B, D> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let values: Vec<f32> = (0..dims.iter().product::<usize>())
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 3.0 - 1.5
+        })
+        .collect();
+    Tensor::from_data(burn::tensor::TensorData::new(values, dims), &Default::default())
+}
+
+/// Test support: strided 3-D and 2-D input gradients on `B` — odd sizes (an output padding),
+/// mixed strides, dilation, 1×1 kernels with stride 2 — as [`spread_output_grad`]'s stride-1
+/// convolution and as the backend's own (`conv{2,3}d_x_backward`, a transposed convolution):
+/// `(case, short, spread, own)` per case (`short`: the kernel's reach `k·d` is below the stride
+/// on some axis), on the same host inputs whatever `B`. Also checks that
+/// padding beyond the kernel's reach and groups are declined.
+#[cfg(test)]
+pub(super) fn spread_x_backward_cases<B: LeanBackend>() -> Vec<(String, bool, Vec<f32>, Vec<f32>)> {
+    use burn::tensor::TensorPrimitive::Float;
+    let v = |p: Prim<B>| Tensor::<B, 1>::from_primitive(Float(B::float_reshape(p.clone(), Shape::from([p.shape().num_elements()])))).into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let mut out = Vec::new();
+    let cases3: [([usize; 5], [usize; 5], [usize; 3], [usize; 3], [usize; 3]); 5] = [
+        ([2, 3, 7, 9, 8], [4, 3, 3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]),
+        ([2, 4, 8, 8, 8], [8, 4, 3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]),
+        ([1, 2, 8, 6, 10], [3, 2, 3, 3, 3], [2, 1, 3], [1, 0, 1], [1, 1, 1]),
+        ([2, 2, 9, 9, 9], [2, 2, 3, 3, 3], [2, 2, 2], [2, 2, 2], [2, 2, 2]),
+        ([1, 3, 6, 7, 6], [2, 3, 1, 1, 1], [2, 2, 2], [0, 0, 0], [1, 1, 1]),
+    ];
+    for (i, (xd, wd, stride, padding, dilation)) in cases3.into_iter().enumerate() {
+        let o = ConvOptions::new(stride, padding, dilation, 1);
+        let (x, w) = (host_tensor::<B, 5>(xd, 40 + i as u64).into_primitive().tensor(), host_tensor::<B, 5>(wd, 50 + i as u64).into_primitive().tensor());
+        let yd: [usize; 5] = B::conv3d(x.clone(), w.clone(), None, o.clone()).shape().dims();
+        let dy = host_tensor::<B, 5>(yd, 60 + i as u64).into_primitive().tensor();
+        let spread = spread_output_grad::<B>(&dy, &xd[2..], &wd[2..], &stride, &padding, &dilation, 1).expect("padding within reach");
+        let lean = B::lean_conv3d(spread, B::lean_flipped_weight(w.clone()), None, ConvOptions::new([1, 1, 1], [0, 0, 0], dilation, 1));
+        assert_eq!(lean.shape().to_vec(), xd.to_vec(), "3-D case {i}: the input's shape");
+        let own = B::conv3d_x_backward(x, w, dy, o);
+        let short = (0..3).any(|a| wd[2 + a] * dilation[a] < stride[a]);
+        out.push((format!("3-D x {xd:?} w {wd:?} stride {stride:?} padding {padding:?} dilation {dilation:?}"), short, v(lean), v(own)));
+    }
+    let cases2: [([usize; 4], [usize; 4], [usize; 2], [usize; 2]); 3] = [
+        ([2, 4, 8, 8], [8, 4, 1, 1], [2, 2], [0, 0]),
+        ([1, 3, 7, 6], [2, 3, 1, 1], [2, 2], [0, 0]),
+        ([1, 3, 16, 15], [4, 3, 7, 7], [2, 2], [3, 3]),
+    ];
+    for (i, (xd, wd, stride, padding)) in cases2.into_iter().enumerate() {
+        let o = ConvOptions::new(stride, padding, [1, 1], 1);
+        let (x, w) = (host_tensor::<B, 4>(xd, 70 + i as u64).into_primitive().tensor(), host_tensor::<B, 4>(wd, 80 + i as u64).into_primitive().tensor());
+        let yd: [usize; 4] = B::conv2d(x.clone(), w.clone(), None, o.clone()).shape().dims();
+        let dy = host_tensor::<B, 4>(yd, 90 + i as u64).into_primitive().tensor();
+        let spread = spread_output_grad::<B>(&dy, &xd[2..], &wd[2..], &stride, &padding, &[1, 1], 1).expect("padding within reach");
+        let lean = B::lean_conv2d(spread, B::lean_flipped_weight(w.clone()), None, ConvOptions::new([1, 1], [0, 0], [1, 1], 1));
+        assert_eq!(lean.shape().to_vec(), xd.to_vec(), "2-D case {i}: the input's shape");
+        let own = B::conv2d_x_backward(x, w, dy, o);
+        let short = (0..2).any(|a| wd[2 + a] < stride[a]);
+        out.push((format!("2-D x {xd:?} w {wd:?} stride {stride:?} padding {padding:?}"), short, v(lean), v(own)));
+    }
+    let dy = host_tensor::<B, 5>([1, 2, 3, 3, 3], 99).into_primitive().tensor();
+    assert!(spread_output_grad::<B>(&dy, &[6, 6, 6], &[3, 3, 3], &[2, 2, 2], &[3, 3, 3], &[1, 1, 1], 1).is_none(), "padding 3 > the kernel's reach 2");
+    assert!(spread_output_grad::<B>(&dy, &[6, 6, 6], &[3, 3, 3], &[2, 2, 2], &[1, 1, 1], &[1, 1, 1], 2).is_none(), "grouped");
+    out
 }
 
 /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis.
@@ -278,6 +397,16 @@ mod tests {
         // 2 MiB of input and output gradient per sample: chunks of the batch.
         let o = || ConvOptions::new([1], [2], [1], 1);
         check_conv::<3>([24, 4, 65536], [4, 4, 5], true, |x, w, b| super::conv1d(x, w, b, o()), |x, w, b| conv1d(x, w, b, o()));
+    }
+
+    /// The strided input gradient as a stride-1 convolution over the spread output gradient
+    /// equals flex's transposed convolution (flex itself keeps the latter).
+    #[test]
+    fn spread_output_gradient_gives_the_strided_input_gradient() {
+        for (case, _, spread, own) in super::spread_x_backward_cases::<burn::backend::Flex>() {
+            let e = rel(&spread, &own);
+            assert!(e <= 1e-5, "{case}: relative error {e:e}");
+        }
     }
 
     /// A bf16 conv3d's weight gradient (flex: f32 columns from bf16 blocks) against f32 Burn.

@@ -299,3 +299,57 @@ fn dropout_kernel_draws_the_host_masks() {
     assert_eq!(yk, yh, "forward");
     assert_eq!(gk, gh, "input gradient");
 }
+
+/// Strided convolutions' input gradients on wgpu: the spread output gradient's stride-1
+/// convolution (`LeanBackend::spread_strided_x_backward`) against flex's transposed convolution
+/// on the same host inputs; Burn's own wgpu transposed convolution is right where the kernel
+/// reaches the stride and all zeros where it does not (1×1 stride 2: the reason the lean node
+/// never takes it there — if Burn fixes it, this says so); and the lean nodes' gradients on
+/// wgpu against plain autodiff of Burn's convolutions on flex.
+#[test]
+fn strided_conv_input_gradients_match_flex() {
+    use burn::backend::Flex;
+    use burn::tensor::ops::ConvOptions;
+    use super::conv::{host_tensor, spread_x_backward_cases};
+    assert!(<W as super::LeanBackend>::spread_strided_x_backward(2, true) && <W as super::LeanBackend>::spread_strided_x_backward(1, true));
+    assert_eq!(<W as super::LeanBackend>::spread_strided_x_backward(3, false), !crate::nn::cube::composed());
+    let cases = spread_x_backward_cases::<W>();
+    assert!(cases.iter().filter(|c| c.1).count() >= 3, "1×1 stride-2 cases");
+    for ((case, short, spread, own), (_, _, _, reference)) in cases.into_iter().zip(spread_x_backward_cases::<Flex>()) {
+        let e = rel(&spread, &reference);
+        assert!(e <= 1e-5, "{case}: spread vs flex: relative error {e:e}");
+        let zeros = own.iter().all(|&v| v == 0.0);
+        if short {
+            assert!(zeros, "{case}: Burn's CubeCL transposed convolution is no longer zero for a 1×1 stride-2 kernel: Burn fixed it (see LeanBackend::spread_strided_x_backward)");
+        } else {
+            let e = rel(&own, &reference);
+            assert!(e <= 1e-5, "{case}: Burn's wgpu transposed convolution vs flex: relative error {e:e}");
+        }
+    }
+    // The nodes: dx and dweight of sum(conv(x, w) · r) on Autodiff<Wgpu> (lean) and Autodiff<Flex> (Burn's).
+    fn grads<B: burn::tensor::backend::AutodiffBackend + super::LeanBackend, const D: usize>(xd: [usize; D], wd: [usize; D], lean: bool, conv: impl Fn(Tensor<B, D>, Tensor<B, D>, bool) -> Tensor<B, D>) -> (Vec<f32>, Vec<f32>) {
+        let (x, w) = (host_tensor::<B, D>(xd, 1).require_grad(), host_tensor::<B, D>(wd, 2).require_grad());
+        let y = conv(x.clone(), w.clone(), lean);
+        let r = host_tensor::<B, D>(y.dims(), 3);
+        let g = (y * r).sum().backward();
+        (vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()))
+    }
+    type AF = Autodiff<Flex>;
+    let o3 = || ConvOptions::new([2, 2, 2], [1, 1, 1], [1, 1, 1], 1);
+    let c3 = |x: Tensor<A, 5>, w: Tensor<A, 5>, _| super::conv::conv3d(x, w, None, o3());
+    let f3 = |x: Tensor<AF, 5>, w: Tensor<AF, 5>, _| burn::tensor::module::conv3d(x, w, None, o3());
+    let o2 = || ConvOptions::new([2, 2], [0, 0], [1, 1], 1);
+    let c2 = |x: Tensor<A, 4>, w: Tensor<A, 4>, _| super::conv::conv2d(x, w, None, o2());
+    let f2 = |x: Tensor<AF, 4>, w: Tensor<AF, 4>, _| burn::tensor::module::conv2d(x, w, None, o2());
+    let o1 = || ConvOptions::new([3], [0], [1], 1);
+    let c1 = |x: Tensor<A, 3>, w: Tensor<A, 3>, _| super::conv::conv1d(x, w, None, o1());
+    let f1 = |x: Tensor<AF, 3>, w: Tensor<AF, 3>, _| burn::tensor::module::conv1d(x, w, None, o1());
+    for (name, (lx, lw), (px, pw)) in [
+        ("conv1d k2 stride 3", grads::<A, 3>([2, 4, 17], [5, 4, 2], true, c1), grads::<AF, 3>([2, 4, 17], [5, 4, 2], false, f1)),
+        ("conv3d 3×3×3 stride 2", grads::<A, 5>([2, 4, 7, 8, 9], [6, 4, 3, 3, 3], true, c3), grads::<AF, 5>([2, 4, 7, 8, 9], [6, 4, 3, 3, 3], false, f3)),
+        ("conv2d 1×1 stride 2", grads::<A, 4>([2, 8, 9, 10], [16, 8, 1, 1], true, c2), grads::<AF, 4>([2, 8, 9, 10], [16, 8, 1, 1], false, f2)),
+    ] {
+        assert!(rel(&lx, &px) <= 1e-5, "{name}: dx: relative error {:e}", rel(&lx, &px));
+        assert!(rel(&lw, &pw) <= 1e-5, "{name}: dweight: relative error {:e}", rel(&lw, &pw));
+    }
+}

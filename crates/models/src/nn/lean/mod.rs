@@ -130,6 +130,20 @@ pub trait LeanBackend: Backend {
     /// copies input and output gradient contiguous). wgpu/cuda: `None` (the whole batch, as
     /// Burn does; chunks would add kernel launches; neither choice is measured on a GPU).
     fn conv_workspace_bytes() -> Option<usize>;
+    /// Whether a strided rank-`rank` convolution's input gradient is computed as a stride-1
+    /// forward convolution over the output gradient spread `stride` apart in a zero buffer
+    /// ([`conv::spread_output_grad`]) rather than by the backend's own (a transposed
+    /// convolution). `short`: the kernel's reach `k·d` is shorter than the stride on some axis
+    /// (ResNet's 1×1 stride-2 downsampling). wgpu and cuda: always where `short` — Burn 0.21's
+    /// CubeCL transposed convolution returns **zeros** there (`conv_transpose2d`'s
+    /// `transpose_direct` kernel sums over input rows `start..start + k·d − s + 1`, empty when
+    /// `k·d < s`; `cube_tests`), which silently dropped the gradient through ResNet's
+    /// downsampling shortcuts; and on wgpu for every strided conv3d (lavapipe's
+    /// `ConvTranspose3dKernel` took 0.77–0.80 s of a 7.3–7.7 s VAE step's kernel time for its two
+    /// strided convolutions; `benches/results/kernels/wgpu/strided_dgrad.md`) unless
+    /// `VRAMLAB_COMPOSED_KERNELS=1`. flex: never (its own is right, and the buffer costs
+    /// memory: output-gradient channels at the input's size).
+    fn spread_strided_x_backward(rank: usize, short: bool) -> bool;
     /// `x` summed over every axis but `axis`: `[x.dims[axis]]` in `x`'s dtype, a bias's gradient
     /// (per channel of a convolution's output gradient, per feature of a linear's). On CubeCL
     /// one `#[cube]` kernel that takes the shape at run time (`nn::cube::channel_sum`): Burn's
@@ -453,7 +467,7 @@ mod flex_kernels {
 }
 
 macro_rules! inner_lean_backend {
-    ($ty:ty, $workspace:expr, $kernels:ident) => {
+    ($ty:ty, $workspace:expr, $spread:expr, $kernels:ident) => {
         impl LeanBackend for $ty {
             fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
                 $kernels::channel_affine::<Self>(x, scale, shift)
@@ -490,6 +504,10 @@ macro_rules! inner_lean_backend {
             }
             fn conv_workspace_bytes() -> Option<usize> {
                 $workspace
+            }
+            fn spread_strided_x_backward(rank: usize, short: bool) -> bool {
+                let spread: fn(usize, bool) -> bool = $spread;
+                spread(rank, short)
             }
             fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self> {
                 $kernels::channel_sum::<Self>(x, axis)
@@ -544,11 +562,11 @@ macro_rules! inner_lean_backend {
 }
 
 #[cfg(feature = "flex")]
-inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), flex_kernels);
+inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), |_, _| false, flex_kernels);
 #[cfg(feature = "wgpu")]
-inner_lean_backend!(burn::backend::Wgpu, None, cube_kernels);
+inner_lean_backend!(burn::backend::Wgpu, None, |rank, short| short || (rank == 3 && !crate::nn::cube::composed()), cube_kernels);
 #[cfg(feature = "cuda")]
-inner_lean_backend!(burn::backend::Cuda, None, cube_kernels);
+inner_lean_backend!(burn::backend::Cuda, None, |_, short| short, cube_kernels);
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))
@@ -646,6 +664,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn conv_workspace_bytes() -> Option<usize> {
         B::conv_workspace_bytes()
+    }
+
+    fn spread_strided_x_backward(rank: usize, short: bool) -> bool {
+        B::spread_strided_x_backward(rank, short)
     }
 
     // The composed ops, differentiable (the bias node calls the inner backend's).
