@@ -146,9 +146,10 @@ fn spread_if_chosen<B: LeanBackend>(x: &Prim<B>, w: &Prim<B>, dy: &Prim<B>, stri
 /// the positions the stride skipped and for the padding. `None` where that offset would be
 /// negative (padding beyond the kernel's reach) or the convolution is grouped: the backend's
 /// transposed convolution then. Costs one buffer of `cout` channels at the input's size plus
-/// `d·(k−1)` per axis, and multiplies zeros (`1 − 1/Πstride` of them): worth it only where
-/// the backend's transposed convolution is much slower than its forward one
-/// ([`LeanBackend::spread_strided_x_backward`]).
+/// `d·(k−1)` per axis, and multiplies zeros (`1 − 1/Πstride` of them): taken where the
+/// backend's transposed convolution is wrong or much slower than its forward one
+/// ([`LeanBackend::spread_strided_x_backward`]). A short kernel padded beyond its reach (a 1×1
+/// conv with padding, stride 2: no model here has one) still gets the backend's.
 pub(super) fn spread_output_grad<B: Backend>(dy: &Prim<B>, input: &[usize], kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Prim<B>> {
     if groups != 1 {
         return None;
