@@ -191,7 +191,7 @@ pub(super) fn host_tensor<B: Backend, const D: usize>(dims: [usize; D], seed: u6
 #[cfg(test)]
 pub(super) fn spread_x_backward_cases<B: LeanBackend>() -> Vec<(String, bool, Vec<f32>, Vec<f32>)> {
     use burn::tensor::TensorPrimitive::Float;
-    let v = |p: Prim<B>| Tensor::<B, 1>::from_primitive(Float(B::float_reshape(p.clone(), Shape::from([p.shape().num_elements()])))).into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let v = |p: Prim<B>| super::tests::vals(Tensor::<B, 1>::from_primitive(Float(B::float_reshape(p.clone(), Shape::from([p.shape().num_elements()])))));
     let mut out = Vec::new();
     let cases3: [([usize; 5], [usize; 5], [usize; 3], [usize; 3], [usize; 3]); 5] = [
         ([2, 3, 7, 9, 8], [4, 3, 3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1]),
