@@ -14,10 +14,10 @@
 #   BUDGET_S=420 RESULTS_COPY=$OUT BIN=<stripped prebuilt binary> FIXTURE_DIR=<copied oracle dir> \
 #     WHEELS_DIR=<wheels> bash benches/gpu_vs_pytorch.sh
 # BUDGET_S caps the whole run (each process gets what is left; rows that no longer fit are recorded
-# as not run); after every row the table is rewritten and, with RESULTS_COPY, the results folder
-# (table, raw.jsonl, parity, each row's records under rows/<row>/) is copied there flat, the rows'
-# kernel caches as one kernel_cache.tgz (the device tool returns files one folder deep), so a run
-# killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
+# as not run); after every row the table is rewritten and, with RESULTS_COPY, copied there as
+# table.md, results.tgz (the results folder: table, raw.jsonl, parity, each row's records under
+# rows/<row>/) and kernel_cache.tgz (the rows' kernel caches): three files, as the device tool
+# returns at most 8; so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
 # kernel_cache folder or .tgz> lets a later run start warm. After the three most important rows,
 # while the budget lasts, the VAE row again through benches/kernels.sh (into kernels/):
 # BIN_FUSION=<a `cuda,fusion` build, maybe .xz> with Burn's fusion and our kernels as custom
@@ -126,16 +126,18 @@ parity() {
   sed -i "s|$fixtures|FIXTURE_DIR|g" "$out/parity.txt"
 }
 
-# The results folder into RESULTS_COPY, flat: the device tool returns files one folder deep only,
-# so `rows/<row>/f` becomes `rows__<row>__f` (`rows/`, not `runs/`: git ignores that name), and
-# the kernel caches go as one `kernel_cache.tgz` (KERNEL_CACHE_SEED takes that file as it is).
+# The results folder into RESULTS_COPY as three files, whatever the number of rows: the device
+# tool returns at most 8 files (one folder deep), and a flat copy of every row's records once
+# outgrew that and lost the table. `table.md` to read at once; `results.tgz`, the results folder
+# without its kernel caches (`tar xzf results.tgz -C benches/results/gpu_vs_pytorch` puts it in
+# place); `kernel_cache.tgz`, the rows' kernel caches (KERNEL_CACHE_SEED takes that file as it is).
+# Each is written to a `.part` name and renamed, so a run killed mid-copy leaves the last whole one.
 copy_out() {
   [ -n "${RESULTS_COPY:-}" ] || return 0
   mkdir -p "$RESULTS_COPY"
-  local f
-  while IFS= read -r f; do
-    cp "$out/$f" "$RESULTS_COPY/${f//\//__}"
-  done < <(cd "$out" && find . -type f ! -path './kernel_cache/*' | sed 's|^\./||')
+  cp "$out/table.md" "$RESULTS_COPY/table.md.part" && mv "$RESULTS_COPY/table.md.part" "$RESULTS_COPY/table.md"
+  tar czf "$RESULTS_COPY/results.tgz.part" -C "$(dirname "$out")" --exclude=kernel_cache --exclude=autotune_seed \
+    "$(basename "$out")" && mv "$RESULTS_COPY/results.tgz.part" "$RESULTS_COPY/results.tgz"
   if [ -d "$out/kernel_cache" ]; then
     tar czf "$RESULTS_COPY/kernel_cache.tgz.part" -C "$out" kernel_cache && mv "$RESULTS_COPY/kernel_cache.tgz.part" "$RESULTS_COPY/kernel_cache.tgz"
   fi

@@ -265,7 +265,7 @@ vp_run_rows() {
     else
       vp_report error-record "$row" --backend "torch-$torch_dev" --device "$device_name" --rc "$rc" --log "$work/torch.log" --out "$raw" >/dev/null
     fi
-    vp_log "$row: $(vp_summary "$raw" torch)"
+    vp_log "$row: $(vp_summary "$raw" torch "$row")"
 
     # vramlab: a fresh empty kernel cache (cold), then on cuda a second process on the same cache (warm).
     local args
@@ -284,8 +284,11 @@ vp_run_rows() {
     local load_before
     load_before=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo 0)
     rc=0
+    local t0 why=""
+    t0=$(date +%s)
     timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps="$steps" --output_dir="$work/run" \
       >"$work/vramlab.log" 2>&1 || rc=$?
+    case "$rc" in 124|137) why="stopped at its time limit after $(( $(date +%s) - t0 )) s" ;; esac
     if [ "$mode" = cuda ] && [ "$rc" = 0 ]; then
       vp_log "$row: vramlab $backend warm (second process, same kernel cache)"
       local wrc=0
@@ -294,9 +297,9 @@ vp_run_rows() {
       warm_opts=(--warm-dir "$work/run_warm" --warm-rc "$wrc" --warm-log "$work/vramlab_warm.log")
     fi
     vp_report vramlab-record "$row" "$work/run" --backend "vramlab-$backend" --device "$device_name" \
-      --version "$VP_BIN_VERSION" --rc "$rc" --log "$work/vramlab.log" --load-before "$load_before" \
+      --version "$VP_BIN_VERSION" --rc "$rc" --why "$why" --log "$work/vramlab.log" --load-before "$load_before" \
       "${warm_opts[@]}" --out "$raw" >/dev/null || true
-    vp_log "$row: $(vp_summary "$raw" vramlab)"
+    vp_log "$row: $(vp_summary "$raw" vramlab "$row")"
     vp_after_row "$row"
   done
 }
@@ -316,12 +319,13 @@ vp_left() {
 # Called after each row (recorded or skipped); a script overrides it to write its table as it goes.
 vp_after_row() { :; }
 
-# One line about the last record of a side in raw.jsonl.
+# One line about the last record of a side (and row) in raw.jsonl: vp_summary RAW SIDE ROW.
 vp_summary() {
-  "$(vp_report_py)" - "$1" "$2" <<'PY'
+  "$(vp_report_py)" - "$1" "$2" "$3" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-r = [x for x in recs if x["backend"].startswith(sys.argv[2])][-1]
+mine = [x for x in recs if x["backend"].startswith(sys.argv[2]) and x.get("name") == sys.argv[3]]
+r = mine[-1] if mine else {"backend": sys.argv[2], "error": "no record written"}
 if "error" in r:
     print(f"{r['backend']}: {r['error']}")
 else:

@@ -73,6 +73,8 @@ def vramlab_record(a) -> dict:
         why = a.why or ("timed out" if a.rc in (124, 137) else f"exit status {a.rc}")
         if not recs and a.rc in (None, 0):
             why = "no metrics.jsonl"
+        elif a.rc in (124, 137):
+            why += f"; {len(recs)} step(s) finished" if recs else "; step 1 had not finished"
         return {**base, "error": why, "steps_done": len(recs), "tail": tail(a.log)}
     timed = recs[2:] if len(recs) >= 3 else recs[-1:]
     compute = [r["step_time_s"] - r.get("data_wait_s", 0.0) for r in timed]
@@ -318,6 +320,7 @@ def main() -> int:
     p.add_argument("--warm-dir", type=Path)
     p.add_argument("--warm-rc", type=int)
     p.add_argument("--warm-log", type=Path)
+    p.add_argument("--why", default="", help="the reason to record when the run failed (e.g. killed at its time limit after N s)")
     p.add_argument("--out", type=Path)
     p = sub.add_parser("error-record")
     p.add_argument("row", choices=sorted(rowdefs.ROWS))
