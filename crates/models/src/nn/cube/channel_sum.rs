@@ -1,7 +1,8 @@
 //! The sum of a tensor over every axis but one, per index of that axis: a bias's gradient (per
 //! output channel of a convolution, per output feature of a linear layer). `x` is read as
 //! `[outer, c, inner]` (contiguous); one cube per channel sums its `outer · inner` elements in
-//! f32 and writes the total in `x`'s dtype. The same kernel takes the mean of a whole tensor
+//! f32 and writes the total in `x`'s dtype; a channels-last `[n, c, s…]` is read in place as
+//! `[n·S, c, 1]`. The same kernel takes the mean of a whole tensor
 //! (the losses' means) in two launches.
 //!
 //! Burn computes it as two reductions (`sum_dim` over `inner`, then over `outer`), each an
@@ -15,7 +16,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{BLOCK, contiguous, cube_row, cube_sum, empty, row_cubes};
+use super::{BLOCK, channel_layout, contiguous, cube_row, cube_sum, empty, row_cubes};
 
 /// Cube `c` (of `channels`): `out[c] = scale · Σ_o Σ_i x[(o · channels + c) · inner + i]`,
 /// accumulated in f32, written in `out`'s dtype.
@@ -54,11 +55,19 @@ fn sum_rows<R: CubeRuntime>(x: CubeTensor<R>, (outer, channels, inner): (usize, 
 }
 
 /// `x` summed over every axis but `axis`: `[x.dims[axis]]`, in `x`'s dtype (accumulated in f32).
+/// A channels-last `[n, c, s…]` (a convolution's output gradient as Burn's convolutions return
+/// it on CubeCL, [`ChannelLayout`](super::ChannelLayout)) is read as it lies, `[n·S, c, 1]`,
+/// instead of being copied.
 pub fn channel_sum<R: CubeRuntime>(x: CubeTensor<R>, axis: usize) -> CubeTensor<R> {
-    let x = contiguous(x);
     let dims = x.meta.shape().to_vec();
     let dtype = x.dtype;
-    sum_rows(x, crate::nn::around_axis(&dims, axis), 1.0, dtype)
+    if axis == 1 && dims.len() > 2 {
+        let (x, layout) = channel_layout(x);
+        let (c, s) = (dims[1], dims[2..].iter().product::<usize>());
+        let rows = if layout.is_last() { (dims[0] * s, c, 1) } else { (dims[0], c, s) };
+        return sum_rows(x, rows, 1.0, dtype);
+    }
+    sum_rows(contiguous(x), crate::nn::around_axis(&dims, axis), 1.0, dtype)
 }
 
 /// The mean of all of `x`: `[1]` in `x`'s dtype. Two launches: one cube per row of the last two

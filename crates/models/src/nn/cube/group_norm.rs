@@ -7,38 +7,45 @@
 //! `z` recomputed from the input and the kept statistics. The node's saved state is the one
 //! of `lean::norm` (input + per-group mean and 1/std); formulas in that file's header.
 //!
-//! `x: [n, c, s…]` is read as `[n, c, S]` (contiguous); groups are contiguous runs of
-//! `c/groups · S` elements.
+//! `x: [n, c, s…]` is read as `[n, c, S]`, channels first or channels last
+//! ([`ChannelLayout`](super::ChannelLayout): the latter is what Burn's convolutions return on CubeCL); `y` and `dx`
+//! are written in `x`'s layout, `dy` is read in its own. Any other layout is copied to
+//! channels first.
 
 use burn::tensor::DType;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{BLOCK, contiguous, cube_row, cube_sum, elem_cubes, empty, f32_of, row_cubes};
+use super::{BLOCK, channel_layout, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
 
-/// One cube per group of `len` contiguous elements: its mean and `1/sqrt(var + eps)`.
+/// One cube per `(sample, group)` of `len` elements: its mean and `1/sqrt(var + eps)`. Element
+/// `k` of group `g` of sample `n` is at `n·sample + g·group + k % inner + (k / inner)·outer`:
+/// channels first, the group is one run (`inner = len`); channels last, runs of `c/groups`
+/// channels `c` apart.
 #[cube(launch)]
-fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, eps: f32, #[define(F)] _dtype: StorageType) {
+#[allow(clippy::too_many_arguments)]
+fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, eps: f32, #[define(F)] _dtype: StorageType) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
     }
     let len = len as usize;
-    let base = row * len;
+    let (inner, outer) = (inner as usize, outer as usize);
+    let base = (row / groups as usize) * sample as usize + (row % groups as usize) * group as usize;
     let u = UNIT_POS_X as usize;
     let mut shared = SharedMemory::<f32>::new(BLOCK);
     let mut s = 0.0f32;
     let mut i = u;
     while i < len {
-        s += f32::cast_from(x[base + i]);
+        s += f32::cast_from(x[base + i % inner + (i / inner) * outer]);
         i += BLOCK;
     }
     let mu = cube_sum(s, &mut shared) / f32::cast_from(len);
     let mut q = 0.0f32;
     let mut j = u;
     while j < len {
-        let d = f32::cast_from(x[base + j]) - mu;
+        let d = f32::cast_from(x[base + j % inner + (j / inner) * outer]) - mu;
         q += d * d;
         j += BLOCK;
     }
@@ -62,17 +69,16 @@ fn silu_grad(z: f32, dy: f32) -> f32 {
     dy * s * (z * (1.0f32 - s) + 1.0f32)
 }
 
-/// One unit per element: `y = act((x − mean) · rstd · w + b)`.
+/// One unit per element of `x` and `y` (one layout): `y = act((x − mean) · rstd · w + b)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
+fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, sample: u32, channel: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
     let i = ABSOLUTE_POS;
     if i >= y.len() {
         terminate!();
     }
-    let row = i / spatial as usize;
-    let ch = row % channels as usize;
-    let grp = row / cpg as usize;
+    let ch = (i / channel as usize) % channels as usize;
+    let grp = ((i / sample as usize) * channels as usize + ch) / cpg as usize;
     let z = (f32::cast_from(x[i]) - mean[grp]) * rstd[grp] * w[ch] + b[ch];
     let mut out = z;
     if act {
@@ -81,10 +87,11 @@ fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>,
     y[i] = F::cast_from(out);
 }
 
-/// One cube per `(sample, channel)` row of `spatial` elements: `Σ g` and `Σ g · x̂`.
+/// One cube per `(sample, channel)` row of `spatial` elements: `Σ g` and `Σ g · x̂`. `x`'s
+/// element `(n, c, s)` is at `n·sample + c·x_c + s·x_s`, `dy`'s at `n·sample + c·dy_c + s·dy_s`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, sample: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
@@ -93,13 +100,15 @@ fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tenso
     let ch = row % channels as usize;
     let grp = row / cpg as usize;
     let (mu, r, wc, bc) = (mean[grp], rstd[grp], w[ch], b[ch]);
-    let base = row * spatial;
+    let n0 = (row / channels as usize) * sample as usize;
+    let (xb, dyb) = (n0 + ch * x_c as usize, n0 + ch * dy_c as usize);
+    let (x_s, dy_s) = (x_s as usize, dy_s as usize);
     let mut s1 = 0.0f32;
     let mut s2 = 0.0f32;
     let mut i = UNIT_POS_X as usize;
     while i < spatial {
-        let xh = (f32::cast_from(x[base + i]) - mu) * r;
-        let mut g = f32::cast_from(dy[base + i]);
+        let xh = (f32::cast_from(x[xb + i * x_s]) - mu) * r;
+        let mut g = f32::cast_from(dy[dyb + i * dy_s]);
         if act {
             g = silu_grad(xh * wc + bc, g);
         }
@@ -149,20 +158,22 @@ fn finish_kernel(sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, w: &Tensor<f32>, m1:
     }
 }
 
-/// One unit per element: `dx = (g · w − m1 − x̂ · m2) · rstd`.
+/// One unit per element of `x` and `dx` (one layout): `dx = (g · w − m1 − x̂ · m2) · rstd`;
+/// `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, spatial: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
     let i = ABSOLUTE_POS;
     if i >= dx.len() {
         terminate!();
     }
-    let row = i / spatial as usize;
-    let ch = row % channels as usize;
-    let grp = row / cpg as usize;
+    let n = i / sample as usize;
+    let ch = (i / x_c as usize) % channels as usize;
+    let sp = (i / x_s as usize) % spatial as usize;
+    let grp = (n * channels as usize + ch) / cpg as usize;
     let r = rstd[grp];
     let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
-    let mut g = f32::cast_from(dy[i]);
+    let mut g = f32::cast_from(dy[n * sample as usize + ch * dy_c as usize + sp * dy_s as usize]);
     if act {
         g = silu_grad(xh * w[ch] + b[ch], g);
     }
@@ -192,7 +203,7 @@ impl Dims {
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
 /// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not).
 pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    let x = contiguous(x);
+    let (x, layout) = channel_layout(x);
     let (w, b) = (f32_of(weight), f32_of(bias));
     let dims = x.meta.shape().to_vec();
     let d = Dims::of(&dims, groups);
@@ -202,8 +213,11 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, dim) = row_cubes(rows);
-    stats_kernel::launch::<R>(&client, count, dim, x.clone().into_tensor_arg(), mean.clone().into_tensor_arg(), rstd.clone().into_tensor_arg(), rows as u32, d.len() as u32, eps as f32, dtype);
-    let y = empty(&x, dims, x.dtype);
+    // A group's elements: one run channels first; `c/groups`-channel runs `c` apart channels last.
+    let (inner, outer) = if layout.is_last() { (d.cpg(), d.c) } else { (d.len(), 0) };
+    let (sample, group) = ((d.c * d.spatial) as u32, (d.cpg() * layout.channel) as u32);
+    stats_kernel::launch::<R>(&client, count, dim, x.clone().into_tensor_arg(), mean.clone().into_tensor_arg(), rstd.clone().into_tensor_arg(), rows as u32, d.len() as u32, groups as u32, sample, group, inner as u32, outer as u32, eps as f32, dtype);
+    let y = empty_in(&x, dims, x.dtype, layout);
     let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
     apply_kernel::launch::<R>(
         &client,
@@ -215,7 +229,8 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
         w.into_tensor_arg(),
         b.into_tensor_arg(),
         y.clone().into_tensor_arg(),
-        d.spatial as u32,
+        sample,
+        layout.channel as u32,
         d.c as u32,
         d.cpg() as u32,
         silu,
@@ -227,12 +242,13 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
 /// The backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims and dtype, the others f32 `[c]`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, groups: usize, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    let x = contiguous(x);
-    let dy = contiguous(dy);
+    let (x, xl) = channel_layout(x);
+    let (dy, dyl) = channel_layout(dy);
     let (mean, rstd) = (f32_of(mean), f32_of(rstd));
     let (w, b) = (f32_of(weight), f32_of(bias));
     let dims = x.meta.shape().to_vec();
     let d = Dims::of(&dims, groups);
+    let sample = (d.c * d.spatial) as u32;
     let client = x.client.clone();
     let dtypes: [StorageType; 2] = [x.dtype.into(), dy.dtype.into()];
     let rows = d.n * d.c;
@@ -255,6 +271,11 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         d.spatial as u32,
         d.c as u32,
         d.cpg() as u32,
+        sample,
+        xl.channel as u32,
+        xl.spatial as u32,
+        dyl.channel as u32,
+        dyl.spatial as u32,
         silu,
         dtypes,
     );
@@ -279,7 +300,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         groups as u32,
         d.len() as u32,
     );
-    let dx = empty(&x, dims, x.dtype);
+    let dx = empty_in(&x, dims, x.dtype, xl);
     let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
     dx_kernel::launch::<R>(
         &client,
@@ -294,9 +315,14 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         m1.into_tensor_arg(),
         m2.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
+        sample,
         d.spatial as u32,
         d.c as u32,
         d.cpg() as u32,
+        xl.channel as u32,
+        xl.spatial as u32,
+        dyl.channel as u32,
+        dyl.spatial as u32,
         silu,
         dtypes,
     );

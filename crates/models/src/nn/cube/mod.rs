@@ -159,6 +159,66 @@ pub(crate) fn contiguous<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     burn_cubecl::kernel::into_contiguous(x)
 }
 
+/// Where element `(n, c, s)` of an `[n, c, s…]` tensor lies in its buffer (`s` the flattened
+/// spatial index, `S` spatial elements, `C` channels), for the two dense layouts the kernels
+/// read and write: `n·C·S + c·channel + s·spatial`. Channels first (`[n, c, s…]` contiguous):
+/// `channel = S`, `spatial = 1`. Channels last (`[n, s…, c]` contiguous, seen as `[n, c, s…]`):
+/// `channel = 1`, `spatial = C`; what Burn's convolutions return on CubeCL (they compute
+/// channels-last and permute the view back), and what a kernel given such a tensor returns, so
+/// that the next convolution's own permute to channels-last finds its input contiguous instead
+/// of copying it. Both are runtime scalars of the same compiled kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChannelLayout {
+    pub channel: usize,
+    pub spatial: usize,
+}
+
+impl ChannelLayout {
+    /// Channels last, told apart from channels first only where both differ (`S > 1`, `C > 1`).
+    pub fn is_last(self) -> bool {
+        self.channel == 1 && self.spatial != 1
+    }
+}
+
+/// Whether `strides` are those of `shape` laid out contiguously with its dims in `order`
+/// (outermost first); dims of size 1 may have any stride.
+fn dense_in_order(shape: &[usize], strides: &[usize], order: impl DoubleEndedIterator<Item = usize>) -> bool {
+    let mut expected = 1;
+    for d in order.rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    true
+}
+
+/// `x` (`[n, c, s…]`, rank ≥ 2) in one of the two [`ChannelLayout`]s: as it is when it is in
+/// one (channels first preferred when it is both), else copied to channels first.
+pub(crate) fn channel_layout<R: CubeRuntime>(x: CubeTensor<R>) -> (CubeTensor<R>, ChannelLayout) {
+    let (shape, strides) = (x.meta.shape().to_vec(), x.meta.strides().to_vec());
+    let rank = shape.len();
+    let (c, s) = (shape[1], shape[2..].iter().product::<usize>());
+    if dense_in_order(&shape, &strides, 0..rank) {
+        return (x, ChannelLayout { channel: s, spatial: 1 });
+    }
+    if rank > 2 && dense_in_order(&shape, &strides, std::iter::once(0).chain(2..rank).chain(std::iter::once(1))) {
+        return (x, ChannelLayout { channel: 1, spatial: c });
+    }
+    (contiguous(x), ChannelLayout { channel: s, spatial: 1 })
+}
+
+/// An uninitialised `[n, c, s…]` tensor like `like`, in `layout` (see [`ChannelLayout`]).
+pub(crate) fn empty_in<R: CubeRuntime>(like: &CubeTensor<R>, dims: Vec<usize>, dtype: DType, layout: ChannelLayout) -> CubeTensor<R> {
+    if !layout.is_last() {
+        return empty(like, dims, dtype);
+    }
+    let rank = dims.len();
+    let stored: Vec<usize> = std::iter::once(dims[0]).chain(dims[2..].iter().copied()).chain(std::iter::once(dims[1])).collect();
+    let axes: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
+    burn_cubecl::ops::permute(empty(like, stored, dtype), &axes)
+}
+
 /// `x` as f32 (a cast kernel only when it is not f32 already): per-channel parameters.
 pub(crate) fn f32_of<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     contiguous(burn_cubecl::kernel::cast(x, DType::F32))

@@ -43,8 +43,26 @@ fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
     assert!(e <= tol, "{name}: relative error {e:e} > {tol:e}");
 }
 
+/// `x` (`[n, c, s…]`) with the same values stored channels last (`[n, s…, c]` contiguous, the
+/// view permuted back): how Burn's convolutions return their results on CubeCL.
+fn channels_last(x: Prim<W>) -> Prim<W> {
+    let rank = x.meta.shape().num_dims();
+    let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
+    let back: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
+    let stored = burn_cubecl::kernel::into_contiguous(burn_cubecl::ops::permute(x, &to_last));
+    burn_cubecl::ops::permute(stored, &back)
+}
+
+/// Whether `x`'s buffer holds it channels last (and not channels first).
+fn is_channels_last(x: &Prim<W>) -> bool {
+    let (shape, strides) = (x.meta.shape(), x.meta.strides());
+    strides[1] == 1 && strides[shape.num_dims() - 1] == shape[1] && !x.is_contiguous()
+}
+
 /// The GroupNorm kernels' forward (output, mean, 1/std) and backward (dx, dweight, dbias)
-/// against the composed ops on the same inputs and statistics.
+/// against the composed ops on the same inputs and statistics; `x` and `dy` each stored
+/// channels first and channels last (the output and `dx` keep `x`'s layout, so the convolution
+/// after them finds its input channels last, as it computes, and copies nothing).
 fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
     let c = dims[1];
     for act in [NormAct::None, NormAct::Silu] {
@@ -52,17 +70,23 @@ fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
         let (x0, w0, b0) = (p(random::<W, D>(dims, 11)), p(random::<W, 1>([c], 12) * 0.5 + 1.0), p(random::<W, 1>([c], 13) * 0.5));
         let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
         let dy = p(random::<W, D>(dims, 14));
-        let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
         let (cy, cm, cr) = burn_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
-        let at = format!("{dims:?} groups {groups} {act:?}");
-        close(&format!("output {at}"), ky, cy, 1e-5);
-        close(&format!("mean {at}"), km.clone(), cm, 1e-5);
-        close(&format!("rstd {at}"), kr.clone(), cr, 1e-5);
-        let (kx, kw, kb) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy.clone(), groups, act);
-        let (cx, cw, cb) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy, groups, act);
-        close(&format!("dx {at}"), kx, cx, 1e-5);
-        close(&format!("dweight {at}"), kw, cw, 1e-5);
-        close(&format!("dbias {at}"), kb, cb, 1e-5);
+        let (cx, cw, cb) = burn_kernels::group_norm_backward::<W>(x(), cm.clone(), cr.clone(), w(), b(), dy.clone(), groups, act);
+        for (x_last, dy_last) in [(false, false), (true, false), (false, true), (true, true)] {
+            let xin = if x_last { channels_last(x()) } else { x() };
+            let dyin = if dy_last { channels_last(dy.clone()) } else { dy.clone() };
+            let at = format!("{dims:?} groups {groups} {act:?} x channels {} dy channels {}", if x_last { "last" } else { "first" }, if dy_last { "last" } else { "first" });
+            let (ky, km, kr) = cube_kernels::group_norm::<W>(xin.clone(), w(), b(), groups, 1e-5, act);
+            assert_eq!(is_channels_last(&ky), is_channels_last(&xin), "output layout {at}");
+            close(&format!("output {at}"), ky, cy.clone(), 1e-5);
+            close(&format!("mean {at}"), km.clone(), cm.clone(), 1e-5);
+            close(&format!("rstd {at}"), kr.clone(), cr.clone(), 1e-5);
+            let (kx, kw, kb) = cube_kernels::group_norm_backward::<W>(xin.clone(), km, kr, w(), b(), dyin, groups, act);
+            assert_eq!(is_channels_last(&kx), is_channels_last(&xin), "dx layout {at}");
+            close(&format!("dx {at}"), kx, cx.clone(), 1e-5);
+            close(&format!("dweight {at}"), kw, cw.clone(), 1e-5);
+            close(&format!("dbias {at}"), kb, cb.clone(), 1e-5);
+        }
     }
 }
 
@@ -153,6 +177,9 @@ fn channel_sum_kernel_and_bias_gradients_match_burns() {
         let x = p(random::<W, 1>([dims.iter().product::<usize>()], 71));
         let x = <W as FloatTensorOps<W>>::float_reshape(x, burn::tensor::Shape::from(dims.clone()));
         close(&format!("channel sum {dims:?} axis {axis}"), cube_kernels::channel_sum::<W>(x.clone(), axis), burn_kernels::channel_sum::<W>(x.clone(), axis), 1e-5);
+        if axis == 1 && dims.len() > 2 {
+            close(&format!("channel sum, channels last, {dims:?}"), cube_kernels::channel_sum::<W>(channels_last(x.clone()), axis), burn_kernels::channel_sum::<W>(x.clone(), axis), 1e-5);
+        }
         let h = <W as FloatTensorOps<W>>::float_cast(x, FloatDType::F16);
         let k = cube_kernels::channel_sum::<W>(h.clone(), axis);
         assert_eq!(k.dtype(), burn::tensor::DType::F16);
