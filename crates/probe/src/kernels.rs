@@ -39,6 +39,8 @@
 //!   is slower than an untimed one and its kernels do not overlap, so the times say where a step
 //!   goes kernel by kernel, not what the untimed step takes.
 //!
+//! - **trace** (opt-in, `VRAMLAB_KERNEL_TRACE=<file>`): every launch's kernel name in order.
+//!
 //! Time spent compiling kernels outside autotune is not logged by CubeCL with a duration; reports
 //! infer it from step 1's time over the steady step and say so.
 
@@ -277,6 +279,27 @@ fn classify(target: &str, level: log::Level, args: &fmt::Arguments) {
     }
 }
 
+/// `VRAMLAB_KERNEL_TRACE=<file>`: every launch's kernel name, one per line in launch order,
+/// appended to that file (to see which kernels an op launches, e.g. the copies around a
+/// convolution); unset, nothing is written.
+fn trace(name: &str) {
+    use std::io::Write;
+    static FILE: std::sync::OnceLock<Option<Mutex<std::io::LineWriter<std::fs::File>>>> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let path = std::env::var_os("VRAMLAB_KERNEL_TRACE").filter(|p| !p.is_empty())?;
+        match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+            Ok(f) => Some(Mutex::new(std::io::LineWriter::new(f))),
+            Err(e) => {
+                eprintln!("vramlab: VRAMLAB_KERNEL_TRACE={}: {e}; no kernel trace", std::path::Path::new(&path).display());
+                None
+            }
+        }
+    });
+    if let Some(f) = file {
+        let _ = writeln!(f.lock().unwrap_or_else(|p| p.into_inner()), "{name}");
+    }
+}
+
 /// One launch line: `Executing <kernel>` or `| <duration> | <kernel>` (its duration added to
 /// the kernel's time). The per-kernel count is updated before the total, so a reading never
 /// shows more launches in total than by kernel.
@@ -286,6 +309,7 @@ fn count_launch(args: &fmt::Arguments) {
         Some(name) => (name, 0),
         None => text[2..].split_once(" | ").map_or(("?", 0), |(d, name)| (name, parse_duration(d).map_or(0, |d| d.as_nanos() as u64))),
     };
+    trace(name);
     let mut map = BY_KERNEL.lock().unwrap_or_else(|p| p.into_inner());
     let map = map.get_or_insert_with(HashMap::new);
     match map.get_mut(name) {

@@ -11,7 +11,9 @@
 //! - [`channel_sum`]: the sum over every axis but one (the bias gradients of the convolution
 //!   and linear nodes), one launch and one compilation for every shape;
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
-//!   one launch each, nothing uploaded or stored.
+//!   one launch each, nothing uploaded or stored;
+//! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
+//!   (as the convolution reads it) in one launch.
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
@@ -35,6 +37,7 @@ mod fusion;
 pub mod group_norm;
 pub mod layer_norm;
 pub mod softmax;
+pub mod weight;
 
 /// Units per cube of the reducing kernels (one cube per group / channel / row).
 pub(crate) const BLOCK: usize = 256; // `cube_sum` and `softmax::cube_max` halve it eight times

@@ -164,6 +164,22 @@ fn softmax_kernels_and_node_match_the_composed_ops() {
     }
 }
 
+/// The flipped weight of the stride-1 input gradient: the kernel's (one launch, stored channels
+/// last) equals Burn's swap-and-flip exactly, for conv1d/2d/3d kernels, 1×1 and one output
+/// channel included.
+#[test]
+fn flipped_weight_kernel_equals_the_composed_flip() {
+    for dims in [vec![5, 3, 4], vec![6, 4, 3, 3], vec![7, 2, 3, 2, 5], vec![8, 16, 1, 1], vec![1, 3, 3, 3]] {
+        let n = dims.iter().product::<usize>();
+        let w = <W as burn::tensor::ops::FloatTensorOps<W>>::float_reshape(p(random::<W, 1>([n], 90)), burn::tensor::Shape::from(dims.clone()));
+        let k = cube_kernels::flipped_weight::<W>(w.clone());
+        if dims[0] > 1 && dims[2..].iter().product::<usize>() > 1 {
+            assert!(is_channels_last(&k), "{dims:?}: stored channels last");
+        }
+        close(&format!("flipped weight {dims:?}"), k, burn_kernels::flipped_weight::<W>(w), 0.0);
+    }
+}
+
 /// The per-channel sum kernel (bias gradients, and in two launches a whole tensor's mean)
 /// against Burn's reductions: channel axes first,
 /// middle and last, cubes ragged against 256 units (one channel, a thousand, 1-sized ends);

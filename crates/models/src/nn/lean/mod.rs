@@ -279,7 +279,7 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{bias_add, channel_affine, conv2d, conv3d, flipped_weight, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub use burn_kernels::{bias_add, channel_affine, conv2d, conv3d, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
     pub fn channel_sum<B: CubeLaunch>(x: Prim<B>, axis: usize) -> Prim<B> {
         if cube::composed() {
             return burn_kernels::channel_sum::<B>(x, axis);
@@ -287,6 +287,16 @@ mod cube_kernels {
         let out = OutSpec::new(vec![x.shape()[axis]], x.dtype());
         let [s] = B::cube_op("vramlab.channel_sum", [x], [out], move |[x]| [cube::channel_sum::channel_sum(x, axis)]);
         s
+    }
+    pub fn flipped_weight<B: CubeLaunch>(w: Prim<B>) -> Prim<B> {
+        if cube::composed() {
+            return burn_kernels::flipped_weight::<B>(w);
+        }
+        let mut dims = dims_of::<B>(&w);
+        dims.swap(0, 1);
+        let out = OutSpec::new(dims, w.dtype());
+        let [f] = B::cube_op("vramlab.flipped_weight", [w], [out], |[w]| [cube::weight::flipped(w)]);
+        f
     }
     pub fn dropout_on_device() -> bool {
         !cube::composed()
