@@ -570,16 +570,22 @@ mod tests {
     use super::*;
     use burn::backend::Flex;
     use burn::tensor::ops::ModuleOps;
-    use burn::prelude::Backend;
     use burn::tensor::ops::FloatTensorOps;
-    use burn::tensor::{Distribution, FloatDType, Tensor, TensorPrimitive};
+    use burn::tensor::{FloatDType, Tensor, TensorPrimitive};
 
     type B = Flex;
 
+    /// Uniform(-1, 1) values from `seed` alone, drawn on the host (an LCG): seeding the
+    /// device's generator and drawing from it races with tests seeding it in parallel.
     fn rand(shape: [usize; 5], seed: u64) -> T {
-        let device = Default::default();
-        B::seed(&device, seed);
-        Tensor::<B, 5>::random(shape, Distribution::Uniform(-1.0, 1.0), &device).into_primitive().tensor()
+        let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+        let values: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::<B, 5>::from_data(burn::tensor::TensorData::new(values, shape), &Default::default()).into_primitive().tensor()
     }
 
     fn vals(t: T) -> Vec<f32> {
