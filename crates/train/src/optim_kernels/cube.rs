@@ -55,6 +55,61 @@ fn tensor<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: Cu
 #[cfg(test)]
 pub(super) static IN_PLACE: std::sync::Mutex<std::collections::BTreeMap<usize, [bool; 3]>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+/// Whether `t`'s elements fill its buffer without a gap in some order of its dims: contiguous,
+/// or a permutation of a contiguous buffer (on CubeCL a convolution's weight gradient is the
+/// channels-last buffer its kernel wrote, seen as `[out, in, k…]`; a linear layer's is a
+/// transposed matmul output).
+fn dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let mut dims: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] != 1).collect();
+    dims.sort_by_key(|&d| strides[d]);
+    let mut expected = 1;
+    for d in dims {
+        if strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    true
+}
+
+/// `t`'s buffer seen as one dimension (`t` [`dense`]): its elements in memory order.
+fn flat<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
+    let n = t.meta.num_elements();
+    t.meta = Box::new(cubecl::zspace::metadata::Metadata::new([n], [1]));
+    t
+}
+
+/// A gradient as the update reads it: flat when contiguous; as it is when [`dense`] in another
+/// order (the kernel reads it through its strides, [`strided`]); copied contiguous otherwise.
+/// The permuted gradients of convolutions and linear layers were a copy each (VAE ultra: 32 a
+/// step).
+fn grad_layout<R: CubeRuntime>(g: CubeTensor<R>) -> CubeTensor<R> {
+    if g.is_contiguous() {
+        flat(g)
+    } else if dense(&g) {
+        g
+    } else {
+        flat(burn_cubecl::kernel::into_contiguous(g))
+    }
+}
+
+/// Where element `i` (row-major over `t`'s shape) lies in `t`'s buffer: `i` itself for a flat
+/// tensor.
+#[cube]
+fn strided(t: &Tensor<f32>, i: usize) -> usize {
+    let rank = t.rank();
+    let mut rem = i;
+    let mut offset = 0;
+    for j in 0..rank {
+        let d = rank - 1 - j;
+        let size = t.shape(d);
+        offset += (rem % size) * t.stride(d);
+        rem /= size;
+    }
+    offset
+}
+
 /// Whether the kernel may write `t`'s buffer: no other tensor holds it.
 fn ours<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     t.can_mut() && t.is_contiguous()
@@ -72,12 +127,12 @@ pub(super) fn kernel_takes<B: burn::tensor::backend::Backend, const D: usize>(p:
 /// buffers are ours alone (see the module docs), into new buffers otherwise.
 fn prepare<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
-    g: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
+    g: CubeTensor<R>,
     moments: Option<(BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>)>,
     h: &AdamUpdate,
 ) -> Held<R> {
     let n = p.shape().num_elements();
-    let (p, g) = (prim(p), prim(g));
+    let (p, g) = (prim(p), grad_layout(g));
     let moments = moments.map(|(m, v)| (prim(m), prim(v)));
     // Decided before any clone below (a clone holds the handle too).
     let p_ours = ours(&p);
@@ -90,10 +145,10 @@ fn prepare<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     Held { p, g, mv: moments, fresh, h: *h }
 }
 
-/// [`prepare`]d and launched at once, alone: one launch.
+/// [`prepare`]d and launched at once, alone: one launch. `g`: any layout, `p`'s shape.
 pub(super) fn adam_update_f32<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     p: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
-    g: BurnTensor<CubeBackend<R, F, I, BT>, 1>,
+    g: CubeTensor<R>,
     moments: Option<(BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>)>,
     h: &AdamUpdate,
 ) -> (BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>, BurnTensor<CubeBackend<R, F, I, BT>, 1>) {
@@ -166,7 +221,7 @@ fn adam_many_kernel(
         let mut i = ABSOLUTE_POS;
         while i < n {
             let mut pi = p[i];
-            let mut gi = g[i];
+            let mut gi = g[strided(g, i)];
             let mut mi = gi;
             let mut vi = gi;
             if !first {
@@ -365,12 +420,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         if g.dtype() != DType::F32 || n == 0 || n > u32::MAX as usize || composed() {
             return sq_sum_tensors(g, acc);
         }
-        // Contiguous for the kernel, and handed back so for the update; summed with the next
-        // gradients, a group at a time.
-        let g = burn_cubecl::kernel::into_contiguous(g.into_primitive().tensor());
+        // Summed in memory order (any order will do), so a gradient dense in another order than
+        // contiguous is read as it is, not copied, and handed back so for the update
+        // (`grad_layout`); summed with the next gradients, a group at a time.
+        let g = g.into_primitive().tensor();
+        let g = if dense(&g) { g } else { burn_cubecl::kernel::into_contiguous(g) };
         let group = group_sizes(&g.client).1;
+        acc.pending.push(tensor(flat(g.clone())));
         let g = BurnTensor::<Self, D>::from_primitive(TensorPrimitive::Float(g));
-        acc.pending.push(g.clone().reshape([n]));
         if acc.pending.len() >= group {
             sum_pending(acc);
         }
@@ -385,9 +442,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
     fn adam_update<const D: usize>(p: BurnTensor<Self, D>, g: BurnTensor<Self, D>, moments: Option<(BurnTensor<Self, 1>, BurnTensor<Self, 1>)>, h: &AdamUpdate) -> (BurnTensor<Self, D>, BurnTensor<Self, 1>, BurnTensor<Self, 1>) {
         let shape = p.shape();
         let n = shape.num_elements();
-        let takes = kernel_takes(&p, &g, &moments);
-        let (p, g) = (p.reshape([n]), g.reshape([n]));
-        let (p, m, v) = if takes { adam_update_f32(p, g, moments, h) } else { adam_update_tensors(p, g, moments, h) };
+        if !kernel_takes(&p, &g, &moments) {
+            let (p, m, v) = adam_update_tensors(p.reshape([n]), g.reshape([n]), moments, h);
+            return (p.reshape(shape), m, v);
+        }
+        // The gradient keeps its layout (see `grad_layout`).
+        let (p, m, v) = adam_update_f32(p.reshape([n]), g.into_primitive().tensor(), moments, h);
         (p.reshape(shape), m, v)
     }
 
@@ -397,7 +457,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         }
         let shape = p.shape();
         let n = shape.num_elements();
-        let held = prepare(p.reshape([n]), g.reshape([n]), moments, h);
+        let held = prepare(p.reshape([n]), g.into_primitive().tensor(), moments, h);
         let [p_out, m_out, v_out] = held.outputs();
         let output = (tensor::<R, F, I, BT>(p_out).reshape(shape), tensor(m_out), tensor(v_out));
         // Held back only when every buffer it writes is its own (see the module docs); otherwise

@@ -326,3 +326,65 @@ fn cube_adam_update_held_back_leaves_a_shared_parameter_alone() {
     let (p, pv) = shared.expect("the second parameter is shared");
     assert_eq!(vals(p), pv, "the shared parameter kept its values");
 }
+
+/// Gradients dense in another order than contiguous, as CubeCL hands back a convolution's
+/// weight gradient (`[out, in, kh, kw]` seen on a channels-last `[out, kh, kw, in]` buffer) and
+/// a linear layer's (transposed), go through the norm and the grouped update as they are, not
+/// copied: the sum, and three steps of each parameter beside a contiguous one, equal the tensor
+/// ops on contiguous copies. Sizes are this test's own (`IN_PLACE` is keyed by size).
+#[test]
+fn cube_update_reads_permuted_gradients_in_place() {
+    let conv = [13, 7, 3, 5]; // [out, in, kh, kw]
+    let dims: [[usize; 4]; 3] = [conv, [1, 1, 67, 29], [1, 1, 9, 311]];
+    let n = |j: usize| dims[j].iter().product::<usize>();
+    let (b1, b2) = (0.9f64, 0.999f64);
+    let mut p_k: Vec<Vec<f32>> = (0..3).map(|j| values(n(j), 700 + j as u64)).collect();
+    let mut p_t = p_k.clone();
+    let mut mom_k: Vec<Option<(Vec<f32>, Vec<f32>)>> = vec![None; 3];
+    let mut mom_t = mom_k.clone();
+    let moments = |m: &Option<(Vec<f32>, Vec<f32>)>, n: usize| m.as_ref().map(|(m, v)| (tensor(m, [n]), tensor(v, [n])));
+    for t in 1..=3 {
+        let stored: Vec<Vec<f32>> = (0..3).map(|j| values(n(j), 800 + 10 * t as u64 + j as u64)).collect();
+        // 0: channels last; 1: transposed (a [29, 67] buffer); 2: contiguous.
+        let grads: Vec<Tensor<W, 4>> = vec![
+            tensor(&stored[0], [conv[0], conv[2], conv[3], conv[1]]).permute([0, 3, 1, 2]),
+            tensor(&stored[1], [1, 1, 29, 67]).swap_dims(2, 3),
+            tensor(&stored[2], dims[2]),
+        ];
+        // As the optimizer does: the norm of every gradient first, then the updates.
+        let mut kernel = SqAcc::<W>::default();
+        let mut expect_sq = 0f64;
+        let mut handed = Vec::new();
+        for (j, g) in grads.into_iter().enumerate() {
+            let dense = vals(g.clone());
+            expect_sq += dense.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+            let strides = g.clone().into_primitive().tensor().meta.strides().to_vec();
+            let g = <W as OptimKernels>::grad_sq_sum(g, &mut kernel);
+            #[cfg(not(feature = "fusion"))]
+            assert_eq!(g.clone().into_primitive().tensor().meta.strides().to_vec(), strides, "gradient {j} handed back in its own layout");
+            let _ = strides;
+            handed.push((g, dense));
+        }
+        rel_close(&format!("norm, step {t}"), <W as OptimKernels>::sq_total(kernel), expect_sq, 1e-5);
+        let mut later = <W as OptimKernels>::Later::default();
+        let (mut outs, mut expected) = (Vec::new(), Vec::new());
+        for (j, (g, dense)) in handed.into_iter().enumerate() {
+            let h = AdamUpdate { b1, b2, eps: 1e-8, lr: 1e-2, bc1: 1.0 - b1.powi(t), bc2: 1.0 - b2.powi(t), coef: 0.5, decay: Decay::Decoupled(0.999) };
+            outs.push(<W as OptimKernels>::adam_update_later::<4>(tensor(&p_k[j], dims[j]), g, moments(&mom_k[j], n(j)), &h, &mut later));
+            expected.push(adam_update_tensors::<W>(tensor(&p_t[j], [n(j)]), tensor(&dense, [n(j)]), moments(&mom_t[j], n(j)), &h));
+        }
+        <W as OptimKernels>::adam_flush(later);
+        for (j, ((pk, mk, vk), (pt, mt, vt))) in outs.into_iter().zip(expected).enumerate() {
+            let at = format!("parameter {j} {:?} step {t}", dims[j]);
+            assert_eq!(pk.dims(), dims[j], "{at}: shape");
+            (p_k[j], p_t[j]) = (vals(pk), vals(pt));
+            // On a first step m takes a contiguous gradient's buffer; a permuted one's is not in p's order.
+            assert_eq!(in_place(n(j)), [true, t > 1 || j == 2, t > 1], "{at}: written in place (p, m, v)");
+            let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
+            close(&format!("p {at}"), &p_k[j], &p_t[j]);
+            close(&format!("m {at}"), &mk, &mt);
+            close(&format!("v {at}"), &vk, &vt);
+            (mom_k[j], mom_t[j]) = (Some((mk, vk)), Some((mt, vt)));
+        }
+    }
+}

@@ -132,7 +132,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
         let h = *h;
         let outs = || [(vec![n], DType::F32), (vec![n], DType::F32), (vec![n], DType::F32)];
         let run = move |p: CubeTensor<R>, g: CubeTensor<R>, moments: Option<(CubeTensor<R>, CubeTensor<R>)>| {
-            let (p, m, v) = adam_update_f32::<R, F, I, BT>(cube_tensor(p), cube_tensor(g), moments.map(|(m, v)| (cube_tensor(m), cube_tensor(v))), &h);
+            let (p, m, v) = adam_update_f32::<R, F, I, BT>(cube_tensor(p), g, moments.map(|(m, v)| (cube_tensor(m), cube_tensor(v))), &h);
             [p, m, v].map(|t| t.into_primitive().tensor())
         };
         let [p, m, v] = match moments {
