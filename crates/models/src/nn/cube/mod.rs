@@ -12,6 +12,7 @@
 //!   and linear nodes), one launch and one compilation for every shape;
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
 //!   one launch each, nothing uploaded or stored;
+//! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
 //!   (as the convolution reads it) in one launch.
 //!
@@ -36,6 +37,7 @@ pub mod dropout;
 mod fusion;
 pub mod group_norm;
 pub mod layer_norm;
+pub mod relu;
 pub mod softmax;
 pub mod weight;
 

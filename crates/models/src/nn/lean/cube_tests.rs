@@ -424,3 +424,46 @@ fn resnet_downsampling_block_gradients_match_flex() {
     assert!(rel(&yw, &yf) <= 1e-5, "output: relative error {:e}", rel(&yw, &yf));
     assert!(rel(&gw, &gf) <= 1e-5, "dx: relative error {:e}", rel(&gw, &gf));
 }
+
+/// The ReLU kernels against Burn's ReLU and `relu_backward` on the same device: exactly equal
+/// (zeros included), for inputs and gradients stored channels first, channels last (as
+/// convolutions return them), not dense (a broadcast, copied first) and the two mixed; the result
+/// keeps its input's layout (the gradient's for the backward); a buffer another tensor holds is
+/// not written. Then the node's gradients against autodiff of Burn's ReLU.
+#[test]
+fn relu_kernels_and_node_match_burns() {
+    let dims = [2, 5, 7, 9];
+    let n: usize = dims.iter().product();
+    // Normal(0.3, 1.5) with every seventh element exactly 0.
+    let x0 = random::<W, 4>(dims, 41);
+    let zero_at = Tensor::<W, 1, Int>::arange(0..n as i64, &Default::default()).remainder_scalar(7).equal_elem(0).reshape(dims);
+    let x0 = p(x0.mask_fill(zero_at, 0.0));
+    let dy0 = p(random::<W, 4>(dims, 42));
+    // Broadcast along the last axis (stride 0): not dense.
+    let narrow = random::<W, 4>([2, 5, 7, 1], 43);
+    let not_dense = || p(narrow.clone().expand(dims));
+    let y_burn = burn_kernels::relu::<W>(x0.clone());
+    for (name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
+        let y = cube_kernels::relu::<W>(x.clone());
+        assert_eq!(is_channels_last(&y), is_channels_last(&x), "forward, x channels {name}: layout kept");
+        close(&format!("forward, x channels {name}"), y, y_burn.clone(), 0.0);
+        // `x` is still held here: the kernel wrote a new buffer.
+        close(&format!("forward, x channels {name}: input untouched"), x, x0.clone(), 0.0);
+    }
+    close("forward, not dense", cube_kernels::relu::<W>(not_dense()), burn_kernels::relu::<W>(not_dense()), 0.0);
+    let dx_burn = burn_kernels::relu_backward::<W>(y_burn.clone(), dy0.clone());
+    for (y_last, dy_last) in [(false, false), (true, true), (true, false), (false, true)] {
+        let at = format!("backward, y channels {}, dy channels {}", if y_last { "last" } else { "first" }, if dy_last { "last" } else { "first" });
+        let y = if y_last { channels_last(y_burn.clone()) } else { y_burn.clone() };
+        let dy = if dy_last { channels_last(dy0.clone()) } else { dy0.clone() };
+        let dx = cube_kernels::relu_backward::<W>(y, dy);
+        if y_last == dy_last {
+            assert_eq!(is_channels_last(&dx), dy_last, "{at}: layout kept");
+        }
+        close(&at, dx, dx_burn.clone(), 0.0);
+    }
+    let y_nd = burn_kernels::relu::<W>(not_dense());
+    close("backward, not dense", cube_kernels::relu_backward::<W>(y_nd.clone(), not_dense()), burn_kernels::relu_backward::<W>(y_nd, not_dense()), 0.0);
+    let affine = |x: Tensor<A, 4>, w: Tensor<A, 1>, b: Tensor<A, 1>| x * w.reshape([1, 5, 1, 1]) + b.reshape([1, 5, 1, 1]);
+    check::<A, 4>(dims, 5, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
+}

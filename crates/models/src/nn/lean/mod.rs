@@ -74,6 +74,8 @@ pub trait LeanBackend: Backend {
     /// Burn's ReLU keeps its input; the output is what the next op (a convolution, a pool)
     /// keeps anyway, so this node adds nothing of its own, as torchvision's in-place ReLU.
     fn lean_relu(x: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_relu`]'s backward from its output: `dy` where `y > 0`, else 0.
+    fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
     /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
     /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
     /// `exp` keeps its input and whose division keeps the `exp`: two input-sized tensors (an
@@ -178,6 +180,12 @@ pub trait LeanBackend: Backend {
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
 mod burn_kernels {
     use super::*;
+    pub fn relu<B: Backend>(x: Prim<B>) -> Prim<B> {
+        B::relu(x)
+    }
+    pub fn relu_backward<B: Backend>(y: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        B::relu_backward(y, dy)
+    }
     pub fn dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         let shape = x.shape();
         let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
@@ -298,6 +306,24 @@ mod cube_kernels {
         let [f] = B::cube_op("vramlab.flipped_weight", [w], [out], |[w]| [cube::weight::flipped(w)]);
         f
     }
+    pub fn relu<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
+        let n = dims_of::<B>(&x).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize {
+            return burn_kernels::relu::<B>(x);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.relu", [x], [out], |[x]| [cube::relu::relu(x)]);
+        y
+    }
+    pub fn relu_backward<B: CubeLaunch>(y: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        let n = dims_of::<B>(&dy).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize || y.dtype() != dy.dtype() {
+            return burn_kernels::relu_backward::<B>(y, dy);
+        }
+        let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
+        let [dx] = B::cube_op("vramlab.relu_backward", [y, dy], [out], |[y, dy]| [cube::relu::relu_backward(y, dy)]);
+        dx
+    }
     pub fn dropout_on_device() -> bool {
         !cube::composed()
     }
@@ -410,7 +436,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, mean_all, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, mean_all, relu, relu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -556,7 +582,10 @@ macro_rules! inner_lean_backend {
                 forward_mish::<Self>(x)
             }
             fn lean_relu(x: Prim<Self>) -> Prim<Self> {
-                <Self as burn::tensor::ops::ActivationOps<Self>>::relu(x)
+                $kernels::relu::<Self>(x)
+            }
+            fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::relu_backward::<Self>(y, dy)
             }
             fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
                 $kernels::softmax::<Self>(x, dim)
@@ -619,6 +648,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_relu(x: Prim<Self>) -> Prim<Self> {
         pointwise::relu_node::<B, C>(x)
+    }
+
+    fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_relu_backward(y.primitive, dy.primitive))
     }
 
     fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {

@@ -106,13 +106,13 @@ pub(super) fn mish_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<
 #[derive(Debug)]
 struct ReluBackward;
 
-impl<B: Backend> Backward<B, 1> for ReluBackward {
+impl<B: LeanBackend> Backward<B, 1> for ReluBackward {
     type State = Prim<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         if let [Some(node)] = ops.parents {
-            grads.register::<B>(node.id, B::relu_backward(ops.state, dy));
+            grads.register::<B>(node.id, B::lean_relu_backward(ops.state, dy));
         }
     }
 }
@@ -121,10 +121,10 @@ impl<B: Backend> Backward<B, 1> for ReluBackward {
 pub(super) fn relu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
     match ReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let y = B::relu(x.primitive);
+            let y = B::lean_relu(x.primitive);
             prep.finish(y.clone(), y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(B::relu(x.primitive)),
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_relu(x.primitive)),
     }
 }
 

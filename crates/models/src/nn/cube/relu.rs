@@ -1,0 +1,88 @@
+//! ReLU forward and backward, one launch each, over the buffers as they are laid out: a
+//! convolution's output on CubeCL is a channels-last buffer seen as `[n, c, h, w]`, and the
+//! element-wise kernels here read and write memory order, so such a tensor is neither copied
+//! nor returned in another layout. Burn's ReLU is two launches each way (a comparison, then a
+//! masked fill). `x ≤ 0 → 0` (so NaN passes, as Burn's and PyTorch's); the backward
+//! `y ≤ 0 → 0, else dy` (Burn's `relu_backward`).
+
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::{contiguous, elem_cubes, empty};
+
+#[cube(launch)]
+fn relu_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= n as usize {
+        terminate!();
+    }
+    let v = x[i];
+    y[i] = select(v <= F::new(0.0), F::new(0.0), v);
+}
+
+#[cube(launch)]
+fn relu_backward_kernel<F: Float>(y: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor<F>, n: u32, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= n as usize {
+        terminate!();
+    }
+    dx[i] = select(y[i] <= F::new(0.0), F::new(0.0), dy[i]);
+}
+
+/// Whether `t`'s elements fill its buffer without a gap in some order of its dims (contiguous
+/// or permuted contiguous).
+fn dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let mut dims: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] != 1).collect();
+    dims.sort_by_key(|&d| strides[d]);
+    let mut expected = 1;
+    for d in dims {
+        if strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    true
+}
+
+/// `t` as it is when [`dense`], else a contiguous copy.
+fn dense_or_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    if dense(&t) { t } else { contiguous(t) }
+}
+
+/// A new tensor in `like`'s layout (its shape and strides, a buffer of its size).
+fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+    let mut out = empty(like, vec![like.meta.num_elements()], like.dtype);
+    out.meta = like.meta.clone();
+    out
+}
+
+fn launch_args<R: CubeRuntime>(t: &CubeTensor<R>) -> (ComputeClient<R>, CubeCount, CubeDim, u32, StorageType) {
+    let n = t.meta.num_elements();
+    let (count, dim) = elem_cubes(&t.client, n);
+    (t.client.clone(), count, dim, n as u32, t.dtype.into())
+}
+
+/// `max(x, 0)` in `x`'s layout (dense), in place when `x`'s buffer is its alone. At most
+/// `u32::MAX` elements.
+pub fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
+    let x = dense_or_copy(x);
+    let (client, count, dim, n, dtype) = launch_args(&x);
+    let (y, y_arg) = if x.can_mut() { (x.clone(), x.as_tensor_alias(0)) } else { let y = new_like(&x); (y.clone(), y.into_tensor_arg()) };
+    relu_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y_arg, n, dtype);
+    y
+}
+
+/// The ReLU backward from its output `y`: `dy` where `y > 0`, in `dy`'s layout. `y` and `dy`
+/// in one dense layout are read as they are (the usual case: the gradient of a convolution's
+/// input comes back in the layout the forward's output had); otherwise both are made contiguous
+/// first. In place in `dy`'s buffer when it is its alone.
+pub fn relu_backward<R: CubeRuntime>(y: CubeTensor<R>, dy: CubeTensor<R>) -> CubeTensor<R> {
+    let (y, dy) = (dense_or_copy(y), dense_or_copy(dy));
+    let (y, dy) = if y.meta.strides() == dy.meta.strides() { (y, dy) } else { (contiguous(y), contiguous(dy)) };
+    let (client, count, dim, n, dtype) = launch_args(&dy);
+    let (dx, dx_arg) = if dy.can_mut() { (dy.clone(), dy.as_tensor_alias(1)) } else { let dx = new_like(&dy); (dx.clone(), dx.into_tensor_arg()) };
+    relu_backward_kernel::launch::<R>(&client, count, dim, y.into_tensor_arg(), dy.into_tensor_arg(), dx_arg, n, dtype);
+    dx
+}
