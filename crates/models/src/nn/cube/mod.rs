@@ -198,6 +198,15 @@ fn dense_in_order(shape: &[usize], strides: &[usize], order: impl DoubleEndedIte
     true
 }
 
+/// Whether `t` fills its buffer without a gap in some order of its dims: contiguous, or a
+/// permutation of a contiguous buffer (a convolution's channels-last output seen as `[n, c, s…]`).
+pub(crate) fn dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    order.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+    dense_in_order(shape, strides, order.into_iter())
+}
+
 /// `x` (`[n, c, s…]`, rank ≥ 2) in one of the two [`ChannelLayout`]s: as it is when it is in
 /// one (channels first preferred when it is both), else copied to channels first.
 pub(crate) fn channel_layout<R: CubeRuntime>(x: CubeTensor<R>) -> (CubeTensor<R>, ChannelLayout) {

@@ -9,7 +9,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, elem_cubes, empty};
+use super::{contiguous, dense, elem_cubes, empty};
 
 #[cube(launch)]
 fn relu_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[define(F)] _dtype: StorageType) {
@@ -28,22 +28,6 @@ fn relu_backward_kernel<F: Float>(y: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor
         terminate!();
     }
     dx[i] = select(y[i] <= F::new(0.0), F::new(0.0), dy[i]);
-}
-
-/// Whether `t`'s elements fill its buffer without a gap in some order of its dims (contiguous
-/// or permuted contiguous).
-fn dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
-    let (shape, strides) = (t.meta.shape(), t.meta.strides());
-    let mut dims: Vec<usize> = (0..shape.len()).filter(|&d| shape[d] != 1).collect();
-    dims.sort_by_key(|&d| strides[d]);
-    let mut expected = 1;
-    for d in dims {
-        if strides[d] != expected {
-            return false;
-        }
-        expected *= shape[d];
-    }
-    true
 }
 
 /// `t` as it is when [`dense`], else a contiguous copy.
