@@ -45,6 +45,7 @@ fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
 
 /// `x` (`[n, c, s…]`) with the same values stored channels last (`[n, s…, c]` contiguous, the
 /// view permuted back): how Burn's convolutions return their results on CubeCL.
+#[cfg(not(feature = "fusion"))]
 fn channels_last(x: Prim<W>) -> Prim<W> {
     let rank = x.meta.shape().num_dims();
     let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
@@ -54,9 +55,22 @@ fn channels_last(x: Prim<W>) -> Prim<W> {
 }
 
 /// Whether `x`'s buffer holds it channels last (and not channels first).
+#[cfg(not(feature = "fusion"))]
 fn is_channels_last(x: &Prim<W>) -> bool {
     let (shape, strides) = (x.meta.shape(), x.meta.strides());
     strides[1] == 1 && strides[shape.num_dims() - 1] == shape[1] && !x.is_contiguous()
+}
+
+/// With fusion a test holds fusion tensors, whose layout the stream decides when it runs them:
+/// inputs stay as they are, and layouts are not asserted (the values still are).
+#[cfg(feature = "fusion")]
+fn channels_last(x: Prim<W>) -> Prim<W> {
+    x
+}
+
+#[cfg(feature = "fusion")]
+fn is_channels_last(_: &Prim<W>) -> bool {
+    false
 }
 
 /// The GroupNorm kernels' forward (output, mean, 1/std) and backward (dx, dweight, dbias)
@@ -173,7 +187,7 @@ fn flipped_weight_kernel_equals_the_composed_flip() {
         let n = dims.iter().product::<usize>();
         let w = <W as burn::tensor::ops::FloatTensorOps<W>>::float_reshape(p(random::<W, 1>([n], 90)), burn::tensor::Shape::from(dims.clone()));
         let k = cube_kernels::flipped_weight::<W>(w.clone());
-        if dims[0] > 1 && dims[2..].iter().product::<usize>() > 1 {
+        if !cfg!(feature = "fusion") && dims[0] > 1 && dims[2..].iter().product::<usize>() > 1 {
             assert!(is_channels_last(&k), "{dims:?}: stored channels last");
         }
         close(&format!("flipped weight {dims:?}"), k, burn_kernels::flipped_weight::<W>(w), 0.0);
@@ -456,9 +470,10 @@ fn relu_kernels_and_node_match_burns() {
         let at = format!("backward, y channels {}, dy channels {}", if y_last { "last" } else { "first" }, if dy_last { "last" } else { "first" });
         let y = if y_last { channels_last(y_burn.clone()) } else { y_burn.clone() };
         let dy = if dy_last { channels_last(dy0.clone()) } else { dy0.clone() };
+        let dy_last_stored = is_channels_last(&dy);
         let dx = cube_kernels::relu_backward::<W>(y, dy);
         if y_last == dy_last {
-            assert_eq!(is_channels_last(&dx), dy_last, "{at}: layout kept");
+            assert_eq!(is_channels_last(&dx), dy_last_stored, "{at}: layout kept");
         }
         close(&at, dx, dx_burn.clone(), 0.0);
     }
