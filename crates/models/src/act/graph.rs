@@ -58,9 +58,14 @@ impl Tx<'_> {
         let scores = self.g.matmul(qh, kh, (b * h * l * s) as u64 * w);
         let scores = self.g.cast(scores, w, 4);
         let attn = self.g.softmax(scores);
-        let attn = self.dropout(attn);
-        let attn = self.g.cast(attn, 4, w);
-        let out = self.g.matmul(attn, vh, (b * h * l * d / h) as u64 * w);
+        // One autodiff node from the projections to here (`nn::lean::attention`): the weights
+        // after dropout are transient (the backward redraws the flags; no mask is kept), and the
+        // product keeps only `v`.
+        let n = self.g.bytes(attn);
+        let dropped = if self.cfg.dropout > 0.0 { self.g.opaque(&[attn], n) } else { attn };
+        let dropped = self.g.cast(dropped, 4, w);
+        let bwd_ws = n + self.g.bytes(dropped) + self.g.bytes(vh);
+        let out = self.g.op("matmul", &[dropped, vh], &[vh], (b * h * l * d / h) as u64 * w, true, 0, bwd_ws, 0);
         let out = self.g.elementwise(&[out], (b * l * d) as u64 * w); // swap + reshape copy
         let out = self.g.linear(out, b * l, d, d, true, true, self.p);
         self.g.cast(out, w, 4)

@@ -2,10 +2,10 @@
 
 use burn::module::{Module, Param};
 use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
 
-
-use super::linear::linear_rows;
-use super::{DropoutCtx, Linear, Precision, cast, to_f32, xavier_uniform};
+use super::lean::AttnArgs;
+use super::{DropoutCtx, Linear, Precision, xavier_uniform};
 
 /// `nn.MultiheadAttention(d, heads)` (batch_first = False in PyTorch; here tensors are
 /// batch-first `[batch, seq, d]`, which changes nothing numerically). Names: `in_proj_weight`
@@ -34,16 +34,9 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         }
     }
 
-    fn project(&self, x: Tensor<B, 3>, i: usize, p: Precision) -> Tensor<B, 3> {
-        let d = self.in_proj_weight.dims()[1];
-        let dt = p.dtype();
-        let w = self.in_proj_weight.val().narrow(0, i * d, d); // [d, d]
-        let b = self.in_proj_bias.val().narrow(0, i * d, d); // [d]
-        linear_rows(cast(x, dt), cast(w, dt).transpose(), Some(cast(b, dt)))
-    }
-
     /// PyTorch's `multi_head_attention_forward` (the `need_weights` path): project, split heads,
-    /// `softmax((q / √hd) kᵀ + mask)` in f32, (dropout on the weights), `· v`, merge heads,
+    /// `softmax((q / √hd) kᵀ + mask)` in f32, (dropout on the weights), `· v`, merge heads
+    /// (all that one lean node: [`LeanBackend::lean_attention`](super::lean::LeanBackend::lean_attention)),
     /// `out_proj`. `key_padding_mask[b, s] = true` hides key `s` (added as −∞).
     /// `attn_dropout`: dropout context and site for the attention weights.
     ///
@@ -60,33 +53,21 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> Tensor<B, 3> {
-        let [b, l, d] = query.dims();
+        let b = query.dims()[0];
         let s = key.dims()[1];
-        let h = self.num_heads;
-        let hd = d / h;
-        let heads = |t: Tensor<B, 3>, n: usize| t.reshape([b, n, h, hd]).swap_dims(1, 2); // [b, h, n, hd]
-        let q = heads(self.project(query, 0, p), l);
-        let k = heads(self.project(key, 1, p), s);
-        let v = heads(self.project(value, 2, p), s);
-        // PyTorch scales q before the product (q_scaled = q * hd^-1/2).
-        let q = q * (hd as f64).powf(-0.5);
-        let scores = to_f32(q.matmul(k.swap_dims(2, 3))); // [b, h, l, s]
-        let scores = match key_padding_mask {
-            Some(mask) => {
-                assert_eq!(mask.dims(), [b, s], "key_padding_mask must be [batch, keys]");
-                let bias = Tensor::<B, 2>::zeros([b, s], &scores.device()).mask_fill(mask.clone(), f32::NEG_INFINITY);
-                scores + bias.reshape([b, 1, 1, s])
-            }
-            None => scores,
-        };
-        let attn = super::lean::softmax(scores, 3); // [b, h, l, s], f32; keeps only its output
-        let attn = match attn_dropout {
-            Some((ctx, site, rate)) => ctx.apply(attn, site, rate),
-            None => attn,
-        };
-        let out = cast(attn, p.dtype()).matmul(v); // [b, h, l, hd]
-        let out = out.swap_dims(1, 2).reshape([b, l, d]);
-        self.out_proj.forward(out, p)
+        let mask_bias = key_padding_mask.map(|mask| {
+            assert_eq!(mask.dims(), [b, s], "key_padding_mask must be [batch, keys]");
+            Tensor::<B, 2>::zeros([b, s], &query.device()).mask_fill(mask.clone(), f32::NEG_INFINITY)
+        });
+        let dropout = attn_dropout.filter(|&(_, _, rate)| rate > 0.0).map(|(ctx, site, rate)| {
+            let (base, threshold) = ctx.base_threshold(site, rate);
+            (base, threshold, 1.0 / (1.0 - rate))
+        });
+        let args = AttnArgs { heads: self.num_heads, dtype: p.dtype(), dropout };
+        let inputs = [query, key, value].map(|x| x.into_primitive().tensor());
+        let (w, bias) = (self.in_proj_weight.val().into_primitive().tensor(), self.in_proj_bias.val().into_primitive().tensor());
+        let out = B::lean_attention(inputs, w, bias, mask_bias.map(|m| m.into_primitive().tensor()), args);
+        self.out_proj.forward(Tensor::from_primitive(TensorPrimitive::Float(out)), p)
     }
 }
 

@@ -65,12 +65,18 @@ impl DropoutCtx {
             return x;
         }
         let (base, threshold) = self.base_threshold(site, rate);
-        let scale = 1.0 / (1.0 - rate);
-        if B::lean_dropout_on_device() && x.shape().num_elements() <= u32::MAX as usize {
-            return Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, scale)));
-        }
-        host_dropout(x, base, threshold, scale)
+        apply_drop(x, base, threshold, 1.0 / (1.0 - rate))
     }
+}
+
+/// [`DropoutCtx::apply`] from a site's hash base and threshold and the keep scale: on the
+/// device where the backend has the kernel, else with the host's flags. A backward applies it
+/// to the gradient with the same arguments (the same elements dropped, the same scale).
+pub(crate) fn apply_drop<B: LeanBackend, const D: usize>(x: Tensor<B, D>, base: u64, threshold: u64, scale: f64) -> Tensor<B, D> {
+    if B::lean_dropout_on_device() && x.shape().num_elements() <= u32::MAX as usize {
+        return Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, scale)));
+    }
+    host_dropout(x, base, threshold, scale)
 }
 
 /// Dropout at `site` when a context is given and the rate is positive; identity otherwise.

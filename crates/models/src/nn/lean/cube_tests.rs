@@ -482,3 +482,14 @@ fn relu_kernels_and_node_match_burns() {
     let affine = |x: Tensor<A, 4>, w: Tensor<A, 1>, b: Tensor<A, 1>| x * w.reshape([1, 5, 1, 1]) + b.reshape([1, 5, 1, 1]);
     check::<A, 4>(dims, 5, move |x, w, b| super::relu(affine(x, w, b)), move |x, w, b| burn::tensor::activation::relu(affine(x, w, b)), 0.0);
 }
+
+/// The attention node on `Autodiff<Wgpu>` (the softmax, dropout, ReLU-free path of ACT's
+/// attention: `#[cube]` softmax and dropout kernels, Burn's matmuls) against autodiff of the
+/// composed forward on the same device: output and the gradients of the three inputs, the
+/// packed weight and bias.
+#[test]
+fn attention_node_gradients_match_the_composed_ops() {
+    use burn::tensor::FloatDType;
+    super::attention::tests::attention_node_matches::<A>(2, 6, 6, 2, true, false, true, FloatDType::F32, 1e-5);
+    super::attention::tests::attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, 1e-5);
+}

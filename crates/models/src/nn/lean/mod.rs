@@ -12,6 +12,7 @@
 //! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]) and LayerNorm;
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
 //!   per-channel affine (frozen batch norm) and linear upsampling;
+//! - [`attention`]: multi-head attention from the packed in-projection to the merged heads;
 //! - [`conv`]: 1-D, 2-D and 3-D convolutions, weight gradient over bounded batch chunks and a
 //!   stride-1 input gradient as a forward convolution.
 //!
@@ -32,6 +33,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{TensorMetadata, TensorPrimitive};
 
+mod attention;
 mod conv;
 #[cfg(all(test, feature = "wgpu"))]
 mod cube_tests;
@@ -39,6 +41,7 @@ mod norm;
 mod pointwise;
 
 pub use super::linear_source_indices;
+pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub(crate) use norm::{group_norm, layer_norm};
 pub use pointwise::{bias_add, channel_affine, mean_all, mish, relu, silu, softmax, upsample_linear};
@@ -76,6 +79,14 @@ pub trait LeanBackend: Backend {
     fn lean_relu(x: Prim<Self>) -> Prim<Self>;
     /// [`LeanBackend::lean_relu`]'s backward from its output: `dy` where `y > 0`, else 0.
     fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// Multi-head attention from the query, key and value inputs (`[b, l, d]`, `[b, s, d]`,
+    /// `[b, s, d]`) through the packed in-projection (`[3d, d]`, `[3d]`) to the merged heads
+    /// `[b, l, d]`, before `out_proj` ([`attention`]); `mask_bias` `[b, s]` (0 or −∞) takes no
+    /// gradient. Inner backends run the composed forward; autodiff one node.
+    fn lean_attention(inputs: [Prim<Self>; 3], w: Prim<Self>, b: Prim<Self>, mask_bias: Option<Prim<Self>>, args: AttnArgs) -> Prim<Self> {
+        let [q, k, v] = inputs;
+        p(attention::attention_forward::<Self>(t(q), t(k), t(v), t(w), t(b), mask_bias.map(t), args))
+    }
     /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
     /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
     /// `exp` keeps its input and whose division keeps the `exp`: two input-sized tensors (an
@@ -652,6 +663,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_relu_backward(y.primitive, dy.primitive))
+    }
+
+    fn lean_attention(inputs: [Prim<Self>; 3], w: Prim<Self>, b: Prim<Self>, mask_bias: Option<Prim<Self>>, args: AttnArgs) -> Prim<Self> {
+        attention::attention_node::<B, C>(inputs, w, b, mask_bias, args)
     }
 
     fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {

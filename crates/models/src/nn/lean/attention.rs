@@ -1,0 +1,267 @@
+//! Multi-head attention from the packed in-projection to the merged heads (everything of
+//! `nn.MultiheadAttention` but `out_proj`) as one autodiff node.
+//!
+//! Composed of Burn ops, each of the three projections slices `in_proj_weight` `[3d, d]` and
+//! `in_proj_bias` `[3d]`, and Burn's backward of a slice is a zero fill of the whole tensor plus
+//! a slice assign, the three slices' gradients then added: 16 kernel launches per attention
+//! module on a GPU for two small gradients. The node's backward writes each as one
+//! concatenation of its three parts. It keeps what the composed ops kept (the projections'
+//! inputs in the compute dtype, the scaled `q`, `k`, `v` and the softmax output, as PyTorch's
+//! autograd) but not the dropped-out attention weights nor a dropout mask: the backward redraws
+//! the flags (the same hash, so the same elements).
+//!
+//! The forward is the composed one ([`attention_forward`], what inner backends run), so the
+//! values are those of the ops it replaced, op for op.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType, TensorMetadata};
+
+use super::{LeanBackend, Prim, p, t};
+use crate::nn::dropout::apply_drop;
+use crate::nn::linear::linear_rows;
+use crate::nn::{cast, to_f32};
+
+/// What the attention node needs besides its tensors: the head count, the compute dtype of the
+/// projections and products (softmax in f32), and the dropout on the attention weights as
+/// `(hash base, threshold, keep scale)` (`crate::nn::DropoutCtx::base_threshold`).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnArgs {
+    pub heads: usize,
+    pub dtype: FloatDType,
+    pub dropout: Option<(u64, u64, f64)>,
+}
+
+/// What the forward hands the backward: the three inputs in the compute dtype (what the
+/// projections read; the inputs themselves in f32), the scaled `q` `[b, h, l, hd]`, `k` and `v`
+/// `[b, h, s, hd]` (compute dtype), the softmax output `[b, h, l, s]` (f32).
+struct Saved<B: Backend> {
+    xs: [Tensor<B, 3>; 3],
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    attn: Tensor<B, 4>,
+}
+
+/// PyTorch's `multi_head_attention_forward` up to the merged heads: project (rows of `w` and
+/// `b`: q, k, v), split heads, `softmax((q / √hd) kᵀ + mask)` in f32, dropout on the weights,
+/// `· v`, merge heads. `mask_bias`: `[b, s]`, 0 or −∞ per key. Returns `[b, l, d]` in the
+/// compute dtype.
+pub(crate) fn attention_forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<B, 3>, w: Tensor<B, 2>, b: Tensor<B, 1>, mask_bias: Option<Tensor<B, 2>>, a: AttnArgs) -> Tensor<B, 3> {
+    forward(q_in, k_in, v_in, w, b, mask_bias, a).0
+}
+
+fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<B, 3>, w: Tensor<B, 2>, b: Tensor<B, 1>, mask_bias: Option<Tensor<B, 2>>, a: AttnArgs) -> (Tensor<B, 3>, Saved<B>) {
+    let [n, l, d] = q_in.dims();
+    let s = k_in.dims()[1];
+    let h = a.heads;
+    let hd = d / h;
+    let dt = a.dtype;
+    let xs = [q_in, k_in, v_in].map(|x| cast(x, dt));
+    let project = |x: Tensor<B, 3>, i: usize| {
+        let wi = w.clone().narrow(0, i * d, d); // [d, d]
+        let bi = b.clone().narrow(0, i * d, d); // [d]
+        linear_rows(x, cast(wi, dt).transpose(), Some(cast(bi, dt)))
+    };
+    let heads = |x: Tensor<B, 3>, rows: usize| x.reshape([n, rows, h, hd]).swap_dims(1, 2); // [n, h, rows, hd]
+    let q = heads(project(xs[0].clone(), 0), l);
+    let k = heads(project(xs[1].clone(), 1), s);
+    let v = heads(project(xs[2].clone(), 2), s);
+    // PyTorch scales q before the product (q_scaled = q * hd^-1/2).
+    let q = q * (hd as f64).powf(-0.5);
+    let scores = to_f32(q.clone().matmul(k.clone().swap_dims(2, 3))); // [n, h, l, s]
+    let scores = match mask_bias {
+        Some(bias) => scores + bias.reshape([n, 1, 1, s]),
+        None => scores,
+    };
+    let attn = super::softmax(scores, 3); // f32; keeps only its output
+    let dropped = match a.dropout {
+        Some((base, threshold, scale)) => apply_drop(attn.clone(), base, threshold, scale),
+        None => attn.clone(),
+    };
+    let out = cast(dropped, dt).matmul(v.clone()); // [n, h, l, hd]
+    (out.swap_dims(1, 2).reshape([n, l, d]), Saved { xs, q, k, v, attn })
+}
+
+/// `y` in `dtype` (a cast only where it differs).
+fn like<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if y.dtype() == dtype { y } else { y.cast(FloatDType::from(dtype)) }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+#[derive(Clone, Debug)]
+struct AttentionState<B: Backend> {
+    /// The inputs in the compute dtype, and their own dtypes (their gradients').
+    inputs: [Prim<B>; 3],
+    input_dtypes: [DType; 3],
+    w: Prim<B>,
+    bias_dtype: DType,
+    q: Prim<B>,
+    k: Prim<B>,
+    v: Prim<B>,
+    attn: Prim<B>,
+    args: AttnArgs,
+}
+
+impl<B: LeanBackend> Backward<B, 5> for AttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let [dq_in, dk_in, dv_in, dw, db] = attention_backward::<B>(ops.state, t(dy));
+        for (node, g) in ops.parents.into_iter().zip([dq_in, dk_in, dv_in, dw, db]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+/// The gradients of the query, key and value inputs and of `in_proj_weight` and
+/// `in_proj_bias`, from the output's `dy` `[b, l, d]`.
+fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -> [Prim<B>; 5] {
+    let AttentionState { inputs, input_dtypes, w, bias_dtype, q, k, v, attn, args } = st;
+    let (q, k, v, attn) = (t::<B, 4>(q), t::<B, 4>(k), t::<B, 4>(v), t::<B, 4>(attn));
+    let [n, h, l, hd] = q.dims();
+    let s = k.dims()[2];
+    let d = h * hd;
+    let dt = args.dtype;
+    let drop = |x: Tensor<B, 4>| match args.dropout {
+        Some((base, threshold, scale)) => apply_drop(x, base, threshold, scale),
+        None => x,
+    };
+    let dout = cast(dy, dt).reshape([n, l, h, hd]).swap_dims(1, 2); // [n, h, l, hd]
+    // out = cast(dropout(attn)) · v
+    let dv = cast(drop(attn.clone()), dt).swap_dims(2, 3).matmul(dout.clone()); // [n, h, s, hd]
+    let dattn = drop(to_f32(dout.matmul(v.swap_dims(2, 3)))); // [n, h, l, s]
+    let dscores = t::<B, 4>(B::lean_softmax_backward(p(attn), p(dattn), 3));
+    // scores = f32(q_scaled · kᵀ); q_scaled = q · hd^-1/2
+    let ds = cast(dscores, dt);
+    let dq = ds.clone().matmul(k) * (hd as f64).powf(-0.5); // [n, h, l, hd]
+    let dk = ds.swap_dims(2, 3).matmul(q); // [n, h, s, hd]
+    let merge = |g: Tensor<B, 4>, rows: usize| g.swap_dims(1, 2).reshape([n * rows, d]);
+    let w = t::<B, 2>(w);
+    let w_dtype = w.dtype();
+    let mut dx = Vec::with_capacity(3);
+    let (mut dws, mut dbs) = (Vec::with_capacity(3), Vec::with_capacity(3));
+    for (i, (g, rows)) in [(dq, l), (dk, s), (dv, s)].into_iter().enumerate() {
+        // y = x · cast(w_i)ᵀ + cast(b_i), rows of x: [n·rows, d]
+        let x = t::<B, 3>(inputs[i].clone());
+        let g = merge(g, rows);
+        let wi = cast(w.clone().narrow(0, i * d, d), dt);
+        dws.push(like(g.clone().transpose().matmul(x.reshape([n * rows, d])), w_dtype));
+        dbs.push(like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype));
+        dx.push(like(g.matmul(wi).reshape([n, rows, d]), input_dtypes[i]));
+    }
+    let mut dx = dx.into_iter().map(p);
+    let mut next = || dx.next().expect("three inputs");
+    [next(), next(), next(), p(Tensor::cat(dws, 0)), p(Tensor::cat(dbs, 0))]
+}
+
+/// [`LeanBackend::lean_attention`] on `Autodiff<B, C>`: one node over the three inputs, the
+/// packed weight and the packed bias ([`AttentionBackward`]). The mask bias takes no gradient.
+pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
+    inputs: [Prim<Autodiff<B, C>>; 3],
+    w: Prim<Autodiff<B, C>>,
+    b: Prim<Autodiff<B, C>>,
+    mask_bias: Option<Prim<Autodiff<B, C>>>,
+    args: AttnArgs,
+) -> Prim<Autodiff<B, C>> {
+    let [q_in, k_in, v_in] = inputs;
+    let parents = [q_in.node.clone(), k_in.node.clone(), v_in.node.clone(), w.node.clone(), b.node.clone()];
+    let mask = mask_bias.map(|m| t::<B, 2>(m.primitive));
+    let bias_dtype = b.primitive.dtype();
+    let input_dtypes = [q_in.primitive.dtype(), k_in.primitive.dtype(), v_in.primitive.dtype()];
+    let (qi, ki, vi, wi, bi) = (q_in.primitive, k_in.primitive, v_in.primitive, w.primitive, b.primitive);
+    match AttentionBackward.prepare::<C>(parents).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
+            let Saved { xs, q, k, v, attn } = saved;
+            let state = AttentionState { inputs: xs.map(p), input_dtypes, w: wi, bias_dtype, q: p(q), k: p(k), v: p(v), attn: p(attn), args };
+            prep.finish(state, p(out))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(p(attention_forward::<B>(t(qi), t(ki), t(vi), t(wi), t(bi), mask, args))),
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use burn::backend::Autodiff;
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    use burn::prelude::*;
+    use burn::tensor::backend::AutodiffBackend;
+    use burn::tensor::{FloatDType, TensorData};
+
+    use super::super::tests::{A, random, rel, vals};
+    use super::super::{LeanBackend, p, t};
+    use super::{AttnArgs, attention_forward};
+    use crate::nn::DropoutCtx;
+
+    /// The node (`lean_attention` on autodiff) against autodiff of the composed forward: the
+    /// output and the gradients of `sum(out · r)` for the three inputs, the packed weight and
+    /// the packed bias, within `tol`. `self_attn`: the query and key inputs are one tensor (as
+    /// in ACT's self-attention), whose two gradients autodiff adds.
+    pub(crate) fn attention_node_matches<B: AutodiffBackend + LeanBackend>(n: usize, l: usize, s: usize, heads: usize, self_attn: bool, masked: bool, dropout: bool, dtype: FloatDType, tol: f32) {
+        let d = 4 * heads;
+        let (q0, k0, v0): (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) = (random([n, l, d], 31), random([n, s, d], 32), random([n, s, d], 33));
+        let w0: Tensor<B, 2> = random([3 * d, d], 34) * 0.3;
+        let b0: Tensor<B, 1> = random([3 * d], 35) * 0.1;
+        let r: Tensor<B, 3> = random([n, l, d], 36);
+        // Key s−1 hidden in every row, key 0 too in the first.
+        let mask = masked.then(|| {
+            let hide: Vec<bool> = (0..n * s).map(|i| i % s == s - 1 || i == 0).collect();
+            let hide = Tensor::<B, 2, Bool>::from_data(TensorData::new(hide, [n, s]), &Default::default());
+            Tensor::<B, 2>::zeros([n, s], &Default::default()).mask_fill(hide, f32::NEG_INFINITY)
+        });
+        let drop = dropout.then(|| {
+            let (base, threshold) = DropoutCtx::new(9).base_threshold(DropoutCtx::site(1, 0, 0), 0.2);
+            (base, threshold, 1.0 / 0.8)
+        });
+        let args = AttnArgs { heads, dtype, dropout: drop };
+        let run = |lean: bool| {
+            let (q, k, v) = (q0.clone().require_grad(), k0.clone().require_grad(), v0.clone().require_grad());
+            let (w, b) = (w0.clone().require_grad(), b0.clone().require_grad());
+            let kin = if self_attn { q.clone() } else { k.clone() };
+            let out: Tensor<B, 3> = if lean {
+                t(B::lean_attention([p(q.clone()), p(kin), p(v.clone())], p(w.clone()), p(b.clone()), mask.clone().map(p), args))
+            } else {
+                attention_forward(q.clone(), kin, v.clone(), w.clone(), b.clone(), mask.clone(), args)
+            };
+            let out = out.cast(FloatDType::F32);
+            let values = vals(out.clone());
+            let g = (out * r.clone()).sum().backward();
+            let grad = |x: Option<Tensor<B::InnerBackend, 3>>| x.map(|x| vals(x.cast(FloatDType::F32))).unwrap_or_default();
+            let mut all = vec![("output", values), ("dq", grad(q.grad(&g))), ("dv", grad(v.grad(&g)))];
+            if !self_attn {
+                all.push(("dk", grad(k.grad(&g))));
+            }
+            all.push(("dweight", vals(w.grad(&g).unwrap().cast(FloatDType::F32))));
+            all.push(("dbias", vals(b.grad(&g).unwrap().cast(FloatDType::F32))));
+            all
+        };
+        let (lean, plain) = (run(true), run(false));
+        let at = format!("n {n} l {l} s {s} heads {heads} self {self_attn} masked {masked} dropout {dropout} {dtype:?}");
+        for ((name, a), (_, b)) in lean.into_iter().zip(plain) {
+            assert_eq!(a.len(), b.len(), "{at} {name}: sizes");
+            assert!(!a.is_empty() && a.iter().all(|x| x.is_finite()), "{at} {name}: finite");
+            let e = rel(&a, &b);
+            assert!(e <= tol, "{at} {name}: relative error {e:e} > {tol:e}");
+        }
+    }
+
+    #[test]
+    fn attention_node_gradients_equal_autodiff_of_the_composed_forward() {
+        attention_node_matches::<A>(2, 6, 6, 2, true, false, false, FloatDType::F32, 1e-5);
+        attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, 1e-5);
+        attention_node_matches::<A>(2, 9, 4, 1, false, false, true, FloatDType::F32, 1e-5);
+        attention_node_matches::<Autodiff<burn::backend::Flex, BalancedCheckpointing>>(2, 5, 5, 2, true, true, true, FloatDType::F32, 1e-5);
+        // bf16 projections and products: both sides round alike, not identically.
+        attention_node_matches::<A>(2, 5, 7, 2, false, true, true, FloatDType::BF16, 3e-2);
+    }
+}
