@@ -206,6 +206,9 @@ vp_run_rows "$mode" "$out" "${rows[@]:1:2}"
 # Burn's fusion (issue 24): with our #[cube] kernels as custom ops, then with the composed ops.
 kernels_row "${BIN_FUSION:-}" "fusion + custom kernels (cuda,fusion build)"
 kernels_row "$VP_BIN" "autotune minimal (main build, --autotune=minimal)" EXTRA=--autotune=minimal
+# Matrix products autotuned as Burn's instead of the fixed kernel (the default since 2026-11-28):
+# what the fixed kernel costs the steady step, what the search costs step 1.
+kernels_row "$VP_BIN" "matmul autotuned (main build, --matmul_autotune=true)" EXTRA=--matmul_autotune=true
 kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
 [ "${#rows[@]}" -le 3 ] || vp_run_rows "$mode" "$out" "${rows[@]:3}"
 parity act_small

@@ -109,6 +109,10 @@ pub struct RunFlags {
     /// $XDG_CACHE_HOME/vramlab/cubecl, else ~/.cache/vramlab/cubecl].
     #[arg(long = "kernel_cache_dir", value_name = "DIR")]
     kernel_cache_dir: Option<String>,
+    /// wgpu/cuda: autotune matrix products too (Burn's search per shape) instead of one fixed
+    /// kernel [default: false].
+    #[arg(long = "matmul_autotune", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    matmul_autotune: Option<String>,
     /// f32 (default), bf16 or f16: compute precision (weights stay f32).
     #[arg(long, value_name = "P")]
     precision: Option<String>,

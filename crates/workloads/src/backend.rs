@@ -100,6 +100,9 @@ pub struct GpuOptions {
     pub kernel_cache_dir: Option<std::path::PathBuf>,
     /// `None`: a `cubecl.toml` or `CUBECL_AUTOTUNE_LEVEL` if set, else CubeCL's `balanced`.
     pub autotune: Option<AutotuneLevel>,
+    /// Matrix products autotuned as Burn's (true) or one fixed kernel each (false, default):
+    /// `vramlab_models::nn::cube::matmul`.
+    pub matmul_autotune: bool,
 }
 
 impl GpuOptions {
@@ -172,8 +175,10 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
         };
         let kernels = c.compilation.cache.as_ref().map_or("off".to_string(), root);
         let tune = if cfg!(feature = "autotune") { format!("autotune level {level}") } else { "autotune off (built without Burn's `autotune`: each op's default kernel)".into() };
-        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}", root(&c.autotune.cache))
+        let matmul = if opts.matmul_autotune { "matmul autotuned (--matmul_autotune)" } else { "matmul one fixed kernel (--matmul_autotune=false)" };
+        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}; {matmul}", root(&c.autotune.cache))
     };
+    vramlab_models::nn::cube::set_matmul_autotune(opts.matmul_autotune);
     if let Some(c) = CubeClRuntimeConfig::storage().lock().as_ref() {
         return Ok(describe(c));
     }
@@ -403,7 +408,7 @@ mod tests {
 
     #[test]
     fn kernel_cache_dir_is_the_flag_else_a_per_user_default() {
-        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal) };
+        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal), matmul_autotune: false };
         assert_eq!(flag.cache_dir(), std::path::PathBuf::from("/srv/kernels"));
         let default = GpuOptions::default().cache_dir();
         assert!(std::env::var_os("VRAMLAB_CACHE_DIR").is_some() || default.ends_with("vramlab/cubecl"), "{}", default.display());

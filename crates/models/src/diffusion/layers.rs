@@ -180,7 +180,7 @@ impl<B: LeanBackend> SpatialSoftmax<B> {
         let [n, k, h, w] = f.dims();
         assert_eq!(self.pos_grid.dims()[0], h * w, "SpatialSoftmax: feature map {h}×{w} does not match pos_grid");
         let attention = crate::nn::lean::softmax(to_f32(f).reshape([n * k, h * w]), 1);
-        attention.matmul(self.pos_grid.val()).reshape([n, k * 2])
+        crate::nn::lean::matmul(attention, self.pos_grid.val()).reshape([n, k * 2])
     }
 }
 
@@ -220,9 +220,9 @@ pub fn resize_bilinear_antialias<B: LeanBackend>(images: Tensor<B, 4>, [h, w]: [
     }
     let device = images.device();
     let matrix = |input, output| Tensor::<B, 2>::from_data(TensorData::new(antialias_bilinear_weights(input, output), [output, input]), &device);
-    let x = to_f32(images).reshape([n * c * hh, ww]).matmul(matrix(ww, w).transpose()); // [n·c·H, w]
+    let x = crate::nn::lean::matmul(to_f32(images).reshape([n * c * hh, ww]), matrix(ww, w).transpose()); // [n·c·H, w]
     let x = x.reshape([n * c, hh, w]).swap_dims(1, 2).reshape([n * c * w, hh]); // [n·c·w, H]
-    let x = x.matmul(matrix(hh, h).transpose()); // [n·c·w, h]
+    let x = crate::nn::lean::matmul(x, matrix(hh, h).transpose()); // [n·c·w, h]
     x.reshape([n, c, w, h]).swap_dims(2, 3) // [n, c, h, w]
 }
 

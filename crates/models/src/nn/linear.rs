@@ -8,7 +8,6 @@ use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{gelu, relu};
-use burn::tensor::module::linear;
 
 use super::lean::LeanBackend;
 use super::{Precision, cast};
@@ -55,20 +54,18 @@ impl<B: LeanBackend> Linear<B> {
 /// On a rank-3 input Burn's `linear` is a batched matmul against the broadcast weight, and its
 /// weight gradient multiplies `xᵀ @ grad` per leading index before summing: one weight-sized
 /// gradient per sample (300 MiB for ACT's 512 × 3200 FFN weight at batch 48). On rows the
-/// weight gradient is one matmul, as PyTorch's `addmm`. The bias is added by its own node
+/// weight gradient is one matmul, as PyTorch's `addmm`. The product is
+/// [`lean::matmul`](super::lean::matmul) (on CubeCL one fixed kernel, not an autotune search
+/// per layer shape). The bias is added by its own node
 /// ([`lean::bias_add`](super::lean::bias_add)), whose gradient is one kernel for every layer
 /// shape on CubeCL backends; Burn's linear adds it the same way (a matmul, then an add).
 pub fn linear_rows<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, D> {
     let mut dims = x.dims();
     let din = dims[D - 1];
-    let y = if D <= 2 {
-        linear(x, weight, None)
-    } else {
-        let rows = x.shape().num_elements() / din.max(1);
-        let y = linear(x.reshape([rows, din]), weight, None);
-        dims[D - 1] = y.dims()[1];
-        y.reshape(dims)
-    };
+    let rows = x.shape().num_elements() / din.max(1);
+    let y = super::lean::matmul(x.reshape([rows, din]), weight);
+    dims[D - 1] = y.dims()[1];
+    let y = y.reshape(dims);
     match bias {
         Some(b) => super::lean::bias_add(y, b),
         None => y,

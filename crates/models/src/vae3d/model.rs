@@ -185,12 +185,12 @@ impl<B: LeanBackend> SelfAttention3d<B> {
         let qkv = conv3d_p(&self.qkv, h, p).reshape([b, 3, heads, head_dim, n]);
         let part = |i: usize| qkv.clone().narrow(1, i, 1).reshape([b, heads, head_dim, n]);
         let (q, k, v) = (part(0), part(1), part(2)); // each [b, heads, head_dim, n]
-        let scores = q.swap_dims(2, 3).matmul(k); // [b, heads, n, n]
+        let scores = crate::nn::lean::matmul(q.swap_dims(2, 3), k); // [b, heads, n, n]
         // SDPA's default scale head_dim^-0.5; softmax in f32 as autocast does.
         let attn = crate::nn::lean::softmax(to_f32(scores) * (head_dim as f64).powf(-0.5), 3); // [b, heads, n, n]
         let attn = cast(attn, p.dtype());
         // (attn · vᵀ)ᵀ = v · attnᵀ keeps the reference's (head, head_dim) channel order.
-        let out = v.matmul(attn.swap_dims(2, 3)); // [b, heads, head_dim, n]
+        let out = crate::nn::lean::matmul(v, attn.swap_dims(2, 3)); // [b, heads, head_dim, n]
         x + conv3d_p(&self.proj, out.reshape([b, c, d, hh, w]), p)
     }
 }

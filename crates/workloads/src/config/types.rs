@@ -50,6 +50,10 @@ pub struct RunConfig {
     /// wgpu/cuda: where compiled kernels and autotune results persist across runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_cache_dir: Option<PathBuf>,
+    /// wgpu/cuda: autotune matrix products (Burn's search per shape and layout) instead of
+    /// CubeCL's fixed kernel (`nn::cube::matmul`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub matmul_autotune: bool,
     #[serde(default, deserialize_with = "parsed_precision", serialize_with = "serialize_precision")]
     pub precision: Precision,
     #[serde(default, deserialize_with = "parsed_checkpointing", serialize_with = "serialize_checkpointing")]
@@ -341,7 +345,7 @@ impl Default for SchedulerConfig {
 impl RunConfig {
     /// CubeCL's caches and autotune level for the GPU backends.
     pub fn gpu_options(&self) -> GpuOptions {
-        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune }
+        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune, matmul_autotune: self.matmul_autotune }
     }
 
     /// What a command that trains (`train`, `warmup`, `sweep`, `fit`) says before it starts, on

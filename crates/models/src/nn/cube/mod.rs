@@ -14,7 +14,9 @@
 //!   one launch each, nothing uploaded or stored;
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
-//!   (as the convolution reads it) in one launch.
+//!   (as the convolution reads it) in one launch;
+//! - [`matmul`]: Burn's matmul with one fixed kernel instead of its autotuned search
+//!   ([`matmul_autotune`]).
 //!
 //! Compute is f32; inputs and outputs are in the input's dtype (f32, f16 or bf16 where the
 //! device has it; f32 and f16 tested on lavapipe), statistics and per-channel parameters in
@@ -100,6 +102,54 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch
 pub fn composed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Whether the lean matmul ([`matmul`]) takes Burn's autotuned `float_matmul` (true) or
+/// CubeCL's fixed kernel (false, the default). Set once per process, before the first matmul
+/// ([`set_matmul_autotune`], from `--matmul_autotune`).
+pub fn matmul_autotune() -> bool {
+    MATMUL_AUTOTUNE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static MATMUL_AUTOTUNE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// See [`matmul_autotune`].
+pub fn set_matmul_autotune(on: bool) {
+    MATMUL_AUTOTUNE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `lhs @ rhs` (equal leading axes) with CubeCL's fixed matmul (`MatmulStrategy::Cube`: cubek's
+/// `Strategy::Auto`, the simple cyclic tile-matmul kernel on the device's matrix units where it
+/// has them, else the unit kernel); where that cannot be set up for these operands, Burn's
+/// default strategy (autotune in builds with it).
+///
+/// Why: Burn's `float_matmul` autotunes every new shape and layout, compiling and timing each
+/// candidate (on an H100, 20 of 29 for most of ACT's keys, about 0.47 s of NVRTC each). The
+/// fixed kernel is one of those candidates: in the H100 run of 2026-11-27 it was within 1.0–2.2×
+/// of each key's winner, 2.2 ms against the winners' 1.57 ms summed over the 17 keys of ACT
+/// b8 480×640's forward (`benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune.md`).
+///
+/// On a device without cooperative-matrix instructions (lavapipe) the tile-matmul attempt fails
+/// only after copying a highly permuted operand (an attention head view) contiguous, and the unit
+/// kernel it falls back on copies it again; such an operand is copied here once instead (80
+/// copies a step fewer on ACT b2 64×64 on lavapipe).
+pub fn matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
+    use burn_cubecl::kernel::matmul::{MatmulStrategy, matmul};
+    use cubecl::std::tensor::{MatrixBatchLayout, matrix_batch_layout};
+    let unit_only = lhs.client.properties().features.matmul.cmma.is_empty();
+    let relayout = |t: CubeTensor<R>| {
+        if unit_only && matrix_batch_layout(t.meta.strides(), None) == MatrixBatchLayout::HighlyPermuted {
+            burn_cubecl::kernel::into_contiguous(t)
+        } else {
+            t
+        }
+    };
+    let (lhs, rhs) = (relayout(lhs), relayout(rhs));
+    let dtype = lhs.dtype;
+    match matmul(lhs.clone(), rhs.clone(), None, MatmulStrategy::Cube, dtype) {
+        Ok(y) => y,
+        Err(_) => matmul(lhs, rhs, None, MatmulStrategy::default(), dtype).expect("Burn's matmul"),
+    }
 }
 
 /// The sum of every unit's `v` over the cube ([`BLOCK`] units), in every unit. `shared` holds

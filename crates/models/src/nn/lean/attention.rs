@@ -21,7 +21,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, TensorMetadata};
 
-use super::{LeanBackend, Prim, p, t};
+use super::{LeanBackend, Prim, matmul, p, t};
 use crate::nn::dropout::apply_drop;
 use crate::nn::linear::linear_rows;
 use crate::nn::{cast, to_f32};
@@ -73,7 +73,7 @@ fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<
     let v = heads(project(xs[2].clone(), 2), s);
     // PyTorch scales q before the product (q_scaled = q * hd^-1/2).
     let q = q * (hd as f64).powf(-0.5);
-    let scores = to_f32(q.clone().matmul(k.clone().swap_dims(2, 3))); // [n, h, l, s]
+    let scores = to_f32(matmul(q.clone(), k.clone().swap_dims(2, 3))); // [n, h, l, s]
     let scores = match mask_bias {
         Some(bias) => scores + bias.reshape([n, 1, 1, s]),
         None => scores,
@@ -83,7 +83,7 @@ fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<
         Some((base, threshold, scale)) => apply_drop(attn.clone(), base, threshold, scale),
         None => attn.clone(),
     };
-    let out = cast(dropped, dt).matmul(v.clone()); // [n, h, l, hd]
+    let out = matmul(cast(dropped, dt), v.clone()); // [n, h, l, hd]
     (out.swap_dims(1, 2).reshape([n, l, d]), Saved { xs, q, k, v, attn })
 }
 
@@ -138,13 +138,13 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
     };
     let dout = cast(dy, dt).reshape([n, l, h, hd]).swap_dims(1, 2); // [n, h, l, hd]
     // out = cast(dropout(attn)) · v
-    let dv = cast(drop(attn.clone()), dt).swap_dims(2, 3).matmul(dout.clone()); // [n, h, s, hd]
-    let dattn = drop(to_f32(dout.matmul(v.swap_dims(2, 3)))); // [n, h, l, s]
+    let dv = matmul(cast(drop(attn.clone()), dt).swap_dims(2, 3), dout.clone()); // [n, h, s, hd]
+    let dattn = drop(to_f32(matmul(dout, v.swap_dims(2, 3)))); // [n, h, l, s]
     let dscores = t::<B, 4>(B::lean_softmax_backward(p(attn), p(dattn), 3));
     // scores = f32(q_scaled · kᵀ); q_scaled = q · hd^-1/2
     let ds = cast(dscores, dt);
-    let dq = ds.clone().matmul(k) * (hd as f64).powf(-0.5); // [n, h, l, hd]
-    let dk = ds.swap_dims(2, 3).matmul(q); // [n, h, s, hd]
+    let dq = matmul(ds.clone(), k) * (hd as f64).powf(-0.5); // [n, h, l, hd]
+    let dk = matmul(ds.swap_dims(2, 3), q); // [n, h, s, hd]
     let merge = |g: Tensor<B, 4>, rows: usize| g.swap_dims(1, 2).reshape([n * rows, d]);
     let w = t::<B, 2>(w);
     let w_dtype = w.dtype();
@@ -155,9 +155,9 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
         let x = t::<B, 3>(inputs[i].clone());
         let g = merge(g, rows);
         let wi = cast(w.clone().narrow(0, i * d, d), dt);
-        dws.push(like(g.clone().transpose().matmul(x.reshape([n * rows, d])), w_dtype));
+        dws.push(like(matmul(g.clone().transpose(), x.reshape([n * rows, d])), w_dtype));
         dbs.push(like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype));
-        dx.push(like(g.matmul(wi).reshape([n, rows, d]), input_dtypes[i]));
+        dx.push(like(matmul(g, wi).reshape([n, rows, d]), input_dtypes[i]));
     }
     let mut dx = dx.into_iter().map(p);
     let mut next = || dx.next().expect("three inputs");

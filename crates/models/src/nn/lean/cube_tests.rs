@@ -493,3 +493,33 @@ fn attention_node_gradients_match_the_composed_ops() {
     super::attention::tests::attention_node_matches::<A>(2, 6, 6, 2, true, false, true, FloatDType::F32, 1e-5);
     super::attention::tests::attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, 1e-5);
 }
+
+/// The fixed matmul kernel (`cube::matmul`, what `lean_matmul` runs unless
+/// `--matmul_autotune`) against Burn's `float_matmul` on the same device, f32 within 1e-5:
+/// ragged shapes, a single row and a single column, an inner size of 1, a transposed operand
+/// (a linear layer's weight; the attention's kᵀ) and equal batch axes; then the node's gradients
+/// against autodiff of Burn's matmul.
+#[test]
+fn fixed_matmul_kernel_and_node_match_burns() {
+    use burn::tensor::FloatDType;
+    let cases: [([usize; 3], [usize; 3], bool); 7] = [
+        ([1, 37, 19], [1, 19, 23], false),
+        ([1, 37, 19], [1, 19, 23], true),
+        ([1, 1, 64], [1, 64, 33], true),
+        ([1, 40, 64], [1, 64, 1], false),
+        ([1, 5, 1], [1, 1, 7], false),
+        ([6, 17, 8], [6, 8, 17], true),
+        ([3, 130, 72], [3, 72, 66], false),
+    ];
+    for (i, (da, db, transposed)) in cases.into_iter().enumerate() {
+        let a: Tensor<W, 3> = random(da, 60 + i as u64);
+        let b: Tensor<W, 3> = if transposed { random::<W, 3>([db[0], db[2], db[1]], 70 + i as u64).swap_dims(1, 2) } else { random(db, 70 + i as u64) };
+        let fixed = cube_kernels::matmul::<W>(p(a.clone()), p(b.clone()));
+        let burn = burn_kernels::matmul::<W>(p(a), p(b));
+        assert_eq!(fixed.meta.shape().to_vec(), vec![da[0], da[1], db[2]], "case {i}: shape");
+        close(&format!("matmul case {i} {da:?} @ {db:?} transposed {transposed}"), fixed, burn, 1e-5);
+    }
+    super::matmul::tests::matmul_node_matches::<A, 2>([9, 4], [4, 3], true, false, false, FloatDType::F32, 1e-5);
+    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 6], false, false, false, FloatDType::F32, 1e-5);
+    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 5], false, true, false, FloatDType::F32, 1e-5);
+}

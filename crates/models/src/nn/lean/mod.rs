@@ -13,6 +13,8 @@
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
 //!   per-channel affine (frozen batch norm) and linear upsampling;
 //! - [`attention`]: multi-head attention from the packed in-projection to the merged heads;
+//! - [`matmul`]: matrix products, on CubeCL one fixed kernel instead of Burn's autotuned search
+//!   (unless `--matmul_autotune=true`);
 //! - [`conv`]: 1-D, 2-D and 3-D convolutions, weight gradient over bounded batch chunks and a
 //!   stride-1 input gradient as a forward convolution.
 //!
@@ -37,12 +39,14 @@ mod attention;
 mod conv;
 #[cfg(all(test, feature = "wgpu"))]
 mod cube_tests;
+mod matmul;
 mod norm;
 mod pointwise;
 
 pub use super::linear_source_indices;
 pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
+pub use matmul::matmul;
 pub(crate) use norm::{group_norm, layer_norm};
 pub use pointwise::{bias_add, channel_affine, mean_all, mish, relu, silu, softmax, upsample_linear};
 
@@ -86,6 +90,13 @@ pub trait LeanBackend: Backend {
     fn lean_attention(inputs: [Prim<Self>; 3], w: Prim<Self>, b: Prim<Self>, mask_bias: Option<Prim<Self>>, args: AttnArgs) -> Prim<Self> {
         let [q, k, v] = inputs;
         p(attention::attention_forward::<Self>(t(q), t(k), t(v), t(w), t(b), mask_bias.map(t), args))
+    }
+    /// `lhs @ rhs` over the last two axes, the leading axes equal (no broadcast: [`matmul`]).
+    /// On CubeCL one fixed kernel (`nn::cube::matmul`) unless
+    /// [`matmul_autotune`](crate::nn::cube::matmul_autotune); elsewhere Burn's `float_matmul`.
+    /// On autodiff one node whose backward multiplies through this method too.
+    fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
+        Self::float_matmul(lhs, rhs)
     }
     /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
     /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
@@ -275,6 +286,9 @@ mod burn_kernels {
         let m = (0..rank).rev().fold(x, |m, d| B::float_mean_dim(m, d));
         B::float_reshape(m, Shape::from(vec![1]))
     }
+    pub fn matmul<B: Backend>(lhs: Prim<B>, rhs: Prim<B>) -> Prim<B> {
+        B::float_matmul(lhs, rhs)
+    }
     pub fn bias_add<B: Backend>(x: Prim<B>, bias: Prim<B>) -> Prim<B> {
         let rank = x.shape().num_dims();
         let d = bias.shape().num_elements();
@@ -337,6 +351,19 @@ mod cube_kernels {
     }
     pub fn dropout_on_device() -> bool {
         !cube::composed()
+    }
+    /// One fixed kernel ([`cube::matmul`]) where the shapes multiply without a broadcast and
+    /// autotune is not asked for; otherwise Burn's (autotuned) `float_matmul`.
+    pub fn matmul<B: CubeLaunch>(lhs: Prim<B>, rhs: Prim<B>) -> Prim<B> {
+        if cube::matmul_autotune() || !super::matmul::same_batch::<B>(&lhs, &rhs) || lhs.dtype() != rhs.dtype() {
+            return B::float_matmul(lhs, rhs);
+        }
+        let mut dims = dims_of::<B>(&lhs);
+        let r = dims.len();
+        dims[r - 1] = rhs.shape()[r - 1];
+        let out = OutSpec::new(dims, lhs.dtype());
+        let [y] = B::cube_op("vramlab.matmul", [lhs, rhs], [out], |[lhs, rhs]| [cube::matmul(lhs, rhs)]);
+        y
     }
     pub fn dropout<B: CubeLaunch>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         if cube::composed() {
@@ -447,7 +474,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, mean_all, relu, relu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, matmul, mean_all, relu, relu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -598,6 +625,9 @@ macro_rules! inner_lean_backend {
             fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
                 $kernels::relu_backward::<Self>(y, dy)
             }
+            fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
+                $kernels::matmul::<Self>(lhs, rhs)
+            }
             fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
                 $kernels::softmax::<Self>(x, dim)
             }
@@ -667,6 +697,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_attention(inputs: [Prim<Self>; 3], w: Prim<Self>, b: Prim<Self>, mask_bias: Option<Prim<Self>>, args: AttnArgs) -> Prim<Self> {
         attention::attention_node::<B, C>(inputs, w, b, mask_bias, args)
+    }
+
+    fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
+        matmul::matmul_node::<B, C>(lhs, rhs)
     }
 
     fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
