@@ -356,7 +356,7 @@ mod cube_kernels {
     /// autotune is not asked for; otherwise Burn's (autotuned) `float_matmul`.
     pub fn matmul<B: CubeLaunch>(lhs: Prim<B>, rhs: Prim<B>) -> Prim<B> {
         if cube::matmul_autotune() || !super::matmul::same_batch::<B>(&lhs, &rhs) || lhs.dtype() != rhs.dtype() {
-            return B::float_matmul(lhs, rhs);
+            return burn_kernels::matmul::<B>(lhs, rhs);
         }
         let mut dims = dims_of::<B>(&lhs);
         let r = dims.len();
