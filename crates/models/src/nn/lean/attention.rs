@@ -198,7 +198,7 @@ pub(super) mod tests {
     use burn::tensor::backend::AutodiffBackend;
     use burn::tensor::{FloatDType, TensorData};
 
-    use super::super::tests::{A, random, rel, vals};
+    use super::super::tests::{A, all_close, random, vals};
     use super::super::{LeanBackend, p, t};
     use super::{AttnArgs, attention_forward};
     use crate::nn::DropoutCtx;
@@ -247,12 +247,7 @@ pub(super) mod tests {
         };
         let (lean, plain) = (run(true), run(false));
         let at = format!("n {n} l {l} s {s} heads {heads} self {self_attn} masked {masked} dropout {dropout} {dtype:?}");
-        for ((name, a), (_, b)) in lean.into_iter().zip(plain) {
-            assert_eq!(a.len(), b.len(), "{at} {name}: sizes");
-            assert!(!a.is_empty() && a.iter().all(|x| x.is_finite()), "{at} {name}: finite");
-            let e = rel(&a, &b);
-            assert!(e <= tol, "{at} {name}: relative error {e:e} > {tol:e}");
-        }
+        all_close(&at, lean, plain, tol);
     }
 
     #[test]

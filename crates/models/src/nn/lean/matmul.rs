@@ -18,7 +18,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::NodeId;
 use burn::prelude::*;
-use burn::tensor::TensorMetadata;
 
 use super::{LeanBackend, Prim, p, t};
 
@@ -71,6 +70,7 @@ pub fn matmul<B: LeanBackend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) 
 /// Whether `a`'s and `b`'s shapes multiply without a broadcast (for the backends' kernels).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(super) fn same_batch<B: Backend>(a: &Prim<B>, b: &Prim<B>) -> bool {
+    use burn::tensor::TensorMetadata;
     let (sa, sb) = (a.shape(), b.shape());
     let r = sa.num_dims();
     r == sb.num_dims() && r >= 2 && sa[..r - 2] == sb[..r - 2] && sa[r - 1] == sb[r - 2]
@@ -84,7 +84,7 @@ pub(super) mod tests {
     use burn::tensor::FloatDType;
     use burn::tensor::backend::AutodiffBackend;
 
-    use super::super::tests::{A, random, rel, vals};
+    use super::super::tests::{A, all_close, random, vals};
     use super::super::LeanBackend;
     use super::matmul;
 
@@ -121,12 +121,7 @@ pub(super) mod tests {
         };
         let (lean, plain) = (run(true), run(false));
         let at = format!("{da:?} @ {db:?} transposed {transposed_rhs} shared {shared} frozen {frozen_rhs} {dtype:?}");
-        for ((name, x), (_, y)) in lean.into_iter().zip(plain) {
-            assert_eq!(x.len(), y.len(), "{at} {name}: sizes");
-            assert!(!x.is_empty() && x.iter().all(|v| v.is_finite()), "{at} {name}: finite");
-            let e = rel(&x, &y);
-            assert!(e <= tol, "{at} {name}: relative error {e:e} > {tol:e}");
-        }
+        all_close(&at, lean, plain, tol);
     }
 
     #[test]

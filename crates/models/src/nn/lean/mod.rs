@@ -818,6 +818,18 @@ mod tests {
         vramlab_testkit::diff("lean", a, b).rel
     }
 
+    /// Named value lists (`lean`: a node's output and gradients; `plain`: the reference's, in
+    /// the same order) equal in size, finite and within `tol` ([`rel`]); `at` names the case.
+    pub(crate) fn all_close(at: &str, lean: Vec<(&str, Vec<f32>)>, plain: Vec<(&str, Vec<f32>)>, tol: f32) {
+        assert_eq!(lean.len(), plain.len(), "{at}: as many values");
+        for ((name, a), (_, b)) in lean.into_iter().zip(plain) {
+            assert_eq!(a.len(), b.len(), "{at} {name}: sizes");
+            assert!(!a.is_empty() && a.iter().all(|x| x.is_finite()), "{at} {name}: finite");
+            let e = rel(&a, &b);
+            assert!(e <= tol, "{at} {name}: relative error {e:e} > {tol:e}");
+        }
+    }
+
     /// Normal(0.3, 1.5) values drawn on the host from `seed` alone (Box–Muller over a 64-bit
     /// LCG): the same tensor whatever other tests do meanwhile. Seeding the device's generator
     /// and then drawing from it raced with tests seeding it in parallel, and two draws meant to
