@@ -516,7 +516,7 @@ fn fixed_matmul_kernel_and_node_match_burns() {
         let b: Tensor<W, 3> = if transposed { random::<W, 3>([db[0], db[2], db[1]], 70 + i as u64).swap_dims(1, 2) } else { random(db, 70 + i as u64) };
         let fixed = cube_kernels::matmul::<W>(p(a.clone()), p(b.clone()));
         let burn = burn_kernels::matmul::<W>(p(a), p(b));
-        assert_eq!(fixed.meta.shape().to_vec(), vec![da[0], da[1], db[2]], "case {i}: shape");
+        assert_eq!(burn::tensor::TensorMetadata::shape(&fixed).to_vec(), vec![da[0], da[1], db[2]], "case {i}: shape");
         close(&format!("matmul case {i} {da:?} @ {db:?} transposed {transposed}"), fixed, burn, 1e-5);
     }
     super::matmul::tests::matmul_node_matches::<A, 2>([9, 4], [4, 3], true, false, false, FloatDType::F32, 1e-5);
