@@ -127,7 +127,8 @@ pub fn set_matmul_autotune(on: bool) {
 /// candidate (on an H100, 20 of 29 for most of ACT's keys, about 0.47 s of NVRTC each). The
 /// fixed kernel is one of those candidates: in the H100 run of 2026-11-27 it was within 1.0–2.2×
 /// of each key's winner, 2.2 ms against the winners' 1.57 ms summed over the 17 keys of ACT
-/// b8 480×640's forward (`benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune.md`).
+/// b8 480×640's forward (read off the committed autotune results: per-key table in
+/// `benches/results/kernels/wgpu/fixed_matmul.md`).
 ///
 /// On a device without cooperative-matrix instructions (lavapipe) the tile-matmul attempt fails
 /// only after copying a highly permuted operand (an attention head view) contiguous, and the unit
