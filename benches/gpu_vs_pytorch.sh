@@ -209,6 +209,10 @@ kernels_row "$VP_BIN" "autotune minimal (main build, --autotune=minimal)" EXTRA=
 # Matrix products autotuned as Burn's instead of the fixed kernel (the default since 2026-11-28):
 # what the fixed kernel costs the steady step, what the search costs step 1.
 kernels_row "$VP_BIN" "matmul autotuned (main build, --matmul_autotune=true)" EXTRA=--matmul_autotune=true
+# Convolutions searched as Burn's (8 forward / 7 weight-gradient candidates a shape) instead of
+# nn::cube::conv's short search (4 / 3, the default since 2026-11-28): what each costs step 1 and
+# the steady step.
+kernels_row "$VP_BIN" "conv full autotune (main build, --conv_full_autotune=true)" EXTRA=--conv_full_autotune=true
 kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
 [ "${#rows[@]}" -le 3 ] || vp_run_rows "$mode" "$out" "${rows[@]:3}"
 parity act_small

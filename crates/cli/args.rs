@@ -113,6 +113,10 @@ pub struct RunFlags {
     /// kernel [default: false].
     #[arg(long = "matmul_autotune", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     matmul_autotune: Option<String>,
+    /// wgpu/cuda: Burn's full autotune search for the convolutions instead of a short one over
+    /// the kernels that win on a GPU (none without matrix units) [default: false].
+    #[arg(long = "conv_full_autotune", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    conv_full_autotune: Option<String>,
     /// f32 (default), bf16 or f16: compute precision (weights stay f32).
     #[arg(long, value_name = "P")]
     precision: Option<String>,

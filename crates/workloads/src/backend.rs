@@ -103,6 +103,9 @@ pub struct GpuOptions {
     /// Matrix products autotuned as Burn's (true) or one fixed kernel each (false, default):
     /// `vramlab_models::nn::cube::matmul`.
     pub matmul_autotune: bool,
+    /// Convolutions searched as Burn's (true) or over the few kernels of
+    /// `vramlab_models::nn::cube::conv` (false, default).
+    pub conv_full_autotune: bool,
 }
 
 impl GpuOptions {
@@ -176,9 +179,11 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
         let kernels = c.compilation.cache.as_ref().map_or("off".to_string(), root);
         let tune = if cfg!(feature = "autotune") { format!("autotune level {level}") } else { "autotune off (built without Burn's `autotune`: each op's default kernel)".into() };
         let matmul = if opts.matmul_autotune { "matmul autotuned (--matmul_autotune)" } else { "matmul one fixed kernel (--matmul_autotune=false)" };
-        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}; {matmul}", root(&c.autotune.cache))
+        let conv = if opts.conv_full_autotune { "convolutions: Burn's full search (--conv_full_autotune)" } else { "convolutions: short search (--conv_full_autotune=false)" };
+        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}; {matmul}; {conv}", root(&c.autotune.cache))
     };
     vramlab_models::nn::cube::set_matmul_autotune(opts.matmul_autotune);
+    vramlab_models::nn::cube::conv::set_full_search(opts.conv_full_autotune);
     if let Some(c) = CubeClRuntimeConfig::storage().lock().as_ref() {
         return Ok(describe(c));
     }
@@ -408,7 +413,7 @@ mod tests {
 
     #[test]
     fn kernel_cache_dir_is_the_flag_else_a_per_user_default() {
-        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal), matmul_autotune: false };
+        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal), matmul_autotune: false, conv_full_autotune: false };
         assert_eq!(flag.cache_dir(), std::path::PathBuf::from("/srv/kernels"));
         let default = GpuOptions::default().cache_dir();
         assert!(std::env::var_os("VRAMLAB_CACHE_DIR").is_some() || default.ends_with("vramlab/cubecl"), "{}", default.display());

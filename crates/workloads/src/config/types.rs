@@ -54,6 +54,10 @@ pub struct RunConfig {
     /// CubeCL's fixed kernel (`nn::cube::matmul`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub matmul_autotune: bool,
+    /// wgpu/cuda: Burn's full autotune search for the convolutions (forward, weight gradient)
+    /// instead of the short one of `nn::cube::conv` (none on a device without matrix units).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub conv_full_autotune: bool,
     #[serde(default, deserialize_with = "parsed_precision", serialize_with = "serialize_precision")]
     pub precision: Precision,
     #[serde(default, deserialize_with = "parsed_checkpointing", serialize_with = "serialize_checkpointing")]
@@ -345,7 +349,7 @@ impl Default for SchedulerConfig {
 impl RunConfig {
     /// CubeCL's caches and autotune level for the GPU backends.
     pub fn gpu_options(&self) -> GpuOptions {
-        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune, matmul_autotune: self.matmul_autotune }
+        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune, matmul_autotune: self.matmul_autotune, conv_full_autotune: self.conv_full_autotune }
     }
 
     /// What a command that trains (`train`, `warmup`, `sweep`, `fit`) says before it starts, on

@@ -15,6 +15,8 @@
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
 //!   (as the convolution reads it) in one launch;
+//! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
+//!   kernels that win on a GPU instead of Burn's full one, none on a device without matrix units;
 //! - [`matmul`]: Burn's matmul with one fixed kernel instead of its autotuned search
 //!   ([`matmul_autotune`]).
 //!
@@ -34,6 +36,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::*;
 
 pub mod channel_sum;
+pub mod conv;
 pub mod dropout;
 #[cfg(feature = "fusion")]
 mod fusion;

@@ -523,3 +523,40 @@ fn fixed_matmul_kernel_and_node_match_burns() {
     super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 6], false, false, false, FloatDType::F32, 1e-5);
     super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 5], false, true, false, FloatDType::F32, 1e-5);
 }
+
+/// `nn::cube::conv` (the short search; on lavapipe, which has no matrix units, Burn's direct
+/// kernel and the swapped-convolution weight gradient) against Burn's convolutions, forward and
+/// weight gradient, 1-D to 3-D: strides, padding, dilation, no bias, a 1×1 kernel, a stride
+/// that leaves the swapped convolution larger than the kernel (cut to it).
+#[test]
+fn short_conv_search_matches_burns_convolutions() {
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::TensorMetadata;
+    fn check<const D: usize, const N: usize>(name: &str, x: [usize; D], w: [usize; D], bias: bool, o: ConvOptions<N>, seed: u64, conv: fn(Prim<W>, Prim<W>, Option<Prim<W>>, ConvOptions<N>) -> Prim<W>, burn_conv: fn(Prim<W>, Prim<W>, Option<Prim<W>>, ConvOptions<N>) -> Prim<W>, wgrad: fn(Prim<W>, Prim<W>, Prim<W>, ConvOptions<N>) -> Prim<W>, burn_wgrad: fn(Prim<W>, Prim<W>, Prim<W>, ConvOptions<N>) -> Prim<W>) {
+        let xt: Tensor<W, D> = random(x, seed);
+        let wt: Tensor<W, D> = random(w, seed + 1);
+        let b = bias.then(|| p(random::<W, 1>([w[0]], seed + 2)));
+        let y = conv(p(xt.clone()), p(wt.clone()), b.clone(), o.clone());
+        let y_burn = burn_conv(p(xt.clone()), p(wt.clone()), b, o.clone());
+        assert_eq!(y.shape(), y_burn.shape(), "{name}: output shape");
+        let dy: Tensor<W, D> = random(y.shape().dims(), seed + 3);
+        close(&format!("{name} forward"), y, y_burn, 1e-5);
+        let dw = wgrad(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
+        let dw_burn = burn_wgrad(p(xt), p(wt), p(dy), o);
+        assert_eq!(dw.shape().to_vec(), w.to_vec(), "{name}: weight gradient shape");
+        close(&format!("{name} weight gradient"), dw, dw_burn, 1e-5);
+    }
+    let c1 = |s, pd, d| ConvOptions::new([s], [pd], [d], 1);
+    for (i, (x, w, bias, o)) in [([3, 4, 37], [6, 4, 5], true, c1(1, 2, 1)), ([2, 3, 40], [5, 3, 3], false, c1(2, 1, 2))].into_iter().enumerate() {
+        check::<3, 1>(&format!("conv1d case {i}"), x, w, bias, o, 10 + i as u64, cube_kernels::forward::<W>, burn_kernels::forward::<W>, cube_kernels::weight_backward::<W>, burn_kernels::weight_backward::<W>);
+    }
+    let c2 = |s, pd, d| ConvOptions::new([s, s], [pd, pd], [d, d], 1);
+    let cases2 = [([2, 3, 19, 17], [8, 3, 3, 3], true, c2(1, 1, 1)), ([2, 8, 16, 15], [4, 8, 3, 3], false, c2(2, 1, 1)), ([3, 5, 12, 12], [7, 5, 1, 1], true, c2(1, 0, 1)), ([2, 4, 21, 20], [4, 4, 3, 3], true, c2(3, 2, 2)), ([2, 6, 9, 11], [6, 6, 1, 1], false, c2(2, 0, 1))];
+    for (i, (x, w, bias, o)) in cases2.into_iter().enumerate() {
+        check::<4, 2>(&format!("conv2d case {i}"), x, w, bias, o, 20 + i as u64, cube_kernels::conv2d::<W>, burn_kernels::conv2d::<W>, cube_kernels::weight_backward_2d::<W>, burn_kernels::weight_backward_2d::<W>);
+    }
+    let c3 = |s, pd| ConvOptions::new([s, s, s], [pd, pd, pd], [1, 1, 1], 1);
+    for (i, (x, w, bias, o)) in [([2, 4, 6, 9, 8], [5, 4, 3, 3, 3], true, c3(1, 1)), ([1, 3, 8, 10, 9], [4, 3, 3, 3, 3], false, c3(2, 1))].into_iter().enumerate() {
+        check::<5, 3>(&format!("conv3d case {i}"), x, w, bias, o, 30 + i as u64, cube_kernels::conv3d::<W>, burn_kernels::conv3d::<W>, cube_kernels::weight_backward_3d::<W>, burn_kernels::weight_backward_3d::<W>);
+    }
+}

@@ -312,7 +312,51 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{bias_add, channel_affine, conv2d, conv3d, forward, upsample_linear, upsample_linear_backward, weight_backward, weight_backward_2d, weight_backward_3d, x_backward};
+    pub use burn_kernels::{bias_add, channel_affine, upsample_linear, upsample_linear_backward, x_backward};
+    pub fn conv2d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<2>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::conv2d::<B>(x, w, b, o) } else { conv_forward::<B, 2>(x, w, b, o) }
+    }
+    pub fn conv3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<3>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::conv3d::<B>(x, w, b, o) } else { conv_forward::<B, 3>(x, w, b, o) }
+    }
+    /// conv1d.
+    pub fn forward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::forward::<B>(x, w, b, o) } else { conv_forward::<B, 1>(x, w, b, o) }
+    }
+    pub fn weight_backward_2d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::weight_backward_2d::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 2>(x, &w, dy, o) }
+    }
+    pub fn weight_backward_3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::weight_backward_3d::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 3>(x, &w, dy, o) }
+    }
+    /// conv1d's weight gradient.
+    pub fn weight_backward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        if cube::conv::full_search() { burn_kernels::weight_backward::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 1>(x, &w, dy, o) }
+    }
+    /// [`cube::conv::forward`] as one operation (with or without a bias).
+    fn conv_forward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<N>) -> Prim<B> {
+        let (xd, wd) = (dims_of::<B>(&x), dims_of::<B>(&w));
+        let mut dims = vec![xd[0], wd[0]];
+        dims.extend((0..N).map(|d| (xd[2 + d] + 2 * o.padding[d] - o.dilation[d] * (wd[2 + d] - 1) - 1) / o.stride[d] + 1));
+        let out = OutSpec::new(dims, x.dtype());
+        match b {
+            Some(b) => {
+                let [y] = B::cube_op("vramlab.conv", [x, w, b], [out], move |[x, w, b]| [cube::conv::forward::<_, N>(x, w, Some(b), o.clone())]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.conv", [x, w], [out], move |[x, w]| [cube::conv::forward::<_, N>(x, w, None, o.clone())]);
+                y
+            }
+        }
+    }
+    /// [`cube::conv::weight_backward`] as one operation (`w` for its shape).
+    fn conv_weight_backward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: &Prim<B>, dy: Prim<B>, o: ConvOptions<N>) -> Prim<B> {
+        let shape = w.shape();
+        let out = OutSpec::new(shape.to_vec(), x.dtype());
+        let [dw] = B::cube_op("vramlab.conv_weight_backward", [x, dy], [out], move |[x, dy]| [cube::conv::weight_backward::<_, N>(x, dy, shape.clone(), o.clone())]);
+        dw
+    }
     pub fn channel_sum<B: CubeLaunch>(x: Prim<B>, axis: usize) -> Prim<B> {
         if cube::composed() {
             return burn_kernels::channel_sum::<B>(x, axis);
