@@ -117,7 +117,7 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
 /// 16-channel 3×3×3 convolution on a 32×128×128 grid) and loops over the batch on one
 /// thread; the forward convolution is tiled and parallel. `None`: use Burn's (strided,
 /// grouped, or padding beyond the kernel's reach).
-fn flipped_padding(kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Vec<usize>> {
+pub(super) fn flipped_padding(kernel: &[usize], stride: &[usize], padding: &[usize], dilation: &[usize], groups: usize) -> Option<Vec<usize>> {
     if groups != 1 || stride.iter().any(|&s| s != 1) {
         return None;
     }

@@ -312,7 +312,19 @@ mod burn_kernels {
 mod cube_kernels {
     use super::*;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{bias_add, channel_affine, upsample_linear, upsample_linear_backward, x_backward};
+    pub use burn_kernels::{bias_add, channel_affine, upsample_linear, upsample_linear_backward};
+    /// conv1d's input gradient: where the convolution is stride-1 and ungrouped, the forward
+    /// convolution of the output gradient with the flipped kernel (as the 2-D and 3-D nodes do,
+    /// `conv::flipped_padding`), so it takes [`forward`]'s short search instead of Burn's
+    /// transposed-convolution searches (on Diffusion's UNet, 18 keys each of `backward_data`,
+    /// `conv_transpose2d` and the matmuls under it); otherwise Burn's.
+    pub fn x_backward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
+        let kernel = dims_of::<B>(&w)[2..].to_vec();
+        match (!cube::conv::full_search()).then(|| super::conv::flipped_padding(&kernel, &o.stride, &o.padding, &o.dilation, o.groups)).flatten() {
+            Some(pad) => forward::<B>(dy, flipped_weight::<B>(w), None, ConvOptions::new([1], [pad[0]], o.dilation, 1)),
+            None => burn_kernels::x_backward::<B>(x, w, dy, o),
+        }
+    }
     pub fn conv2d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<2>) -> Prim<B> {
         if cube::conv::full_search() { burn_kernels::conv2d::<B>(x, w, b, o) } else { conv_forward::<B, 2>(x, w, b, o) }
     }
