@@ -311,6 +311,7 @@ mod burn_kernels {
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_kernels {
     use super::*;
+    use conv::flipped_padding;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
     pub use burn_kernels::{bias_add, channel_affine, upsample_linear, upsample_linear_backward};
     /// conv1d's input gradient: where the convolution is stride-1 and ungrouped, the forward
@@ -320,7 +321,7 @@ mod cube_kernels {
     /// `conv_transpose2d` and the matmuls under it); otherwise Burn's.
     pub fn x_backward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
         let kernel = dims_of::<B>(&w)[2..].to_vec();
-        match (!cube::conv::full_search()).then(|| super::conv::flipped_padding(&kernel, &o.stride, &o.padding, &o.dilation, o.groups)).flatten() {
+        match (!cube::conv::full_search()).then(|| flipped_padding(&kernel, &o.stride, &o.padding, &o.dilation, o.groups)).flatten() {
             Some(pad) => forward::<B>(dy, flipped_weight::<B>(w), None, ConvOptions::new([1], [pad[0]], o.dilation, 1)),
             None => burn_kernels::x_backward::<B>(x, w, dy, o),
         }
