@@ -13,6 +13,8 @@
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
 //!   one launch each, nothing uploaded or stored;
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
+//! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
+//!   forward and backward one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
 //!   (as the convolution reads it) in one launch;
 //! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
@@ -44,6 +46,7 @@ pub mod group_norm;
 pub mod layer_norm;
 pub mod relu;
 pub mod softmax;
+pub mod upsample;
 pub mod weight;
 
 /// Units per cube of the reducing kernels (one cube per group / channel / row).

@@ -369,7 +369,9 @@ fn strided_conv_input_gradients_match_flex() {
     use burn::tensor::ops::ConvOptions;
     use super::conv::{host_tensor, spread_x_backward_cases};
     assert!(<W as super::LeanBackend>::spread_strided_x_backward(2, true) && <W as super::LeanBackend>::spread_strided_x_backward(1, true));
-    assert_eq!(<W as super::LeanBackend>::spread_strided_x_backward(3, false), !crate::nn::cube::composed());
+    for rank in 1..=3 {
+        assert_eq!(<W as super::LeanBackend>::spread_strided_x_backward(rank, false), !crate::nn::cube::composed(), "rank {rank}");
+    }
     let cases = spread_x_backward_cases::<W>();
     assert!(cases.iter().filter(|c| c.1).count() >= 3, "1×1 stride-2 cases");
     for ((case, short, spread, own), (_, _, _, reference)) in cases.into_iter().zip(spread_x_backward_cases::<Flex>()) {
@@ -401,10 +403,19 @@ fn strided_conv_input_gradients_match_flex() {
     let o1 = || ConvOptions::new([3], [0], [1], 1);
     let c1 = |x: Tensor<A, 3>, w: Tensor<A, 3>, _| super::conv::conv1d(x, w, None, o1());
     let f1 = |x: Tensor<AF, 3>, w: Tensor<AF, 3>, _| burn::tensor::module::conv1d(x, w, None, o1());
+    // ResNet's 3×3 stride-2 convolutions and the UNet's downsampling conv1d (k3, stride 2, pad 1).
+    let o2p = || ConvOptions::new([2, 2], [1, 1], [1, 1], 1);
+    let c2p = |x: Tensor<A, 4>, w: Tensor<A, 4>, _| super::conv::conv2d(x, w, None, o2p());
+    let f2p = |x: Tensor<AF, 4>, w: Tensor<AF, 4>, _| burn::tensor::module::conv2d(x, w, None, o2p());
+    let o1p = || ConvOptions::new([2], [1], [1], 1);
+    let c1p = |x: Tensor<A, 3>, w: Tensor<A, 3>, _| super::conv::conv1d(x, w, None, o1p());
+    let f1p = |x: Tensor<AF, 3>, w: Tensor<AF, 3>, _| burn::tensor::module::conv1d(x, w, None, o1p());
     for (name, (lx, lw), (px, pw)) in [
         ("conv1d k2 stride 3", grads::<A, 3>([2, 4, 17], [5, 4, 2], true, c1), grads::<AF, 3>([2, 4, 17], [5, 4, 2], false, f1)),
         ("conv3d 3×3×3 stride 2", grads::<A, 5>([2, 4, 7, 8, 9], [6, 4, 3, 3, 3], true, c3), grads::<AF, 5>([2, 4, 7, 8, 9], [6, 4, 3, 3, 3], false, f3)),
         ("conv2d 1×1 stride 2", grads::<A, 4>([2, 8, 9, 10], [16, 8, 1, 1], true, c2), grads::<AF, 4>([2, 8, 9, 10], [16, 8, 1, 1], false, f2)),
+        ("conv2d 3×3 stride 2 pad 1", grads::<A, 4>([2, 5, 11, 8], [7, 5, 3, 3], true, c2p), grads::<AF, 4>([2, 5, 11, 8], [7, 5, 3, 3], false, f2p)),
+        ("conv1d k3 stride 2 pad 1", grads::<A, 3>([2, 6, 16], [6, 6, 3], true, c1p), grads::<AF, 3>([2, 6, 16], [6, 6, 3], false, f1p)),
     ] {
         assert!(rel(&lx, &px) <= 1e-5, "{name}: dx: relative error {:e}", rel(&lx, &px));
         assert!(rel(&lw, &pw) <= 1e-5, "{name}: dweight: relative error {:e}", rel(&lw, &pw));
@@ -582,4 +593,49 @@ fn short_conv_search_matches_burns_convolutions() {
         all();
         crate::nn::cube::conv::SEARCH_ANYWAY.set(false);
     }
+}
+
+/// The linear-upsampling kernels against the composed ops (gathers, multiplies, scatter-adds)
+/// on the same device: forward and backward along each spatial axis of a rank-5 tensor, factors
+/// 2 and 3, inputs stored channels first and channels last (the result keeps the layout), an
+/// axis of length 1 (every output row reads the one source row), a view that is not dense
+/// (copied first), and f16 within its rounding.
+#[test]
+fn upsample_kernels_match_the_composed_ops() {
+    use burn::tensor::FloatDType;
+    let dims = [2, 3, 4, 5, 6];
+    for (scale, seed) in [(2, 61), (3, 62)] {
+        let x0 = p(random::<W, 5>(dims, seed));
+        for dim in 2..5 {
+            let mut out = dims;
+            out[dim] *= scale;
+            let dy0 = p(random::<W, 5>(out, seed + 10));
+            let y_ref = burn_kernels::upsample_linear::<W>(x0.clone(), dim, scale);
+            let dx_ref = burn_kernels::upsample_linear_backward::<W>(dy0.clone(), dim, scale);
+            for (name, x, dy) in [("first", x0.clone(), dy0.clone()), ("last", channels_last(x0.clone()), channels_last(dy0.clone()))] {
+                let at = format!("scale {scale}, axis {dim}, channels {name}");
+                let last = is_channels_last(&x);
+                let y = cube_kernels::upsample_linear::<W>(x, dim, scale);
+                assert_eq!(is_channels_last(&y), last, "{at}: forward layout kept");
+                close(&format!("{at}: forward"), y, y_ref.clone(), 1e-6);
+                let last = is_channels_last(&dy);
+                let dx = cube_kernels::upsample_linear_backward::<W>(dy, dim, scale);
+                assert_eq!(is_channels_last(&dx), last, "{at}: backward layout kept");
+                close(&format!("{at}: backward"), dx, dx_ref.clone(), 1e-6);
+            }
+        }
+    }
+    // An axis of length 1, and a broadcast view (stride 0 along the last axis).
+    let one = p(random::<W, 5>([2, 3, 1, 5, 6], 71));
+    close("axis of length 1: forward", cube_kernels::upsample_linear::<W>(one.clone(), 2, 2), burn_kernels::upsample_linear::<W>(one, 2, 2), 1e-6);
+    let dy_one = p(random::<W, 5>([2, 3, 2, 5, 6], 72));
+    close("axis of length 1: backward", cube_kernels::upsample_linear_backward::<W>(dy_one.clone(), 2, 2), burn_kernels::upsample_linear_backward::<W>(dy_one, 2, 2), 1e-6);
+    let narrow = random::<W, 5>([2, 3, 4, 5, 1], 73);
+    let wide = || p(narrow.clone().expand([2, 3, 4, 5, 6]));
+    close("not dense: forward", cube_kernels::upsample_linear::<W>(wide(), 3, 2), burn_kernels::upsample_linear::<W>(wide(), 3, 2), 1e-6);
+    // f16: the kernel computes in f32 and rounds once; the composed ops round each product.
+    let h = p(random::<W, 5>(dims, 74).cast(FloatDType::F16));
+    close("f16 forward", cube_kernels::upsample_linear::<W>(h.clone(), 4, 2), burn_kernels::upsample_linear::<W>(h.clone(), 4, 2), 2e-3);
+    let hdy = p(random::<W, 5>([2, 3, 4, 5, 12], 75).cast(FloatDType::F16));
+    close("f16 backward", cube_kernels::upsample_linear_backward::<W>(hdy.clone(), 4, 2), burn_kernels::upsample_linear_backward::<W>(hdy, 4, 2), 2e-3);
 }

@@ -162,10 +162,13 @@ pub trait LeanBackend: Backend {
     /// CubeCL transposed convolution returns **zeros** there (`conv_transpose2d`'s
     /// `transpose_direct` kernel sums over input rows `start..start + k·d − s + 1`, empty when
     /// `k·d < s`; `cube_tests`), which silently dropped the gradient through ResNet's
-    /// downsampling shortcuts; and on wgpu for every strided conv3d (lavapipe's
-    /// `ConvTranspose3dKernel` took 0.77–0.80 s of a 7.3–7.7 s VAE step's kernel time for its two
-    /// strided convolutions; `benches/results/kernels/wgpu/strided_dgrad.md`) unless
-    /// `VRAMLAB_COMPOSED_KERNELS=1`. flex: never (its own is right, and the buffer costs
+    /// downsampling shortcuts; and on wgpu for every strided convolution unless
+    /// `VRAMLAB_COMPOSED_KERNELS=1`: conv3d because lavapipe's `ConvTranspose3dKernel` took
+    /// 0.77–0.80 s of a 7.3–7.7 s VAE step's kernel time for its two strided convolutions
+    /// (`benches/results/kernels/wgpu/strided_dgrad.md`), conv1d and conv2d because Burn's
+    /// transposed convolution searches (`backward_data`, `conv_transpose2d` and the matmuls
+    /// under it) for every new shape, where the spread path takes the convolutions' short
+    /// search (`benches/results/kernels/wgpu/spread_dgrad_2d.md`). flex: never (its own is right, and the buffer costs
     /// memory: output-gradient channels at the input's size).
     fn spread_strided_x_backward(rank: usize, short: bool) -> bool;
     /// `x` summed over every axis but `axis`: `[x.dims[axis]]` in `x`'s dtype, a bias's gradient
@@ -313,7 +316,29 @@ mod cube_kernels {
     use super::*;
     use conv::flipped_padding;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{bias_add, channel_affine, upsample_linear, upsample_linear_backward};
+    pub use burn_kernels::{bias_add, channel_affine};
+    /// Linear upsampling along `dim` ([`cube::upsample`]), in `x`'s layout.
+    pub fn upsample_linear<B: CubeLaunch>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        let mut dims = dims_of::<B>(&x);
+        if cube::composed() || !cube::upsample::handles(dims.iter().product::<usize>() * scale) {
+            return burn_kernels::upsample_linear::<B>(x, dim, scale);
+        }
+        dims[dim] *= scale;
+        let out = OutSpec::new(dims, x.dtype());
+        let [y] = B::cube_op("vramlab.upsample_linear", [x], [out], move |[x]| [cube::upsample::forward(x, dim, scale)]);
+        y
+    }
+    /// The backward of [`upsample_linear`], in `dy`'s layout.
+    pub fn upsample_linear_backward<B: CubeLaunch>(dy: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
+        let mut dims = dims_of::<B>(&dy);
+        if cube::composed() || !cube::upsample::handles(dims.iter().product::<usize>()) {
+            return burn_kernels::upsample_linear_backward::<B>(dy, dim, scale);
+        }
+        dims[dim] /= scale;
+        let out = OutSpec::new(dims, dy.dtype());
+        let [dx] = B::cube_op("vramlab.upsample_linear_backward", [dy], [out], move |[dy]| [cube::upsample::backward(dy, dim, scale)]);
+        dx
+    }
     /// conv1d's input gradient: where the convolution is stride-1 and ungrouped, the forward
     /// convolution of the output gradient with the flipped kernel (as the 2-D and 3-D nodes do,
     /// `conv::flipped_padding`), so it takes [`forward`]'s short search instead of Burn's
@@ -701,7 +726,7 @@ macro_rules! inner_lean_backend {
 #[cfg(feature = "flex")]
 inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), |_, _| false, flex_kernels);
 #[cfg(feature = "wgpu")]
-inner_lean_backend!(burn::backend::Wgpu, None, |rank, short| short || (rank == 3 && !crate::nn::cube::composed()), cube_kernels);
+inner_lean_backend!(burn::backend::Wgpu, None, |_, short| short || !crate::nn::cube::composed(), cube_kernels);
 #[cfg(feature = "cuda")]
 inner_lean_backend!(burn::backend::Cuda, None, |_, short| short, cube_kernels);
 
