@@ -247,12 +247,10 @@ mod tuned {
         let elems = |lhs: DType, rhs: DType, out: DType| MatmulElems::from_globals(&MatmulGlobalElems { lhs: lhs.into(), rhs: rhs.into(), out: out.into() });
         match op {
             Gemm::Forward { x, w, b } => {
-                let mut dims = vec![x.meta.shape()[0]];
-                for d in 0..N {
-                    let (k, i) = (w.meta.shape()[1 + d], x.meta.shape()[1 + d]);
-                    dims.push((i + 2 * o.padding[d] - o.dilation[d] * (k - 1) - 1) / o.stride[d] + 1);
-                }
-                dims.push(w.meta.shape()[0]);
+                let (xs, ws) = (x.meta.shape(), w.meta.shape());
+                let mut dims = vec![xs[0]];
+                dims.extend(burn::tensor::ops::conv::calculate_conv_output_sizes(&ws[1..=N], &o.stride, &o.padding, &o.dilation, &xs[1..=N]));
+                dims.push(ws[0]);
                 let out = super::super::empty(&x, dims, x.dtype);
                 let (client, dtypes) = (x.client.clone(), elems(x.dtype, w.dtype, x.dtype));
                 let inputs = ConvolutionInputs::Forward { input: binding(x), weight: binding(w), bias: b.map(binding), out: out.clone().binding() };

@@ -168,8 +168,10 @@ pub trait LeanBackend: Backend {
     /// (`benches/results/kernels/wgpu/strided_dgrad.md`), conv1d and conv2d because Burn's
     /// transposed convolution searches (`backward_data`, `conv_transpose2d` and the matmuls
     /// under it) for every new shape, where the spread path takes the convolutions' short
-    /// search (`benches/results/kernels/wgpu/spread_dgrad_2d.md`). flex: never (its own is right, and the buffer costs
-    /// memory: output-gradient channels at the input's size).
+    /// search (`benches/results/kernels/wgpu/upsample_spread_dgrad.md`). cuda: only where
+    /// `short` (the spread path multiplies zeros; against Burn's transposed kernels it is not
+    /// measured on a GPU). flex: never (its own is right, and the buffer costs memory:
+    /// output-gradient channels at the input's size).
     fn spread_strided_x_backward(rank: usize, short: bool) -> bool;
     /// `x` summed over every axis but `axis`: `[x.dims[axis]]` in `x`'s dtype, a bias's gradient
     /// (per channel of a convolution's output gradient, per feature of a linear's). On CubeCL
@@ -352,30 +354,34 @@ mod cube_kernels {
         }
     }
     pub fn conv2d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<2>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::conv2d::<B>(x, w, b, o) } else { conv_forward::<B, 2>(x, w, b, o) }
+        conv_forward::<B, 2>(x, w, b, o, burn_kernels::conv2d::<B>)
     }
     pub fn conv3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<3>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::conv3d::<B>(x, w, b, o) } else { conv_forward::<B, 3>(x, w, b, o) }
+        conv_forward::<B, 3>(x, w, b, o, burn_kernels::conv3d::<B>)
     }
     /// conv1d.
     pub fn forward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::forward::<B>(x, w, b, o) } else { conv_forward::<B, 1>(x, w, b, o) }
+        conv_forward::<B, 1>(x, w, b, o, burn_kernels::forward::<B>)
     }
     pub fn weight_backward_2d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<2>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::weight_backward_2d::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 2>(x, &w, dy, o) }
+        conv_weight_backward::<B, 2>(x, w, dy, o, burn_kernels::weight_backward_2d::<B>)
     }
     pub fn weight_backward_3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::weight_backward_3d::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 3>(x, &w, dy, o) }
+        conv_weight_backward::<B, 3>(x, w, dy, o, burn_kernels::weight_backward_3d::<B>)
     }
     /// conv1d's weight gradient.
     pub fn weight_backward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
-        if cube::conv::full_search() { burn_kernels::weight_backward::<B>(x, w, dy, o) } else { conv_weight_backward::<B, 1>(x, &w, dy, o) }
+        conv_weight_backward::<B, 1>(x, w, dy, o, burn_kernels::weight_backward::<B>)
     }
-    /// [`cube::conv::forward`] as one operation (with or without a bias).
-    fn conv_forward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<N>) -> Prim<B> {
+    /// [`cube::conv::forward`] as one operation (with or without a bias); `burns`, Burn's
+    /// convolution, under `--conv_full_autotune` ([`cube::conv::full_search`]).
+    fn conv_forward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<N>, burns: fn(Prim<B>, Prim<B>, Option<Prim<B>>, ConvOptions<N>) -> Prim<B>) -> Prim<B> {
+        if cube::conv::full_search() {
+            return burns(x, w, b, o);
+        }
         let (xd, wd) = (dims_of::<B>(&x), dims_of::<B>(&w));
         let mut dims = vec![xd[0], wd[0]];
-        dims.extend((0..N).map(|d| (xd[2 + d] + 2 * o.padding[d] - o.dilation[d] * (wd[2 + d] - 1) - 1) / o.stride[d] + 1));
+        dims.extend(burn::tensor::ops::conv::calculate_conv_output_sizes(&wd[2..], &o.stride, &o.padding, &o.dilation, &xd[2..]));
         let out = OutSpec::new(dims, x.dtype());
         match b {
             Some(b) => {
@@ -388,8 +394,12 @@ mod cube_kernels {
             }
         }
     }
-    /// [`cube::conv::weight_backward`] as one operation (`w` for its shape).
-    fn conv_weight_backward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: &Prim<B>, dy: Prim<B>, o: ConvOptions<N>) -> Prim<B> {
+    /// [`cube::conv::weight_backward`] as one operation (`w` for its shape); `burns` as in
+    /// [`conv_forward`].
+    fn conv_weight_backward<B: CubeLaunch, const N: usize>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<N>, burns: fn(Prim<B>, Prim<B>, Prim<B>, ConvOptions<N>) -> Prim<B>) -> Prim<B> {
+        if cube::conv::full_search() {
+            return burns(x, w, dy, o);
+        }
         let shape = w.shape();
         let out = OutSpec::new(shape.to_vec(), x.dtype());
         let [dw] = B::cube_op("vramlab.conv_weight_backward", [x, dy], [out], move |[x, dy]| [cube::conv::weight_backward::<_, N>(x, dy, shape.clone(), o.clone())]);
