@@ -122,12 +122,12 @@ fn launch<R: CubeRuntime>(x: CubeTensor<R>, dim: usize, scale: usize, backward: 
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, cube_dim) = elem_cubes(&client, out.meta.num_elements());
-    let inv = 1.0f32 / scale as f32;
-    let args = (n_in as u32, scale as u32, inner as u32, inv);
+    let (n_in, scale, inner, inv) = (n_in as u32, scale as u32, inner as u32, 1.0f32 / scale as f32);
+    let (x, y) = (x.into_tensor_arg(), out.clone().into_tensor_arg());
     if backward {
-        backward_kernel::launch::<R>(&client, count, cube_dim, x.into_tensor_arg(), out.clone().into_tensor_arg(), args.0, args.1, args.2, args.3, dtype);
+        backward_kernel::launch::<R>(&client, count, cube_dim, x, y, n_in, scale, inner, inv, dtype);
     } else {
-        forward_kernel::launch::<R>(&client, count, cube_dim, x.into_tensor_arg(), out.clone().into_tensor_arg(), args.0, args.1, args.2, args.3, dtype);
+        forward_kernel::launch::<R>(&client, count, cube_dim, x, y, n_in, scale, inner, inv, dtype);
     }
     out
 }
