@@ -55,6 +55,11 @@ fn tensor<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(t: Cu
 #[cfg(test)]
 pub(super) static IN_PLACE: std::sync::Mutex<std::collections::BTreeMap<usize, [bool; 3]>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+/// The floats per load and store of the last update of a parameter of `n` elements, by `n`
+/// ([`vector_size`]; keyed as [`IN_PLACE`]).
+#[cfg(test)]
+pub(super) static VECTOR: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// Whether `t`'s elements fill its buffer without a gap in some order of its dims: contiguous,
 /// or a permutation of a contiguous buffer (on CubeCL a convolution's weight gradient is the
 /// channels-last buffer its kernel wrote, seen as `[out, in, k…]`; a linear layer's is a
@@ -97,7 +102,7 @@ fn grad_layout<R: CubeRuntime>(g: CubeTensor<R>) -> CubeTensor<R> {
 /// Where element `i` (row-major over `t`'s shape) lies in `t`'s buffer: `i` itself for a flat
 /// tensor.
 #[cube]
-fn strided(t: &Tensor<f32>, i: usize) -> usize {
+fn strided<N: Size>(t: &Tensor<Vector<f32, N>>, i: usize) -> usize {
     let rank = t.rank();
     let mut rem = i;
     let mut offset = 0;
@@ -123,6 +128,21 @@ pub(super) fn kernel_takes<B: burn::tensor::backend::Backend, const D: usize>(p:
     f32s && n > 0 && n <= u32::MAX as usize && !composed()
 }
 
+/// Elements of a parameter below which its update reads and writes one float at a time: the
+/// 4-wide variant is one more kernel to compile (NVRTC on CUDA), not worth it for a small update.
+const VECTOR_MIN: usize = 1 << 16;
+
+/// How many floats the update of `p` loads and stores at once: 4 where every buffer is flat,
+/// a multiple of 4 long, starts 16-byte aligned, and `p` has at least [`VECTOR_MIN`] elements;
+/// else 1. On lavapipe each per-unit load or store is a gather or scatter of the SIMD lanes, and
+/// a 4-wide one moves four floats for one.
+fn vector_size<R: CubeRuntime>(p: &CubeTensor<R>, g: &CubeTensor<R>, moments: Option<&(CubeTensor<R>, CubeTensor<R>)>) -> usize {
+    let n = p.meta.num_elements();
+    let ready = |t: &CubeTensor<R>| t.meta.num_dims() == 1 && t.handle.offset_start.unwrap_or(0) % 16 == 0;
+    let all = ready(p) && ready(g) && moments.is_none_or(|(m, v)| ready(m) && ready(v));
+    if all && n % 4 == 0 && n >= VECTOR_MIN { 4 } else { 1 }
+}
+
 /// The update of the flattened, f32 `p`, `g` and moments, ready to launch: in place where the
 /// buffers are ours alone (see the module docs), into new buffers otherwise.
 fn prepare<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
@@ -142,7 +162,10 @@ fn prepare<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement>(
     IN_PLACE.lock().unwrap().insert(n, [p_ours, g_ours || m_ours, v_ours]);
     let new = || burn_cubecl::ops::numeric::empty_device_dtype::<R>(p.client.clone(), p.device.clone(), Shape::from(vec![n]), DType::F32);
     let fresh = [!p_ours, !(g_ours || m_ours), !v_ours].map(|f| f.then(new));
-    Held { p, g, mv: moments, fresh, h: *h }
+    let vector = vector_size(&p, &g, moments.as_ref());
+    #[cfg(test)]
+    VECTOR.lock().unwrap().insert(n, vector);
+    Held { p, g, mv: moments, fresh, h: *h, vector }
 }
 
 /// [`prepare`]d and launched at once, alone: one launch. `g`: any layout, `p`'s shape.
@@ -186,14 +209,14 @@ pub(super) fn group_sizes<R: CubeRuntime>(client: &ComputeClient<R>) -> (usize, 
 /// every unit reads its element of each input before writing it.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn adam_many_kernel(
-    ps: &Sequence<Tensor<f32>>,
-    gs: &Sequence<Tensor<f32>>,
-    ms: &Sequence<Tensor<f32>>,
-    vs: &Sequence<Tensor<f32>>,
-    p_out: &mut Sequence<Tensor<f32>>,
-    m_out: &mut Sequence<Tensor<f32>>,
-    v_out: &mut Sequence<Tensor<f32>>,
+fn adam_many_kernel<N: Size>(
+    ps: &Sequence<Tensor<Vector<f32, N>>>,
+    gs: &Sequence<Tensor<Vector<f32, N>>>,
+    ms: &Sequence<Tensor<Vector<f32, N>>>,
+    vs: &Sequence<Tensor<Vector<f32, N>>>,
+    p_out: &mut Sequence<Tensor<Vector<f32, N>>>,
+    m_out: &mut Sequence<Tensor<Vector<f32, N>>>,
+    v_out: &mut Sequence<Tensor<Vector<f32, N>>>,
     coef: f32,
     wd: f32,
     keep: f32,
@@ -221,7 +244,13 @@ fn adam_many_kernel(
         let mut i = ABSOLUTE_POS;
         while i < n {
             let mut pi = p[i];
-            let mut gi = g[strided(g, i)];
+            // A flat gradient is read at `i`; a dense permuted one (vector size 1 only: see
+            // `vector_size`) through its strides.
+            let mut gidx = i;
+            if g.rank() > 1 {
+                gidx = strided(g, i);
+            }
+            let mut gi = g[gidx];
             let mut mi = gi;
             let mut vi = gi;
             if !first {
@@ -229,23 +258,23 @@ fn adam_many_kernel(
                 vi = vs.index(k)[i];
             }
             if scale {
-                gi *= coef;
+                gi *= Vector::new(coef);
             }
             if l2 {
-                gi += pi * wd;
+                gi += pi * Vector::new(wd);
             }
             if decoupled {
-                pi *= keep;
+                pi *= Vector::new(keep);
             }
             if first {
-                mi = gi * nb1;
-                vi = gi * gi * nb2;
+                mi = gi * Vector::new(nb1);
+                vi = gi * gi * Vector::new(nb2);
             } else {
-                mi = mi * b1 + gi * nb1;
-                vi = vi * b2 + gi * gi * nb2;
+                mi = mi * Vector::new(b1) + gi * Vector::new(nb1);
+                vi = vi * Vector::new(b2) + gi * gi * Vector::new(nb2);
             }
-            let denom = vi.sqrt() / sbc2 + eps;
-            po[i] = pi - mi / denom * step;
+            let denom = vi.sqrt() / Vector::new(sbc2) + Vector::new(eps);
+            po[i] = pi - mi / denom * Vector::new(step);
             mo[i] = mi;
             vo[i] = vi;
             i += stride as usize;
@@ -296,6 +325,8 @@ pub struct Held<R: CubeRuntime> {
     mv: Option<(CubeTensor<R>, CubeTensor<R>)>,
     fresh: [Option<CubeTensor<R>>; 3],
     h: AdamUpdate,
+    /// Elements per load and store ([`vector_size`]).
+    vector: usize,
 }
 
 impl<R: CubeRuntime> Held<R> {
@@ -320,6 +351,11 @@ impl<R: CubeRuntime> Held<R> {
 /// Updates held back by [`OptimKernels::adam_update_later`] on CubeCL: launched a group at a
 /// time, as soon as one fills, and the rest at [`OptimKernels::adam_flush`].
 pub struct Later<R: CubeRuntime> {
+    /// The open group: updates with one launch key ([`same_launch`]), in the order they came.
+    /// A change of key launches it. Where a model's weights (4-wide) and biases (1-wide)
+    /// alternate, that is a launch per parameter or two; one open group per key launched 22
+    /// times instead of 88 on ACT, but its update took 1.2–1.7 s a step on lavapipe against
+    /// 0.8–1.2 s (`benches/results/kernels/wgpu/act_lavapipe_profile.md`).
     held: Vec<Held<R>>,
 }
 
@@ -338,7 +374,7 @@ fn same_launch<R: CubeRuntime>(a: &Held<R>, b: &Held<R>) -> bool {
             Decay::L2(w) => (1, w),
             Decay::Decoupled(k) => (2, k),
         };
-        (x.mv.is_none(), [h.b1, h.b2, h.eps, h.lr, h.bc1, h.bc2, h.coef, decay.1].map(f64::to_bits), decay.0)
+        (x.mv.is_none(), x.vector, [h.b1, h.b2, h.eps, h.lr, h.bc1, h.bc2, h.coef, decay.1].map(f64::to_bits), decay.0)
     };
     key(a) == key(b)
 }
@@ -346,11 +382,11 @@ fn same_launch<R: CubeRuntime>(a: &Held<R>, b: &Held<R>) -> bool {
 /// Launches the updates of `group` (all with the same launch key, [`same_launch`]): one launch.
 fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
     let Some(head) = group.first() else { return };
-    let h = head.h;
+    let (h, vector) = (head.h, head.vector);
     let first = head.mv.is_none();
     let client = head.p.client.clone();
     let k = group.len();
-    let n = group.iter().map(|x| x.p.meta.num_elements()).max().unwrap_or(1);
+    let n = group.iter().map(|x| x.p.meta.num_elements()).max().unwrap_or(1) / vector;
     let dim = CubeDim::new_1d(ADAM_CUBE);
     let cubes = n.div_ceil(ADAM_CUBE as usize).clamp(1, GROUP_CUBES) as u32;
     let (mut ps, mut gs, mut ms, mut vs) = (SequenceArg::new(), SequenceArg::new(), SequenceArg::new(), SequenceArg::new());
@@ -387,6 +423,7 @@ fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
         &client,
         CubeCount::new_1d(cubes),
         dim,
+        vector,
         ps,
         gs,
         ms,

@@ -13,7 +13,7 @@ use burn::backend::Wgpu;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-use super::cube::IN_PLACE;
+use super::cube::{IN_PLACE, VECTOR};
 
 /// Which outputs of the last update of an `n`-element parameter were written in place (read
 /// after the outputs: under fusion the update runs when the stream is read).
@@ -84,6 +84,8 @@ fn kernel_update_matches(rows: usize, cols: usize, decay: Decay, coef: f64) {
         // Every buffer here is the update's alone: p in place, m in the gradient's buffer on the
         // first step and in its own later, v in its own after the first step.
         assert_eq!(in_place(n), [true, true, t > 1], "{at}: written in place (p, m, v)");
+        let vector = VECTOR.lock().unwrap().get(&n).copied();
+        assert_eq!(vector, Some(if n % 4 == 0 && n >= 1 << 16 { 4 } else { 1 }), "{at}: floats per load");
         let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
         close(&format!("p {at}"), &p_k, &p_t);
         close(&format!("m {at}"), &mk, &mt);
@@ -95,8 +97,9 @@ fn kernel_update_matches(rows: usize, cols: usize, decay: Decay, coef: f64) {
 
 #[test]
 fn cube_adam_update_matches_the_tensor_update() {
-    // 1 element, fewer than a cube, a cube and a ragged tail, several cubes and a tail.
-    for (rows, cols) in [(1, 1), (3, 37), (5, 67), (129, 1031)] {
+    // 1 element, fewer than a cube, a cube and a ragged tail, several cubes and a tail; 4-wide
+    // loads (a multiple of 4 elements, at least 2¹⁶) over more than one pass of the units.
+    for (rows, cols) in [(1, 1), (3, 37), (5, 67), (129, 1031), (256, 260), (1100, 1024)] {
         for decay in [Decay::None, Decay::L2(0.01), Decay::Decoupled(0.05)] {
             for coef in [1.0, 0.37] {
                 kernel_update_matches(rows, cols, decay, coef);
@@ -105,10 +108,12 @@ fn cube_adam_update_matches_the_tensor_update() {
     }
 }
 
-/// A gradient in a transposed layout (as autodiff hands some back) updates as its contiguous copy.
+/// A gradient in a transposed layout (as autodiff hands some back) updates as its contiguous copy,
+/// one float at a time even where a flat one would take 4-wide loads (without fusion: the
+/// kernel reads it through its strides).
 #[test]
 fn cube_adam_update_reads_a_transposed_gradient() {
-    let (rows, cols) = (33, 70);
+    let (rows, cols) = (256, 264);
     let n = rows * cols;
     let gv = values(n, 7);
     let g = tensor(&gv, [cols, rows]).transpose();
@@ -119,6 +124,9 @@ fn cube_adam_update_reads_a_transposed_gradient() {
     let (pt, _, vt) = adam_update_tensors::<W>(tensor(&p, [n]), tensor(&dense, [n]), None, &h);
     close("p", &vals(pk), &vals(pt));
     close("v", &vals(vk), &vals(vt));
+    // Under fusion the update takes `g.reshape([n])`, which the stream makes contiguous.
+    let vector = VECTOR.lock().unwrap().get(&n).copied();
+    assert_eq!(vector, Some(if cfg!(feature = "fusion") { 4 } else { 1 }), "floats per load of a strided gradient");
 }
 
 /// Shared inputs (another tensor holds each buffer) are not written: the update goes to new
@@ -255,13 +263,14 @@ fn cube_grad_sq_sum_over_several_groups() {
     rel_close("grouped kernel vs f64", <W as OptimKernels>::sq_total(kernel), expect, 1e-5);
 }
 
-/// Eleven parameters (a full group and a partial one; ragged sizes, one past the capped cube
-/// count), every third at another learning rate (so groups also split on their
-/// hyper-parameters), four steps through `adam_update_later` and `adam_flush`: each equals the
-/// tensor update, in place. Sizes are this test's own (`IN_PLACE` is keyed by size).
+/// Thirteen parameters (full groups and partial ones; ragged sizes, one past the capped cube
+/// count; two taking 4-wide loads, which cut the open group), one at another learning rate (so
+/// groups also split on their hyper-parameters), four steps through `adam_update_later` and
+/// `adam_flush`: each equals the tensor update, in place. Sizes are this test's own (`IN_PLACE`
+/// is keyed by size).
 #[test]
 fn cube_adam_updates_held_back_match_the_tensor_update() {
-    let shapes = [(1, 2), (3, 41), (5, 71), (521, 1033), (2, 3), (7, 13), (64, 65), (1, 301), (17, 23), (31, 70), (4, 5)];
+    let shapes = [(1, 2), (3, 41), (5, 71), (521, 1033), (272, 256), (2, 3), (7, 13), (64, 65), (1, 301), (17, 23), (31, 70), (4, 5), (300, 232)];
     let (b1, b2) = (0.9f64, 0.999f64);
     let n = |j: usize| shapes[j].0 * shapes[j].1;
     let mut p_k: Vec<Vec<f32>> = (0..shapes.len()).map(|j| values(n(j), 500 + j as u64)).collect();
@@ -286,6 +295,8 @@ fn cube_adam_updates_held_back_match_the_tensor_update() {
             assert_eq!(pk.dims(), [shapes[j].0, shapes[j].1], "{at}: shape");
             (p_k[j], p_t[j]) = (vals(pk), vals(pt));
             assert_eq!(in_place(n(j)), [true, true, t > 1], "{at}: written in place (p, m, v)");
+            let vector = VECTOR.lock().unwrap().get(&n(j)).copied();
+            assert_eq!(vector, Some(if n(j) % 4 == 0 && n(j) >= 1 << 16 { 4 } else { 1 }), "{at}: floats per load");
             let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
             close(&format!("p {at}"), &p_k[j], &p_t[j]);
             close(&format!("m {at}"), &mk, &mt);

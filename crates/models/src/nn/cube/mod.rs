@@ -88,6 +88,9 @@ pub trait CubeLaunch: Backend {
     /// operation in the fusion stream (with its inputs' and outputs' metadata; the scalars the
     /// kernel captures are not part of it).
     fn cube_op<const I: usize, const O: usize>(name: &'static str, inputs: [Float<Self>; I], outputs: [OutSpec; O], kernel: impl Fn([CubeTensor<Self::Runtime>; I]) -> [CubeTensor<Self::Runtime>; O] + Send + Sync + 'static) -> [Float<Self>; O];
+    /// `t`'s strides where they are known when the operation is registered: on `CubeBackend`;
+    /// not under fusion, whose stream lays tensors out when it runs them.
+    fn strides(t: &Float<Self>) -> Option<Vec<usize>>;
 }
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch for CubeBackend<R, F, I, BT> {
@@ -98,6 +101,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch
             spec.check(name, t);
         }
         out
+    }
+    fn strides(t: &CubeTensor<R>) -> Option<Vec<usize>> {
+        Some(t.meta.strides().to_vec())
     }
 }
 

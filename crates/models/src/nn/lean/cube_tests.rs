@@ -639,3 +639,20 @@ fn upsample_kernels_match_the_composed_ops() {
     let hdy = p(random::<W, 5>([2, 3, 4, 5, 12], 75).cast(FloatDType::F16));
     close("f16 backward", cube_kernels::upsample_linear_backward::<W>(hdy.clone(), 4, 2), burn_kernels::upsample_linear_backward::<W>(hdy, 4, 2), 2e-3);
 }
+
+/// The matmul node computes a transposed operand's gradient in its layout: a linear layer's
+/// weight gradient comes out `[out, in]` contiguous (as the weight), not as the transpose of a
+/// `[in, out]` product, with the values of Burn's autodiff.
+#[cfg(not(feature = "fusion"))]
+#[test]
+fn linear_weight_gradient_comes_out_in_the_weights_layout() {
+    let x: Tensor<A, 2> = random::<A, 2>([9, 5], 3).require_grad();
+    let w: Tensor<A, 2> = random::<A, 2>([7, 5], 4).require_grad();
+    let r: Tensor<A, 2> = random([9, 7], 5);
+    let y = crate::nn::linear::linear_rows(x.clone(), w.clone().transpose(), None);
+    let g = (y * r.clone()).sum().backward();
+    let dw = w.grad(&g).unwrap();
+    assert!(p(dw.clone()).is_contiguous(), "weight gradient strides {:?}", p(dw.clone()).meta.strides());
+    let g_ref = (x.clone().matmul(w.clone().transpose()) * r).sum().backward();
+    close("linear weight gradient", p(dw), p(w.grad(&g_ref).unwrap()), 1e-5);
+}

@@ -25,20 +25,27 @@ use super::{LeanBackend, Prim, p, t};
 struct MatmulBackward;
 
 impl<B: LeanBackend> Backward<B, 2> for MatmulBackward {
-    /// The operands' checkpointed ids: `lhs` where `rhs` takes a gradient and vice versa.
-    type State = (Option<NodeId>, Option<NodeId>);
+    /// The operands' checkpointed ids (`lhs` where `rhs` takes a gradient and vice versa), and
+    /// whether each operand is a transposed view ([`LeanBackend::lean_transposed`]: its
+    /// gradient is then computed transposed, in the operand's layout).
+    type State = (Option<NodeId>, Option<NodeId>, [bool; 2]);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let (lhs, rhs) = ops.state;
+        let (lhs, rhs, [lhs_t, rhs_t]) = ops.state;
         let lhs: Option<Prim<B>> = lhs.map(|id| checkpointer.retrieve_node_output(id));
         let rhs: Option<Prim<B>> = rhs.map(|id| checkpointer.retrieve_node_output(id));
         let dy = grads.consume::<B>(&ops.node);
+        let tr = B::float_transpose;
         let [lhs_node, rhs_node] = ops.parents;
         if let (Some(node), Some(rhs)) = (lhs_node, rhs) {
-            grads.register::<B>(node.id, B::lean_matmul(dy.clone(), B::float_transpose(rhs)));
+            // dlhs = dy·rhsᵀ, or (rhs·dyᵀ)ᵀ: the same sums, written transposed.
+            let g = if lhs_t { tr(B::lean_matmul(rhs, tr(dy.clone()))) } else { B::lean_matmul(dy.clone(), tr(rhs)) };
+            grads.register::<B>(node.id, g);
         }
         if let (Some(node), Some(lhs)) = (rhs_node, lhs) {
-            grads.register::<B>(node.id, B::lean_matmul(B::float_transpose(lhs), dy));
+            // drhs = lhsᵀ·dy, or (dyᵀ·lhs)ᵀ.
+            let g = if rhs_t { tr(B::lean_matmul(tr(dy), lhs)) } else { B::lean_matmul(tr(lhs), dy) };
+            grads.register::<B>(node.id, g);
         }
     }
 }
@@ -50,7 +57,8 @@ pub(super) fn matmul_node<B: LeanBackend, C: CheckpointStrategy>(lhs: Prim<Autod
         OpsKind::Tracked(mut prep) => {
             let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
             let rhs_state = lhs_tracked.then(|| prep.checkpoint(&rhs));
-            prep.finish((lhs_state, rhs_state), B::lean_matmul(lhs.primitive, rhs.primitive))
+            let layouts = [lhs_tracked && B::lean_transposed(&lhs.primitive), rhs_tracked && B::lean_transposed(&rhs.primitive)];
+            prep.finish((lhs_state, rhs_state, layouts), B::lean_matmul(lhs.primitive, rhs.primitive))
         }
         OpsKind::UnTracked(prep) => prep.finish(B::lean_matmul(lhs.primitive, rhs.primitive)),
     }

@@ -98,6 +98,14 @@ pub trait LeanBackend: Backend {
     fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
         Self::float_matmul(lhs, rhs)
     }
+    /// Whether `t` is known to be the transpose, over its last two axes, of a contiguous
+    /// tensor (a linear layer's `weightᵀ`): on CubeCL without fusion, where a tensor's layout is
+    /// known when the operation is recorded; `false` elsewhere. The matmul node computes such an
+    /// operand's gradient in the same layout, so that a linear layer's weight gradient comes out
+    /// `[out, in]` contiguous, as the weight is, and the optimizer reads it in order.
+    fn lean_transposed(_t: &Prim<Self>) -> bool {
+        false
+    }
     /// Softmax along `dim` that keeps only its *output* for the backward, as PyTorch's
     /// (`dx = y · (dy − Σ_dim dy · y)`). Burn composes softmax from `exp(x − max) / Σ`, whose
     /// `exp` keeps its input and whose division keeps the `exp`: two input-sized tensors (an
@@ -444,6 +452,24 @@ mod cube_kernels {
     pub fn dropout_on_device() -> bool {
         !cube::composed()
     }
+    /// Whether `t`'s strides are those of the last-two-axes transpose of a contiguous tensor
+    /// (known without fusion only: [`CubeLaunch::strides`]).
+    pub fn transposed<B: CubeLaunch>(t: &Prim<B>) -> bool {
+        let Some(strides) = B::strides(t) else { return false };
+        let shape = dims_of::<B>(t);
+        let r = shape.len();
+        if r < 2 || shape[r - 2] < 2 || shape[r - 1] < 2 || strides[r - 2] != 1 || strides[r - 1] != shape[r - 2] {
+            return false;
+        }
+        let mut expected = shape[r - 2] * shape[r - 1];
+        for d in (0..r - 2).rev() {
+            if shape[d] != 1 && strides[d] != expected {
+                return false;
+            }
+            expected *= shape[d];
+        }
+        true
+    }
     /// One fixed kernel ([`cube::matmul`]) where the shapes multiply without a broadcast and
     /// autotune is not asked for; otherwise Burn's (autotuned) `float_matmul`.
     pub fn matmul<B: CubeLaunch>(lhs: Prim<B>, rhs: Prim<B>) -> Prim<B> {
@@ -570,6 +596,10 @@ mod flex_kernels {
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
+        false
+    }
+    /// flex's operands' gradients keep the layouts Burn's matmul gives them.
+    pub fn transposed<B>(_: &Prim<F>) -> bool {
         false
     }
     pub fn flipped_weight<B>(w: Prim<F>) -> Prim<F> {
@@ -720,6 +750,9 @@ macro_rules! inner_lean_backend {
             fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
                 $kernels::matmul::<Self>(lhs, rhs)
             }
+            fn lean_transposed(t: &Prim<Self>) -> bool {
+                $kernels::transposed::<Self>(t)
+            }
             fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
                 $kernels::softmax::<Self>(x, dim)
             }
@@ -793,6 +826,10 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_matmul(lhs: Prim<Self>, rhs: Prim<Self>) -> Prim<Self> {
         matmul::matmul_node::<B, C>(lhs, rhs)
+    }
+
+    fn lean_transposed(t: &Prim<Self>) -> bool {
+        B::lean_transposed(&t.primitive)
     }
 
     fn lean_softmax(x: Prim<Self>, dim: usize) -> Prim<Self> {
