@@ -134,8 +134,8 @@ const VECTOR_MIN: usize = 1 << 16;
 
 /// How many floats the update of `p` loads and stores at once: 4 where every buffer is flat,
 /// a multiple of 4 long, starts 16-byte aligned, and `p` has at least [`VECTOR_MIN`] elements;
-/// else 1. On lavapipe each per-unit load or store is a gather or scatter of the SIMD lanes, and
-/// a 4-wide one moves four floats for one.
+/// else 1. On lavapipe that halved ACT's update (section 5 of
+/// `benches/results/kernels/wgpu/act_lavapipe_profile.md`); on a GPU it makes 16-byte loads.
 fn vector_size<R: CubeRuntime>(p: &CubeTensor<R>, g: &CubeTensor<R>, moments: Option<&(CubeTensor<R>, CubeTensor<R>)>) -> usize {
     let n = p.meta.num_elements();
     let ready = |t: &CubeTensor<R>| t.meta.num_dims() == 1 && t.handle.offset_start.unwrap_or(0) % 16 == 0;
@@ -202,7 +202,8 @@ pub(super) fn group_sizes<R: CubeRuntime>(client: &ComputeClient<R>) -> (usize, 
 }
 
 /// The Adam(W) update of a group of parameters with one set of hyper-parameters: unit `u`
-/// updates elements `u, u + stride, …` of each in turn (`stride`: the units launched).
+/// updates elements `u, u + stride, …` of each in turn (`stride`: the units launched; an
+/// element: `N` floats, [`vector_size`]).
 /// `first`: no moments yet (`ms` and `vs` are empty and not read); `scale`: multiply the
 /// gradient by `coef`; `l2` / `decoupled`: the weight decay kind. Each output is a new buffer or
 /// aliases an input (the launch decides: on the first step `m_out` may be the gradient's buffer);
