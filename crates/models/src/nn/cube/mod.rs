@@ -250,7 +250,7 @@ impl ChannelLayout {
 
 /// Whether `strides` are those of `shape` laid out contiguously with its dims in `order`
 /// (outermost first); dims of size 1 may have any stride.
-fn dense_in_order(shape: &[usize], strides: &[usize], order: impl DoubleEndedIterator<Item = usize>) -> bool {
+pub(crate) fn dense_in_order(shape: &[usize], strides: &[usize], order: impl DoubleEndedIterator<Item = usize>) -> bool {
     let mut expected = 1;
     for d in order.rev() {
         if shape[d] != 1 && strides[d] != expected {

@@ -458,17 +458,9 @@ mod cube_kernels {
         let Some(strides) = B::strides(t) else { return false };
         let shape = dims_of::<B>(t);
         let r = shape.len();
-        if r < 2 || shape[r - 2] < 2 || shape[r - 1] < 2 || strides[r - 2] != 1 || strides[r - 1] != shape[r - 2] {
-            return false;
-        }
-        let mut expected = shape[r - 2] * shape[r - 1];
-        for d in (0..r - 2).rev() {
-            if shape[d] != 1 && strides[d] != expected {
-                return false;
-            }
-            expected *= shape[d];
-        }
-        true
+        // Both axes above 1, or it would also be contiguous; laid out batch dims, then the
+        // last axis, then the one before it (stride 1).
+        r >= 2 && shape[r - 2] > 1 && shape[r - 1] > 1 && cube::dense_in_order(&shape, &strides, (0..r - 2).chain([r - 1, r - 2]))
     }
     /// One fixed kernel ([`cube::matmul`]) where the shapes multiply without a broadcast and
     /// autotune is not asked for; otherwise Burn's (autotuned) `float_matmul`.
