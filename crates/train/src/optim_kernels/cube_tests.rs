@@ -20,6 +20,17 @@ use super::cube::{IN_PLACE, VECTOR};
 fn in_place(n: usize) -> [bool; 3] {
     IN_PLACE.lock().unwrap().get(&n).copied().expect("an update of this size ran through the kernel")
 }
+
+/// Floats per load and store of the last update of an `n`-element parameter (read as
+/// [`in_place`]).
+fn vector(n: usize) -> usize {
+    VECTOR.lock().unwrap().get(&n).copied().expect("an update of this size ran through the kernel")
+}
+
+/// Floats per load and store of a flat `n`-element update: 4 for a multiple of 4 from 2¹⁶ up.
+fn flat_vector(n: usize) -> usize {
+    if n % 4 == 0 && n >= 1 << 16 { 4 } else { 1 }
+}
 use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_tensors};
 #[cfg(not(feature = "fusion"))]
 use super::cube::group_sizes;
@@ -84,8 +95,7 @@ fn kernel_update_matches(rows: usize, cols: usize, decay: Decay, coef: f64) {
         // Every buffer here is the update's alone: p in place, m in the gradient's buffer on the
         // first step and in its own later, v in its own after the first step.
         assert_eq!(in_place(n), [true, true, t > 1], "{at}: written in place (p, m, v)");
-        let vector = VECTOR.lock().unwrap().get(&n).copied();
-        assert_eq!(vector, Some(if n % 4 == 0 && n >= 1 << 16 { 4 } else { 1 }), "{at}: floats per load");
+        assert_eq!(vector(n), flat_vector(n), "{at}: floats per load");
         let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
         close(&format!("p {at}"), &p_k, &p_t);
         close(&format!("m {at}"), &mk, &mt);
@@ -125,8 +135,7 @@ fn cube_adam_update_reads_a_transposed_gradient() {
     close("p", &vals(pk), &vals(pt));
     close("v", &vals(vk), &vals(vt));
     // Under fusion the update takes `g.reshape([n])`, which the stream makes contiguous.
-    let vector = VECTOR.lock().unwrap().get(&n).copied();
-    assert_eq!(vector, Some(if cfg!(feature = "fusion") { 4 } else { 1 }), "floats per load of a strided gradient");
+    assert_eq!(vector(n), if cfg!(feature = "fusion") { 4 } else { 1 }, "floats per load of a strided gradient");
 }
 
 /// Shared inputs (another tensor holds each buffer) are not written: the update goes to new
@@ -295,8 +304,7 @@ fn cube_adam_updates_held_back_match_the_tensor_update() {
             assert_eq!(pk.dims(), [shapes[j].0, shapes[j].1], "{at}: shape");
             (p_k[j], p_t[j]) = (vals(pk), vals(pt));
             assert_eq!(in_place(n(j)), [true, true, t > 1], "{at}: written in place (p, m, v)");
-            let vector = VECTOR.lock().unwrap().get(&n(j)).copied();
-            assert_eq!(vector, Some(if n(j) % 4 == 0 && n(j) >= 1 << 16 { 4 } else { 1 }), "{at}: floats per load");
+            assert_eq!(vector(n(j)), flat_vector(n(j)), "{at}: floats per load");
             let (mk, vk, mt, vt) = (vals(mk), vals(vk), vals(mt), vals(vt));
             close(&format!("p {at}"), &p_k[j], &p_t[j]);
             close(&format!("m {at}"), &mk, &mt);
