@@ -6,9 +6,14 @@
 //! convolution with batch and channels swapped, which Burn autotunes again as a forward.
 //!
 //! Here ([`forward`], [`weight_backward`]):
-//! - on a device without matrix units (lavapipe, most CPUs' Vulkan), nothing is searched: Burn's
-//!   direct convolution, which won every key of 3×3 or larger there, and for the weight gradient the
-//!   same swapped convolution Burn's fallback runs, also direct;
+//! - on a device without matrix units (lavapipe, most CPUs' Vulkan; wgpu's WGSL), nothing is
+//!   searched. 1-D and 2-D convolutions (ACT's and Diffusion's ResNet-18, Diffusion's UNet) are
+//!   matmuls over im2col columns ([`super::columns`]): on lavapipe 1.2–6× faster than Burn's
+//!   direct kernel on most of those shapes. 3-D ones (the VAE) take Burn's direct convolution,
+//!   which won every key of 3×3 or larger among Burn's candidates there and beat the columns on the
+//!   VAE's shapes, and for the weight gradient the same swapped convolution Burn's fallback runs,
+//!   also direct. `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns off, for
+//!   comparisons;
 //! - on a device with them, a search over the kernels that won on the H100: forward
 //!   [`FORWARD`] (4 of Burn's 8), weight gradient [`WEIGHT_GRAD`] (3 of 7, then the swapped
 //!   convolution only if none of them can be set up). Read off the H100 run's autotune results
@@ -34,6 +39,13 @@ pub fn full_search() -> bool {
 }
 
 static FULL_SEARCH: AtomicBool = AtomicBool::new(false);
+
+/// Whether a device without matrix units takes [`super::columns`] where it handles the
+/// convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels, as before).
+fn columns_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("VRAMLAB_DIRECT_CONV").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
 
 /// See [`full_search`]; set once per process, before the first convolution.
 pub fn set_full_search(on: bool) {
@@ -96,6 +108,11 @@ fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<
     if full_search() {
         return conv_forward_nhwc::<R, N>(x, w, b, o, ConvStrategy::default()).expect("Burn's convolution");
     }
+    if !matrix_units(&x) && columns_on() && super::columns::handles(&x, w.meta.shape(), &o) {
+        if let Some(y) = super::columns::forward(x.clone(), w.clone(), b.clone(), &o) {
+            return y;
+        }
+    }
     if !cfg!(feature = "autotune") || o.groups != 1 || !matrix_units(&x) {
         return conv_forward_nhwc::<R, N>(x, w, b, o, ConvStrategy::Direct).expect("Burn's direct convolution");
     }
@@ -107,6 +124,11 @@ fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<
 
 fn weight_backward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: Shape, o: ConvOptions<N>) -> CubeTensor<R> {
     if !matrix_units(&x) {
+        if columns_on() && super::columns::handles(&x, &shape, &o) {
+            if let Some(dw) = super::columns::weight_backward(x.clone(), dy.clone(), &shape, &o) {
+                return dw;
+            }
+        }
         return swapped_weight_backward(x, dy, shape, o);
     }
     #[cfg(feature = "autotune")]

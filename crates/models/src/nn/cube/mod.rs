@@ -18,7 +18,8 @@
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
 //!   (as the convolution reads it) in one launch;
 //! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
-//!   kernels that win on a GPU instead of Burn's full one, none on a device without matrix units;
+//!   kernels that win on a GPU instead of Burn's full one, none on a device without matrix units,
+//!   where 1-D and 2-D convolutions are [`columns`]: im2col blocks and the fixed matmul;
 //! - [`matmul`]: Burn's matmul with one fixed kernel instead of its autotuned search
 //!   ([`matmul_autotune`]).
 //!
@@ -38,6 +39,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::*;
 
 pub mod channel_sum;
+pub mod columns;
 pub mod conv;
 pub mod dropout;
 #[cfg(feature = "fusion")]

@@ -535,11 +535,12 @@ fn fixed_matmul_kernel_and_node_match_burns() {
     super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 5], false, true, false, FloatDType::F32, 1e-5);
 }
 
-/// `nn::cube::conv` (the short search; on lavapipe, which has no matrix units, Burn's direct
-/// kernel and the swapped-convolution weight gradient) against Burn's convolutions, forward and
-/// weight gradient (and conv1d's input gradient), 1-D to 3-D: strides, padding, dilation, no bias, a 1×1 kernel, a stride
-/// that leaves the swapped convolution larger than the kernel (cut to it); with `autotune`, also
-/// through the search.
+/// `nn::cube::conv` (the short search; on lavapipe, which has no matrix units, the im2col columns
+/// and matmuls of `nn::cube::columns` for 1-D and 2-D, Burn's direct kernel and the
+/// swapped-convolution weight gradient for 3-D) against Burn's convolutions, forward and weight
+/// gradient (and conv1d's input gradient), 1-D to 3-D: strides, padding, dilation, no bias, a 1×1
+/// kernel, a stride that leaves the swapped convolution larger than the kernel (cut to it); the
+/// columns in one block and in many; with `autotune`, also through the search.
 #[test]
 fn short_conv_search_matches_burns_convolutions() {
     use burn::tensor::ops::ConvOptions;
@@ -558,7 +559,9 @@ fn short_conv_search_matches_burns_convolutions() {
         assert_eq!(dw.shape().to_vec(), w.to_vec(), "{name}: weight gradient shape");
         close(&format!("{name} weight gradient"), dw, dw_burn, 1e-5);
     }
+    let columns_runs = || crate::nn::cube::columns::RUNS.load(std::sync::atomic::Ordering::Relaxed);
     let all = || {
+        let before = columns_runs();
         let c1 = |s, pd, d| ConvOptions::new([s], [pd], [d], 1);
         for (i, (x, w, bias, o)) in [([3, 4, 37], [6, 4, 5], true, c1(1, 2, 1)), ([2, 3, 40], [5, 3, 3], false, c1(2, 1, 2))].into_iter().enumerate() {
             check::<3, 1>(&format!("conv1d case {i}"), x, w, bias, o, 10 + i as u64, cube_kernels::forward::<W>, burn_kernels::forward::<W>, cube_kernels::weight_backward::<W>, burn_kernels::weight_backward::<W>);
@@ -578,12 +581,22 @@ fn short_conv_search_matches_burns_convolutions() {
         for (i, (x, w, bias, o)) in cases2.into_iter().enumerate() {
             check::<4, 2>(&format!("conv2d case {i}"), x, w, bias, o, 20 + i as u64, cube_kernels::conv2d::<W>, burn_kernels::conv2d::<W>, cube_kernels::weight_backward_2d::<W>, burn_kernels::weight_backward_2d::<W>);
         }
+        // lavapipe has no matrix units: unless told to search anyway, the 1-D and 2-D cases went
+        // through the im2col columns.
+        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+            assert!(columns_runs() > before, "no convolution took the columns path");
+        }
         let c3 = |s, pd| ConvOptions::new([s, s, s], [pd, pd, pd], [1, 1, 1], 1);
         for (i, (x, w, bias, o)) in [([2, 4, 6, 9, 8], [5, 4, 3, 3, 3], true, c3(1, 1)), ([1, 3, 8, 10, 9], [4, 3, 3, 3, 3], false, c3(2, 1))].into_iter().enumerate() {
             check::<5, 3>(&format!("conv3d case {i}"), x, w, bias, o, 30 + i as u64, cube_kernels::conv3d::<W>, burn_kernels::conv3d::<W>, cube_kernels::weight_backward_3d::<W>, burn_kernels::weight_backward_3d::<W>);
         }
     };
     all();
+    // Every case again in blocks of a few output positions (the columns path on a device without
+    // matrix units: blocks written into their rows of the output, weight gradients summed).
+    crate::nn::cube::columns::COLUMN_BYTES_FOR_TESTS.set(Some(2048));
+    all();
+    crate::nn::cube::columns::COLUMN_BYTES_FOR_TESTS.set(None);
     // The search itself (builds with `autotune`): its GEMM candidates fail at setup on lavapipe,
     // so the forward must come from the direct kernel and the weight gradient from the swapped
     // convolution, through the tuner and its fallback group.

@@ -1,0 +1,330 @@
+//! Convolutions as matrix products over blocks of im2col columns, for devices without matrix
+//! units (no cmma, no mma: lavapipe, and any wgpu device that exposes neither), where Burn's
+//! convolutions have only their direct kernel.
+//!
+//! For a block of output positions, [`columns_kernel`] writes the input values each position's
+//! kernel window reads, one row per position (`[kernel position…, input channel]`, the order of a
+//! channels-last weight's `[out, k…, in]`); the block's product with the weight is then CubeCL's
+//! fixed matmul (the kernel [`super::matmul`] takes). On lavapipe that ran ResNet-18's and the
+//! UNet's convolutions 1.2–5.6× faster than the direct kernel on most shapes
+//! (`benches/results/kernels/wgpu/conv_columns.md`); [`handles`] says which convolutions take it.
+//!
+//! - forward ([`forward`]): `y[block, out] = columns[block, K] · w[out, K]ᵀ`, each block written
+//!   straight into its rows of the channels-last output, then the bias;
+//! - weight gradient ([`weight_backward`]): `dw[out, K] = Σ_blocks dy[block, out]ᵀ · columns[block, K]`.
+//!
+//! The columns are the only workspace: one buffer of at most [`COLUMN_BYTES`] (or a single row
+//! where a row alone is larger), reused by every block. One compiled columns kernel serves every
+//! convolution of a dtype (the geometry is runtime scalars; 1-D and 2-D convolutions are run as
+//! 3-D ones with leading axes of size 1).
+
+use burn::tensor::DType;
+use burn::tensor::ops::ConvOptions;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::matmul::{MatmulStrategy, matmul};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::zspace::metadata::Metadata;
+
+use super::{elem_cubes, empty};
+
+/// How many convolutions this path has run (tests: that a case took it).
+#[cfg(test)]
+pub(crate) static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The most bytes of im2col columns one block writes (the columns buffer, reused by every block).
+pub const COLUMN_BYTES: usize = 4 << 20;
+
+/// One unit per output position of the block and kernel position (`len` = rows × kernel
+/// positions), each copying one window's `cin` input channels: `cols[r, (κ, ci)] =
+/// x[n, o·s + κ·dil − pad, ci]` for output position `first + r` (`n, o_d, o_h, o_w`), zero in the
+/// padding. `x` is `[n, d, h, w, cin]` in any strides; `cols` is `[rows, K]` contiguous.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn columns_kernel<F: Float>(
+    x: &Tensor<F>,
+    cols: &mut Tensor<F>,
+    first: u32,
+    len: u32,
+    out_d: u32,
+    out_h: u32,
+    out_w: u32,
+    k_d: u32,
+    k_h: u32,
+    k_w: u32,
+    s_d: u32,
+    s_h: u32,
+    s_w: u32,
+    p_d: u32,
+    p_h: u32,
+    p_w: u32,
+    d_d: u32,
+    d_h: u32,
+    d_w: u32,
+    #[define(F)] _dtype: StorageType,
+) {
+    let j = ABSOLUTE_POS;
+    if j >= len as usize {
+        terminate!();
+    }
+    let cin = x.shape(4);
+    let (k_d, k_h, k_w) = (k_d as usize, k_h as usize, k_w as usize);
+    let (out_d, out_h, out_w) = (out_d as usize, out_h as usize, out_w as usize);
+    let kv = k_d * k_h * k_w;
+    let kk = j % kv;
+    let r = j / kv;
+    let p = first as usize + r;
+    let kw = kk % k_w;
+    let kh = (kk / k_w) % k_h;
+    let kd = kk / (k_w * k_h);
+    let ow = p % out_w;
+    let oh = (p / out_w) % out_h;
+    let od = (p / (out_w * out_h)) % out_d;
+    let n = p / (out_w * out_h * out_d);
+    // Coordinates in the padded input: inside the input when `pad ≤ z < pad + size`.
+    let zd = od * s_d as usize + kd * d_d as usize;
+    let zh = oh * s_h as usize + kh * d_h as usize;
+    let zw = ow * s_w as usize + kw * d_w as usize;
+    let (p_d, p_h, p_w) = (p_d as usize, p_h as usize, p_w as usize);
+    let out = (r * kv + kk) * cin;
+    let mut inside = false;
+    let mut at = 0;
+    if zd >= p_d && zh >= p_h && zw >= p_w {
+        let (id, ih, iw) = (zd - p_d, zh - p_h, zw - p_w);
+        if id < x.shape(1) && ih < x.shape(2) && iw < x.shape(3) {
+            inside = true;
+            at = n * x.stride(0) + id * x.stride(1) + ih * x.stride(2) + iw * x.stride(3);
+        }
+    }
+    let cs = x.stride(4);
+    if inside {
+        for ci in 0..cin {
+            cols[out + ci] = x[at + ci * cs];
+        }
+    } else {
+        for ci in 0..cin {
+            cols[out + ci] = F::new(0.0);
+        }
+    }
+}
+
+/// A convolution's sizes with its spatial axes padded in front to three.
+struct Geometry {
+    batch: usize,
+    cin: usize,
+    out: [usize; 3],
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+}
+
+impl Geometry {
+    fn new<const N: usize>(x: &[usize], kernel: &[usize], o: &ConvOptions<N>) -> Self {
+        let spatial = &x[1..=N];
+        let out = burn::tensor::ops::conv::calculate_conv_output_sizes(kernel, &o.stride, &o.padding, &o.dilation, spatial);
+        let three = |v: &[usize], fill: usize| {
+            let mut t = [fill; 3];
+            t[3 - N..].copy_from_slice(v);
+            t
+        };
+        Self {
+            batch: x[0],
+            cin: x[N + 1],
+            out: three(&out, 1),
+            kernel: three(kernel, 1),
+            stride: three(&o.stride, 1),
+            padding: three(&o.padding, 0),
+            dilation: three(&o.dilation, 1),
+        }
+    }
+    /// Output positions (the rows of the columns).
+    fn positions(&self) -> usize {
+        self.batch * self.out.iter().product::<usize>()
+    }
+    /// Columns per row: kernel positions × input channels.
+    fn k(&self) -> usize {
+        self.kernel.iter().product::<usize>() * self.cin
+    }
+    /// Rows per block: as many as [`COLUMN_BYTES`] holds (at least one), a multiple of what
+    /// keeps every block's first row at an offset the device can bind (`row_bytes`: the bytes
+    /// of one row of the tensors the blocks are cut from).
+    fn block_rows(&self, esize: usize, row_bytes: &[usize], align: usize) -> usize {
+        let step = row_bytes.iter().map(|&b| align / gcd(align, b)).fold(1, lcm);
+        let rows = (column_bytes() / (self.k() * esize).max(1)).max(1);
+        (rows / step * step).max(step).min(self.positions().next_multiple_of(step))
+    }
+}
+
+/// [`COLUMN_BYTES`]; tests set less, to cut small convolutions into several blocks.
+fn column_bytes() -> usize {
+    #[cfg(test)]
+    if let Some(b) = COLUMN_BYTES_FOR_TESTS.get() {
+        return b;
+    }
+    COLUMN_BYTES
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(crate) static COLUMN_BYTES_FOR_TESTS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
+}
+
+/// `t` (rank `N + 2`, channels last) seen as rank 5 `[n, d, h, w, c]` (size-1 axes in front of
+/// its spatial ones), without a copy.
+fn rank5<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
+    while t.meta.num_dims() < 5 {
+        t.meta.insert(1, 1, 1);
+    }
+    t
+}
+
+/// `t`'s rows `first..first + rows` of its `[rows, cols]` (row-major, contiguous) view, without a
+/// copy (`first`'s byte offset must be one the device binds: [`Geometry::block_rows`]).
+fn rows<R: CubeRuntime>(t: &CubeTensor<R>, first: usize, rows: usize, cols: usize) -> CubeTensor<R> {
+    let mut v = t.clone();
+    v.handle = v.handle.offset_start((first * cols * t.dtype.size()) as u64);
+    v.meta = Box::new(Metadata::new(vec![rows, cols], vec![cols, 1]));
+    v
+}
+
+/// `t` (`[rows, cols]` contiguous) seen as its transpose.
+fn transposed<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
+    t.meta.swap(0, 1);
+    t
+}
+
+/// Writes the columns of output positions `first..first + len / kernel positions` into `cols`.
+fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &Geometry, first: usize, len: usize) {
+    let client = x.client.clone();
+    let (count, dim) = elem_cubes(&client, len);
+    let u = |v: usize| v as u32;
+    let dtype: StorageType = x.dtype.into();
+    columns_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        x.clone().into_tensor_arg(),
+        cols.clone().into_tensor_arg(),
+        u(first),
+        u(len),
+        u(g.out[0]),
+        u(g.out[1]),
+        u(g.out[2]),
+        u(g.kernel[0]),
+        u(g.kernel[1]),
+        u(g.kernel[2]),
+        u(g.stride[0]),
+        u(g.stride[1]),
+        u(g.stride[2]),
+        u(g.padding[0]),
+        u(g.padding[1]),
+        u(g.padding[2]),
+        u(g.dilation[0]),
+        u(g.dilation[1]),
+        u(g.dilation[2]),
+        dtype,
+    );
+}
+
+/// Whether this path takes a convolution: 1-D or 2-D, ungrouped, every index within `u32`, a
+/// dtype the matmul computes in.
+///
+/// 3-D convolutions keep Burn's direct kernel: on lavapipe, on the VAE's shapes (16 and 32
+/// channels, 3×3×3), the columns' forward was 1.2–1.3× slower and the 16-channel weight gradient
+/// 1.15× slower (`benches/results/kernels/wgpu/conv_columns.md`).
+pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
+    let g = Geometry::new::<N>(x.meta.shape(), &w_shape[1..=N], o);
+    let fits = |n: usize| n > 0 && n <= u32::MAX as usize;
+    N <= 2 && o.groups == 1 && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) && fits(g.positions() * g.k()) && fits(x.meta.num_elements())
+}
+
+/// The convolution of channels-last `x` (`[n, s…, cin]`) with channels-last `w` (`[out, k…, cin]`),
+/// channels last (`[n, o…, out]` contiguous); `None` where the matmul cannot be set up for one of
+/// its blocks (the caller then runs the convolution another way; what was launched is discarded).
+pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R>, b: Option<CubeTensor<R>>, o: &ConvOptions<N>) -> Option<CubeTensor<R>> {
+    #[cfg(test)]
+    RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ws = w.meta.shape().to_vec();
+    let g = Geometry::new::<N>(x.meta.shape(), &ws[1..=N], o);
+    let (cout, k, positions) = (ws[0], g.k(), g.positions());
+    let esize = x.dtype.size();
+    let w = super::contiguous(w);
+    let wt = transposed(rows(&w, 0, cout, k));
+    let mut dims = vec![g.batch];
+    dims.extend(&g.out[3 - N..]);
+    dims.push(cout);
+    let y = empty(&x, dims.clone(), x.dtype);
+    let x = rank5(x);
+    let align = x.client.properties().memory.alignment as usize;
+    let block = g.block_rows(esize, &[cout * esize], align);
+    let cols = empty(&x, vec![block, k], x.dtype);
+    let mut first = 0;
+    while first < positions {
+        let n = block.min(positions - first);
+        let c = rows(&cols, 0, n, k);
+        launch_columns(&x, &c, &g, first, n * g.kernel.iter().product::<usize>());
+        matmul(c, wt.clone(), Some(rows(&y, first, n, cout)), MatmulStrategy::Cube, y.dtype).ok()?;
+        first += n;
+    }
+    Some(match b {
+        Some(b) => {
+            let mut b = super::contiguous(b);
+            b.meta = Box::new(Metadata::new(vec![1, cout], vec![cout, 1]));
+            let mut y = y;
+            y.meta = Box::new(Metadata::new(vec![positions, cout], vec![cout, 1]));
+            let mut y = burn_cubecl::ops::numeric::add(y, b);
+            y.meta = Box::new(Metadata::new(dims.clone(), contiguous_strides(&dims)));
+            y
+        }
+        None => y,
+    })
+}
+
+/// The weight gradient of [`forward`] for channels-last `x` and output gradient `dy`
+/// (`[n, o…, out]`), as a channels-last `[out, k…, cin]` (`shape`) tensor; `None` as in
+/// [`forward`].
+pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: &[usize], o: &ConvOptions<N>) -> Option<CubeTensor<R>> {
+    #[cfg(test)]
+    RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let g = Geometry::new::<N>(x.meta.shape(), &shape[1..=N], o);
+    let (cout, k, positions) = (shape[0], g.k(), g.positions());
+    let esize = x.dtype.size();
+    let dy = super::contiguous(dy);
+    let x = rank5(x);
+    let align = x.client.properties().memory.alignment as usize;
+    let block = g.block_rows(esize, &[cout * dy.dtype.size()], align);
+    let cols = empty(&x, vec![block, k], x.dtype);
+    let mut dw: Option<CubeTensor<R>> = None;
+    let mut first = 0;
+    while first < positions {
+        let n = block.min(positions - first);
+        let c = rows(&cols, 0, n, k);
+        launch_columns(&x, &c, &g, first, n * g.kernel.iter().product::<usize>());
+        let part = matmul(transposed(rows(&dy, first, n, cout)), c, None, MatmulStrategy::Cube, x.dtype).ok()?;
+        dw = Some(match dw {
+            None => part,
+            Some(acc) => burn_cubecl::ops::numeric::add(acc, part),
+        });
+        first += n;
+    }
+    let mut dw = dw?;
+    dw.meta = Box::new(Metadata::new(shape.to_vec(), contiguous_strides(shape)));
+    Some(dw)
+}
+
+fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1];
+    }
+    s
+}
