@@ -196,12 +196,6 @@ fn rows<R: CubeRuntime>(t: &CubeTensor<R>, first: usize, rows: usize, cols: usiz
     v
 }
 
-/// `t` (`[rows, cols]` contiguous) seen as its transpose.
-fn transposed<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
-    t.meta.swap(0, 1);
-    t
-}
-
 /// Writes the columns of output positions `first..first + len / kernel positions` into `cols`.
 fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &Geometry, first: usize, len: usize) {
     let client = x.client.clone();
@@ -258,7 +252,7 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
     let (cout, k, positions) = (ws[0], g.k(), g.positions());
     let esize = x.dtype.size();
     let w = super::contiguous(w);
-    let wt = transposed(rows(&w, 0, cout, k));
+    let wt = burn_cubecl::ops::permute(reshape(w, vec![cout, k]), &[1, 0]);
     let mut dims = vec![g.batch];
     dims.extend(&g.out[3 - N..]);
     dims.push(cout);
@@ -277,13 +271,8 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
     }
     Some(match b {
         Some(b) => {
-            let mut b = super::contiguous(b);
-            b.meta = Box::new(Metadata::new(vec![1, cout], vec![cout, 1]));
-            let mut y = y;
-            y.meta = Box::new(Metadata::new(vec![positions, cout], vec![cout, 1]));
-            let mut y = burn_cubecl::ops::numeric::add(y, b);
-            y.meta = Box::new(Metadata::new(dims.clone(), contiguous_strides(&dims)));
-            y
+            let b = reshape(b, vec![1, cout]);
+            reshape(burn_cubecl::ops::numeric::add(reshape(y, vec![positions, cout]), b), dims)
         }
         None => y,
     })
@@ -309,22 +298,17 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
         let n = block.min(positions - first);
         let c = rows(&cols, 0, n, k);
         launch_columns(&x, &c, &g, first, n * g.kernel.iter().product::<usize>());
-        let part = matmul(transposed(rows(&dy, first, n, cout)), c, None, MatmulStrategy::Cube, x.dtype).ok()?;
+        let part = matmul(burn_cubecl::ops::permute(rows(&dy, first, n, cout), &[1, 0]), c, None, MatmulStrategy::Cube, x.dtype).ok()?;
         dw = Some(match dw {
             None => part,
             Some(acc) => burn_cubecl::ops::numeric::add(acc, part),
         });
         first += n;
     }
-    let mut dw = dw?;
-    dw.meta = Box::new(Metadata::new(shape.to_vec(), contiguous_strides(shape)));
-    Some(dw)
+    Some(reshape(dw?, shape.to_vec()))
 }
 
-fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; dims.len()];
-    for i in (0..dims.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * dims[i + 1];
-    }
-    s
+/// `t` with `dims` (Burn's reshape: without a copy where `t` is contiguous, as everywhere here).
+fn reshape<R: CubeRuntime>(t: CubeTensor<R>, dims: Vec<usize>) -> CubeTensor<R> {
+    burn_cubecl::ops::reshape(t, burn::tensor::Shape::from(dims))
 }
