@@ -6,9 +6,9 @@
 //! convolution with batch and channels swapped, which Burn autotunes again as a forward.
 //!
 //! Here ([`forward`], [`weight_backward`]):
-//! - on a device without matrix units (lavapipe, most CPUs' Vulkan; wgpu's WGSL), nothing is
-//!   searched. 1-D and 2-D convolutions (ACT's and Diffusion's ResNet-18, Diffusion's UNet) are
-//!   matmuls over im2col columns ([`super::columns`]): on lavapipe 1.2–6× faster than Burn's
+//! - on a device without matrix units (lavapipe, most CPUs' Vulkan), nothing is searched. 1-D
+//!   and 2-D convolutions (ACT's and Diffusion's ResNet-18, Diffusion's UNet) are matmuls over
+//!   im2col columns ([`super::columns`]): on lavapipe 1.2–5.6× faster than Burn's
 //!   direct kernel on most of those shapes. 3-D ones (the VAE) take Burn's direct convolution,
 //!   which won every key of 3×3 or larger among Burn's candidates there and beat the columns on the
 //!   VAE's shapes, and for the weight gradient the same swapped convolution Burn's fallback runs,
