@@ -142,15 +142,19 @@ impl Geometry {
     fn positions(&self) -> usize {
         self.batch * self.out.iter().product::<usize>()
     }
+    /// Positions of the kernel window.
+    fn kernel_positions(&self) -> usize {
+        self.kernel.iter().product()
+    }
     /// Columns per row: kernel positions × input channels.
     fn k(&self) -> usize {
-        self.kernel.iter().product::<usize>() * self.cin
+        self.kernel_positions() * self.cin
     }
     /// Rows per block: as many as [`COLUMN_BYTES`] holds (at least one), a multiple of what
     /// keeps every block's first row at an offset the device can bind (`row_bytes`: the bytes
-    /// of one row of the tensors the blocks are cut from).
-    fn block_rows(&self, esize: usize, row_bytes: &[usize], align: usize) -> usize {
-        let step = row_bytes.iter().map(|&b| align / gcd(align, b)).fold(1, lcm);
+    /// of one row of the tensor the blocks are cut from).
+    fn block_rows(&self, esize: usize, row_bytes: usize, align: usize) -> usize {
+        let step = align / gcd(align, row_bytes);
         let rows = (column_bytes() / (self.k() * esize).max(1)).max(1);
         (rows / step * step).max(step).min(self.positions().next_multiple_of(step))
     }
@@ -172,10 +176,6 @@ thread_local! {
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 { a } else { gcd(b, a % b) }
-}
-
-fn lcm(a: usize, b: usize) -> usize {
-    a / gcd(a, b) * b
 }
 
 /// `t` (rank `N + 2`, channels last) seen as rank 5 `[n, d, h, w, c]` (size-1 axes in front of
@@ -250,25 +250,16 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
     let ws = w.meta.shape().to_vec();
     let g = Geometry::new::<N>(x.meta.shape(), &ws[1..=N], o);
     let (cout, k, positions) = (ws[0], g.k(), g.positions());
-    let esize = x.dtype.size();
     let w = super::contiguous(w);
     let wt = burn_cubecl::ops::permute(reshape(w, vec![cout, k]), &[1, 0]);
     let mut dims = vec![g.batch];
     dims.extend(&g.out[3 - N..]);
     dims.push(cout);
     let y = empty(&x, dims.clone(), x.dtype);
-    let x = rank5(x);
-    let align = x.client.properties().memory.alignment as usize;
-    let block = g.block_rows(esize, &[cout * esize], align);
-    let cols = empty(&x, vec![block, k], x.dtype);
-    let mut first = 0;
-    while first < positions {
-        let n = block.min(positions - first);
-        let c = rows(&cols, 0, n, k);
-        launch_columns(&x, &c, &g, first, n * g.kernel.iter().product::<usize>());
-        matmul(c, wt.clone(), Some(rows(&y, first, n, cout)), MatmulStrategy::Cube, y.dtype).ok()?;
-        first += n;
-    }
+    let row_bytes = cout * x.dtype.size();
+    for_each_block(x, &g, row_bytes, |first, n, c| {
+        matmul(c, wt.clone(), Some(rows(&y, first, n, cout)), MatmulStrategy::Cube, y.dtype).ok().map(|_| ())
+    })?;
     Some(match b {
         Some(b) => {
             let b = reshape(b, vec![1, cout]);
@@ -285,27 +276,40 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
     #[cfg(test)]
     RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let g = Geometry::new::<N>(x.meta.shape(), &shape[1..=N], o);
-    let (cout, k, positions) = (shape[0], g.k(), g.positions());
-    let esize = x.dtype.size();
+    let cout = shape[0];
+    let dtype = x.dtype;
     let dy = super::contiguous(dy);
+    let mut dw: Option<CubeTensor<R>> = None;
+    for_each_block(x, &g, cout * dy.dtype.size(), |first, n, c| {
+        let part = matmul(burn_cubecl::ops::permute(rows(&dy, first, n, cout), &[1, 0]), c, None, MatmulStrategy::Cube, dtype).ok()?;
+        dw = Some(match dw.take() {
+            None => part,
+            Some(acc) => burn_cubecl::ops::numeric::add(acc, part),
+        });
+        Some(())
+    })?;
+    Some(reshape(dw?, shape.to_vec()))
+}
+
+/// Cuts the output positions of `g` into blocks ([`Geometry::block_rows`], `row_bytes` the bytes
+/// of one position's row in the tensor the caller cuts into the same blocks), writes each block's
+/// columns of `x` (channels last) into one reused buffer, and hands `f` the block's first
+/// position, its length and its columns (`[rows, K]`). Stops at the first `None` from `f`.
+fn for_each_block<R: CubeRuntime>(x: CubeTensor<R>, g: &Geometry, row_bytes: usize, mut f: impl FnMut(usize, usize, CubeTensor<R>) -> Option<()>) -> Option<()> {
+    let (k, positions) = (g.k(), g.positions());
     let x = rank5(x);
     let align = x.client.properties().memory.alignment as usize;
-    let block = g.block_rows(esize, &[cout * dy.dtype.size()], align);
+    let block = g.block_rows(x.dtype.size(), row_bytes, align);
     let cols = empty(&x, vec![block, k], x.dtype);
-    let mut dw: Option<CubeTensor<R>> = None;
     let mut first = 0;
     while first < positions {
         let n = block.min(positions - first);
         let c = rows(&cols, 0, n, k);
-        launch_columns(&x, &c, &g, first, n * g.kernel.iter().product::<usize>());
-        let part = matmul(burn_cubecl::ops::permute(rows(&dy, first, n, cout), &[1, 0]), c, None, MatmulStrategy::Cube, x.dtype).ok()?;
-        dw = Some(match dw {
-            None => part,
-            Some(acc) => burn_cubecl::ops::numeric::add(acc, part),
-        });
+        launch_columns(&x, &c, g, first, n * g.kernel_positions());
+        f(first, n, c)?;
         first += n;
     }
-    Some(reshape(dw?, shape.to_vec()))
+    Some(())
 }
 
 /// `t` with `dims` (Burn's reshape: without a copy where `t` is contiguous, as everywhere here).
