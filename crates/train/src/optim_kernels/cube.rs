@@ -85,18 +85,48 @@ fn flat<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
     t
 }
 
-/// A gradient as the update reads it: flat when contiguous; as it is when [`dense`] in another
-/// order (the kernel reads it through its strides, [`strided`]); copied contiguous otherwise.
-/// The permuted gradients of convolutions and linear layers were a copy each (VAE ultra: 32 a
-/// step).
+/// A gradient as the update reads it: flat when contiguous; when [`dense`] in another order,
+/// the same view with its dims [`merged`] (the kernel reads it through its strides, [`strided`]);
+/// copied contiguous otherwise. The permuted gradients of convolutions and linear layers were a
+/// copy each (VAE ultra: 32 a step).
 fn grad_layout<R: CubeRuntime>(g: CubeTensor<R>) -> CubeTensor<R> {
     if g.is_contiguous() {
         flat(g)
     } else if dense(&g) {
-        g
+        merged(g)
     } else {
         flat(burn_cubecl::kernel::into_contiguous(g))
     }
+}
+
+/// `t` with its size-1 dims dropped and each run of dims that lie in memory one inside the
+/// other merged into one (`stride[d] == stride[d + 1] · size[d + 1]`): the same elements in the
+/// same row-major order, with fewer dims for [`strided`] to divide by. A convolution's weight
+/// gradient on CubeCL (`[out, in, k…]` on a buffer written `[in, k…, out]`) becomes a transposed
+/// `[out, in · k]`: two divisions per element instead of eight, which on lavapipe (no vector
+/// integer division) are most of the update's time.
+pub(super) fn merged<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
+    let (mut shape, mut strides): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for (&size, &stride) in t.meta.shape().iter().zip(t.meta.strides().iter()) {
+        if size == 1 {
+            continue;
+        }
+        match (shape.last_mut(), strides.last_mut()) {
+            (Some(last), Some(last_stride)) if *last_stride == stride * size => {
+                *last *= size;
+                *last_stride = stride;
+            }
+            _ => {
+                shape.push(size);
+                strides.push(stride);
+            }
+        }
+    }
+    if shape.is_empty() {
+        (shape, strides) = (vec![1], vec![1]);
+    }
+    t.meta = Box::new(cubecl::zspace::metadata::Metadata::new(shape, strides));
+    t
 }
 
 /// Where element `i` (row-major over `t`'s shape) lies in `t`'s buffer: `i` itself for a flat

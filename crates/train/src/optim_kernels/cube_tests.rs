@@ -409,3 +409,35 @@ fn cube_update_reads_permuted_gradients_in_place() {
         }
     }
 }
+
+/// The gradient layouts the update reads through their strides, with their dims merged: a
+/// conv3d weight gradient as the swapped convolution writes it (`[in, kd, kh, kw, out]`, seen as
+/// `[out, in, kd, kh, kw]`) is a transposed `[out, in · k]`; a channels-last weight (`[out, kh,
+/// kw, in]`) a `[out, in, k]`; size-1 dims go; and the merged view holds the same elements in
+/// the same order.
+#[cfg(not(feature = "fusion"))]
+#[test]
+fn merged_gradient_views_keep_the_element_order() {
+    let meta = |t: &Tensor<W, 5>| {
+        let c = t.clone().into_primitive().tensor();
+        let m = super::cube::merged(c);
+        (m.meta.shape().to_vec(), m.meta.strides().to_vec())
+    };
+    let (o, i, k) = (6, 5, [2, 3, 4]);
+    let n = o * i * k.iter().product::<usize>();
+    let v = values(n, 901);
+    let swapped = tensor(&v, [i, k[0], k[1], k[2], o]).permute([4, 0, 1, 2, 3]);
+    assert_eq!(meta(&swapped), (vec![o, i * 24], vec![1, o]));
+    let last = tensor(&v, [o, k[0], k[1], k[2], i]).permute([0, 4, 1, 2, 3]);
+    assert_eq!(meta(&last), (vec![o, i, 24], vec![24 * i, 1, i]));
+    let ones = tensor(&v, [1, o, 1, i * 24, 1]).swap_dims(1, 3);
+    assert_eq!(meta(&ones), (vec![i * 24, o], vec![1, i * 24]));
+    for t in [swapped, last, ones] {
+        let dims = t.dims();
+        let merged = super::cube::merged(t.clone().into_primitive().tensor());
+        let mut flat = burn_cubecl::kernel::into_contiguous(merged);
+        flat.meta = Box::new(cubecl::zspace::metadata::Metadata::new([n], [1]));
+        let merged: Tensor<W, 1> = Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(flat));
+        assert_eq!(vals(merged), vals(t.reshape([n])), "{dims:?}: the merged view's elements in order");
+    }
+}
