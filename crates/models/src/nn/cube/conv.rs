@@ -44,7 +44,7 @@ static FULL_SEARCH: AtomicBool = AtomicBool::new(false);
 /// convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels, as before).
 fn columns_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("VRAMLAB_DIRECT_CONV").is_ok_and(|v| !v.is_empty() && v != "0"))
+    *ON.get_or_init(|| !super::env_switch("VRAMLAB_DIRECT_CONV"))
 }
 
 /// See [`full_search`]; set once per process, before the first convolution.

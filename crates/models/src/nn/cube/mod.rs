@@ -115,7 +115,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> CubeLaunch
 /// per process; for comparisons and as a way around a driver that miscompiles a kernel).
 pub fn composed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))
+    *ON.get_or_init(|| env_switch("VRAMLAB_COMPOSED_KERNELS"))
+}
+
+/// Whether the environment variable `name` turns a switch on: set, not empty, not `0`.
+pub(crate) fn env_switch(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Whether the lean matmul ([`matmul`]) takes Burn's autotuned `float_matmul` (true) or
