@@ -85,14 +85,12 @@ fn flat<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
     t
 }
 
-/// A gradient as the update reads it: flat when contiguous; when [`dense`] in another order,
-/// the same view with its dims [`merged`] (the kernel reads it through its strides, [`strided`]);
+/// A gradient as the update reads it: when [`dense`], the same view with its dims [`merged`]
+/// (a contiguous one is flat; another order the kernel reads through its strides, [`strided`]);
 /// copied contiguous otherwise. The permuted gradients of convolutions and linear layers were a
 /// copy each (VAE ultra: 32 a step).
 fn grad_layout<R: CubeRuntime>(g: CubeTensor<R>) -> CubeTensor<R> {
-    if g.is_contiguous() {
-        flat(g)
-    } else if dense(&g) {
+    if dense(&g) {
         merged(g)
     } else {
         flat(burn_cubecl::kernel::into_contiguous(g))

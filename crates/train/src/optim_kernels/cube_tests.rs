@@ -413,8 +413,8 @@ fn cube_update_reads_permuted_gradients_in_place() {
 /// The gradient layouts the update reads through their strides, with their dims merged: a
 /// conv3d weight gradient as the swapped convolution writes it (`[in, kd, kh, kw, out]`, seen as
 /// `[out, in, kd, kh, kw]`) is a transposed `[out, in · k]`; a channels-last weight (`[out, kh,
-/// kw, in]`) a `[out, in, k]`; size-1 dims go; and the merged view holds the same elements in
-/// the same order.
+/// kw, in]`) a `[out, in, k]`; a contiguous one is flat; size-1 dims go; and the merged view
+/// holds the same elements in the same order.
 #[cfg(not(feature = "fusion"))]
 #[test]
 fn merged_gradient_views_keep_the_element_order() {
@@ -430,6 +430,8 @@ fn merged_gradient_views_keep_the_element_order() {
     assert_eq!(meta(&swapped), (vec![o, i * 24], vec![1, o]));
     let last = tensor(&v, [o, k[0], k[1], k[2], i]).permute([0, 4, 1, 2, 3]);
     assert_eq!(meta(&last), (vec![o, i, 24], vec![24 * i, 1, i]));
+    // A contiguous gradient is flat (what the update reads it as).
+    assert_eq!(meta(&tensor(&v, [1, o, i, 4, 6])), (vec![n], vec![1]));
     let ones = tensor(&v, [1, o, 1, i * 24, 1]).swap_dims(1, 3);
     assert_eq!(meta(&ones), (vec![i * 24, o], vec![1, i * 24]));
     for t in [swapped, last, ones] {
