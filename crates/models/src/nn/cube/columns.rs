@@ -109,18 +109,18 @@ fn columns_kernel<F: Float>(
 }
 
 /// A convolution's sizes with its spatial axes padded in front to three.
-struct Geometry {
-    batch: usize,
+pub(super) struct Geometry {
+    pub batch: usize,
     cin: usize,
-    out: [usize; 3],
-    kernel: [usize; 3],
-    stride: [usize; 3],
-    padding: [usize; 3],
-    dilation: [usize; 3],
+    pub out: [usize; 3],
+    pub kernel: [usize; 3],
+    pub stride: [usize; 3],
+    pub padding: [usize; 3],
+    pub dilation: [usize; 3],
 }
 
 impl Geometry {
-    fn new<const N: usize>(x: &[usize], kernel: &[usize], o: &ConvOptions<N>) -> Self {
+    pub fn new<const N: usize>(x: &[usize], kernel: &[usize], o: &ConvOptions<N>) -> Self {
         let spatial = &x[1..=N];
         let out = burn::tensor::ops::conv::calculate_conv_output_sizes(kernel, &o.stride, &o.padding, &o.dilation, spatial);
         let three = |v: &[usize], fill: usize| {
@@ -139,11 +139,11 @@ impl Geometry {
         }
     }
     /// Output positions (the rows of the columns).
-    fn positions(&self) -> usize {
+    pub fn positions(&self) -> usize {
         self.batch * self.out.iter().product::<usize>()
     }
     /// Positions of the kernel window.
-    fn kernel_positions(&self) -> usize {
+    pub fn kernel_positions(&self) -> usize {
         self.kernel.iter().product()
     }
     /// Columns per row: kernel positions × input channels.
@@ -180,7 +180,7 @@ fn gcd(a: usize, b: usize) -> usize {
 
 /// `t` (rank `N + 2`, channels last) seen as rank 5 `[n, d, h, w, c]` (size-1 axes in front of
 /// its spatial ones), without a copy.
-fn rank5<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
+pub(super) fn rank5<R: CubeRuntime>(mut t: CubeTensor<R>) -> CubeTensor<R> {
     while t.meta.num_dims() < 5 {
         t.meta.insert(1, 1, 1);
     }
@@ -234,7 +234,8 @@ fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &G
 ///
 /// 3-D convolutions keep Burn's direct kernel: on lavapipe, on the VAE's shapes (16 and 32
 /// channels, 3×3×3), the columns' forward was 1.2–1.3× slower and the 16-channel weight gradient
-/// 1.15× slower (`benches/results/kernels/wgpu/conv_columns.md`).
+/// 1.15× slower (`benches/results/kernels/wgpu/conv_columns.md`); their weight gradients are
+/// [`super::weight_grad`]'s where it takes them.
 pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
     let g = Geometry::new::<N>(x.meta.shape(), &w_shape[1..=N], o);
     let fits = |n: usize| n > 0 && n <= u32::MAX as usize;

@@ -11,9 +11,11 @@
 //!   im2col columns ([`super::columns`]): on lavapipe 1.2–5.6× faster than Burn's
 //!   direct kernel on most of those shapes. 3-D ones (the VAE) take Burn's direct convolution,
 //!   which won every key of 3×3 or larger among Burn's candidates there and beat the columns on the
-//!   VAE's shapes, and for the weight gradient the same swapped convolution Burn's fallback runs,
-//!   also direct. `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns off, for
-//!   comparisons;
+//!   VAE's shapes; their weight gradients, where both channel counts are multiples of 4, are
+//!   [`super::weight_grad`]'s tile sums (1.4–7.7× faster than Burn's on the VAE's shapes on
+//!   lavapipe), the others the same swapped convolution Burn's fallback runs, also direct.
+//!   `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns and the tile sums off:
+//!   Burn's direct kernels, for comparisons;
 //! - on a device with them, a search over the kernels that won on the H100: forward
 //!   [`FORWARD`] (4 of Burn's 8), weight gradient [`WEIGHT_GRAD`] (3 of 7, then the swapped
 //!   convolution only if none of them can be set up). Read off the H100 run's autotune results
@@ -40,8 +42,9 @@ pub fn full_search() -> bool {
 
 static FULL_SEARCH: AtomicBool = AtomicBool::new(false);
 
-/// Whether a device without matrix units takes [`super::columns`] where it handles the
-/// convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels, as before).
+/// Whether a device without matrix units takes [`super::columns`] and [`super::weight_grad`]
+/// where they handle the convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels,
+/// as before).
 fn columns_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !super::env_switch("VRAMLAB_DIRECT_CONV"))
@@ -128,6 +131,9 @@ fn weight_backward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cu
             if let Some(dw) = super::columns::weight_backward(x.clone(), dy.clone(), &shape, &o) {
                 return dw;
             }
+        }
+        if columns_on() && super::weight_grad::handles(&x, &shape, &o) {
+            return super::weight_grad::weight_backward(x, dy, &shape, &o);
         }
         return swapped_weight_backward(x, dy, shape, o);
     }

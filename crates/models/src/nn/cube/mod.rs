@@ -19,7 +19,8 @@
 //!   (as the convolution reads it) in one launch;
 //! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
 //!   kernels that win on a GPU instead of Burn's full one, none on a device without matrix units,
-//!   where 1-D and 2-D convolutions are [`columns`]: im2col blocks and the fixed matmul;
+//!   where 1-D and 2-D convolutions are [`columns`]: im2col blocks and the fixed matmul, and
+//!   3-D weight gradients [`weight_grad`]: one tile reduction per cube;
 //! - [`matmul`]: Burn's matmul with one fixed kernel instead of its autotuned search
 //!   ([`matmul_autotune`]).
 //!
@@ -50,6 +51,7 @@ pub mod relu;
 pub mod softmax;
 pub mod upsample;
 pub mod weight;
+pub mod weight_grad;
 
 /// Units per cube of the reducing kernels (one cube per group / channel / row).
 pub(crate) const BLOCK: usize = 256; // `cube_sum` and `softmax::cube_max` halve it eight times

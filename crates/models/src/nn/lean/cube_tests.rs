@@ -608,6 +608,51 @@ fn short_conv_search_matches_burns_convolutions() {
     }
 }
 
+/// 3-D weight gradients through `nn::cube::weight_grad` (one tile per cube, on a device without
+/// matrix units) against Burn's on the same device: padding, strides, dilation, a 1×1×1 kernel, an
+/// uneven kernel with uneven strides and padding, more output rows than a cube has units, inputs
+/// stored channels last, and f16 within its rounding (against f32 on the same rounded values).
+#[test]
+fn weight_grad_tiles_match_burns_weight_gradient() {
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let runs = || crate::nn::cube::weight_grad::RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    let c = |s: [usize; 3], pd: [usize; 3], d: [usize; 3]| ConvOptions::new(s, pd, d, 1);
+    let cases = [
+        ([2, 4, 6, 9, 8], [8, 4, 3, 3, 3], c([1; 3], [1; 3], [1; 3])),
+        ([1, 8, 8, 10, 9], [4, 8, 3, 3, 3], c([2; 3], [1; 3], [1; 3])),
+        ([2, 4, 7, 8, 11], [4, 4, 3, 3, 3], c([1; 3], [2; 3], [2; 3])),
+        ([2, 8, 5, 6, 7], [12, 8, 1, 1, 1], c([2; 3], [0; 3], [1; 3])),
+        ([2, 4, 5, 7, 9], [4, 4, 1, 3, 5], c([1, 2, 1], [0, 1, 2], [1; 3])),
+        ([2, 4, 8, 32, 32], [4, 4, 3, 3, 3], c([1; 3], [1; 3], [1; 3])),
+    ];
+    for (i, (x, w, o)) in cases.clone().into_iter().enumerate() {
+        let seed = 70 + 10 * i as u64;
+        let (xt, wt) = (random::<W, 5>(x, seed), random::<W, 5>(w, seed + 1));
+        let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+        let dy = random::<W, 5>(y.shape().dims(), seed + 2);
+        let before = runs();
+        let (xs, dys) = (channels_last(p(xt.clone())), channels_last(p(dy.clone())));
+        let dw = cube_kernels::weight_backward_3d::<W>(xs, p(wt.clone()), dys, o.clone());
+        assert_eq!(dw.shape().to_vec(), w.to_vec(), "case {i}: weight gradient shape");
+        close(&format!("tiled weight gradient case {i}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), 1e-5);
+        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+            assert!(runs() > before, "case {i}: the weight gradient did not take the tiles");
+        }
+    }
+    // f16: the tiles sum in f32 and round once; Burn's f32 gradient of the same rounded values.
+    let (x, w, o) = cases[0].clone();
+    let h = |t: Tensor<W, 5>| t.cast(FloatDType::F16);
+    let (xt, wt) = (h(random::<W, 5>(x, 7)), h(random::<W, 5>(w, 8)));
+    let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+    let dy = h(random::<W, 5>(y.shape().dims(), 9));
+    let dw = cube_kernels::weight_backward_3d::<W>(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
+    assert_eq!(dw.dtype(), burn::tensor::DType::F16);
+    let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
+    let reference = burn_kernels::weight_backward_3d::<W>(f(xt), f(wt), f(dy), o);
+    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, 1e-3);
+}
+
 /// The linear-upsampling kernels against the composed ops (gathers, multiplies, scatter-adds)
 /// on the same device: forward and backward along each spatial axis of a rank-5 tensor, factors
 /// 2 and 3, inputs stored channels first and channels last (the result keeps the layout), an
