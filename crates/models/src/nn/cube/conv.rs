@@ -12,7 +12,7 @@
 //!   direct kernel on most of those shapes. 3-D ones (the VAE) take Burn's direct convolution,
 //!   which won every key of 3×3 or larger among Burn's candidates there and beat the columns on the
 //!   VAE's shapes; their weight gradients, where both channel counts are multiples of 4, are
-//!   [`super::weight_grad`]'s tile sums (1.4–7.7× faster than Burn's on the VAE's shapes on
+//!   [`super::weight_grad`]'s tile sums (3.0–7.8× faster than Burn's on the VAE's shapes on
 //!   lavapipe), the others the same swapped convolution Burn's fallback runs, also direct.
 //!   `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns and the tile sums off:
 //!   Burn's direct kernels, for comparisons;
