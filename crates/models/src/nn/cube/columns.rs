@@ -234,8 +234,8 @@ fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &G
 ///
 /// 3-D convolutions keep Burn's direct kernel: on lavapipe, on the VAE's shapes (16 and 32
 /// channels, 3×3×3), the columns' forward was 1.2–1.3× slower and the 16-channel weight gradient
-/// 1.15× slower (`benches/results/kernels/wgpu/conv_columns.md`); their weight gradients are
-/// [`super::weight_grad`]'s where it takes them.
+/// 1.15× slower (`benches/results/kernels/wgpu/conv_columns.md`); they are
+/// [`super::forward_tiles`] and [`super::weight_grad`] where those take them.
 pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
     let g = Geometry::new::<N>(x.meta.shape(), &w_shape[1..=N], o);
     let fits = |n: usize| n > 0 && n <= u32::MAX as usize;

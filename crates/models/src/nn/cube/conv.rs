@@ -9,12 +9,13 @@
 //! - on a device without matrix units (lavapipe, most CPUs' Vulkan), nothing is searched. 1-D
 //!   and 2-D convolutions (ACT's and Diffusion's ResNet-18, Diffusion's UNet) are matmuls over
 //!   im2col columns ([`super::columns`]): on lavapipe 1.2–5.6× faster than Burn's
-//!   direct kernel on most of those shapes. 3-D ones (the VAE) take Burn's direct convolution,
-//!   which won every key of 3×3 or larger among Burn's candidates there and beat the columns on the
-//!   VAE's shapes; their weight gradients, where both channel counts are multiples of 4, are
-//!   [`super::weight_grad`]'s tile sums (3.0–7.8× faster than Burn's on the VAE's shapes on
-//!   lavapipe), the others the same swapped convolution Burn's fallback runs, also direct.
-//!   `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns and the tile sums off:
+//!   direct kernel on most of those shapes. 3-D ones (the VAE), where both channel counts are
+//!   multiples of 4, are [`super::forward_tiles`] (forward, and so the stride-1 input gradients;
+//!   1.9–2.3× faster than Burn's direct kernel on the VAE's shapes on lavapipe) and
+//!   [`super::weight_grad`]'s tile sums (weight gradients; 3.0–7.8× faster than Burn's); the
+//!   others take Burn's direct convolution, which won every key of 3×3 or larger among Burn's
+//!   candidates there, and for the weight gradient the swapped convolution Burn's fallback runs.
+//!   `VRAMLAB_DIRECT_CONV=1` (read once per process) turns the columns and the tiles off:
 //!   Burn's direct kernels, for comparisons;
 //! - on a device with them, a search over the kernels that won on the H100: forward
 //!   [`FORWARD`] (4 of Burn's 8), weight gradient [`WEIGHT_GRAD`] (3 of 7, then the swapped
@@ -42,8 +43,8 @@ pub fn full_search() -> bool {
 
 static FULL_SEARCH: AtomicBool = AtomicBool::new(false);
 
-/// Whether a device without matrix units takes [`super::columns`] and [`super::weight_grad`]
-/// where they handle the convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels,
+/// Whether a device without matrix units takes [`super::columns`], [`super::forward_tiles`] and
+/// [`super::weight_grad`] where they handle the convolution (false with `VRAMLAB_DIRECT_CONV=1`: Burn's direct kernels,
 /// as before).
 fn columns_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -115,6 +116,9 @@ fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<
         if let Some(y) = super::columns::forward(x.clone(), w.clone(), b.clone(), &o) {
             return y;
         }
+    }
+    if !matrix_units(&x) && columns_on() && super::forward_tiles::handles(&x, w.meta.shape(), &o) {
+        return super::forward_tiles::forward(x, w, b, &o);
     }
     if !cfg!(feature = "autotune") || o.groups != 1 || !matrix_units(&x) {
         return conv_forward_nhwc::<R, N>(x, w, b, o, ConvStrategy::Direct).expect("Burn's direct convolution");

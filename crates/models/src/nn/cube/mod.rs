@@ -19,8 +19,9 @@
 //!   (as the convolution reads it) in one launch;
 //! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
 //!   kernels that win on a GPU instead of Burn's full one, none on a device without matrix units,
-//!   where 1-D and 2-D convolutions are [`columns`]: im2col blocks and the fixed matmul, and
-//!   3-D weight gradients [`weight_grad`]: one tile reduction per cube;
+//!   where 1-D and 2-D convolutions are [`columns`]: im2col blocks and the fixed matmul, 3-D
+//!   ones [`forward_tiles`] (a register tile per unit) and 3-D weight gradients [`weight_grad`]
+//!   (one tile reduction per group of units);
 //! - [`matmul`]: Burn's matmul with one fixed kernel instead of its autotuned search
 //!   ([`matmul_autotune`]).
 //!
@@ -43,6 +44,7 @@ pub mod channel_sum;
 pub mod columns;
 pub mod conv;
 pub mod dropout;
+pub mod forward_tiles;
 #[cfg(feature = "fusion")]
 mod fusion;
 pub mod group_norm;

@@ -653,6 +653,47 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
     close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, 1e-3);
 }
 
+/// 3-D convolutions through `nn::cube::forward_tiles` (a 4-position × 4-channel tile per unit, on
+/// a device without matrix units) against Burn's on the same device: with and without a bias,
+/// padding, strides, dilation, a 1×1×1 kernel, an uneven kernel, output widths that are not
+/// multiples of 4, channels-last inputs; f16 within its rounding.
+#[test]
+fn forward_tiles_match_burns_convolution() {
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let runs = || crate::nn::cube::forward_tiles::RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    let c = |s: [usize; 3], pd: [usize; 3], d: [usize; 3]| ConvOptions::new(s, pd, d, 1);
+    let cases = [
+        ([2, 4, 6, 9, 8], [8, 4, 3, 3, 3], true, c([1; 3], [1; 3], [1; 3])),
+        ([1, 8, 8, 10, 9], [4, 8, 3, 3, 3], false, c([2; 3], [1; 3], [1; 3])),
+        ([2, 4, 7, 8, 11], [4, 4, 3, 3, 3], true, c([1; 3], [2; 3], [2; 3])),
+        ([2, 8, 5, 6, 7], [12, 8, 1, 1, 1], false, c([2; 3], [0; 3], [1; 3])),
+        ([2, 4, 5, 7, 9], [4, 4, 1, 3, 5], true, c([1, 2, 1], [0, 1, 2], [1; 3])),
+        ([2, 16, 8, 32, 32], [16, 16, 3, 3, 3], true, c([1; 3], [1; 3], [1; 3])),
+    ];
+    for (i, (x, w, bias, o)) in cases.clone().into_iter().enumerate() {
+        let seed = 170 + 10 * i as u64;
+        let (xt, wt) = (random::<W, 5>(x, seed), random::<W, 5>(w, seed + 1));
+        let b = bias.then(|| p(random::<W, 1>([w[0]], seed + 2)));
+        let before = runs();
+        let y = cube_kernels::conv3d::<W>(channels_last(p(xt.clone())), p(wt.clone()), b.clone(), o.clone());
+        let y_burn = burn_kernels::conv3d::<W>(p(xt), p(wt), b, o);
+        assert_eq!(y.shape(), y_burn.shape(), "case {i}: output shape");
+        close(&format!("tiled convolution case {i}"), y, y_burn, 1e-5);
+        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+            assert!(runs() > before, "case {i}: the convolution did not take the tiles");
+        }
+    }
+    let (x, w, _, o) = cases[0].clone();
+    let h = |t: Tensor<W, 5>| t.cast(FloatDType::F16);
+    let (xt, wt) = (h(random::<W, 5>(x, 17)), h(random::<W, 5>(w, 18)));
+    let y = cube_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+    assert_eq!(y.dtype(), burn::tensor::DType::F16);
+    let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
+    let reference = burn_kernels::conv3d::<W>(f(xt), f(wt), None, o);
+    close("f16 tiled convolution", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(y, FloatDType::F32), reference, 1e-3);
+}
+
 /// The linear-upsampling kernels against the composed ops (gathers, multiplies, scatter-adds)
 /// on the same device: forward and backward along each spatial axis of a rank-5 tensor, factors
 /// 2 and 3, inputs stored channels first and channels last (the result keeps the layout), an
