@@ -49,18 +49,7 @@ fn columns_kernel<F: Float>(
     out_d: u32,
     out_h: u32,
     out_w: u32,
-    k_d: u32,
-    k_h: u32,
-    k_w: u32,
-    s_d: u32,
-    s_h: u32,
-    s_w: u32,
-    p_d: u32,
-    p_h: u32,
-    p_w: u32,
-    d_d: u32,
-    d_h: u32,
-    d_w: u32,
+    win: Window,
     #[define(F)] _dtype: StorageType,
 ) {
     let j = ABSOLUTE_POS;
@@ -68,7 +57,10 @@ fn columns_kernel<F: Float>(
         terminate!();
     }
     let cin = x.shape(4);
-    let (k_d, k_h, k_w) = (k_d as usize, k_h as usize, k_w as usize);
+    let (k_d, k_h, k_w) = (win.k_d as usize, win.k_h as usize, win.k_w as usize);
+    let (s_d, s_h, s_w) = (win.s_d as usize, win.s_h as usize, win.s_w as usize);
+    let (p_d, p_h, p_w) = (win.p_d as usize, win.p_h as usize, win.p_w as usize);
+    let (d_d, d_h, d_w) = (win.d_d as usize, win.d_h as usize, win.d_w as usize);
     let (out_d, out_h, out_w) = (out_d as usize, out_h as usize, out_w as usize);
     let kv = k_d * k_h * k_w;
     let kk = j % kv;
@@ -82,10 +74,9 @@ fn columns_kernel<F: Float>(
     let od = (p / (out_w * out_h)) % out_d;
     let n = p / (out_w * out_h * out_d);
     // Coordinates in the padded input: inside the input when `pad ≤ z < pad + size`.
-    let zd = od * s_d as usize + kd * d_d as usize;
-    let zh = oh * s_h as usize + kh * d_h as usize;
-    let zw = ow * s_w as usize + kw * d_w as usize;
-    let (p_d, p_h, p_w) = (p_d as usize, p_h as usize, p_w as usize);
+    let zd = od * s_d + kd * d_d;
+    let zh = oh * s_h + kh * d_h;
+    let zw = ow * s_w + kw * d_w;
     let out = (r * kv + kk) * cin;
     let mut inside = false;
     let mut at = 0;
@@ -106,6 +97,25 @@ fn columns_kernel<F: Float>(
             cols[out + ci] = F::new(0.0);
         }
     }
+}
+
+/// A convolution's window on three spatial axes (`d`, `h`, `w`: kernel, stride, padding,
+/// dilation), as one kernel argument ([`Geometry::window`]): the columns kernel's, and
+/// `weight_grad`'s and `forward_tiles`'.
+#[derive(CubeLaunch, CubeType)]
+pub(super) struct Window {
+    pub k_d: u32,
+    pub k_h: u32,
+    pub k_w: u32,
+    pub s_d: u32,
+    pub s_h: u32,
+    pub s_w: u32,
+    pub p_d: u32,
+    pub p_h: u32,
+    pub p_w: u32,
+    pub d_d: u32,
+    pub d_h: u32,
+    pub d_w: u32,
 }
 
 /// A convolution's sizes with its spatial axes padded in front to three.
@@ -137,6 +147,11 @@ impl Geometry {
             padding: three(&o.padding, 0),
             dilation: three(&o.dilation, 1),
         }
+    }
+    /// [`Window`]'s launch argument for this geometry.
+    pub fn window<R: Runtime>(&self) -> WindowLaunch<R> {
+        let [k, s, p, d] = [self.kernel, self.stride, self.padding, self.dilation].map(|a| a.map(|v| v as u32));
+        WindowLaunch::new(k[0], k[1], k[2], s[0], s[1], s[2], p[0], p[1], p[2], d[0], d[1], d[2])
     }
     /// Output positions (the rows of the columns).
     pub fn positions(&self) -> usize {
@@ -213,18 +228,7 @@ fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &G
         u(g.out[0]),
         u(g.out[1]),
         u(g.out[2]),
-        u(g.kernel[0]),
-        u(g.kernel[1]),
-        u(g.kernel[2]),
-        u(g.stride[0]),
-        u(g.stride[1]),
-        u(g.stride[2]),
-        u(g.padding[0]),
-        u(g.padding[1]),
-        u(g.padding[2]),
-        u(g.dilation[0]),
-        u(g.dilation[1]),
-        u(g.dilation[2]),
+        g.window(),
         dtype,
     );
 }

@@ -13,7 +13,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::columns::{Geometry, rank5};
+use super::columns::{Geometry, Window, rank5};
 use super::{contiguous, elem_cubes, empty};
 
 /// How many convolutions this path has run (tests: that a case took it).
@@ -42,18 +42,7 @@ fn forward_tiles_kernel<F: Float>(
     b: &Tensor<F>,
     y: &mut Tensor<Vector<F, Const<4>>>,
     units: u32,
-    k_d: u32,
-    k_h: u32,
-    k_w: u32,
-    s_d: u32,
-    s_h: u32,
-    s_w: u32,
-    p_d: u32,
-    p_h: u32,
-    p_w: u32,
-    d_d: u32,
-    d_h: u32,
-    d_w: u32,
+    win: Window,
     bias: u32,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -64,10 +53,10 @@ fn forward_tiles_kernel<F: Float>(
     let (cin, cout) = (x.shape(4), y.shape(4));
     let (in_d, in_h, in_w) = (x.shape(1), x.shape(2), x.shape(3));
     let (out_d, out_h, out_w) = (y.shape(1), y.shape(2), y.shape(3));
-    let (k_d, k_h, k_w) = (k_d as usize, k_h as usize, k_w as usize);
-    let (s_d, s_h, s_w) = (s_d as usize, s_h as usize, s_w as usize);
-    let (p_d, p_h, p_w) = (p_d as usize, p_h as usize, p_w as usize);
-    let (d_d, d_h, d_w) = (d_d as usize, d_h as usize, d_w as usize);
+    let (k_d, k_h, k_w) = (win.k_d as usize, win.k_h as usize, win.k_w as usize);
+    let (s_d, s_h, s_w) = (win.s_d as usize, win.s_h as usize, win.s_w as usize);
+    let (p_d, p_h, p_w) = (win.p_d as usize, win.p_h as usize, win.p_w as usize);
+    let (d_d, d_h, d_w) = (win.d_d as usize, win.d_h as usize, win.d_w as usize);
     let co_tiles = cout / 4usize;
     let w_tiles = out_w.div_ceil(4usize);
     let co = (t % co_tiles) * 4usize;
@@ -211,18 +200,7 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
         b.into_tensor_arg(),
         rank5(y.clone()).into_tensor_arg(),
         u(units),
-        u(g.kernel[0]),
-        u(g.kernel[1]),
-        u(g.kernel[2]),
-        u(g.stride[0]),
-        u(g.stride[1]),
-        u(g.stride[2]),
-        u(g.padding[0]),
-        u(g.padding[1]),
-        u(g.padding[2]),
-        u(g.dilation[0]),
-        u(g.dilation[1]),
-        u(g.dilation[2]),
+        g.window(),
         u(has_bias as usize),
         dtype,
     );

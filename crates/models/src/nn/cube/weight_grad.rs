@@ -20,7 +20,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::columns::{Geometry, rank5};
+use super::columns::{Geometry, Window, rank5};
 use super::{contiguous, cube_row, empty};
 
 /// How many weight gradients this path has run (tests: that a case took it).
@@ -48,18 +48,7 @@ fn weight_grad_kernel<F: Float>(
     dw: &mut Tensor<F>,
     tiles: u32,
     tile_units: u32,
-    k_d: u32,
-    k_h: u32,
-    k_w: u32,
-    s_d: u32,
-    s_h: u32,
-    s_w: u32,
-    p_d: u32,
-    p_h: u32,
-    p_w: u32,
-    d_d: u32,
-    d_h: u32,
-    d_w: u32,
+    win: Window,
     #[define(F)] _dtype: StorageType,
 ) {
     let u = UNIT_POS_X as usize;
@@ -71,9 +60,10 @@ fn weight_grad_kernel<F: Float>(
     let (cin, cout) = (x.shape(4), dy.shape(4));
     let (in_d, in_h, in_w) = (x.shape(1), x.shape(2), x.shape(3));
     let (out_d, out_h, out_w) = (dy.shape(1), dy.shape(2), dy.shape(3));
-    let (k_d, k_h, k_w) = (k_d as usize, k_h as usize, k_w as usize);
-    let (s_d, s_h, s_w) = (s_d as usize, s_h as usize, s_w as usize);
-    let (p_d, p_h, p_w) = (p_d as usize, p_h as usize, p_w as usize);
+    let (k_d, k_h, k_w) = (win.k_d as usize, win.k_h as usize, win.k_w as usize);
+    let (s_d, s_h, s_w) = (win.s_d as usize, win.s_h as usize, win.s_w as usize);
+    let (p_d, p_h, p_w) = (win.p_d as usize, win.p_h as usize, win.p_w as usize);
+    let (d_d, d_h, d_w) = (win.d_d as usize, win.d_h as usize, win.d_w as usize);
     let co_tiles = cout / 4usize;
     let ci_tiles = cin / 4usize;
     let co = (t % co_tiles) * 4usize;
@@ -82,7 +72,7 @@ fn weight_grad_kernel<F: Float>(
     let kw = kk % k_w;
     let kh = (kk / k_w) % k_h;
     let kd = kk / (k_w * k_h);
-    let (off_d, off_h, off_w) = (kd * d_d as usize, kh * d_h as usize, kw * d_w as usize);
+    let (off_d, off_h, off_w) = (kd * d_d, kh * d_h, kw * d_w);
     // Output columns `ow` whose padded input column `ow·s + off_w` lies in `[p_w, p_w + in_w)`.
     let mut lo = 0usize;
     if off_w < p_w {
@@ -209,18 +199,7 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
         dw.clone().into_tensor_arg(),
         u(tiles),
         u(tile_units),
-        u(g.kernel[0]),
-        u(g.kernel[1]),
-        u(g.kernel[2]),
-        u(g.stride[0]),
-        u(g.stride[1]),
-        u(g.stride[2]),
-        u(g.padding[0]),
-        u(g.padding[1]),
-        u(g.padding[2]),
-        u(g.dilation[0]),
-        u(g.dilation[1]),
-        u(g.dilation[2]),
+        g.window(),
         dtype,
     );
     dw
