@@ -175,6 +175,23 @@ impl Geometry {
     }
 }
 
+/// What the register-tile kernels ([`super::forward_tiles`], [`super::weight_grad`]) both need: a
+/// 3-D, ungrouped convolution whose input and output channel counts (of the channels-last weight
+/// shape `[out, k…, in]`) are multiples of 4, in a float dtype, `x`'s indices within `u32`.
+pub(super) fn tileable_3d<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
+    N == 3
+        && o.groups == 1
+        && w_shape[0] % 4 == 0
+        && w_shape[N + 1] % 4 == 0
+        && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16)
+        && fits_u32(x.meta.num_elements())
+}
+
+/// Whether `n` is a non-zero size whose indices fit a kernel's `u32`.
+pub(super) fn fits_u32(n: usize) -> bool {
+    n > 0 && n <= u32::MAX as usize
+}
+
 /// [`COLUMN_BYTES`]; tests set less, to cut small convolutions into several blocks.
 fn column_bytes() -> usize {
     #[cfg(test)]
@@ -242,8 +259,7 @@ fn launch_columns<R: CubeRuntime>(x: &CubeTensor<R>, cols: &CubeTensor<R>, g: &G
 /// [`super::forward_tiles`] and [`super::weight_grad`] where those take them.
 pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
     let g = Geometry::new::<N>(x.meta.shape(), &w_shape[1..=N], o);
-    let fits = |n: usize| n > 0 && n <= u32::MAX as usize;
-    N <= 2 && o.groups == 1 && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) && fits(g.positions() * g.k()) && fits(x.meta.num_elements())
+    N <= 2 && o.groups == 1 && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16) && fits_u32(g.positions() * g.k()) && fits_u32(x.meta.num_elements())
 }
 
 /// The convolution of channels-last `x` (`[n, s…, cin]`) with channels-last `w` (`[out, k…, cin]`),

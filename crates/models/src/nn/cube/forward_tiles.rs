@@ -7,13 +7,12 @@
 //! column. Taken ([`handles`]) where both channel counts are multiples of 4; one compiled kernel
 //! per dtype serves every shape.
 
-use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::columns::{Geometry, Window, rank5};
+use super::columns::{Geometry, Window, fits_u32, rank5, tileable_3d};
 use super::{contiguous, elem_cubes, empty};
 
 /// How many convolutions this path has run (tests: that a case took it).
@@ -157,16 +156,8 @@ fn forward_tiles_kernel<F: Float>(
 /// Whether this path takes a convolution: 3-D, ungrouped, both channel counts multiples of 4, a
 /// float dtype, every index within `u32`.
 pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
-    let (cout, cin) = (w_shape[0], w_shape[N + 1]);
-    let fits = |n: usize| n > 0 && n <= u32::MAX as usize;
     let g = Geometry::new::<N>(x.meta.shape(), &w_shape[1..=N], o);
-    N == 3
-        && o.groups == 1
-        && cin % 4 == 0
-        && cout % 4 == 0
-        && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16)
-        && fits(x.meta.num_elements())
-        && fits(g.positions() * cout + 4 * cout)
+    tileable_3d(x, w_shape, o) && fits_u32(g.positions() * w_shape[0] + 4 * w_shape[0])
 }
 
 /// The convolution of channels-last `x` (`[n, s…, cin]`) with channels-last `w` (`[out, k…,

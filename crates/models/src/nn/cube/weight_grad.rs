@@ -14,13 +14,12 @@
 //! Sums are f32 whatever the dtype. Taken ([`handles`]) for 3-D convolutions whose channel counts
 //! are multiples of four; one compiled kernel per dtype serves every shape.
 
-use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::columns::{Geometry, Window, rank5};
+use super::columns::{Geometry, Window, fits_u32, rank5, tileable_3d};
 use super::{contiguous, cube_row, empty};
 
 /// How many weight gradients this path has run (tests: that a case took it).
@@ -160,15 +159,7 @@ fn tile_units(tiles: usize) -> usize {
 /// Whether this path takes a weight gradient: a 3-D, ungrouped convolution whose input and
 /// output channel counts are multiples of 4, in a float dtype, every index within `u32`.
 pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usize], o: &ConvOptions<N>) -> bool {
-    let (cout, cin) = (w_shape[0], w_shape[N + 1]);
-    let fits = |n: usize| n > 0 && n <= u32::MAX as usize;
-    N == 3
-        && o.groups == 1
-        && cin % LANES == 0
-        && cout % LANES == 0
-        && matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16)
-        && fits(x.meta.num_elements())
-        && fits(w_shape.iter().product())
+    tileable_3d(x, w_shape, o) && fits_u32(w_shape.iter().product())
 }
 
 /// The weight gradient of a convolution of channels-last `x` (`[n, s…, cin]`) given the
