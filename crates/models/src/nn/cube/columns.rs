@@ -21,7 +21,7 @@
 use burn::tensor::DType;
 use burn::tensor::ops::ConvOptions;
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::matmul::{MatmulStrategy, matmul};
+use super::unit_matmul::matmul_into;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::zspace::metadata::Metadata;
@@ -279,7 +279,7 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
     let y = empty(&x, dims.clone(), x.dtype);
     let row_bytes = cout * x.dtype.size();
     for_each_block(x, &g, row_bytes, |first, n, c| {
-        matmul(c, wt.clone(), Some(rows(&y, first, n, cout)), MatmulStrategy::Cube, y.dtype).ok().map(|_| ())
+        matmul_into(c, wt.clone(), Some(rows(&y, first, n, cout)), y.dtype).ok().map(|_| ())
     })?;
     Some(match b {
         Some(b) => {
@@ -302,7 +302,7 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
     let dy = super::contiguous(dy);
     let mut dw: Option<CubeTensor<R>> = None;
     for_each_block(x, &g, cout * dy.dtype.size(), |first, n, c| {
-        let part = matmul(burn_cubecl::ops::permute(rows(&dy, first, n, cout), &[1, 0]), c, None, MatmulStrategy::Cube, dtype).ok()?;
+        let part = matmul_into(burn_cubecl::ops::permute(rows(&dy, first, n, cout), &[1, 0]), c, None, dtype).ok()?;
         dw = Some(match dw.take() {
             None => part,
             Some(acc) => burn_cubecl::ops::numeric::add(acc, part),

@@ -51,6 +51,7 @@ pub mod group_norm;
 pub mod layer_norm;
 pub mod relu;
 pub mod softmax;
+pub mod unit_matmul;
 pub mod upsample;
 pub mod weight;
 pub mod weight_grad;
@@ -143,8 +144,9 @@ pub fn set_matmul_autotune(on: bool) {
 
 /// `lhs @ rhs` (equal leading axes) with CubeCL's fixed matmul (`MatmulStrategy::Cube`: cubek's
 /// `Strategy::Auto`, the simple cyclic tile-matmul kernel on the device's matrix units where it
-/// has them, else the unit kernel); where that cannot be set up for these operands, Burn's
-/// default strategy (autotune in builds with it).
+/// has them, else the unit kernel; wider blocks per unit for f32 on request: [`unit_matmul`]);
+/// where that cannot be set up for these operands, Burn's default strategy (autotune in builds
+/// with it).
 ///
 /// Why: Burn's `float_matmul` autotunes every new shape and layout, compiling and timing each
 /// candidate (on an H100, 20 of 29 for most of ACT's keys, about 0.47 s of NVRTC each). The
@@ -170,7 +172,7 @@ pub fn matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTen
     };
     let (lhs, rhs) = (relayout(lhs), relayout(rhs));
     let dtype = lhs.dtype;
-    match matmul(lhs.clone(), rhs.clone(), None, MatmulStrategy::Cube, dtype) {
+    match unit_matmul::matmul_into(lhs.clone(), rhs.clone(), None, dtype) {
         Ok(y) => y,
         Err(_) => matmul(lhs, rhs, None, MatmulStrategy::default(), dtype).expect("Burn's matmul"),
     }

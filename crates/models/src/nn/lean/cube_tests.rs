@@ -755,3 +755,35 @@ fn linear_weight_gradient_comes_out_in_the_weights_layout() {
     let g_ref = (x.clone().matmul(w.clone().transpose()) * r).sum().backward();
     close("linear weight gradient", p(dw), p(w.grad(&g_ref).unwrap()), 1e-5);
 }
+
+/// f32 products through `nn::cube::unit_matmul`'s wide unit blocks (a device without matrix
+/// units) against Burn's matmul on the same device: sizes that are not multiples of a tile, a
+/// block or a cube along m, n and k; k below one stage; transposed operands (as the lean nodes
+/// pass weights and gradients); a batch, and a batch broadcast from one matrix; each asserted to
+/// take the wide blocks.
+#[test]
+fn wide_unit_matmul_matches_burns_matmul() {
+    let runs = || crate::nn::cube::unit_matmul::RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    // (batch of lhs, batch of rhs, m, k, n, lhs transposed, rhs transposed)
+    let cases = [
+        (1, 1, 300, 70, 260, false, false),
+        (1, 1, 816, 512, 520, false, true),
+        (1, 1, 260, 97, 300, true, false),
+        (1, 1, 5, 7, 3, false, false),
+        (1, 1, 33, 12, 65, true, true),
+        (3, 3, 100, 64, 100, false, true),
+        (4, 1, 70, 36, 260, false, false),
+    ];
+    for (i, (bl, br, m, k, n, lt, rt)) in cases.into_iter().enumerate() {
+        let seed = 300 + 10 * i as u64;
+        let a = random::<W, 3>(if lt { [bl, k, m] } else { [bl, m, k] }, seed);
+        let b = random::<W, 3>(if rt { [br, n, k] } else { [br, k, n] }, seed + 1);
+        let a = if lt { a.swap_dims(1, 2) } else { a };
+        let b = if rt { b.swap_dims(1, 2) } else { b };
+        let reference = a.clone().matmul(b.clone());
+        let before = runs();
+        let y = crate::nn::cube::unit_matmul::matmul_wide(p(a), p(b), None, burn::tensor::DType::F32).expect("a matmul");
+        assert!(runs() > before, "case {i}: the product did not take the wide blocks");
+        close(&format!("wide unit matmul case {i} ({m}x{k}x{n})"), y, p(reference), 1e-5);
+    }
+}

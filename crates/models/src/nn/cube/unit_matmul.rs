@@ -1,0 +1,121 @@
+//! The fixed matmul of the lean nodes and the im2col columns: cubek's matmul with `Strategy::Auto`
+//! (Burn's `MatmulStrategy::Cube`). On request (`VRAMLAB_WIDE_UNIT_MATMUL=1`), for f32 on a
+//! device without matrix units (lavapipe), cubek's unit routine (`SimpleUnit`: operands staged in
+//! shared memory, each unit a register-tiled block of the output) with larger blocks per unit
+//! than cubek picks.
+//!
+//! Why: on lavapipe (a CPU running a cube's units as SIMD lanes) the kernel ran faster the more
+//! multiply-adds a unit does per value it loads (my reading of the probe below, not a profile). cubek's own
+//! choice (`infer_blueprint_unit`, max tile size) gives each unit 4 × 2 tiles of 4 × 4 (16 × 8
+//! outputs) in cubes of 64 units. Here a unit owns up to 8 × 4 tiles (32 × 16 outputs: 48 values
+//! loaded per 512 multiply-adds per k) in cubes of 16 units: ACT's three largest products ran 1.4–1.9×
+//! faster in a probe on the CI VM (`benches/results/kernels/wgpu/unit_matmul.md`). On a GPU those
+//! blocks would not fit in registers; devices with matrix units never take this path.
+
+use burn::tensor::DType;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::matmul::{MatmulStrategy, init_matmul_output, matmul};
+use burn_cubecl::tensor::CubeTensor;
+use cubek::matmul::components::tile::TileMatmulKind;
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulProblem, MatmulSetupError, TilingBlueprint, TilingScheme};
+use cubek::matmul::launch::Strategy;
+use cubek::matmul::routines::BlueprintStrategy;
+use cubek::std::cube_count::{CubeCountStrategy, GlobalOrder, HypercubeBlueprint, SmAllocation};
+use cubek::std::{InputBinding, PartitionSize, StageSize, TileSize};
+
+/// Units of a cube along m and (at least) n: 16 in all, or one plane where planes are wider.
+const STAGE_M: u32 = 4;
+const STAGE_UNITS: u32 = 16;
+/// A tile is 4 × 4 × 4: f32 operands load 4 wide.
+const TILE: u32 = 4;
+
+/// `lhs @ rhs` (equal or broadcast leading axes) into `out` (or a new tensor of `dtype`): with
+/// [`matmul_wide`] where `VRAMLAB_WIDE_UNIT_MATMUL=1` asks for it and it applies, else with
+/// `MatmulStrategy::Cube` (cubek's `Strategy::Auto`).
+pub fn matmul_into<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: Option<CubeTensor<R>>, dtype: DType) -> Result<CubeTensor<R>, MatmulSetupError> {
+    if !wide_on() {
+        return matmul(lhs, rhs, out, MatmulStrategy::Cube, dtype);
+    }
+    matmul_wide(lhs, rhs, out, dtype)
+}
+
+/// The wide blocks for f32 on a device without matrix units; anything else, and any product
+/// whose forced blueprint cubek refuses, with `MatmulStrategy::Cube`.
+pub fn matmul_wide<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: Option<CubeTensor<R>>, dtype: DType) -> Result<CubeTensor<R>, MatmulSetupError> {
+    let unit_only = lhs.client.properties().features.matmul.cmma.is_empty();
+    let plain_f32 = [lhs.dtype, rhs.dtype, dtype].iter().all(|d| *d == DType::F32) && lhs.qparams.is_none() && rhs.qparams.is_none();
+    if !(unit_only && plain_f32) {
+        return matmul(lhs, rhs, out, MatmulStrategy::Cube, dtype);
+    }
+    let out = out.unwrap_or_else(|| init_matmul_output(&lhs, &rhs, dtype));
+    match launch_wide(&lhs, &rhs, &out) {
+        Ok(()) => {
+            #[cfg(test)]
+            RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(out)
+        }
+        Err(_) => matmul(lhs, rhs, Some(out), MatmulStrategy::Cube, dtype),
+    }
+}
+
+/// Whether the wide blocks are asked for (`VRAMLAB_WIDE_UNIT_MATMUL=1`; off by default). They
+/// make lavapipe's steady step faster but its first step slower: each variant is a large
+/// unrolled kernel that lavapipe compiles on first use (ACT b8's cold step 1 took 275 s against
+/// 62 s with cubek's blueprint, `benches/results/kernels/wgpu/unit_matmul.md`), and a short CI
+/// run pays that more than it gains.
+fn wide_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VRAMLAB_WIDE_UNIT_MATMUL").is_ok_and(|v| v == "1"))
+}
+
+/// Wide-block launches (tests assert the path was taken).
+#[cfg(test)]
+pub(crate) static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Tiles per unit along m: 8 (a 128-row cube) from 256 rows on, 4 from 64, else 2.
+fn partition_m(m: usize) -> u32 {
+    match m {
+        256.. => 8,
+        64.. => 4,
+        _ => 2,
+    }
+}
+
+/// Tiles per unit along n: 4 from 64 columns on, else 2. With [`partition_m`] at most 8 × 4
+/// tiles (512 accumulators) per unit: 8 × 8 ran faster still, but lavapipe took about a minute
+/// to compile each such kernel (8 × 4 × 2: seconds).
+fn partition_n(n: usize) -> u32 {
+    if n >= 64 { 4 } else { 2 }
+}
+
+fn launch_wide<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, out: &CubeTensor<R>) -> Result<(), MatmulSetupError> {
+    let client = &out.client;
+    let f32 = DType::F32.into();
+    let lhs = InputBinding::new(lhs.clone().binding(), f32);
+    let rhs = InputBinding::new(rhs.clone().binding(), f32);
+    let out = out.clone().binding();
+    let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems { lhs: f32, rhs: f32, out: f32 });
+    let address = lhs.required_address_type().max(rhs.required_address_type()).max(out.required_address_type(dtypes.acc_global.size()));
+    let problem = MatmulProblem::from_shapes_and_strides(lhs.shape().clone(), rhs.shape().clone(), out.shape.clone(), lhs.data().strides.clone(), rhs.data().strides.clone(), out.strides.clone(), dtypes.as_global_elems(), address, None, None)?;
+    let hardware = &client.properties().hardware;
+    let plane_dim = match hardware.plane_size_min {
+        0 => 32,
+        d => d,
+    };
+    let units = STAGE_UNITS.max(plane_dim);
+    let k_tiles = if problem.k >= 8 { 2 } else { 1 };
+    let scheme = TilingScheme::builder()
+        .with_tile_size(TileSize::new(TILE, TILE, TILE))
+        .with_partition_size(PartitionSize::new(partition_m(problem.m), partition_n(problem.n), k_tiles))
+        .with_stage_size(StageSize::new(STAGE_M, units / STAGE_M, 1))
+        .build()
+        .expect("a complete tiling scheme");
+    // The cube order and count as cubek's unit selector sets them.
+    let count = match hardware.num_streaming_multiprocessors {
+        Some(num_sms) => CubeCountStrategy::Sm { num_sms, sm_usage: SmAllocation::Exact, cubes_first: false },
+        None => CubeCountStrategy::Flattened,
+    };
+    let hypercube = HypercubeBlueprint::builder().global_order(GlobalOrder::SwizzleRow(4)).cube_count_strategy(count).build();
+    let blueprint = TilingBlueprint::builder(TileMatmulKind::Register, scheme, plane_dim, &problem).hypercube_blueprint(hypercube).build();
+    cubek::matmul::launch::launch_ref(&Strategy::SimpleUnit(BlueprintStrategy::Forced(blueprint)), client, lhs, rhs, out, &mut dtypes)
+}
