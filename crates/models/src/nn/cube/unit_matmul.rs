@@ -82,8 +82,8 @@ fn partition_m(m: usize) -> u32 {
 }
 
 /// Tiles per unit along n: 4 from 64 columns on, else 2. With [`partition_m`] at most 8 × 4
-/// tiles (512 accumulators) per unit: 8 × 8 ran faster still, but lavapipe took about a minute
-/// to compile each such kernel (8 × 4 × 2: seconds).
+/// tiles (512 accumulators) per unit: 8 × 8 ran faster still in one probe, but lavapipe took
+/// 55–200 s to compile each such kernel (8 × 4 × 2: 3.4 s).
 fn partition_n(n: usize) -> u32 {
     if n >= 64 { 4 } else { 2 }
 }
