@@ -65,7 +65,7 @@ pub fn matmul_wide<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: 
 /// run pays that more than it gains.
 fn wide_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VRAMLAB_WIDE_UNIT_MATMUL").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| super::env_switch("VRAMLAB_WIDE_UNIT_MATMUL"))
 }
 
 /// Wide-block launches (tests assert the path was taken).
