@@ -125,7 +125,13 @@ pub fn composed() -> bool {
 
 /// Whether the environment variable `name` turns a switch on: set, not empty, not `0`.
 pub(crate) fn env_switch(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+    env_choice(name).unwrap_or(false)
+}
+
+/// What the environment variable `name` asks for: `None` where it is unset or empty, else on
+/// unless it is `0`.
+pub(crate) fn env_choice(name: &str) -> Option<bool> {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| v != "0")
 }
 
 /// Whether the lean matmul ([`matmul`]) takes Burn's autotuned `float_matmul` (true) or
@@ -144,7 +150,7 @@ pub fn set_matmul_autotune(on: bool) {
 
 /// `lhs @ rhs` (equal leading axes) with CubeCL's fixed matmul (`MatmulStrategy::Cube`: cubek's
 /// `Strategy::Auto`, the simple cyclic tile-matmul kernel on the device's matrix units where it
-/// has them, else the unit kernel; wider blocks per unit for f32 on request: [`unit_matmul`]);
+/// has them, else the unit kernel; wider blocks per unit for f32 on a CPU's Vulkan: [`unit_matmul`]);
 /// where that cannot be set up for these operands, Burn's default strategy (autotune in builds
 /// with it).
 ///

@@ -1,21 +1,24 @@
 //! The fixed matmul of the lean nodes and the im2col columns: cubek's matmul with `Strategy::Auto`
-//! (Burn's `MatmulStrategy::Cube`). On request (`VRAMLAB_WIDE_UNIT_MATMUL=1`), for f32 on a
-//! device without matrix units (lavapipe), cubek's unit routine (`SimpleUnit`: operands staged in
-//! shared memory, each unit a register-tiled block of the output) with larger blocks per unit
-//! than cubek picks.
+//! (Burn's `MatmulStrategy::Cube`). On a CPU's Vulkan (lavapipe; `VRAMLAB_WIDE_UNIT_MATMUL` turns
+//! it off with `0`, or on elsewhere: `wide_on`), for f32, cubek's unit routine (`SimpleUnit`:
+//! operands staged in shared memory, each unit a register-tiled block of the output) with larger
+//! blocks per unit than cubek picks.
 //!
 //! Why: on lavapipe (a CPU running a cube's units as SIMD lanes) the kernel ran faster the more
 //! multiply-adds a unit does per value it loads (my reading of the probe below, not a profile). cubek's own
 //! choice (`infer_blueprint_unit`, max tile size) gives each unit 4 × 2 tiles of 4 × 4 (16 × 8
 //! outputs) in cubes of 64 units. Here a unit owns up to 8 × 4 tiles (32 × 16 outputs: 48 values
 //! loaded per 512 multiply-adds per k) in cubes of 16 units: ACT's three largest products ran 1.4–1.9×
-//! faster in a probe on the CI VM (`benches/results/kernels/wgpu/unit_matmul.md`). On a GPU those
-//! blocks would not fit in registers; devices with matrix units never take this path.
+//! faster in a probe on the CI VM, and ACT b8's steady step was 21 % shorter in three interleaved
+//! rounds (`benches/results/kernels/wgpu/unit_matmul.md`). On a GPU those blocks would not fit in
+//! registers; devices with matrix units never take this path.
 
 use burn::tensor::DType;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::matmul::{MatmulStrategy, init_matmul_output, matmul};
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::features::{Features, Plane};
+use cubek::matmul::components::stage::PartitionBuffering;
 use cubek::matmul::components::tile::TileMatmulKind;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulProblem, MatmulSetupError, TilingBlueprint, TilingScheme};
 use cubek::matmul::launch::Strategy;
@@ -30,10 +33,10 @@ const STAGE_UNITS: u32 = 16;
 const TILE: u32 = 4;
 
 /// `lhs @ rhs` (equal or broadcast leading axes) into `out` (or a new tensor of `dtype`): with
-/// [`matmul_wide`] where `VRAMLAB_WIDE_UNIT_MATMUL=1` asks for it and it applies, else with
-/// `MatmulStrategy::Cube` (cubek's `Strategy::Auto`).
+/// [`matmul_wide`] on a CPU's Vulkan (or where `VRAMLAB_WIDE_UNIT_MATMUL` asks for it: `wide_on`)
+/// and where it applies, else with `MatmulStrategy::Cube` (cubek's `Strategy::Auto`).
 pub fn matmul_into<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: Option<CubeTensor<R>>, dtype: DType) -> Result<CubeTensor<R>, MatmulSetupError> {
-    if !wide_on() {
+    if !wide_on(&lhs.client.properties().features) {
         return matmul(lhs, rhs, out, MatmulStrategy::Cube, dtype);
     }
     matmul_wide(lhs, rhs, out, dtype)
@@ -58,14 +61,24 @@ pub fn matmul_wide<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: 
     }
 }
 
-/// Whether the wide blocks are asked for (`VRAMLAB_WIDE_UNIT_MATMUL=1`; off by default). They
-/// make lavapipe's steady step faster but its first step slower: each variant is a large
-/// unrolled kernel that lavapipe compiles on first use (ACT b8's cold step 1 took 275 s against
-/// 62 s with cubek's blueprint, `benches/results/kernels/wgpu/unit_matmul.md`), and a short CI
-/// run pays that more than it gains.
-fn wide_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::env_switch("VRAMLAB_WIDE_UNIT_MATMUL"))
+/// Whether the wide blocks run: as `VRAMLAB_WIDE_UNIT_MATMUL` says where it is set (`0` off,
+/// anything else on), else on a device with neither matrix units nor plane operations, which is
+/// how CubeCL's wgpu runtime describes a CPU's Vulkan (lavapipe; it leaves plane operations off on
+/// an adapter of type `Cpu`). There they make the steady step faster and the first step slower:
+/// each variant is a large unrolled kernel that lavapipe compiles on first use. ACT b8 on the CI
+/// VM: steady step −19 to −21 % against cubek's own blocks, cold step 1 80 → 290 s without
+/// Mesa's shader cache (`benches/results/kernels/wgpu/unit_matmul.md`). A GPU without matrix
+/// units but with plane operations keeps cubek's blocks: 512 accumulators a unit would not fit
+/// in its registers.
+fn wide_on(features: &Features) -> bool {
+    static ASKED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let asked = *ASKED.get_or_init(|| super::env_choice("VRAMLAB_WIDE_UNIT_MATMUL"));
+    asked.unwrap_or_else(|| cpu_vulkan(features))
+}
+
+/// Neither matrix units nor plane operations: what CubeCL's wgpu runtime reports for lavapipe.
+pub(crate) fn cpu_vulkan(features: &Features) -> bool {
+    features.matmul.cmma.is_empty() && !features.plane.contains(Plane::Ops)
 }
 
 /// Wide-block launches (tests assert the path was taken).
@@ -116,6 +129,11 @@ fn launch_wide<R: CubeRuntime>(lhs: &CubeTensor<R>, rhs: &CubeTensor<R>, out: &C
         None => CubeCountStrategy::Flattened,
     };
     let hypercube = HypercubeBlueprint::builder().global_order(GlobalOrder::SwizzleRow(4)).cube_count_strategy(count).build();
-    let blueprint = TilingBlueprint::builder(TileMatmulKind::Register, scheme, plane_dim, &problem).hypercube_blueprint(hypercube).build();
+    // One rhs tile per unit as cubek's unit selector has it (`PartitionBuffering::Single`; the
+    // builder's default holds two), and every bound checked whatever the shape, so that shapes
+    // that divide the stage and shapes that do not share one kernel (ACT b8 compiled 143 kernels
+    // in step 1 instead of 147; its steady step did not move, nor its compile time).
+    let mut blueprint = TilingBlueprint::builder(TileMatmulKind::Register, scheme, plane_dim, &problem).hypercube_blueprint(hypercube).partition_buffering(PartitionBuffering::Single).build();
+    (blueprint.check_m_bounds, blueprint.check_n_bounds, blueprint.check_k_bounds) = (true, true, true);
     cubek::matmul::launch::launch_ref(&Strategy::SimpleUnit(BlueprintStrategy::Forced(blueprint)), client, lhs, rhs, out, &mut dtypes)
 }

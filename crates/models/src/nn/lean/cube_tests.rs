@@ -786,4 +786,9 @@ fn wide_unit_matmul_matches_burns_matmul() {
         assert!(runs() > before, "case {i}: the product did not take the wide blocks");
         close(&format!("wide unit matmul case {i} ({m}x{k}x{n})"), y, p(reference), 1e-5);
     }
+    // lavapipe (CI's device) is what the blocks are on by default for.
+    if std::env::var("VK_ICD_FILENAMES").is_ok_and(|f| f.contains("lvp")) {
+        let features = p(random::<W, 2>([1, 1], 1)).client.properties().features.clone();
+        assert!(crate::nn::cube::unit_matmul::cpu_vulkan(&features), "lavapipe is not taken for a CPU's Vulkan: {:?}", features.plane);
+    }
 }
