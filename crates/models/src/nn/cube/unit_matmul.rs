@@ -66,7 +66,7 @@ pub fn matmul_wide<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: 
 /// how CubeCL's wgpu runtime describes a CPU's Vulkan (lavapipe; it leaves plane operations off on
 /// an adapter of type `Cpu`). There they make the steady step faster and the first step slower:
 /// each variant is a large unrolled kernel that lavapipe compiles on first use. ACT b8 on the CI
-/// VM: steady step −19 to −21 % against cubek's own blocks, cold step 1 80 → 290 s without
+/// VM: steady step −21 % against cubek's own blocks (three interleaved rounds), cold step 1 80 → 288 s without
 /// Mesa's shader cache (`benches/results/kernels/wgpu/unit_matmul.md`). A GPU without matrix
 /// units but with plane operations keeps cubek's blocks: 512 accumulators a unit would not fit
 /// in its registers.
