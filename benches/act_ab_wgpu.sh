@@ -6,7 +6,7 @@
 # per process to LOG: step 1, the steps after it and their median, launches, kernels compiled in
 # step 1, peak reserved, the losses.
 #
-#   VARIANTS="main|target/wgpu/release/vramlab|;old|/tmp/vramlab-old|;wide|target/wgpu/release/vramlab|VRAMLAB_WIDE_UNIT_MATMUL=1" \
+#   VARIANTS="main|target/wgpu/release/vramlab|;old|/tmp/vramlab-old|;cubek|target/wgpu/release/vramlab|VRAMLAB_WIDE_UNIT_MATMUL=0" \
 #     ROUNDS=3 STEPS=4 LOG=ab.jsonl bash benches/act_ab_wgpu.sh
 #
 # VARIANTS: entries `name|binary|ENV=VAL ENV2=VAL` separated by `;` (the env part may be empty).
