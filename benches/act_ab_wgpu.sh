@@ -20,9 +20,7 @@ log=${LOG:-act_ab.jsonl}
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work"
 echo "act_ab_wgpu: runs and kernel caches in $work; results appended to $log" >&2
-act=(--policy.type=act --policy.pretrained_backbone_weights=null --dataset.type=random --dataset.num_scenes=8
-     --policy.state_dim=14 --policy.action_dim=14 --policy.camera_shape=3,96,96 --policy.num_cameras=1
-     --policy.chunk_size=100 --policy.n_action_steps=100 --batch_size=8)
+. benches/kernel_rows.sh   # act: kernels.sh's act row
 IFS=';' read -ra entries <<< "$VARIANTS"
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for entry in "${entries[@]}"; do
