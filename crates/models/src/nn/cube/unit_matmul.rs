@@ -9,7 +9,7 @@
 //! choice (`infer_blueprint_unit`, max tile size) gives each unit 4 × 2 tiles of 4 × 4 (16 × 8
 //! outputs) in cubes of 64 units. Here a unit owns up to 8 × 4 tiles (32 × 16 outputs: 48 values
 //! loaded per 512 multiply-adds per k) in cubes of 16 units: ACT's three largest products ran 1.4–1.9×
-//! faster in a probe on the CI VM, and ACT b8's steady step was 21 % shorter in three interleaved
+//! faster in a probe on a 2-core Xeon VM, and ACT b8's steady step was 21 % shorter in three interleaved
 //! rounds (`benches/results/kernels/wgpu/unit_matmul.md`). On a GPU those blocks would not fit in
 //! registers; devices with matrix units never take this path.
 
@@ -65,8 +65,8 @@ pub fn matmul_wide<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, out: 
 /// anything else on), else on a device with neither matrix units nor plane operations, which is
 /// how CubeCL's wgpu runtime describes a CPU's Vulkan (lavapipe; it leaves plane operations off on
 /// an adapter of type `Cpu`). There they make the steady step faster and the first step slower:
-/// each variant is a large unrolled kernel that lavapipe compiles on first use. ACT b8 on the CI
-/// VM: steady step −21 % against cubek's own blocks (three interleaved rounds), cold step 1 80 → 288 s without
+/// each variant is a large unrolled kernel that lavapipe compiles on first use. ACT b8 on a 2-core
+/// Xeon VM: steady step −21 % against cubek's own blocks (three interleaved rounds), cold step 1 80 → 288 s without
 /// Mesa's shader cache (`benches/results/kernels/wgpu/unit_matmul.md`). A GPU without matrix
 /// units but with plane operations keeps cubek's blocks: 512 accumulators a unit would not fit
 /// in its registers.
