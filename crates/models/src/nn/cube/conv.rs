@@ -22,7 +22,14 @@
 //!   convolution only if none of them can be set up). Read off the H100 run's autotune results
 //!   (`benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune_seed`): summed over each row's
 //!   keys, the best of these took 1.01× (VAE forward, 46 keys), 1.05× (ACT 480×640 forward, 12)
-//!   and 1.00× (VAE weight gradient, 17) the best of all Burn's candidates.
+//!   and 1.00× (VAE weight gradient, 17) the best of all Burn's candidates. For 3-D convolutions
+//!   with channels in fours (the VAE's) the lavapipe kernels are candidates too: [`FORWARD_TILES`]
+//!   ([`super::forward_tiles`]) and [`WEIGHT_GRAD_TILES`] ([`super::weight_grad`], each tile's sum
+//!   split among up to 64 units). In that H100 run the VAE's weight gradients were its slowest
+//!   convolutions: the best GEMM took 0.41–1.19 ms on each 8×32×32 shape (summed over the 17 keys
+//!   4.3 ms, against 2.5 ms for its 30 forward keys, the swapped ones left out); a GEMM over 16,384 positions
+//!   into a 27·C×C gradient has few output tiles to spread. Whether the tiles do better there is
+//!   for the search to time, one compile per dtype each.
 //!
 //! `--conv_autotune=full` ([`set_full_search`]) restores Burn's own search; builds without Burn's
 //! `autotune` feature run the direct kernels as Burn would.
@@ -71,6 +78,14 @@ pub const WEIGHT_GRAD: [(&str, ConvAlgorithm, AcceleratedTileKind); 3] = [
     ("simple_tma_cmma", ConvAlgorithm::SimpleAsyncTma, AcceleratedTileKind::Cmma),
     ("simple_tma_mma", ConvAlgorithm::SimpleAsyncTma, AcceleratedTileKind::Mma),
 ];
+
+/// The search's name for [`super::forward_tiles`], a forward candidate beside [`FORWARD`] where it
+/// handles the convolution (3-D, channels in fours: the VAE's).
+pub const FORWARD_TILES: &str = "forward_tiles";
+
+/// The search's name for [`super::weight_grad`]'s tile sums (split for a GPU's launch size), a
+/// weight-gradient candidate beside [`WEIGHT_GRAD`] where it handles the convolution.
+pub const WEIGHT_GRAD_TILES: &str = "weight_grad_tiles";
 
 /// Whether the device has the matrix units CubeCL's implicit-GEMM convolutions need.
 fn matrix_units<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
@@ -137,7 +152,7 @@ fn weight_backward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cu
             }
         }
         if columns_on() && super::weight_grad::handles(&x, &shape, &o) {
-            return super::weight_grad::weight_backward(x, dy, &shape, &o);
+            return super::weight_grad::weight_backward(x, dy, &shape, &o, super::weight_grad::CPU_LAUNCH_UNITS);
         }
         return swapped_weight_backward(x, dy, shape, o);
     }
@@ -239,7 +254,12 @@ mod tuned {
             for (name, algorithm, tile) in FORWARD {
                 set = set.with(Tunable::new(name, move |(x, w, b, o): FwdIn<R, N>| gemm(algorithm, tile, Gemm::Forward { x, w, b }, &o)));
             }
-            set
+            set.with(Tunable::new(FORWARD_TILES, |(x, w, b, o): FwdIn<R, N>| {
+                if !super::super::forward_tiles::handles(&x, w.meta.shape(), &o) {
+                    return Err(format!("{FORWARD_TILES}: not a 3-D convolution with channels in fours"));
+                }
+                Ok(super::super::forward_tiles::forward(x, w, b, &o))
+            }))
         });
         let (client, device) = (x.client.clone(), x.device.clone());
         TUNER.execute(&CubeTuneId::new(&client, &device), &client, tunables, (x, w, b, o))
@@ -248,8 +268,9 @@ mod tuned {
     pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: Shape, o: ConvOptions<N>) -> CubeTensor<R> {
         static TUNER: LocalTuner<ConvKey, CubeTuneId> = local_tuner!("weight_backward");
         let tunables = TUNER.init(|| {
-            // The GEMMs first; the swapped convolution only where none of them can be set up.
-            let gemms = TuneGroup::new("gemm", |_: &ConvKey| 1);
+            // The GEMMs and the tile sums first; the swapped convolution only where none of them
+            // can be set up.
+            let gemms = TuneGroup::new("gemm_or_tiles", |_: &ConvKey| 1);
             let fallback = TuneGroup::new("swapped", |_: &ConvKey| 0);
             let mut set = TunableSet::<ConvKey, WgradIn<R, N>, CubeTensor<R>>::new_cloning_inputs(|(x, dy, shape, o): &WgradIn<R, N>| {
                 let ks: Vec<usize> = shape.iter().copied().collect();
@@ -258,6 +279,15 @@ mod tuned {
             for (name, algorithm, tile) in WEIGHT_GRAD {
                 set = set.with(Tunable::new(name, move |(x, dy, shape, o): WgradIn<R, N>| gemm(algorithm, tile, Gemm::WeightGrad { x, dy, shape }, &o)).group(&gemms, |_| 0));
             }
+            set = set.with(
+                Tunable::new(WEIGHT_GRAD_TILES, |(x, dy, shape, o): WgradIn<R, N>| {
+                    if !super::super::weight_grad::handles(&x, &shape, &o) {
+                        return Err(format!("{WEIGHT_GRAD_TILES}: not a 3-D convolution with channels in fours"));
+                    }
+                    Ok(super::super::weight_grad::weight_backward(x, dy, &shape, &o, super::super::weight_grad::GPU_LAUNCH_UNITS))
+                })
+                .group(&gemms, |_| 0),
+            );
             set.with(Tunable::new("swapped_direct", |(x, dy, shape, o): WgradIn<R, N>| Ok::<_, String>(swapped_weight_backward(x, dy, shape, o))).group(&fallback, |_| 0))
         });
         let (client, device) = (x.client.clone(), x.device.clone());

@@ -5,7 +5,8 @@
 //! vectors and four 4-wide weight vectors for 64 multiply-adds (Burn's direct kernel reads five
 //! for 16). Bounds are checked per depth and height row once, per width position once per kernel
 //! column. Taken ([`handles`]) where both channel counts are multiples of 4; one compiled kernel
-//! per dtype serves every shape.
+//! per dtype serves every shape. On a device with matrix units it is one of [`super::conv`]'s
+//! search candidates instead (one unit per tile there too).
 
 use burn::tensor::ops::ConvOptions;
 use burn_cubecl::CubeRuntime;

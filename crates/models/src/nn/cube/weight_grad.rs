@@ -12,7 +12,9 @@
 //! writes the tile. The output positions are walked row by row (batch, depth, height), each row's
 //! bounds checked once; the width's range inside the input is the same for every row of a tile.
 //! Sums are f32 whatever the dtype. Taken ([`handles`]) for 3-D convolutions whose channel counts
-//! are multiples of four; one compiled kernel per dtype serves every shape.
+//! are multiples of four; one compiled kernel per dtype serves every shape. On a device with
+//! matrix units it is one of [`super::conv`]'s search candidates instead, with each tile's sum
+//! split among more units ([`GPU_LAUNCH_UNITS`]).
 
 use burn::tensor::ops::ConvOptions;
 use burn_cubecl::CubeRuntime;
@@ -148,12 +150,29 @@ fn weight_grad_kernel<F: Float>(
     }
 }
 
-/// Units per tile (a power of two up to [`UNITS`]): the fewest that give the launch 1,024 units
-/// (`tiles` tiles). On lavapipe, over the VAE's weight gradients, splitting a tile's sum further
-/// than that made no shape faster and the 64-channel ones up to 9× slower (the tree's steps and
-/// the idle units of short sums).
-fn tile_units(tiles: usize) -> usize {
-    1024usize.div_ceil(tiles.max(1)).next_power_of_two().min(UNITS)
+/// How many units a launch aims at on a device without matrix units ([`tile_units`]). On
+/// lavapipe, over the VAE's weight gradients, splitting a tile's sum further than that made no
+/// shape faster and the 64-channel ones up to 9× slower (the tree's steps and the idle units of
+/// short sums).
+pub const CPU_LAUNCH_UNITS: usize = 1 << 10;
+
+/// How many units a launch aims at as a candidate of the search on a device with matrix units
+/// ([`super::conv`]): a GPU runs tens of thousands of units at once (an H100: 132 multiprocessors
+/// of up to 2,048 each), so every tile of the VAE's gradients up to 32 channels gets the full
+/// [`UNITS`]. Not measured yet: the search times it against CubeCL's GEMMs on each shape.
+pub const GPU_LAUNCH_UNITS: usize = 1 << 16;
+
+/// Units per tile (a power of two up to [`UNITS`]): the fewest that give the launch `launch_units`
+/// units (`tiles` tiles).
+fn tile_units(tiles: usize, launch_units: usize) -> usize {
+    launch_units.div_ceil(tiles.max(1)).next_power_of_two().min(UNITS)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the launch size every weight gradient of this path takes, whatever the caller asked
+    /// (a GPU's split run on lavapipe).
+    pub(crate) static LAUNCH_UNITS_FOR_TESTS: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// Whether this path takes a weight gradient: a 3-D, ungrouped convolution whose input and
@@ -164,17 +183,20 @@ pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usi
 
 /// The weight gradient of a convolution of channels-last `x` (`[n, s…, cin]`) given the
 /// channels-last output gradient `dy` (`[n, o…, cout]`): a contiguous `[cout, k…, cin]` tensor
-/// (`shape`), where [`handles`] said yes.
-pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: &[usize], o: &ConvOptions<N>) -> CubeTensor<R> {
+/// (`shape`), where [`handles`] said yes. Each tile's sum is split among enough units for the
+/// launch to hold about `launch_units` ([`CPU_LAUNCH_UNITS`], [`GPU_LAUNCH_UNITS`]).
+pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: &[usize], o: &ConvOptions<N>, launch_units: usize) -> CubeTensor<R> {
     #[cfg(test)]
     RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(test)]
+    let launch_units = LAUNCH_UNITS_FOR_TESTS.get().unwrap_or(launch_units);
     let g = Geometry::new::<N>(x.meta.shape(), &shape[1..=N], o);
     let (cout, cin) = (shape[0], shape[N + 1]);
     let x = rank5(contiguous(x));
     let dy = rank5(contiguous(dy));
     let dw = empty(&x, shape.to_vec(), x.dtype);
     let tiles = g.kernel_positions() * (cin / LANES) * (cout / LANES);
-    let tile_units = tile_units(tiles);
+    let tile_units = tile_units(tiles, launch_units);
     let cubes = tiles.div_ceil(UNITS / tile_units);
     let x_count = cubes.clamp(1, 65535);
     let count = CubeCount::Static(x_count as u32, cubes.div_ceil(x_count) as u32, 1);

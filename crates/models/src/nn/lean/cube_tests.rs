@@ -586,8 +586,10 @@ fn short_conv_search_matches_burns_convolutions() {
         if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
             assert!(columns_runs() > before, "no convolution took the columns path");
         }
+        // 3-D: channels not in fours (Burn's direct kernel and the swapped convolution), and in
+        // fours (the tiles: alone on lavapipe, among the candidates when searching).
         let c3 = |s, pd| ConvOptions::new([s, s, s], [pd, pd, pd], [1, 1, 1], 1);
-        for (i, (x, w, bias, o)) in [([2, 4, 6, 9, 8], [5, 4, 3, 3, 3], true, c3(1, 1)), ([1, 3, 8, 10, 9], [4, 3, 3, 3, 3], false, c3(2, 1))].into_iter().enumerate() {
+        for (i, (x, w, bias, o)) in [([2, 4, 6, 9, 8], [5, 4, 3, 3, 3], true, c3(1, 1)), ([1, 3, 8, 10, 9], [4, 3, 3, 3, 3], false, c3(2, 1)), ([2, 4, 5, 8, 9], [8, 4, 3, 3, 3], true, c3(1, 1))].into_iter().enumerate() {
             check::<5, 3>(&format!("conv3d case {i}"), x, w, bias, o, 30 + i as u64, cube_kernels::conv3d::<W>, burn_kernels::conv3d::<W>, cube_kernels::weight_backward_3d::<W>, burn_kernels::weight_backward_3d::<W>);
         }
     };
@@ -598,8 +600,9 @@ fn short_conv_search_matches_burns_convolutions() {
     all();
     crate::nn::cube::columns::COLUMN_BYTES_FOR_TESTS.set(None);
     // The search itself (builds with `autotune`): its GEMM candidates fail at setup on lavapipe,
-    // so the forward must come from the direct kernel and the weight gradient from the swapped
-    // convolution, through the tuner and its fallback group.
+    // so the forward must come from the direct kernel or (3-D, channels in fours) the tiles, and
+    // the weight gradient from the tile sums or else the swapped convolution, through the tuner
+    // and its fallback group.
     #[cfg(feature = "autotune")]
     {
         crate::nn::cube::conv::SEARCH_ANYWAY.set(true);
@@ -611,7 +614,9 @@ fn short_conv_search_matches_burns_convolutions() {
 /// 3-D weight gradients through `nn::cube::weight_grad` (one tile per cube, on a device without
 /// matrix units) against Burn's on the same device: padding, strides, dilation, a 1×1×1 kernel, an
 /// uneven kernel with uneven strides and padding, more output rows than a cube has units, inputs
-/// stored channels last, and f16 within its rounding (against f32 on the same rounded values).
+/// stored channels last, each with lavapipe's split of a tile's sum and with a GPU's (the search
+/// candidate's, up to 64 units a tile), and f16 within its rounding (against f32 on the same
+/// rounded values).
 #[test]
 fn weight_grad_tiles_match_burns_weight_gradient() {
     use burn::tensor::ops::ConvOptions;
@@ -626,20 +631,25 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
         ([2, 4, 5, 7, 9], [4, 4, 1, 3, 5], c([1, 2, 1], [0, 1, 2], [1; 3])),
         ([2, 4, 8, 32, 32], [4, 4, 3, 3, 3], c([1; 3], [1; 3], [1; 3])),
     ];
-    for (i, (x, w, o)) in cases.clone().into_iter().enumerate() {
-        let seed = 70 + 10 * i as u64;
-        let (xt, wt) = (random::<W, 5>(x, seed), random::<W, 5>(w, seed + 1));
-        let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
-        let dy = random::<W, 5>(y.shape().dims(), seed + 2);
-        let before = runs();
-        let (xs, dys) = (channels_last(p(xt.clone())), channels_last(p(dy.clone())));
-        let dw = cube_kernels::weight_backward_3d::<W>(xs, p(wt.clone()), dys, o.clone());
-        assert_eq!(dw.shape().to_vec(), w.to_vec(), "case {i}: weight gradient shape");
-        close(&format!("tiled weight gradient case {i}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), 1e-5);
-        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
-            assert!(runs() > before, "case {i}: the weight gradient did not take the tiles");
+    // Each case split as on lavapipe, then as the search's candidate on a GPU (more units a tile).
+    for split in [None, Some(crate::nn::cube::weight_grad::GPU_LAUNCH_UNITS)] {
+        crate::nn::cube::weight_grad::LAUNCH_UNITS_FOR_TESTS.set(split);
+        for (i, (x, w, o)) in cases.clone().into_iter().enumerate() {
+            let seed = 70 + 10 * i as u64;
+            let (xt, wt) = (random::<W, 5>(x, seed), random::<W, 5>(w, seed + 1));
+            let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+            let dy = random::<W, 5>(y.shape().dims(), seed + 2);
+            let before = runs();
+            let (xs, dys) = (channels_last(p(xt.clone())), channels_last(p(dy.clone())));
+            let dw = cube_kernels::weight_backward_3d::<W>(xs, p(wt.clone()), dys, o.clone());
+            assert_eq!(dw.shape().to_vec(), w.to_vec(), "case {i}: weight gradient shape");
+            close(&format!("tiled weight gradient case {i}, launch units {split:?}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), 1e-5);
+            if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+                assert!(runs() > before, "case {i}: the weight gradient did not take the tiles");
+            }
         }
     }
+    crate::nn::cube::weight_grad::LAUNCH_UNITS_FOR_TESTS.set(None);
     // f16: the tiles sum in f32 and round once; Burn's f32 gradient of the same rounded values.
     let (x, w, o) = cases[0].clone();
     let h = |t: Tensor<W, 5>| t.cast(FloatDType::F16);
