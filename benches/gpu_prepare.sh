@@ -71,7 +71,11 @@ Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
     TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )bash benches/gpu_vs_pytorch.sh
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder or
-kernel_cache.tgz> (carry it too). On an H100, KERNEL_CACHE_SEED=$seed
-(committed: that GPU's autotune results for the VAE row, no PTX) spares the VAE row's 6-minute
-cold step, so the ACT and Diffusion rows get the budget; the table then calls step 1 "seeded".
+kernel_cache.tgz> (carry it too); the table then calls step 1 "seeded", not cold.
+The committed $seed
+(H100, 2026-11-27; filed by device index, device-0-0-cuda, so an H200 would load it too) holds
+Burn's own searches: its convolution and matmul tuners, which today's defaults replace by
+nn::cube::conv's short search and the fixed matmul kernel (cached under other names). It would
+spare little of a step 1 and would cost the cold-start figure (issue 24: cold step 1 <= 2 min):
+leave it out unless a row cannot finish otherwise.
 CMD

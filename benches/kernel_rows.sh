@@ -1,4 +1,4 @@
-# The kernel-accounting rows' training arguments (sourced by kernels.sh and act_ab_wgpu.sh, so an
+# The kernel-accounting rows' training arguments (sourced by kernels.sh and ab_wgpu.sh, so an
 # A/B runs exactly the table's row): `vae` VAE ultra b2 8×32×32, `act` ACT b8 1 camera 96×96
 # chunk 100, `dif` Diffusion b8 96×96 crop 84.
 # shellcheck disable=SC2034  # used by the scripts that source this file
