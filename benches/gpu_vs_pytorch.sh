@@ -16,7 +16,7 @@
 # BUDGET_S caps the whole run (each process gets what is left; rows that no longer fit are recorded
 # as not run); after every row the table is rewritten and, with RESULTS_COPY, copied there as
 # table.md, results.tgz (the results folder: table, raw.jsonl, parity, each row's records under
-# rows/<row>/) and kernel_cache.tgz (the rows' kernel caches): three files, as the device tool
+# rows/<row>/, with autotune.md: what the searches chose, key by key for the convolutions) and kernel_cache.tgz (the rows' kernel caches): three files, as the device tool
 # returns at most 8; so a run killed by its time limit still returns every finished row. KERNEL_CACHE_SEED=<that
 # kernel_cache folder or .tgz> lets a later run start warm. While the budget lasts, the VAE row
 # again through benches/kernels.sh (into kernels/): right after the first row,
@@ -161,8 +161,11 @@ vp_after_row() {
     done
   fi
   if [ "$mode" = cuda ] && [ -d "$VP_SCRATCH_OUT/$row/kernel_cache" ]; then
-    mkdir -p "$out/kernel_cache/$row"
+    mkdir -p "$out/kernel_cache/$row" "$out/rows/$row"
     cp -r "$VP_SCRATCH_OUT/$row/kernel_cache/." "$out/kernel_cache/$row/"
+    # What the searches chose, in results.tgz (kernel_cache.tgz may not come back): per tuner,
+    # and the convolutions' short search key by key (nn::cube::conv's GEMMs against the tiles).
+    vp_report autotune "$out/kernel_cache/$row" --keys nn-cube-conv >"$out/rows/$row/autotune.md" 2>&1 || true
   fi
   [ "$row" = "${rows[0]}" ] && parity vae3d_ultra
   copy_out

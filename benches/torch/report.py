@@ -4,6 +4,7 @@
     report.py vramlab-args ROW                      # vramlab train flags of a row, one per line
     report.py rows [SELECTION] [--tag cpu|gpu]      # row names (see rows.py)
     report.py autotune KERNEL_CACHE_DIR             # CubeCL autotune cache → markdown (tuners, winners)
+    report.py autotune DIR --keys nn-cube-conv      # … and those tuners key by key, every candidate's time
     report.py vramlab-record ROW RUN_DIR --backend B --device D [--warm-dir DIR] [--rc N --log F] [--out F]
     report.py error-record ROW --backend B --rc N --log F [--why TEXT] [--device D] [--out F]
     report.py slug TEXT                             # a directory-name slug
@@ -300,6 +301,50 @@ def autotune_summary(cache_dir: Path) -> str:
     return "\n".join(rows) + "\n"
 
 
+def autotune_candidate(result: dict) -> tuple[str | None, float | None, str]:
+    """One candidate of a tuned key: its name, its median time in µs when it ran, else why not
+    (the error's kind, e.g. `InvalidSamples` for a kernel that could not be set up, `Skip`)."""
+    kind, body = next(iter(result["outcome"].items()))
+    if kind == "Ok":
+        return body.get("name"), median_us(body), ""
+    if isinstance(body, dict) and body:
+        reason, detail = next(iter(body.items()))
+        return (detail.get("name") if isinstance(detail, dict) else None), None, reason
+    return None, None, str(body)
+
+
+def autotune_keys(cache_dir: Path, tuner: str) -> str:
+    """Every key of the tuners whose file name contains `tuner`, one table per tuner: the key (its
+    JSON, compact), each candidate's median time in µs (or why it did not run) and the winner, so
+    a candidate can be compared with the others shape by shape."""
+    out = []
+    for f in sorted(cache_dir.rglob("*.json.log")):
+        if "autotune" not in f.parts or tuner not in f.name:
+            continue
+        entries = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        names: list[str] = []
+        for e in entries:
+            for r in e["value"]["results"]:
+                name = autotune_candidate(r)[0]
+                if name and name not in names:
+                    names.append(name)
+        out += ["", f"### {f.name.removesuffix('.json.log')} ({len(entries)} keys; µs, CubeCL's median per launch)", "",
+                "| key | " + " | ".join(names) + " | winner |", "|---|" + "---:|" * len(names) + "---|"]
+        for e in entries:
+            cells = dict.fromkeys(names, "–")
+            winner = ""
+            for r in e["value"]["results"]:
+                name, us, why = autotune_candidate(r)
+                if name is None:
+                    continue
+                cells[name] = f"{us:,.1f}" if us is not None else why
+                if us is not None and r["outcome"]["Ok"].get("index") == e["value"]["fastest_index"]:
+                    winner = name
+            key = json.dumps(e["key"]["key"], separators=(",", ":")).replace("|", "/")
+            out.append(f"| `{key}` | " + " | ".join(cells[n] for n in names) + f" | {winner} |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -336,6 +381,7 @@ def main() -> int:
     p.add_argument("probe")
     p = sub.add_parser("autotune", help="a CubeCL autotune cache as a markdown table")
     p.add_argument("cache_dir", type=Path)
+    p.add_argument("--keys", metavar="TUNER", help="also every key of the tuners whose file name contains TUNER, candidate by candidate")
     p = sub.add_parser("table")
     p.add_argument("raw", type=Path)
     p.add_argument("--out", type=Path, required=True)
@@ -366,6 +412,8 @@ def main() -> int:
         print(f"torch {d.get('torch', '?')}{cap}, lerobot {d.get('lerobot', '?')}, {av}, python `{d.get('python', '?')}`")
     elif a.cmd == "autotune":
         print(autotune_summary(a.cache_dir), end="")
+        if a.keys:
+            print(autotune_keys(a.cache_dir, a.keys), end="")
     elif a.cmd == "table":
         text = table(a)
         a.out.parent.mkdir(parents=True, exist_ok=True)
