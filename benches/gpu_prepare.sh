@@ -56,6 +56,8 @@ source benches/lib_vs_pytorch.sh
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
   -d "$dir/wheels" $VP_LEROBOT_WHEELS \
   || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
+# Which source the builds are of, so a later session can tell whether they are stale.
+{ git rev-parse HEAD; git status --porcelain -- crates Cargo.toml Cargo.lock; } >"$dir/built_from.txt"
 size=$(du -sm "$dir" | cut -f1)
 if [ "$size" -gt "$limit_mib" ] && [ -f "$dir/vramlab-fusion.xz" ]; then
   # The fusion build is the first thing to leave: the main rows, parity and autotune-off come first.
