@@ -13,6 +13,7 @@
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
 //!   one launch each, nothing uploaded or stored;
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
+//! - [`act`]: SiLU and Mish forward and backward, one launch each, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
 //!   forward and backward one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
@@ -40,6 +41,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
+pub mod act;
 pub mod channel_sum;
 pub mod columns;
 pub mod conv;
@@ -287,6 +289,26 @@ pub(crate) fn dense<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     let mut order: Vec<usize> = (0..shape.len()).collect();
     order.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
     dense_in_order(shape, strides, order.into_iter())
+}
+
+/// `t` as it is when [`dense`], else a contiguous copy.
+pub(crate) fn dense_or_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    if dense(&t) { t } else { contiguous(t) }
+}
+
+/// A new tensor in `like`'s layout (its shape and strides, a buffer of its size).
+pub(crate) fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+    let mut out = empty(like, vec![like.meta.num_elements()], like.dtype);
+    out.meta = like.meta.clone();
+    out
+}
+
+/// What an element-wise launch over `t` takes: its client, one unit per element ([`elem_cubes`]),
+/// the element count and the dtype.
+pub(crate) fn elem_launch<R: CubeRuntime>(t: &CubeTensor<R>) -> (ComputeClient<R>, CubeCount, CubeDim, u32, StorageType) {
+    let n = t.meta.num_elements();
+    let (count, dim) = elem_cubes(&t.client, n);
+    (t.client.clone(), count, dim, n as u32, t.dtype.into())
 }
 
 /// `x` (`[n, c, s…]`, rank ≥ 2) in one of the two [`ChannelLayout`]s: as it is when it is in

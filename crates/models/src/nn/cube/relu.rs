@@ -9,7 +9,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, dense, elem_cubes, empty};
+use super::{contiguous, dense_or_copy, elem_launch, new_like};
 
 #[cube(launch)]
 fn relu_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[define(F)] _dtype: StorageType) {
@@ -30,29 +30,11 @@ fn relu_backward_kernel<F: Float>(y: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor
     dx[i] = select(y[i] <= F::new(0.0), F::new(0.0), dy[i]);
 }
 
-/// `t` as it is when [`dense`], else a contiguous copy.
-fn dense_or_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
-    if dense(&t) { t } else { contiguous(t) }
-}
-
-/// A new tensor in `like`'s layout (its shape and strides, a buffer of its size).
-fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
-    let mut out = empty(like, vec![like.meta.num_elements()], like.dtype);
-    out.meta = like.meta.clone();
-    out
-}
-
-fn launch_args<R: CubeRuntime>(t: &CubeTensor<R>) -> (ComputeClient<R>, CubeCount, CubeDim, u32, StorageType) {
-    let n = t.meta.num_elements();
-    let (count, dim) = elem_cubes(&t.client, n);
-    (t.client.clone(), count, dim, n as u32, t.dtype.into())
-}
-
 /// `max(x, 0)` in `x`'s layout (dense), in place when `x`'s buffer is its alone. At most
 /// `u32::MAX` elements.
 pub fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     let x = dense_or_copy(x);
-    let (client, count, dim, n, dtype) = launch_args(&x);
+    let (client, count, dim, n, dtype) = elem_launch(&x);
     let (y, y_arg) = if x.can_mut() { (x.clone(), x.as_tensor_alias(0)) } else { let y = new_like(&x); (y.clone(), y.into_tensor_arg()) };
     relu_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y_arg, n, dtype);
     y
@@ -65,7 +47,7 @@ pub fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
 pub fn relu_backward<R: CubeRuntime>(y: CubeTensor<R>, dy: CubeTensor<R>) -> CubeTensor<R> {
     let (y, dy) = (dense_or_copy(y), dense_or_copy(dy));
     let (y, dy) = if y.meta.strides() == dy.meta.strides() { (y, dy) } else { (contiguous(y), contiguous(dy)) };
-    let (client, count, dim, n, dtype) = launch_args(&dy);
+    let (client, count, dim, n, dtype) = elem_launch(&dy);
     let (dx, dx_arg) = if dy.can_mut() { (dy.clone(), dy.as_tensor_alias(1)) } else { let dx = new_like(&dy); (dx.clone(), dx.into_tensor_arg()) };
     relu_backward_kernel::launch::<R>(&client, count, dim, y.into_tensor_arg(), dy.into_tensor_arg(), dx_arg, n, dtype);
     dx

@@ -52,7 +52,7 @@ pub use pointwise::{bias_add, channel_affine, mean_all, mish, relu, silu, softma
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
-use pointwise::{forward_mish, forward_silu, softmax_backward_composed, upsample_linear_backward_composed, upsample_linear_composed};
+use pointwise::{act_backward_composed, forward_mish, forward_silu, softmax_backward_composed, upsample_linear_backward_composed, upsample_linear_composed};
 
 /// Float primitive of backend `B`.
 pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
@@ -83,6 +83,12 @@ pub trait LeanBackend: Backend {
     fn lean_relu(x: Prim<Self>) -> Prim<Self>;
     /// [`LeanBackend::lean_relu`]'s backward from its output: `dy` where `y > 0`, else 0.
     fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_silu`]'s backward from its input `x`: `dy · silu'(x)`, computed in f32,
+    /// returned in `x`'s dtype (which is `dy`'s).
+    fn lean_silu_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_mish`]'s backward from its input `x`: `dy · mish'(x)`, computed in f32,
+    /// returned in `x`'s dtype (which is `dy`'s).
+    fn lean_mish_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
     /// Multi-head attention from the query, key and value inputs (`[b, l, d]`, `[b, s, d]`,
     /// `[b, s, d]`) through the packed in-projection (`[3d, d]`, `[3d]`) to the merged heads
     /// `[b, l, d]`, before `out_proj` ([`attention`]); `mask_bias` `[b, s]` (0 or −∞) takes no
@@ -220,6 +226,18 @@ mod burn_kernels {
     }
     pub fn relu_backward<B: Backend>(y: Prim<B>, dy: Prim<B>) -> Prim<B> {
         B::relu_backward(y, dy)
+    }
+    pub fn silu<B: Backend>(x: Prim<B>) -> Prim<B> {
+        forward_silu::<B>(x)
+    }
+    pub fn mish<B: Backend>(x: Prim<B>) -> Prim<B> {
+        forward_mish::<B>(x)
+    }
+    pub fn silu_backward<B: Backend>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        act_backward_composed::<B>(x, dy, false)
+    }
+    pub fn mish_backward<B: Backend>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        act_backward_composed::<B>(x, dy, true)
     }
     pub fn dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         let shape = x.shape();
@@ -449,6 +467,37 @@ mod cube_kernels {
         let [dx] = B::cube_op("vramlab.relu_backward", [y, dy], [out], |[y, dy]| [cube::relu::relu_backward(y, dy)]);
         dx
     }
+    /// SiLU / Mish ([`cube::act`]) where the kernels take the tensor, else the composed ops.
+    fn act<B: CubeLaunch>(x: Prim<B>, act: cube::act::Act, composed: fn(Prim<B>) -> Prim<B>) -> Prim<B> {
+        let n = dims_of::<B>(&x).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize {
+            return composed(x);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op(if act == cube::act::Act::Mish { "vramlab.mish" } else { "vramlab.silu" }, [x], [out], move |[x]| [cube::act::forward(x, act)]);
+        y
+    }
+    fn act_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>, act: cube::act::Act, composed: fn(Prim<B>, Prim<B>) -> Prim<B>) -> Prim<B> {
+        let n = dims_of::<B>(&dy).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize || x.dtype() != dy.dtype() {
+            return composed(x, dy);
+        }
+        let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
+        let [dx] = B::cube_op(if act == cube::act::Act::Mish { "vramlab.mish_backward" } else { "vramlab.silu_backward" }, [x, dy], [out], move |[x, dy]| [cube::act::backward(x, dy, act)]);
+        dx
+    }
+    pub fn silu<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
+        act::<B>(x, cube::act::Act::Silu, burn_kernels::silu::<B>)
+    }
+    pub fn mish<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
+        act::<B>(x, cube::act::Act::Mish, burn_kernels::mish::<B>)
+    }
+    pub fn silu_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        act_backward::<B>(x, dy, cube::act::Act::Silu, burn_kernels::silu_backward::<B>)
+    }
+    pub fn mish_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        act_backward::<B>(x, dy, cube::act::Act::Mish, burn_kernels::mish_backward::<B>)
+    }
     pub fn dropout_on_device() -> bool {
         !cube::composed()
     }
@@ -584,7 +633,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, matmul, mean_all, relu, relu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -728,10 +777,16 @@ macro_rules! inner_lean_backend {
                 $kernels::softmax_backward::<Self>(y, dy, dim)
             }
             fn lean_silu(x: Prim<Self>) -> Prim<Self> {
-                forward_silu::<Self>(x)
+                $kernels::silu::<Self>(x)
             }
             fn lean_mish(x: Prim<Self>) -> Prim<Self> {
-                forward_mish::<Self>(x)
+                $kernels::mish::<Self>(x)
+            }
+            fn lean_silu_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::silu_backward::<Self>(x, dy)
+            }
+            fn lean_mish_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::mish_backward::<Self>(x, dy)
             }
             fn lean_relu(x: Prim<Self>) -> Prim<Self> {
                 $kernels::relu::<Self>(x)
@@ -810,6 +865,14 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_relu_backward(y: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_relu_backward(y.primitive, dy.primitive))
+    }
+
+    fn lean_silu_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_silu_backward(x.primitive, dy.primitive))
+    }
+
+    fn lean_mish_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_mish_backward(x.primitive, dy.primitive))
     }
 
     fn lean_attention(inputs: [Prim<Self>; 3], w: Prim<Self>, b: Prim<Self>, mask_bias: Option<Prim<Self>>, args: AttnArgs) -> Prim<Self> {

@@ -8,7 +8,9 @@
 //! - ReLU: `dx = dy` where the output is > 0 ([`LeanBackend::lean_relu`]);
 //! - softmax: `dx = y · (dy − Σ_dim dy · y)`.
 //!
-//! Also here: the composed forwards (Burn ops) the inner backends run.
+//! Also here: the composed forwards and SiLU/Mish backwards (Burn ops) that flex runs and the
+//! CubeCL backends fall back on (`VRAMLAB_COMPOSED_KERNELS=1`); on CubeCL SiLU and Mish are
+//! `nn::cube::act`'s kernels, one launch each way.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -56,7 +58,25 @@ enum Act {
     Mish,
 }
 
-impl<B: Backend> Backward<B, 1> for ActBackward {
+/// The composed backward of SiLU (`mish` false) or Mish from the input `x`: in f32, returned in
+/// `x`'s dtype.
+pub(super) fn act_backward_composed<B: Backend>(x: Prim<B>, dy: Prim<B>, mish: bool) -> Prim<B> {
+    let dims = dims_of::<B>(&x);
+    let n = dims.iter().product::<usize>();
+    let dtype = x.dtype();
+    let x = to_f32(view::<B, 1>(x, [n]));
+    let dy = to_f32(view::<B, 1>(dy, [n]));
+    let dx = if mish {
+        let th = softplus(x.clone()).tanh();
+        let d = th.clone() + x.clone() * (th.square().neg() + 1.0) * sigmoid(x);
+        dy * d
+    } else {
+        silu_grad(x, dy)
+    };
+    unview(to_dtype(dx, dtype), &dims)
+}
+
+impl<B: LeanBackend> Backward<B, 1> for ActBackward {
     type State = (Prim<B>, Act);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -64,20 +84,11 @@ impl<B: Backend> Backward<B, 1> for ActBackward {
         let dy = grads.consume::<B>(&ops.node);
         let [node_x] = ops.parents;
         let Some(node) = node_x else { return };
-        let dims = dims_of::<B>(&x);
-        let n = dims.iter().product::<usize>();
-        let dtype = x.dtype();
-        let x = to_f32(view::<B, 1>(x, [n]));
-        let dy = to_f32(view::<B, 1>(dy, [n]));
         let dx = match act {
-            Act::Silu => silu_grad(x, dy),
-            Act::Mish => {
-                let th = softplus(x.clone()).tanh();
-                let d = th.clone() + x.clone() * (th.square().neg() + 1.0) * sigmoid(x);
-                dy * d
-            }
+            Act::Silu => B::lean_silu_backward(x, dy),
+            Act::Mish => B::lean_mish_backward(x, dy),
         };
-        grads.register::<B>(node.id, unview(to_dtype(dx, dtype), &dims));
+        grads.register::<B>(node.id, dx);
     }
 }
 
@@ -85,7 +96,7 @@ impl<B: Backend> Backward<B, 1> for ActBackward {
 pub(super) fn silu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
     match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let y = forward_silu::<B>(x.primitive.clone());
+            let y = B::lean_silu(x.primitive.clone());
             prep.finish((x.primitive, Act::Silu), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::lean_silu(x.primitive)),
@@ -96,7 +107,7 @@ pub(super) fn silu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<
 pub(super) fn mish_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
     match ActBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
-            let y = forward_mish::<B>(x.primitive.clone());
+            let y = B::lean_mish(x.primitive.clone());
             prep.finish((x.primitive, Act::Mish), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::lean_mish(x.primitive)),
