@@ -16,7 +16,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, dense_or_copy, elem_launch, new_like};
+use super::{dense_or_copy, elem_launch, elem_out, one_dense_layout};
 
 /// Which activation a kernel computes (a comptime switch: one compiled kernel each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ fn act_backward_kernel<F: Float>(x: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor<
 pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, act: Act) -> CubeTensor<R> {
     let x = dense_or_copy(x);
     let (client, count, dim, n, dtype) = elem_launch(&x);
-    let (y, y_arg) = if x.can_mut() { (x.clone(), x.as_tensor_alias(0)) } else { let y = new_like(&x); (y.clone(), y.into_tensor_arg()) };
+    let (y, y_arg) = elem_out(&x, 0);
     act_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y_arg, n, act.mish(), dtype);
     y
 }
@@ -85,10 +85,9 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, act: Act) -> CubeTensor<R> {
 /// they share one dense layout, else both made contiguous first. In place in `dy`'s buffer when
 /// it is its alone.
 pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, dy: CubeTensor<R>, act: Act) -> CubeTensor<R> {
-    let (x, dy) = (dense_or_copy(x), dense_or_copy(dy));
-    let (x, dy) = if x.meta.strides() == dy.meta.strides() { (x, dy) } else { (contiguous(x), contiguous(dy)) };
+    let (x, dy) = one_dense_layout(x, dy);
     let (client, count, dim, n, dtype) = elem_launch(&dy);
-    let (dx, dx_arg) = if dy.can_mut() { (dy.clone(), dy.as_tensor_alias(1)) } else { let dx = new_like(&dy); (dx.clone(), dx.into_tensor_arg()) };
+    let (dx, dx_arg) = elem_out(&dy, 1);
     act_backward_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), dy.into_tensor_arg(), dx_arg, n, act.mish(), dtype);
     dx
 }

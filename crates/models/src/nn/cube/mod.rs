@@ -296,11 +296,29 @@ pub(crate) fn dense_or_copy<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if dense(&t) { t } else { contiguous(t) }
 }
 
+/// `a` and `b` (one shape) in one dense layout, for an element-wise kernel that reads both at one
+/// index: as they are when they share one, else both contiguous.
+pub(crate) fn one_dense_layout<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (a, b) = (dense_or_copy(a), dense_or_copy(b));
+    if a.meta.strides() == b.meta.strides() { (a, b) } else { (contiguous(a), contiguous(b)) }
+}
+
 /// A new tensor in `like`'s layout (its shape and strides, a buffer of its size).
-pub(crate) fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
     let mut out = empty(like, vec![like.meta.num_elements()], like.dtype);
     out.meta = like.meta.clone();
     out
+}
+
+/// Where an element-wise kernel writes a result in `like`'s layout: `like`'s own buffer (an alias
+/// of the kernel's input `input_pos`) when the tensor is its alone, else a new one.
+pub(crate) fn elem_out<R: CubeRuntime>(like: &CubeTensor<R>, input_pos: usize) -> (CubeTensor<R>, TensorArg<R>) {
+    if like.can_mut() {
+        (like.clone(), like.as_tensor_alias(input_pos))
+    } else {
+        let out = new_like(like);
+        (out.clone(), out.into_tensor_arg())
+    }
 }
 
 /// What an element-wise launch over `t` takes: its client, one unit per element ([`elem_cubes`]),

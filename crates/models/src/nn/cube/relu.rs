@@ -9,7 +9,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, dense_or_copy, elem_launch, new_like};
+use super::{dense_or_copy, elem_launch, elem_out, one_dense_layout};
 
 #[cube(launch)]
 fn relu_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[define(F)] _dtype: StorageType) {
@@ -35,7 +35,7 @@ fn relu_backward_kernel<F: Float>(y: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor
 pub fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
     let x = dense_or_copy(x);
     let (client, count, dim, n, dtype) = elem_launch(&x);
-    let (y, y_arg) = if x.can_mut() { (x.clone(), x.as_tensor_alias(0)) } else { let y = new_like(&x); (y.clone(), y.into_tensor_arg()) };
+    let (y, y_arg) = elem_out(&x, 0);
     relu_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y_arg, n, dtype);
     y
 }
@@ -45,10 +45,9 @@ pub fn relu<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
 /// input comes back in the layout the forward's output had); otherwise both are made contiguous
 /// first. In place in `dy`'s buffer when it is its alone.
 pub fn relu_backward<R: CubeRuntime>(y: CubeTensor<R>, dy: CubeTensor<R>) -> CubeTensor<R> {
-    let (y, dy) = (dense_or_copy(y), dense_or_copy(dy));
-    let (y, dy) = if y.meta.strides() == dy.meta.strides() { (y, dy) } else { (contiguous(y), contiguous(dy)) };
+    let (y, dy) = one_dense_layout(y, dy);
     let (client, count, dim, n, dtype) = elem_launch(&dy);
-    let (dx, dx_arg) = if dy.can_mut() { (dy.clone(), dy.as_tensor_alias(1)) } else { let dx = new_like(&dy); (dx.clone(), dx.into_tensor_arg()) };
+    let (dx, dx_arg) = elem_out(&dy, 1);
     relu_backward_kernel::launch::<R>(&client, count, dim, y.into_tensor_arg(), dy.into_tensor_arg(), dx_arg, n, dtype);
     dx
 }

@@ -469,20 +469,22 @@ mod cube_kernels {
     }
     /// SiLU / Mish ([`cube::act`]) where the kernels take the tensor, else the composed ops.
     fn act<B: CubeLaunch>(x: Prim<B>, act: cube::act::Act, composed: fn(Prim<B>) -> Prim<B>) -> Prim<B> {
-        let n = dims_of::<B>(&x).iter().product::<usize>();
+        let dims = dims_of::<B>(&x);
+        let n = dims.iter().product::<usize>();
         if cube::composed() || n == 0 || n > u32::MAX as usize {
             return composed(x);
         }
-        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let out = OutSpec::new(dims, x.dtype());
         let [y] = B::cube_op(if act == cube::act::Act::Mish { "vramlab.mish" } else { "vramlab.silu" }, [x], [out], move |[x]| [cube::act::forward(x, act)]);
         y
     }
     fn act_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>, act: cube::act::Act, composed: fn(Prim<B>, Prim<B>) -> Prim<B>) -> Prim<B> {
-        let n = dims_of::<B>(&dy).iter().product::<usize>();
+        let dims = dims_of::<B>(&dy);
+        let n = dims.iter().product::<usize>();
         if cube::composed() || n == 0 || n > u32::MAX as usize || x.dtype() != dy.dtype() {
             return composed(x, dy);
         }
-        let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
+        let out = OutSpec::new(dims, dy.dtype());
         let [dx] = B::cube_op(if act == cube::act::Act::Mish { "vramlab.mish_backward" } else { "vramlab.silu_backward" }, [x, dy], [out], move |[x, dy]| [cube::act::backward(x, dy, act)]);
         dx
     }
