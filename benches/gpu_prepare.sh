@@ -9,6 +9,11 @@
 #   UNTUNED=0 bash benches/gpu_prepare.sh       # without the autotune-off build (vramlab-untuned.xz,
 #                                               # ~1/5 of the binary's size; built first: a second
 #                                               # build of the burn crates and ours, minutes more)
+#   TESTS=0 bash benches/gpu_prepare.sh         # without the #[cube] kernel tests built for cuda
+#                                               # (tests/*.xz: the models and train crates' lib test
+#                                               # binaries, run by benches/gpu_kernel_tests.sh;
+#                                               # their own target dir, target/cuda-tests; left out
+#                                               # first if over the carry limit)
 #   FUSION=0 bash benches/gpu_prepare.sh        # without the `cuda,fusion` build (vramlab-fusion.xz:
 #                                               # Burn's fusion + our #[cube] kernels as custom ops;
 #                                               # built before the main one, a third build; carried
@@ -23,8 +28,29 @@ dir=${1:-.gpu}
 limit_mib=${CARRY_LIMIT_MIB:-64}
 untuned=${UNTUNED:-1}
 fusion=${FUSION:-1}
+tests=${TESTS:-1}
 rm -rf "$dir"
 mkdir -p "$dir/oracle" "$dir/wheels"
+if [ "$tests" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
+  # The lib tests (with flex, which the tests compare against, and autotune, for the short
+  # convolution search); cube_tests picks CUDA when built without wgpu. Dev-dependencies change
+  # Burn's features, hence a target dir of its own.
+  mkdir -p "$dir/tests"
+  CARGO_TARGET_DIR=target/cuda-tests cargo test --release --no-run --lib -p vramlab-models -p vramlab-train \
+    --features vramlab-models/cuda,vramlab-models/autotune,vramlab-train/cuda --message-format=json \
+    | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line) if line.startswith("{") else {}
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["target"]["name"], m["executable"])' >"$dir/tests/list.txt"
+  while read -r crate exe; do
+    strip -o "$dir/tests/$crate" "$exe"
+    xz -T0 -6 "$dir/tests/$crate"
+  done <"$dir/tests/list.txt"
+  rm "$dir/tests/list.txt"
+  [ -n "$(ls "$dir/tests")" ] || { echo "gpu_prepare: no test binary built" >&2; exit 2; }
+fi
 if [ "$untuned" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
   # Built first, so that target/cuda/release/vramlab is the autotuned one afterwards.
   CARGO_TARGET_DIR=target/cuda cargo build --release --no-default-features --features cuda-untuned
@@ -58,7 +84,14 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "
   || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
 # Which source the builds are of, so a later session can tell whether they are stale.
 { git rev-parse HEAD; git status --porcelain -- crates Cargo.toml Cargo.lock; } >"$dir/built_from.txt"
+[ -d "$dir/tests" ] && cp "$dir/built_from.txt" "$dir/tests/"
 size=$(du -sm "$dir" | cut -f1)
+if [ "$size" -gt "$limit_mib" ] && [ -d "$dir/tests" ]; then
+  # The kernel tests leave first: the rows, parity and the other builds come before them.
+  echo "gpu_prepare: ${size} MiB with the kernel tests ($(du -sm "$dir/tests" | cut -f1) MiB) is over the carry limit: left out" >&2
+  rm -rf "$dir/tests"
+  size=$(du -sm "$dir" | cut -f1)
+fi
 if [ "$size" -gt "$limit_mib" ] && [ -f "$dir/vramlab-fusion.xz" ]; then
   # The fusion build is the first thing to leave: the main rows, parity and autotune-off come first.
   echo "gpu_prepare: ${size} MiB with vramlab-fusion.xz ($(du -sm "$dir/vramlab-fusion.xz" | cut -f1) MiB) is over the carry limit: left out" >&2
@@ -71,7 +104,9 @@ seed=benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune_seed
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
-    TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )bash benches/gpu_vs_pytorch.sh
+    TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )$( [ -d "$dir/tests" ] && echo "KERNEL_TESTS_DIR=$dir/tests " )bash benches/gpu_vs_pytorch.sh
+$( [ -d "$dir/tests" ] && echo "The kernel tests run at the end if the budget still has KERNEL_TESTS_MIN_S (60 s); else, at once
+in a second call while the machine is warm: KERNEL_TESTS_S=150 bash benches/gpu_kernel_tests.sh $dir/tests \\$OUT" )
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder or
 kernel_cache.tgz> (carry it too); the table then calls step 1 "seeded", not cold.
 The committed $seed

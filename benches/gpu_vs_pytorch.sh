@@ -23,7 +23,9 @@
 # BIN_UNTUNED=<a `cuda-untuned` build, maybe .xz> with Burn's autotune compiled out (the cold
 # start); after the next two rows, BIN_FUSION=<a `cuda,fusion` build, maybe .xz> with Burn's
 # fusion and our kernels as custom operations, the main build at --autotune=minimal, BIN_FUSION
-# with VRAMLAB_COMPOSED_KERNELS=1 (fusion, composed ops). Then the other rows.
+# with VRAMLAB_COMPOSED_KERNELS=1 (fusion, composed ops); between the first fusion row and the
+# next, KERNEL_TESTS_DIR=<gpu_prepare.sh's tests folder>: the #[cube] kernels' tests on this GPU
+# (benches/gpu_kernel_tests.sh, kernel_tests.txt). Then the other rows.
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
 # ../shared/oracle; vae3d_ultra right after the first row, which leaves it PARITY_RESERVE_S
 # (30 s) of the budget; act_small and diffusion_small at the end while the budget lasts),
@@ -41,7 +43,7 @@
 # the table, and defaults to the CPU rows (ROWS=gpu runs the GPU list anyway, slowly).
 source "$(dirname "$0")/lib_vs_pytorch.sh"
 
-VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN BIN_UNTUNED BIN_FUSION ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
+VP_COMMAND="$(vp_env_prefix TORCH_PYTHON BIN BIN_UNTUNED BIN_FUSION KERNEL_TESTS_DIR ROWS STEPS WHEELS_DIR BUDGET_S KERNEL_CACHE_SEED)bash benches/gpu_vs_pytorch.sh${*:+ $*}"
 mode=cpu
 why=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -198,6 +200,25 @@ kernels_row() {
   copy_out
 }
 
+# The #[cube] kernels' tests built for cuda (gpu_prepare.sh: KERNEL_TESTS_DIR=.gpu/tests), while
+# KERNEL_TESTS_MIN_S (default 60) of the budget is left, capped by it and by KERNEL_TESTS_S
+# (default 150): benches/gpu_kernel_tests.sh into kernel_tests.txt, summarised in the table's header.
+kernel_tests() {
+  [ "$mode" = cuda ] && [ -n "${KERNEL_TESTS_DIR:-}" ] || return 0
+  local left
+  left=$(vp_left 600)
+  if [ "$left" -lt "${KERNEL_TESTS_MIN_S:-60}" ]; then
+    vp_log "kernel tests: not run, ${left} s of BUDGET_S left"
+    echo "=> not run: ${left} s of BUDGET_S=$BUDGET_S left" >"$out/kernel_tests.txt"
+  else
+    [ "$left" -gt "${KERNEL_TESTS_S:-150}" ] && left=${KERNEL_TESTS_S:-150}
+    vp_log "kernel tests: $KERNEL_TESTS_DIR, at most ${left} s"
+    KERNEL_TESTS_S=$left bash "$VP_ROOT/benches/gpu_kernel_tests.sh" "$KERNEL_TESTS_DIR" "$out" || vp_log "gpu_kernel_tests.sh failed"
+  fi
+  vp_after_row ""
+  copy_out
+}
+
 vp_fixture_check "$out"
 # The most important row; then the cold start with Burn's autotune compiled out (issue 24, item 4:
 # the `cuda-untuned` build), which no run reached while it came after ACT, whose autotuned cold
@@ -208,6 +229,7 @@ kernels_row "${BIN_UNTUNED:-}" "autotune off (cuda-untuned build)"
 vp_run_rows "$mode" "$out" "${rows[@]:1:2}"
 # Burn's fusion (issue 24): with our #[cube] kernels as custom ops, then with the composed ops.
 kernels_row "${BIN_FUSION:-}" "fusion + custom kernels (cuda,fusion build)"
+kernel_tests
 kernels_row "$VP_BIN" "autotune minimal (main build, --autotune=minimal)" EXTRA=--autotune=minimal
 # Matrix products autotuned as Burn's instead of the fixed kernel (the default since 2026-11-28):
 # what the fixed kernel costs the steady step, what the search costs step 1.

@@ -412,6 +412,7 @@ vp_header() {
     echo "- **Command**: \`$VP_COMMAND\`; $( [ -n "${STEPS:-}" ] && echo "STEPS=$STEPS" || { [ "$mode" = cuda ] && echo "8 steps" || echo "5 steps"; }) per run, each run its own process, the two sides of a row back to back."
     echo "- **Fixture check** (PyTorch VAE port vs the reference's outputs, \`fixture_check.txt\`): $(tail -1 "$out/fixture_check.txt" 2>/dev/null || echo 'not run')."
     [ -s "$out/parity.txt" ] && echo "- **vramlab parity on this device** (\`predict\` on the fixtures, \`parity.txt\`): $(grep '^=> ' "$out/parity.txt" | sed 's/^=> //' | tr '\n' ';' | sed 's/;$//; s/;/; /g')."
+    [ -s "$out/kernel_tests.txt" ] && echo "- **#[cube] kernel tests on this device** (\`benches/gpu_kernel_tests.sh\`, \`kernel_tests.txt\`): $(grep '^=> ' "$out/kernel_tests.txt" | sed 's/^=> //' | tr '\n' ';' | sed 's/;$//; s/;/; /g')."
     [ -n "${VP_HEADER_NOTE:-}" ] && echo "- **Note**: $VP_HEADER_NOTE."
     [ -n "${BUDGET_S:-}" ] && echo "- **Budget**: BUDGET_S=$BUDGET_S s for the whole run; rows that did not fit are listed as not run."
     echo

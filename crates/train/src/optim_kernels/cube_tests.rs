@@ -9,7 +9,6 @@
 //!
 //! `CARGO_TARGET_DIR=target/wgpu cargo test --release -p vramlab-train --features wgpu[,fusion] --lib cube_tests`
 
-use burn::backend::Wgpu;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
@@ -35,7 +34,11 @@ use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_
 #[cfg(not(feature = "fusion"))]
 use super::cube::group_sizes;
 
-type W = Wgpu;
+// wgpu where it is built (CI: lavapipe), else CUDA (the GPU bench's test binary).
+#[cfg(feature = "wgpu")]
+type W = burn::backend::Wgpu;
+#[cfg(not(feature = "wgpu"))]
+type W = burn::backend::Cuda;
 
 /// Deterministic values in about [−1, 1) (no device generator: tests run in parallel).
 fn values(n: usize, seed: u64) -> Vec<f32> {

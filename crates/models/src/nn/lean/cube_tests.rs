@@ -6,8 +6,15 @@
 //!
 //! `cargo test --release -p vramlab-models --no-default-features --features wgpu --lib cube_tests`
 //! (the release profile reuses the wgpu build's dependencies: `CARGO_TARGET_DIR=target/wgpu`).
+//!
+//! Built with `cuda` and not `wgpu`, the same tests run on CUDA (`benches/gpu_prepare.sh` builds
+//! the binary, `benches/gpu_kernel_tests.sh` runs it on the GPU machine). There the products
+//! (matmuls, convolutions) run as TF32 on matrix units, on both sides of a comparison but not
+//! through the same kernels, so they are held to [`gemm_tol`]; the element-wise kernels, norms,
+//! softmax and dropout keep their f32 tolerances. Which kernel a convolution takes is asserted
+//! only on a device without matrix units (lavapipe), where no search runs.
 
-use burn::backend::{Autodiff, Wgpu};
+use burn::backend::Autodiff;
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::silu as burn_silu;
@@ -17,8 +24,12 @@ use super::{NormAct, Prim, burn_kernels, cube_kernels, p};
 use crate::nn::{GroupNorm, LayerNorm};
 use crate::nn::norm::composed;
 
-type W = Wgpu;
-type A = Autodiff<Wgpu>;
+// wgpu where it is built (CI: lavapipe), else CUDA (the GPU bench's test binary).
+#[cfg(feature = "wgpu")]
+type W = burn::backend::Wgpu;
+#[cfg(not(feature = "wgpu"))]
+type W = burn::backend::Cuda;
+type A = Autodiff<W>;
 
 fn gn<B: Backend>(w: Tensor<B, 1>, b: Tensor<B, 1>, groups: usize) -> GroupNorm<B> {
     GroupNorm { weight: Param::from_tensor(w), bias: Param::from_tensor(b), num_groups: groups, eps: 1e-5 }
@@ -33,6 +44,23 @@ fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(
         let y = composed::group_norm(&gn(w, b, groups), x);
         if act == NormAct::Silu { burn_silu(y) } else { y }
     }
+}
+
+/// Whether the device has matrix units (CubeCL's cmma: CUDA GPUs; not lavapipe): f32 products
+/// then run as TF32 (10-bit mantissa), and the short convolution search picks among GEMMs.
+fn matrix_units() -> bool {
+    #[cfg(not(feature = "fusion"))]
+    return !p(random::<W, 1>([1], 0)).client.properties().features.matmul.cmma.is_empty();
+    // Fusion tensors do not carry the client; the wgpu tests run on lavapipe (CI's device).
+    #[cfg(feature = "fusion")]
+    return !cfg!(feature = "wgpu");
+}
+
+/// Tolerance (relative, [`rel`]) for results that went through matmuls or convolutions: 1e-5 in
+/// f32, 5e-3 where they run as TF32 (the CUDA parity tolerance; TF32 rounds each operand
+/// to 2⁻¹¹ relative, and the two sides of a comparison take different kernels).
+fn gemm_tol() -> f32 {
+    if matrix_units() { 5e-3 } else { 1e-5 }
 }
 
 fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
@@ -343,7 +371,7 @@ fn dropout_kernel_draws_the_host_masks() {
     let site = DropoutCtx::site(2, 1, 4);
     let x0 = random::<A, 3>(dims, 50);
     let w = random::<A, 3>(dims, 51);
-    assert!(<A as super::LeanBackend>::lean_dropout_on_device(), "wgpu runs dropout on the device");
+    assert!(<A as super::LeanBackend>::lean_dropout_on_device(), "CubeCL runs dropout on the device");
     let run = |f: &dyn Fn(Tensor<A, 3>) -> Tensor<A, 3>| {
         let x = x0.clone().detach().require_grad();
         let y = f(x.clone());
@@ -369,20 +397,26 @@ fn strided_conv_input_gradients_match_flex() {
     use burn::tensor::ops::ConvOptions;
     use super::conv::{host_tensor, spread_x_backward_cases};
     assert!(<W as super::LeanBackend>::spread_strided_x_backward(2, true) && <W as super::LeanBackend>::spread_strided_x_backward(1, true));
+    // wgpu spreads every strided input gradient; cuda only the short ones (Burn's own elsewhere).
     for rank in 1..=3 {
-        assert_eq!(<W as super::LeanBackend>::spread_strided_x_backward(rank, false), !crate::nn::cube::composed(), "rank {rank}");
+        assert_eq!(<W as super::LeanBackend>::spread_strided_x_backward(rank, false), cfg!(feature = "wgpu") && !crate::nn::cube::composed(), "rank {rank}");
     }
+    let tol = gemm_tol();
     let cases = spread_x_backward_cases::<W>();
     assert!(cases.iter().filter(|c| c.1).count() >= 3, "1×1 stride-2 cases");
     for ((case, short, spread, own), (_, _, _, reference)) in cases.into_iter().zip(spread_x_backward_cases::<Flex>()) {
         let e = rel(&spread, &reference);
-        assert!(e <= 1e-5, "{case}: spread vs flex: relative error {e:e}");
+        assert!(e <= tol, "{case}: spread vs flex: relative error {e:e}");
         let zeros = own.iter().all(|&v| v == 0.0);
-        if short {
+        // Seen on lavapipe's direct kernel; on a GPU Burn may take another transposed kernel.
+        if short && !matrix_units() {
             assert!(zeros, "{case}: Burn's CubeCL transposed convolution is no longer zero for a 1×1 stride-2 kernel: Burn fixed it (see LeanBackend::spread_strided_x_backward)");
-        } else {
+        } else if !short {
             let e = rel(&own, &reference);
-            assert!(e <= 1e-5, "{case}: Burn's wgpu transposed convolution vs flex: relative error {e:e}");
+            assert!(e <= tol, "{case}: Burn's CubeCL transposed convolution vs flex: relative error {e:e}");
+        } else {
+            // Not asserted (the node spreads these on every CubeCL backend); said for the record.
+            eprintln!("{case}: Burn's transposed convolution on this device: {}", if zeros { "all zeros, as on lavapipe".to_string() } else { format!("relative error {:e} against flex", rel(&own, &reference)) });
         }
     }
     // The nodes: dx and dweight of sum(conv(x, w) · r) on Autodiff<Wgpu> (lean) and Autodiff<Flex> (Burn's).
@@ -417,8 +451,8 @@ fn strided_conv_input_gradients_match_flex() {
         ("conv2d 3×3 stride 2 pad 1", grads::<A, 4>([2, 5, 11, 8], [7, 5, 3, 3], true, c2p), grads::<AF, 4>([2, 5, 11, 8], [7, 5, 3, 3], false, f2p)),
         ("conv1d k3 stride 2 pad 1", grads::<A, 3>([2, 6, 16], [6, 6, 3], true, c1p), grads::<AF, 3>([2, 6, 16], [6, 6, 3], false, f1p)),
     ] {
-        assert!(rel(&lx, &px) <= 1e-5, "{name}: dx: relative error {:e}", rel(&lx, &px));
-        assert!(rel(&lw, &pw) <= 1e-5, "{name}: dweight: relative error {:e}", rel(&lw, &pw));
+        assert!(rel(&lx, &px) <= tol, "{name}: dx: relative error {:e}", rel(&lx, &px));
+        assert!(rel(&lw, &pw) <= tol, "{name}: dweight: relative error {:e}", rel(&lw, &pw));
     }
 }
 
@@ -446,8 +480,9 @@ fn resnet_downsampling_block_gradients_match_flex() {
         (vals(y), vals(x.grad(&g).unwrap()))
     }
     let ((yw, gw), (yf, gf)) = (run::<A>(), run::<Autodiff<Flex>>());
-    assert!(rel(&yw, &yf) <= 1e-5, "output: relative error {:e}", rel(&yw, &yf));
-    assert!(rel(&gw, &gf) <= 1e-5, "dx: relative error {:e}", rel(&gw, &gf));
+    let tol = gemm_tol();
+    assert!(rel(&yw, &yf) <= tol, "output: relative error {:e}", rel(&yw, &yf));
+    assert!(rel(&gw, &gf) <= tol, "dx: relative error {:e}", rel(&gw, &gf));
 }
 
 /// The ReLU kernels against Burn's ReLU and `relu_backward` on the same device: exactly equal
@@ -563,8 +598,8 @@ fn act_kernels_and_nodes_match_the_composed_ops() {
 #[test]
 fn attention_node_gradients_match_the_composed_ops() {
     use burn::tensor::FloatDType;
-    super::attention::tests::attention_node_matches::<A>(2, 6, 6, 2, true, false, true, FloatDType::F32, 1e-5);
-    super::attention::tests::attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, 1e-5);
+    super::attention::tests::attention_node_matches::<A>(2, 6, 6, 2, true, false, true, FloatDType::F32, gemm_tol());
+    super::attention::tests::attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, gemm_tol());
 }
 
 /// The fixed matmul kernel (`cube::matmul`, what `lean_matmul` runs unless
@@ -590,11 +625,11 @@ fn fixed_matmul_kernel_and_node_match_burns() {
         let fixed = cube_kernels::matmul::<W>(p(a.clone()), p(b.clone()));
         let burn = burn_kernels::matmul::<W>(p(a), p(b));
         assert_eq!(burn::tensor::TensorMetadata::shape(&fixed).to_vec(), vec![da[0], da[1], db[2]], "case {i}: shape");
-        close(&format!("matmul case {i} {da:?} @ {db:?} transposed {transposed}"), fixed, burn, 1e-5);
+        close(&format!("matmul case {i} {da:?} @ {db:?} transposed {transposed}"), fixed, burn, gemm_tol());
     }
-    super::matmul::tests::matmul_node_matches::<A, 2>([9, 4], [4, 3], true, false, false, FloatDType::F32, 1e-5);
-    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 6], false, false, false, FloatDType::F32, 1e-5);
-    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 5], false, true, false, FloatDType::F32, 1e-5);
+    super::matmul::tests::matmul_node_matches::<A, 2>([9, 4], [4, 3], true, false, false, FloatDType::F32, gemm_tol());
+    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 6], false, false, false, FloatDType::F32, gemm_tol());
+    super::matmul::tests::matmul_node_matches::<A, 4>([2, 3, 5, 4], [2, 3, 4, 5], false, true, false, FloatDType::F32, gemm_tol());
 }
 
 /// `nn::cube::conv` (the short search; on lavapipe, which has no matrix units, the im2col columns
@@ -615,11 +650,11 @@ fn short_conv_search_matches_burns_convolutions() {
         let y_burn = burn_conv(p(xt.clone()), p(wt.clone()), b, o.clone());
         assert_eq!(y.shape(), y_burn.shape(), "{name}: output shape");
         let dy: Tensor<W, D> = random(y.shape().dims(), seed + 3);
-        close(&format!("{name} forward"), y, y_burn, 1e-5);
+        close(&format!("{name} forward"), y, y_burn, gemm_tol());
         let dw = wgrad(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
         let dw_burn = burn_wgrad(p(xt), p(wt), p(dy), o);
         assert_eq!(dw.shape().to_vec(), w.to_vec(), "{name}: weight gradient shape");
-        close(&format!("{name} weight gradient"), dw, dw_burn, 1e-5);
+        close(&format!("{name} weight gradient"), dw, dw_burn, gemm_tol());
     }
     let columns_runs = || crate::nn::cube::columns::RUNS.load(std::sync::atomic::Ordering::Relaxed);
     let all = || {
@@ -636,7 +671,7 @@ fn short_conv_search_matches_burns_convolutions() {
             let dy = random::<W, 3>(y.shape().dims(), 60 + i as u64);
             let dx = cube_kernels::x_backward::<W>(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
             assert_eq!(dx.shape().to_vec(), x.to_vec(), "conv1d input gradient case {i}: shape");
-            close(&format!("conv1d input gradient case {i}"), dx, burn_kernels::x_backward::<W>(p(xt), p(wt), p(dy), o), 1e-5);
+            close(&format!("conv1d input gradient case {i}"), dx, burn_kernels::x_backward::<W>(p(xt), p(wt), p(dy), o), gemm_tol());
         }
         let c2 = |s, pd, d| ConvOptions::new([s, s], [pd, pd], [d, d], 1);
         let cases2 = [([2, 3, 19, 17], [8, 3, 3, 3], true, c2(1, 1, 1)), ([2, 8, 16, 15], [4, 8, 3, 3], false, c2(2, 1, 1)), ([3, 5, 12, 12], [7, 5, 1, 1], true, c2(1, 0, 1)), ([2, 4, 21, 20], [4, 4, 3, 3], true, c2(3, 2, 2)), ([2, 6, 9, 11], [6, 6, 1, 1], false, c2(2, 0, 1))];
@@ -644,8 +679,8 @@ fn short_conv_search_matches_burns_convolutions() {
             check::<4, 2>(&format!("conv2d case {i}"), x, w, bias, o, 20 + i as u64, cube_kernels::conv2d::<W>, burn_kernels::conv2d::<W>, cube_kernels::weight_backward_2d::<W>, burn_kernels::weight_backward_2d::<W>);
         }
         // lavapipe has no matrix units: unless told to search anyway, the 1-D and 2-D cases went
-        // through the im2col columns.
-        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+        // through the im2col columns (a GPU's search picks among its GEMMs instead).
+        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() && !matrix_units() {
             assert!(columns_runs() > before, "no convolution took the columns path");
         }
         // 3-D: channels not in fours (Burn's direct kernel and the swapped convolution), and in
@@ -705,8 +740,8 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
             let (xs, dys) = (channels_last(p(xt.clone())), channels_last(p(dy.clone())));
             let dw = cube_kernels::weight_backward_3d::<W>(xs, p(wt.clone()), dys, o.clone());
             assert_eq!(dw.shape().to_vec(), w.to_vec(), "case {i}: weight gradient shape");
-            close(&format!("tiled weight gradient case {i}, launch units {split:?}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), 1e-5);
-            if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+            close(&format!("tiled weight gradient case {i}, launch units {split:?}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), gemm_tol());
+            if !crate::nn::cube::conv::SEARCH_ANYWAY.get() && !matrix_units() {
                 assert!(runs() > before, "case {i}: the weight gradient did not take the tiles");
             }
         }
@@ -722,7 +757,7 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
     assert_eq!(dw.dtype(), burn::tensor::DType::F16);
     let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
     let reference = burn_kernels::weight_backward_3d::<W>(f(xt), f(wt), f(dy), o);
-    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, 1e-3);
+    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, gemm_tol().max(1e-3));
 }
 
 /// 3-D convolutions through `nn::cube::forward_tiles` (a 4-position × 4-channel tile per unit, on
@@ -751,8 +786,8 @@ fn forward_tiles_match_burns_convolution() {
         let y = cube_kernels::conv3d::<W>(channels_last(p(xt.clone())), p(wt.clone()), b.clone(), o.clone());
         let y_burn = burn_kernels::conv3d::<W>(p(xt), p(wt), b, o);
         assert_eq!(y.shape(), y_burn.shape(), "case {i}: output shape");
-        close(&format!("tiled convolution case {i}"), y, y_burn, 1e-5);
-        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() {
+        close(&format!("tiled convolution case {i}"), y, y_burn, gemm_tol());
+        if !crate::nn::cube::conv::SEARCH_ANYWAY.get() && !matrix_units() {
             assert!(runs() > before, "case {i}: the convolution did not take the tiles");
         }
     }
@@ -763,7 +798,7 @@ fn forward_tiles_match_burns_convolution() {
     assert_eq!(y.dtype(), burn::tensor::DType::F16);
     let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
     let reference = burn_kernels::conv3d::<W>(f(xt), f(wt), None, o);
-    close("f16 tiled convolution", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(y, FloatDType::F32), reference, 1e-3);
+    close("f16 tiled convolution", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(y, FloatDType::F32), reference, gemm_tol().max(1e-3));
 }
 
 /// The linear-upsampling kernels against the composed ops (gathers, multiplies, scatter-adds)
@@ -825,7 +860,7 @@ fn linear_weight_gradient_comes_out_in_the_weights_layout() {
     let dw = w.grad(&g).unwrap();
     assert!(p(dw.clone()).is_contiguous(), "weight gradient strides {:?}", p(dw.clone()).meta.strides());
     let g_ref = (x.clone().matmul(w.clone().transpose()) * r).sum().backward();
-    close("linear weight gradient", p(dw), p(w.grad(&g_ref).unwrap()), 1e-5);
+    close("linear weight gradient", p(dw), p(w.grad(&g_ref).unwrap()), gemm_tol());
 }
 
 /// f32 products through `nn::cube::unit_matmul`'s wide unit blocks (a device without matrix
@@ -857,7 +892,7 @@ fn wide_unit_matmul_matches_burns_matmul() {
         let before = runs();
         let y = crate::nn::cube::unit_matmul::matmul_wide(p(a), p(b), None, burn::tensor::DType::F32).expect("a matmul");
         assert!(runs() > before, "case {i}: the product did not take the wide blocks");
-        close(&format!("wide unit matmul case {i} ({m}x{k}x{n})"), y, p(reference), 1e-5);
+        close(&format!("wide unit matmul case {i} ({m}x{k}x{n})"), y, p(reference), gemm_tol());
     }
     // lavapipe (CI's device) is what the blocks are on by default for.
     if std::env::var("VK_ICD_FILENAMES").is_ok_and(|f| f.contains("lvp")) {

@@ -37,7 +37,7 @@ use burn::tensor::{TensorMetadata, TensorPrimitive};
 
 mod attention;
 mod conv;
-#[cfg(all(test, feature = "wgpu"))]
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
 mod cube_tests;
 mod matmul;
 mod norm;
