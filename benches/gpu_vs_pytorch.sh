@@ -239,6 +239,9 @@ kernels_row "$VP_BIN" "matmul autotuned (main build, --matmul_autotune=true)" EX
 # the steady step.
 kernels_row "$VP_BIN" "conv full autotune (main build, --conv_full_autotune=true)" EXTRA=--conv_full_autotune=true
 kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSED_KERNELS=1)" VRAMLAB_COMPOSED_KERNELS=1
+# CubeCL's pages instead of exact-size buffers (cuda's default since 2026-11-29): what the pages
+# (sized by the card) cost in reserved memory, and whether the exact pool costs time.
+kernels_row "$VP_BIN" "memory pool pages (main build, --gpu_memory_pool=pages)" EXTRA=--gpu_memory_pool=pages
 [ "${#rows[@]}" -le 3 ] || vp_run_rows "$mode" "$out" "${rows[@]:3}"
 parity act_small
 parity diffusion_small

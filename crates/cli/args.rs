@@ -117,6 +117,10 @@ pub struct RunFlags {
     /// the kernels that win on a GPU (none without matrix units) [default: false].
     #[arg(long = "conv_full_autotune", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     conv_full_autotune: Option<String>,
+    /// wgpu/cuda: device memory as buffers of each tensor's exact size (`exact`, cuda's default)
+    /// or CubeCL's pages, sized by the device's memory (`pages`, wgpu's default).
+    #[arg(long = "gpu_memory_pool", value_name = "exact|pages")]
+    gpu_memory_pool: Option<String>,
     /// f32 (default), bf16 or f16: compute precision (weights stay f32).
     #[arg(long, value_name = "P")]
     precision: Option<String>,

@@ -91,6 +91,42 @@ impl AutotuneLevel {
     }
 }
 
+/// `--gpu_memory_pool`: how CubeCL keeps device memory (wgpu, cuda). Either way nothing is given
+/// back during a run, so the reserved peak stays exact.
+///
+/// - `pages`: CubeCL's default pools (`SubSlices`): tensors are slices of pages whose sizes
+///   follow the device's memory (a quarter of it, then quarters of that, down to ~32 MiB). On an
+///   H100 80 GB a tensor of 5–40 MB takes its place in a 318.6 MiB page, on an H200 one of
+///   9–70 MB in a 561.6 MiB page; a small model reserves a page per size class
+///   (VAE ultra b2 on the H100: 103 MiB reserved against PyTorch's 60). cuda cannot be given
+///   other pools (cubecl-cuda 0.10 builds its server with `RuntimeOptions::default()`).
+/// - `exact`: every buffer its tensor's exact size (CubeCL's persistent pool, `persistent_memory
+///   = "enforced"`), reused by later tensors of the same size: reserved does not depend on the
+///   device's size. For a run whose shapes repeat every step (vramlab's batches always have
+///   `batch_size` rows); shapes that change would each keep buffers of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMemoryPool {
+    Pages,
+    Exact,
+}
+
+impl GpuMemoryPool {
+    /// The pool a backend takes when `--gpu_memory_pool` is not given: `exact` on cuda (pages
+    /// sized by the card: see the type's docs), `pages` on wgpu (on lavapipe, CI's device, pages
+    /// reserved 5–6 % less than exact sizes: `benches/results/kernels/wgpu/memory_pool.md`).
+    pub fn default_for(backend: BackendKind) -> Self {
+        if backend == BackendKind::Cuda { Self::Exact } else { Self::Pages }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pages => "pages",
+            Self::Exact => "exact",
+        }
+    }
+}
+
 /// CubeCL's on-disk caches and autotune effort for the GPU backends (one setting per process:
 /// CubeCL's configuration is global).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,6 +142,9 @@ pub struct GpuOptions {
     /// Convolutions searched as Burn's (true) or over the few kernels of
     /// `vramlab_models::nn::cube::conv` (false, default).
     pub conv_full_autotune: bool,
+    /// `None`: [`GpuMemoryPool::default_for`] the backend, unless a `cubecl.toml` enforces
+    /// persistent memory (then `exact`).
+    pub memory_pool: Option<GpuMemoryPool>,
 }
 
 impl GpuOptions {
@@ -164,9 +203,10 @@ pub fn compiled_kernel_dir(cache_dir: &std::path::Path, build: &str) -> std::pat
 /// results under `target/`). Once CubeCL has read its configuration it cannot change: later
 /// calls in the same process report what is in force.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
+fn configure_cubecl(opts: &GpuOptions, backend: BackendKind) -> Result<String> {
     use burn::cubecl::config::autotune::AutotuneLevel as L;
     use burn::cubecl::config::cache::CacheConfig;
+    use burn::cubecl::config::memory::PersistentMemory;
     use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     let describe = |c: &CubeClRuntimeConfig| {
         let root = |c: &CacheConfig| c.root().display().to_string();
@@ -180,7 +220,8 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
         let tune = if cfg!(feature = "autotune") { format!("autotune level {level}") } else { "autotune off (built without Burn's `autotune`: each op's default kernel)".into() };
         let matmul = if opts.matmul_autotune { "matmul autotuned (--matmul_autotune)" } else { "matmul one fixed kernel (--matmul_autotune=false)" };
         let conv = if opts.conv_full_autotune { "convolutions: Burn's full search (--conv_full_autotune)" } else { "convolutions: short search (--conv_full_autotune=false)" };
-        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}; {matmul}; {conv}", root(&c.autotune.cache))
+        let pool = if matches!(c.memory.persistent_memory, PersistentMemory::Enforced) { "memory pool: exact sizes (--gpu_memory_pool=exact)" } else { "memory pool: CubeCL's pages (--gpu_memory_pool=pages)" };
+        format!("CubeCL caches: compiled kernels {kernels} (CUDA PTX; wgpu's WGSL kernels are not cached), autotune {}; {tune}; {matmul}; {conv}; {pool}", root(&c.autotune.cache))
     };
     vramlab_models::nn::cube::set_matmul_autotune(opts.matmul_autotune);
     vramlab_models::nn::cube::conv::set_full_search(opts.conv_full_autotune);
@@ -195,6 +236,13 @@ fn configure_cubecl(opts: &GpuOptions) -> Result<String> {
     }
     if opts.kernel_cache_dir.is_some() || matches!(c.autotune.cache, CacheConfig::Target) {
         c.autotune.cache = CacheConfig::File(dir);
+    }
+    let enforced = matches!(c.memory.persistent_memory, PersistentMemory::Enforced);
+    let pool = opts.memory_pool.unwrap_or(if enforced { GpuMemoryPool::Exact } else { GpuMemoryPool::default_for(backend) });
+    match pool {
+        GpuMemoryPool::Exact => c.memory.persistent_memory = PersistentMemory::Enforced,
+        GpuMemoryPool::Pages if enforced => c.memory.persistent_memory = PersistentMemory::Enabled,
+        GpuMemoryPool::Pages => {}
     }
     if let Some(level) = opts.autotune {
         c.autotune.level = match level {
@@ -339,7 +387,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
         BackendKind::Wgpu => {
             use burn::backend::Wgpu;
             use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
-            let cache = configure_cubecl(gpu)?;
+            let cache = configure_cubecl(gpu, kind)?;
             eprintln!("vramlab: {cache}");
             let device = if index == 0 { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(index) };
             check_precision::<Wgpu>(&device, kind, precision)?;
@@ -352,7 +400,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
             use burn::backend::Cuda;
             use burn::backend::cuda::CudaDevice;
             use burn::cubecl::cuda::CudaRuntime;
-            let cache = configure_cubecl(gpu)?;
+            let cache = configure_cubecl(gpu, kind)?;
             eprintln!("vramlab: {cache}");
             let device = CudaDevice::new(index);
             check_precision::<Cuda>(&device, kind, precision)?;
@@ -377,8 +425,8 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
 /// optimizer), and NVML's device-wide used memory where given.
 ///
 /// `bytes_reserved` is exact as a peak: CubeCL 0.10's default pools (`SubSlices`, no
-/// `dealloc_period`) return pages only on an explicit `memory_cleanup`, which vramlab never
-/// calls during training, so reserved never decreases and its value when a phase ends is the
+/// `dealloc_period`) and its persistent pool (`--gpu_memory_pool=exact`) return memory only on
+/// an explicit `memory_cleanup`, which vramlab never calls during training, so reserved never decreases and its value when a phase ends is the
 /// phase's peak. `bytes_in_use` is the sum of the requested sizes of live buffers (CUDA pads
 /// rows to 512-byte pitches): its maximum over the probe points is a lower bound.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -413,7 +461,7 @@ mod tests {
 
     #[test]
     fn kernel_cache_dir_is_the_flag_else_a_per_user_default() {
-        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal), matmul_autotune: false, conv_full_autotune: false };
+        let flag = GpuOptions { kernel_cache_dir: Some("/srv/kernels".into()), autotune: Some(AutotuneLevel::Minimal), matmul_autotune: false, conv_full_autotune: false, memory_pool: None };
         assert_eq!(flag.cache_dir(), std::path::PathBuf::from("/srv/kernels"));
         let default = GpuOptions::default().cache_dir();
         assert!(std::env::var_os("VRAMLAB_CACHE_DIR").is_some() || default.ends_with("vramlab/cubecl"), "{}", default.display());

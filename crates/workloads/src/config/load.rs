@@ -179,10 +179,21 @@ mod tests {
         let c = load(None, &ov(&[("precision", "bf16"), ("gradient_checkpointing", "true"), ("optimizer.type", "adam"), ("scheduler.type", "cosine")])).unwrap();
         assert_eq!((c.precision, c.gradient_checkpointing), (Precision::Bf16, CheckpointMode::Blocks));
         assert_eq!((c.optimizer.kind, c.scheduler.kind), (Some(OptimKind::Adam), Some(ScheduleKind::Cosine)));
-        for (flag, valid) in [("precision", "bf16"), ("gradient_checkpointing", "balanced"), ("backend", "wgpu"), ("optimizer.type", "adamw"), ("scheduler.type", "cosine"), ("dataset.type", "lerobot")] {
+        for (flag, valid) in [("precision", "bf16"), ("gradient_checkpointing", "balanced"), ("backend", "wgpu"), ("optimizer.type", "adamw"), ("scheduler.type", "cosine"), ("dataset.type", "lerobot"), ("gpu_memory_pool", "exact")] {
             let err = load(None, &ov(&[(flag, "nope")])).unwrap_err().to_string();
             assert!(err.contains("nope") && err.contains(valid), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn gpu_memory_pool_is_the_flag_else_the_backends_default() {
+        use crate::backend::{BackendKind, GpuMemoryPool};
+        let pool = |v: &[(&str, &str)]| load(None, &ov(v)).unwrap().gpu_options().memory_pool;
+        assert_eq!(pool(&[("gpu_memory_pool", "pages"), ("backend", "cuda")]), Some(GpuMemoryPool::Pages));
+        assert_eq!(pool(&[("gpu_memory_pool", "exact")]), Some(GpuMemoryPool::Exact));
+        assert_eq!(pool(&[("backend", "cuda")]), None);
+        assert_eq!(GpuMemoryPool::default_for(BackendKind::Cuda), GpuMemoryPool::Exact);
+        assert_eq!(GpuMemoryPool::default_for(BackendKind::Wgpu), GpuMemoryPool::Pages);
     }
 
     #[test]

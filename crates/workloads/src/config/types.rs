@@ -13,7 +13,7 @@ use vramlab_models::nn::Precision;
 use vramlab_train::{CheckpointMode, OptimKind, ScheduleKind};
 
 use super::policy::PolicyConfig;
-use crate::backend::{AutotuneLevel, BackendKind, GpuOptions};
+use crate::backend::{AutotuneLevel, BackendKind, GpuMemoryPool, GpuOptions};
 use crate::error::WorkloadError;
 
 /// Everything a run needs. Field names are the CLI flag names.
@@ -58,6 +58,10 @@ pub struct RunConfig {
     /// instead of the short one of `nn::cube::conv` (none on a device without matrix units).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub conv_full_autotune: bool,
+    /// wgpu/cuda: `exact` (every buffer its tensor's size; cuda's default) or `pages` (CubeCL's
+    /// pools, pages sized by the device's memory; wgpu's default): `backend::GpuMemoryPool`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_pool: Option<GpuMemoryPool>,
     #[serde(default, deserialize_with = "parsed_precision", serialize_with = "serialize_precision")]
     pub precision: Precision,
     #[serde(default, deserialize_with = "parsed_checkpointing", serialize_with = "serialize_checkpointing")]
@@ -349,7 +353,7 @@ impl Default for SchedulerConfig {
 impl RunConfig {
     /// CubeCL's caches and autotune level for the GPU backends.
     pub fn gpu_options(&self) -> GpuOptions {
-        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune, matmul_autotune: self.matmul_autotune, conv_full_autotune: self.conv_full_autotune }
+        GpuOptions { kernel_cache_dir: self.kernel_cache_dir.clone(), autotune: self.autotune, matmul_autotune: self.matmul_autotune, conv_full_autotune: self.conv_full_autotune, memory_pool: self.gpu_memory_pool }
     }
 
     /// What a command that trains (`train`, `warmup`, `sweep`, `fit`) says before it starts, on
