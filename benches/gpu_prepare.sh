@@ -105,8 +105,7 @@ cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
     TORCH_PYTHON=python3 $( [ -f "$dir/vramlab-untuned.xz" ] && echo "BIN_UNTUNED=$dir/vramlab-untuned.xz " )$( [ -f "$dir/vramlab-fusion.xz" ] && echo "BIN_FUSION=$dir/vramlab-fusion.xz " )$( [ -d "$dir/tests" ] && echo "KERNEL_TESTS_DIR=$dir/tests " )bash benches/gpu_vs_pytorch.sh
-$( [ -d "$dir/tests" ] && echo "The kernel tests run at the end if the budget still has KERNEL_TESTS_MIN_S (60 s); else, at once
-in a second call while the machine is warm: KERNEL_TESTS_S=150 bash benches/gpu_kernel_tests.sh $dir/tests \\$OUT" )
+$( [ -d "$dir/tests" ] && printf '%s\n%s' "The #[cube] kernel tests run after the first fusion row while KERNEL_TESTS_MIN_S (60 s) of the budget is" "left; else, at once in a second call while the machine is warm: KERNEL_TESTS_S=150 bash benches/gpu_kernel_tests.sh $dir/tests \$OUT" )
 A second run that starts warm adds KERNEL_CACHE_SEED=<the first run's kernel_cache folder or
 kernel_cache.tgz> (carry it too); the table then calls step 1 "seeded", not cold.
 The committed $seed
