@@ -23,7 +23,7 @@ report=$out_dir/kernel_tests.txt
 work=$(mktemp -d)
 t0=$(date +%s)
 {
-  echo "# #[cube] kernel tests on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi') ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+  echo "# #[cube] kernel tests on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'a machine without nvidia-smi') ($(date -u '+%Y-%m-%d %H:%M UTC'))"
   [ -f "$tests_dir/built_from.txt" ] && echo "built from $(head -1 "$tests_dir/built_from.txt")"
 } >"$report"
 shopt -s nullglob
