@@ -118,13 +118,6 @@ impl GpuMemoryPool {
     pub fn default_for(backend: BackendKind) -> Self {
         if backend == BackendKind::Cuda { Self::Exact } else { Self::Pages }
     }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pages => "pages",
-            Self::Exact => "exact",
-        }
-    }
 }
 
 /// CubeCL's on-disk caches and autotune effort for the GPU backends (one setting per process:
@@ -426,8 +419,8 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
 ///
 /// `bytes_reserved` is exact as a peak: CubeCL 0.10's default pools (`SubSlices`, no
 /// `dealloc_period`) and its persistent pool (`--gpu_memory_pool=exact`) return memory only on
-/// an explicit `memory_cleanup`, which vramlab never calls during training, so reserved never decreases and its value when a phase ends is the
-/// phase's peak. `bytes_in_use` is the sum of the requested sizes of live buffers (CUDA pads
+/// an explicit `memory_cleanup`, which vramlab never calls during training, so reserved never
+/// decreases and its value when a phase ends is the phase's peak. `bytes_in_use` is the sum of the requested sizes of live buffers (CUDA pads
 /// rows to 512-byte pitches): its maximum over the probe points is a lower bound.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub(crate) fn cubecl_probe<R, B>(name: &str, device: R::Device, nvml: Option<vramlab_probe::nvml::NvmlDevice>) -> vramlab_probe::SampledProbe
