@@ -14,9 +14,12 @@
 # of the tests that finished ("timed out" in the summary). Tests run on all cores (NVRTC compiles
 # in each test's thread). gpu_vs_pytorch.sh calls this after its rows when KERNEL_TESTS_DIR is set
 # and its budget still has KERNEL_TESTS_MIN_S (default 60) left.
-set -uo pipefail
-tests_dir=${1:?usage: gpu_kernel_tests.sh TESTS_DIR OUT_DIR}
-out_dir=${2:?usage: gpu_kernel_tests.sh TESTS_DIR OUT_DIR}
+tests_dir=$(realpath "${1:?usage: gpu_kernel_tests.sh TESTS_DIR OUT_DIR}")
+out_dir=$(realpath -m "${2:?usage: gpu_kernel_tests.sh TESTS_DIR OUT_DIR}")
+# vp_unxz (the lib moves to the repository root, hence the absolute paths above); a failing test
+# binary must not stop the script, so not -e.
+source "$(dirname "$0")/lib_vs_pytorch.sh"
+set +e
 limit=${KERNEL_TESTS_S:-150}
 mkdir -p "$out_dir"
 report=$out_dir/kernel_tests.txt
@@ -34,9 +37,7 @@ for packed in "${bins[@]}"; do
   [ "$name" = built_from.txt ] && continue
   bin=$work/$name
   if [[ "$packed" == *.xz ]]; then
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$packed" "$bin" \
-      || { echo "=> $name: cannot unpack $packed" >>"$report"; continue; }
-    chmod +x "$bin"
+    vp_unxz "$packed" "$bin" || { echo "=> $name: cannot unpack $packed" >>"$report"; continue; }
   else
     bin=$packed
   fi
