@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# NVRTC check without a GPU (issue 24): are the kernels vramlab launches on CubeCL valid CUDA?
+#
+# A GPU is lent to a few sessions only, for 15 minutes; a kernel that NVRTC rejects would cost
+# such a run every row. Here every kernel that wgpu (Mesa lavapipe) compiles while the `#[cube]`
+# kernel tests and the three kernel-accounting rows run is also lowered to CUDA C++ by CubeCL's
+# own CUDA code generator (cubecl-cpp, the options cubecl-cuda gives an sm_90 device), then
+# compiled by NVRTC as cubecl-cuda does it (`--gpu-architecture=sm_90a`, the CUDA headers), with
+# ptxas's report (registers, spills) and cubecl-cuda's launch checks (cube size, shared memory).
+#
+#   bash benches/nvrtc_check.sh                 # the kernel tests and the vae, act, dif rows
+#   ROWS="vae" TESTS=0 bash benches/nvrtc_check.sh
+#   NVRTC_ROOT=/usr/local/cuda bash benches/nvrtc_check.sh   # a CUDA toolkit instead of the wheels
+#
+# How: scratch copies of cubecl-runtime and cubecl-wgpu (from cargo's registry, the versions in
+# Cargo.lock) get a hook (`benches/nvrtc/patch.py`: `KernelTask::compile` hands a fresh definition
+# of each kernel to `benches/nvrtc/cuda_dump.rs`), and vramlab is built against them with
+# `cargo --config patch…` into $NVRTC_WORK (default target/nvrtc; nothing in the repository
+# changes). NVRTC and the headers: NVRTC_ROOT (lib/libnvrtc.so.*, include/), else the
+# nvidia-cuda-nvrtc, -runtime and -cccl wheels ($CUDA_WHEELS, default 13.0.*, the CUDA of the
+# H100 run) fetched with pip. Writes $OUT_DIR (default benches/results/kernels/nvrtc)/report.md
+# and report.jsonl; exit status 1 when a source fails.
+#
+# What it cannot see: the IR is the one lavapipe's properties give (line sizes, no matrix units),
+# so the kernels a GPU runs on its matrix units (cubek's tensor-core matmuls and convolutions,
+# Burn's and cubek's code) are not in it, and bf16 is not (lavapipe has none); f16 is, through
+# the tests. NVRTC's compile times here are this machine's, one thread.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+work=${NVRTC_WORK:-$root/target/nvrtc}
+out=${OUT_DIR:-$root/benches/results/kernels/nvrtc}
+read -r -a rows <<<"${ROWS:-vae act dif}"
+log() { echo "[nvrtc_check $(date -u +%H:%M:%S)] $*" >&2; }
+die() { log "$2"; exit "$1"; }
+mkdir -p "$work" "$out"
+
+version=$(awk '/^name = "cubecl-runtime"$/ { getline; gsub(/[^0-9.]/, ""); print }' Cargo.lock)
+[ -n "$version" ] || die 2 "Cargo.lock names no cubecl-runtime"
+registry=""
+for d in "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/; do
+  [ -d "$d/cubecl-runtime-$version" ] && [ -d "$d/cubecl-wgpu-$version" ] && [ -d "$d/cubecl-cpp-$version" ] && registry=$d
+done
+[ -n "$registry" ] || die 2 "cubecl-runtime, -wgpu and -cpp $version are not in cargo's registry: run \`cargo fetch\` first"
+
+# 1. NVRTC and the CUDA headers.
+cuda=${NVRTC_ROOT:-$work/cuda/nvidia/cu13}
+if ! compgen -G "$cuda/lib/libnvrtc.so.*" >/dev/null; then
+  [ -z "${NVRTC_ROOT:-}" ] || die 2 "NVRTC_ROOT=$NVRTC_ROOT: no lib/libnvrtc.so.* there"
+  wheels=${CUDA_WHEELS:-13.0.*}
+  log "NVRTC and the CUDA headers: pip wheels nvidia-cuda-{nvrtc,runtime,cccl}==$wheels into $work/cuda"
+  rm -rf "$work/wheels" "$work/cuda"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$work/wheels" \
+    "nvidia-cuda-nvrtc==$wheels" "nvidia-cuda-runtime==$wheels" "nvidia-cuda-cccl==$wheels" \
+    || die 2 "pip could not fetch the NVRTC wheels (offline?): set NVRTC_ROOT to a CUDA toolkit (lib/libnvrtc.so.*, include/)"
+  for w in "$work"/wheels/*.whl; do python3 -m zipfile -e "$w" "$work/cuda"; done
+  compgen -G "$cuda/lib/libnvrtc.so.*" >/dev/null || die 2 "the wheels did not give $cuda/lib/libnvrtc.so.*"
+fi
+
+# 2. The patched copies, 3. vramlab built against them.
+python3 benches/nvrtc/patch.py "$registry" "$version" "$work/patch" >&2
+cargo_patched() {
+  CARGO_TARGET_DIR=$work/target cargo \
+    --config "patch.crates-io.cubecl-runtime.path=\"$work/patch/cubecl-runtime\"" \
+    --config "patch.crates-io.cubecl-wgpu.path=\"$work/patch/cubecl-wgpu\"" "$@"
+}
+tests=()
+if [ "${TESTS:-1}" != 0 ]; then
+  log "building the #[cube] kernel tests for wgpu against the patched CubeCL ($work/target)"
+  mapfile -t tests < <(cargo_patched test --release --no-run --lib -p vramlab-models -p vramlab-train \
+    --features vramlab-models/wgpu,vramlab-models/autotune,vramlab-train/wgpu --message-format=json \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("vramlab_models", "vramlab_train"):
+        print(m["executable"])')
+  [ "${#tests[@]}" = 2 ] || die 3 "the test build did not give the two test binaries"
+fi
+if [ "${#rows[@]}" -gt 0 ]; then
+  log "building vramlab (wgpu) against the patched CubeCL"
+  cargo_patched build --release --no-default-features --features wgpu >&2 || die 3 "cargo build failed"
+fi
+
+# 4. Run them, every kernel lowered to CUDA C++ into $work/dump/<name>.
+export VK_ICD_FILENAMES=${VK_ICD_FILENAMES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
+rm -rf "$work/dump"
+dumps=()
+notes=()
+if [ "${#tests[@]}" -gt 0 ]; then
+  log "kernel tests (cube_tests) with every kernel lowered to CUDA C++"
+  rc=0
+  for t in "${tests[@]}"; do
+    VRAMLAB_CUDA_DUMP=$work/dump/tests "$t" cube_tests >"$work/tests_$(basename "$t").log" 2>&1 || rc=$?
+  done
+  dumps+=("tests=$work/dump/tests")
+  notes+=("tests: \`cube_tests\` of vramlab-models and vramlab-train on lavapipe ($(grep -ho '[0-9]* passed; [0-9]* failed' "$work"/tests_*.log | paste -sd, -))")
+  [ "$rc" = 0 ] || log "some kernel tests failed on lavapipe (logs: $work/tests_*.log); their kernels are checked anyway"
+fi
+# shellcheck source=kernel_rows.sh
+source benches/kernel_rows.sh
+for r in "${rows[@]}"; do
+  declare -p "$r" >/dev/null 2>&1 || die 2 "ROWS: unknown row $r (vae, act, dif)"
+  declare -n args=$r
+  log "row $r: 2 training steps with every kernel lowered to CUDA C++"
+  rm -rf "$work/run_$r"
+  rc=0
+  VRAMLAB_CUDA_DUMP=$work/dump/$r timeout "${ROW_TIMEOUT_S:-1200}" "$work/target/release/vramlab" train --backend=wgpu \
+    --precision=f32 --steps=2 --save_checkpoint=false --kernel_cache_dir="$work/run_$r/kernel_cache" "${args[@]}" \
+    --output_dir="$work/run_$r/out" >"$work/row_$r.log" 2>&1 || rc=$?
+  dumps+=("$r=$work/dump/$r")
+  notes+=("$r: \`vramlab train --backend=wgpu --precision=f32 --steps=2 ${args[*]}\` (exit $rc)")
+  unset -n args
+done
+
+# 5. NVRTC.
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+header="- **Machine**: $cpu × $(nproc), no GPU; wgpu over Mesa lavapipe; $(date -u '+%Y-%m-%d %H:%M') UTC; HEAD $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' + uncommitted crates/').
+- **Command**: \`$(for v in ROWS TESTS NVRTC_ROOT CUDA_WHEELS; do [ -n "${!v:-}" ] && printf '%s=%q ' "$v" "${!v}"; done)bash benches/nvrtc_check.sh\`; CubeCL $version.
+- **Dumps**: $(printf '%s; ' "${notes[@]}")
+- **Not covered**: the IR is what lavapipe's properties give (line sizes; no matrix units, so not the tensor-core matmuls and convolutions a GPU takes, which are cubek's; \`matmul_entry\` here is lavapipe's unit matmul, whose blocks a GPU never runs); no bf16 (lavapipe has none). NVRTC times are this machine's, one thread."
+log "NVRTC on $(printf '%s ' "${dumps[@]}")"
+LD_LIBRARY_PATH=$cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} python3 benches/nvrtc/check.py --cuda "$cuda" \
+  --out "$out/report.md" --header "$header" "${dumps[@]}"
