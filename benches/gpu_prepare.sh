@@ -101,6 +101,17 @@ fi
 echo "gpu_prepare: $dir is ${size} MiB (carry limit ${limit_mib} MiB)"
 [ "$size" -le "$limit_mib" ] || { echo "gpu_prepare: over the carry limit: drop fixtures (FIXTURES=vae3d_ultra) or the autotune-off build (UNTUNED=0)" >&2; exit 3; }
 seed=benches/results/gpu_vs_pytorch/nvidia-h100-80gb-hbm3/autotune_seed
+# The NVRTC check's report names the commit it ran on: did the #[cube] kernels change since?
+nvrtc_report=benches/results/kernels/nvrtc/report.md
+checked=$(grep -o 'HEAD [0-9a-f]\{7,\}' "$nvrtc_report" 2>/dev/null | head -1 | cut -d' ' -f2 || true)
+kernels=(crates/models/src/nn/cube crates/models/src/nn/lean crates/train/src/optim_kernels)
+if [ -z "$checked" ]; then
+  echo "gpu_prepare: no NVRTC report ($nvrtc_report): \`bash benches/nvrtc_check.sh\` checks the kernels compile for CUDA without a GPU" >&2
+elif ! git diff --quiet "$checked" -- "${kernels[@]}" 2>/dev/null; then
+  echo "gpu_prepare: the #[cube] kernels changed since the NVRTC check ($checked, $nvrtc_report): run \`bash benches/nvrtc_check.sh\` (~25 min) before the GPU" >&2
+else
+  echo "gpu_prepare: NVRTC check: $(grep -o '[0-9]* of [0-9]* sources compile[^*]*' "$nvrtc_report" | head -1) (at $checked; kernels unchanged since)"
+fi
 cat <<CMD
 Run on the device (carry: ["$dir"], timeout_s ≤ 540):
   BUDGET_S=420 RESULTS_COPY=\$OUT BIN=$dir/vramlab.xz FIXTURE_DIR=$dir/oracle WHEELS_DIR=$dir/wheels \\
