@@ -122,7 +122,7 @@ for r in "${rows[@]}"; do
 done
 
 # 5. NVRTC.
-cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1 || true)
 header="- **Machine**: $cpu × $(nproc), no GPU; wgpu over Mesa lavapipe; $(date -u '+%Y-%m-%d %H:%M') UTC; HEAD $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' + uncommitted crates/').
 - **Command**: \`$(for v in ROWS TESTS NVRTC_ROOT CUDA_WHEELS; do [ -n "${!v+x}" ] && printf '%s=%q ' "$v" "${!v}"; done)bash benches/nvrtc_check.sh\`; CubeCL $version.
 - **Dumps**: $(printf '%s; ' "${notes[@]}")
