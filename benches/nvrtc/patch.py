@@ -1,6 +1,7 @@
 """Make the scratch copies of cubecl-runtime and cubecl-wgpu that benches/nvrtc_check.sh builds
 vramlab with: a hook in `KernelTask::compile` (a fresh `define()` of every kernel compiled),
-set by the wgpu server to benches/nvrtc/cuda_dump.rs. Every edit checks its anchor first, so a
+set by the wgpu server to benches/nvrtc/cuda_dump.rs when VRAMLAB_CUDA_DUMP is set (unset, the
+build compiles as CubeCL's own). Every edit checks its anchor first, so a
 CubeCL whose source moved stops here with the file named, not with a silent no-op.
 
     python3 benches/nvrtc/patch.py REGISTRY_SRC_DIR CUBECL_VERSION OUT_DIR
@@ -59,7 +60,7 @@ shutil.copy(here / "cuda_dump.rs", wgpu / "src/cuda_dump.rs")
 edit(wgpu / "src/lib.rs", "\nmod compiler;", "\nmod compiler;\npub mod cuda_dump;")
 edit(wgpu / "src/compute/server.rs",
      "    ) -> Self {\n        let backend_scheduler",
-     "    ) -> Self {\n        let _ = cubecl_runtime::kernel::DUMP_HOOK.set(crate::cuda_dump::dump);\n        let backend_scheduler")
+     "    ) -> Self {\n        if std::env::var_os(\"VRAMLAB_CUDA_DUMP\").is_some() {\n            let _ = cubecl_runtime::kernel::DUMP_HOOK.set(crate::cuda_dump::dump);\n        }\n        let backend_scheduler")
 for name in ("cubecl-runtime", "cubecl-wgpu"):
     sync(stage / name, out / name)
 shutil.rmtree(stage)
