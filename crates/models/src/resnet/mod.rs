@@ -106,8 +106,7 @@ impl<B: LeanBackend> FrozenBatchNorm2d<B> {
     /// - x: `[batch, channels, h, w]` → same
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let in_dtype = x.dtype();
-        let scale = self.weight.val() * (self.running_var.val() + self.eps).sqrt().recip(); // [c]
-        let shift = self.bias.val() - self.running_mean.val() * scale.clone(); // [c]
+        let (scale, shift) = crate::nn::lean::frozen_scale_shift(self.weight.val(), self.bias.val(), self.running_mean.val(), self.running_var.val(), self.eps); // [c]
         let y = crate::nn::lean::channel_affine(to_f32(x), scale, Some(shift));
         to_dtype(y, in_dtype)
     }

@@ -13,6 +13,8 @@
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
 //!   one launch each, nothing uploaded or stored;
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
+//! - [`affine`]: the frozen batch norm's `(scale, shift)` from its buffers and its per-channel
+//!   `x · scale + shift` (forward and backward), one launch each, in the input's dense layout;
 //! - [`act`]: SiLU and Mish forward and backward, one launch each, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
 //!   forward and backward one launch each, in the input's dense layout;
@@ -42,6 +44,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::*;
 
 pub mod act;
+pub mod affine;
 pub mod channel_sum;
 pub mod columns;
 pub mod conv;

@@ -591,6 +591,73 @@ fn act_kernels_and_nodes_match_the_composed_ops() {
     check::<A, 4>(dims, 5, move |x, w, b| super::mish(affine(x, w, b)), move |x, w, b| { let z = affine(x, w, b); z.clone() * softplus(z).tanh() }, 1e-5);
 }
 
+/// The frozen batch norm's kernels against the composed ops (`burn_kernels`) on the same device:
+/// `(scale, shift)` from random buffers (f32 within 1e-6 relative: one division and square root
+/// each side), then `x · scale (+ shift)` for `x` stored channels first, channels last (the
+/// result keeping its layout), not dense (copied first) and alone (in place), with and without
+/// the shift, f32 within 1e-6, f16 within its rounding; then a `FrozenBatchNorm2d` with those
+/// buffers on `Autodiff<Wgpu>` against the composed forward's autodiff (output and `dx`).
+#[test]
+fn frozen_batch_norm_kernels_match_the_composed_ops() {
+    use super::t;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let c = 6;
+    let dims = [2, c, 7, 9];
+    let buf = |seed: u64| p(random::<W, 1>([c], seed));
+    let var = p(t::<W, 1>(buf(81)).abs() + 0.05);
+    let (w, b, mean) = (buf(82), buf(83), buf(84));
+    let (scale, shift) = cube_kernels::frozen_scale_shift::<W>(w.clone(), b.clone(), mean.clone(), var.clone(), 1e-5);
+    let (scale_ref, shift_ref) = burn_kernels::frozen_scale_shift::<W>(w.clone(), b.clone(), mean.clone(), var.clone(), 1e-5);
+    close("scale", scale.clone(), scale_ref.clone(), 1e-6);
+    close("shift", shift.clone(), shift_ref, 1e-6);
+    let x0 = p(random::<W, 4>(dims, 85) * 2.0);
+    let narrow = random::<W, 4>([2, c, 7, 1], 86);
+    let not_dense = || p(narrow.clone().expand(dims));
+    for with_shift in [true, false] {
+        let sh = || with_shift.then(|| shift.clone());
+        let y_ref = burn_kernels::channel_affine::<W>(x0.clone(), scale.clone(), sh());
+        for (name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
+            let at = format!("affine (shift {with_shift}), x channels {name}");
+            let y = cube_kernels::channel_affine::<W>(x.clone(), scale.clone(), sh());
+            assert_eq!(is_channels_last(&y), is_channels_last(&x), "{at}: layout kept");
+            close(&at, y, y_ref.clone(), 1e-6);
+            close(&format!("{at}: input untouched"), x, x0.clone(), 0.0);
+        }
+        let alone = p(t::<W, 4>(x0.clone()) * 1.0);
+        close(&format!("affine (shift {with_shift}) in place"), cube_kernels::channel_affine::<W>(alone, scale.clone(), sh()), y_ref, 1e-6);
+        close(&format!("affine (shift {with_shift}), not dense"), cube_kernels::channel_affine::<W>(not_dense(), scale.clone(), sh()), burn_kernels::channel_affine::<W>(not_dense(), scale.clone(), sh()), 1e-6);
+        let h = |x: Prim<W>| p(t::<W, 1>(x).cast(FloatDType::F16));
+        let xh = p(t::<W, 4>(x0.clone()).cast(FloatDType::F16));
+        let (sh16, bh16) = (h(scale.clone()), with_shift.then(|| h(shift.clone())));
+        let yh = cube_kernels::channel_affine::<W>(xh.clone(), sh16.clone(), bh16.clone());
+        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
+        close(&format!("affine (shift {with_shift}) f16"), yh, burn_kernels::channel_affine::<W>(xh, sh16, bh16), 2e-3);
+    }
+    // The module on autodiff: constant buffers, so the lean node (keeping `scale`) and the
+    // one-launch `(scale, shift)`.
+    let norm = |x: Tensor<A, 4>, lean: bool| {
+        let buffer = |v: &Prim<W>| Param::from_tensor(Tensor::<A, 1>::from_inner(t::<W, 1>(v.clone()))).set_require_grad(false);
+        let bn = crate::resnet::FrozenBatchNorm2d { weight: buffer(&w), bias: buffer(&b), running_mean: buffer(&mean), running_var: buffer(&var), eps: 1e-5 };
+        if lean {
+            bn.forward(x)
+        } else {
+            let scale = bn.weight.val() * (bn.running_var.val() + bn.eps).sqrt().recip();
+            let shift = bn.bias.val() - bn.running_mean.val() * scale.clone();
+            x * scale.reshape([1, c, 1, 1]) + shift.reshape([1, c, 1, 1])
+        }
+    };
+    let run = |lean: bool| {
+        let x = Tensor::<A, 4>::from_inner(t::<W, 4>(channels_last(x0.clone()))).require_grad();
+        let y = norm(x.clone(), lean);
+        let r = random::<A, 4>(dims, 87);
+        let g = (y.clone() * r).sum().backward();
+        (vals(y), vals(x.grad(&g).expect("x takes a gradient")))
+    };
+    let ((y, dx), (y_ref, dx_ref)) = (run(true), run(false));
+    assert!(rel(&y, &y_ref) <= 1e-6, "module output: relative error {:e}", rel(&y, &y_ref));
+    assert!(rel(&dx, &dx_ref) <= 1e-6, "module dx: relative error {:e}", rel(&dx, &dx_ref));
+}
+
 /// The attention node on `Autodiff<Wgpu>` (the softmax, dropout, ReLU-free path of ACT's
 /// attention: `#[cube]` softmax and dropout kernels, Burn's matmuls) against autodiff of the
 /// composed forward on the same device: output and the gradients of the three inputs, the

@@ -48,7 +48,7 @@ pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
 pub(crate) use norm::{group_norm, layer_norm};
-pub use pointwise::{bias_add, channel_affine, mean_all, mish, relu, silu, softmax, upsample_linear};
+pub use pointwise::{bias_add, channel_affine, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
@@ -133,6 +133,12 @@ pub trait LeanBackend: Backend {
     /// constants (frozen batch norm); otherwise it is the composed ops. flex: one pass over `x`
     /// (its broadcast multiply and add walk `x` through a generic strided iterator).
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self>;
+    /// A frozen batch norm's `(scale, shift)` from its buffers (`[c]`, one dtype), torchvision's
+    /// `FrozenBatchNorm2d` formula: `scale = weight · (running_var + eps)^-½`, `shift = bias −
+    /// running_mean · scale`. Composed Burn ops (six launches on CubeCL), one kernel on CubeCL
+    /// ([`crate::nn::cube::affine`]); on autodiff the composed ops (tracked) unless every buffer
+    /// is a constant.
+    fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>);
     /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
     /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
@@ -295,6 +301,11 @@ mod burn_kernels {
             None => y,
         }
     }
+    pub fn frozen_scale_shift<B: Backend>(w: Prim<B>, b: Prim<B>, mean: Prim<B>, var: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>) {
+        let scale = B::float_mul(w, B::float_recip(B::float_sqrt(B::float_add_scalar(var, eps.into()))));
+        let shift = B::float_sub(b, B::float_mul(mean, scale.clone()));
+        (scale, shift)
+    }
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
     }
@@ -344,7 +355,43 @@ mod cube_kernels {
     use super::*;
     use conv::flipped_padding;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    pub use burn_kernels::{bias_add, channel_affine};
+    use burn::tensor::DType;
+    pub use burn_kernels::bias_add;
+    /// `x · scale + shift` per channel ([`cube::affine`]), in `x`'s layout.
+    pub fn channel_affine<B: CubeLaunch>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        let mut params = vec![(dims_of::<B>(&scale), scale.dtype())];
+        params.extend(shift.as_ref().map(|b| (dims_of::<B>(b), b.dtype())));
+        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
+        if cube::composed() || !cube::affine::affine_handles(&dims, dtype, &params) {
+            return burn_kernels::channel_affine::<B>(x, scale, shift);
+        }
+        let out = OutSpec::new(dims, dtype);
+        match shift {
+            Some(b) => {
+                let [y] = B::cube_op("vramlab.channel_affine", [x, scale, b], [out], |[x, s, b]| [cube::affine::channel_affine(x, s, Some(b))]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.channel_scale", [x, scale], [out], |[x, s]| [cube::affine::channel_affine(x, s, None)]);
+                y
+            }
+        }
+    }
+    /// A frozen batch norm's `(scale, shift)` in one launch ([`cube::affine::scale_shift`]).
+    pub fn frozen_scale_shift<B: CubeLaunch>(w: Prim<B>, b: Prim<B>, mean: Prim<B>, var: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>) {
+        let dims = [&w, &b, &mean, &var].map(|t| dims_of::<B>(t));
+        let dtypes = [&w, &b, &mean, &var].map(|t| t.dtype());
+        if cube::composed() || !cube::affine::scale_shift_handles(&dims.each_ref().map(|d| d.as_slice()), &dtypes) {
+            return burn_kernels::frozen_scale_shift::<B>(w, b, mean, var, eps);
+        }
+        let out = || OutSpec::new(dims[0].clone(), dtypes[0]);
+        let [scale, shift] = B::cube_op("vramlab.frozen_scale_shift", [w, b, mean, var], [out(), out()], move |[w, b, mean, var]| {
+            let (scale, shift) = cube::affine::scale_shift(w, b, mean, var, eps);
+            [scale, shift]
+        });
+        (scale, shift)
+    }
     /// Linear upsampling along `dim` ([`cube::upsample`]), in `x`'s layout.
     pub fn upsample_linear<B: CubeLaunch>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
         let mut dims = dims_of::<B>(&x);
@@ -635,7 +682,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -710,6 +757,9 @@ macro_rules! inner_lean_backend {
         impl LeanBackend for $ty {
             fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
                 $kernels::channel_affine::<Self>(x, scale, shift)
+            }
+            fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>) {
+                $kernels::frozen_scale_shift::<Self>(weight, bias, mean, var, eps)
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $kernels::flipped_weight::<Self>(w)
@@ -934,6 +984,14 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
         pointwise::channel_affine_node::<B, C>(x, scale, shift)
+    }
+
+    fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>) {
+        if [&weight, &bias, &mean, &var].iter().any(|t| !t.node.requirement.is_none()) {
+            return burn_kernels::frozen_scale_shift::<Self>(weight, bias, mean, var, eps);
+        }
+        let (scale, shift) = B::lean_frozen_scale_shift(weight.primitive, bias.primitive, mean.primitive, var.primitive, eps);
+        (<Self as AutodiffBackend>::from_inner(scale), <Self as AutodiffBackend>::from_inner(shift))
     }
 
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {

@@ -392,6 +392,12 @@ pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Te
     t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
 }
 
+/// [`LeanBackend::lean_frozen_scale_shift`] on tensors: `(scale, shift)`.
+pub fn frozen_scale_shift<B: LeanBackend>(weight: Tensor<B, 1>, bias: Tensor<B, 1>, mean: Tensor<B, 1>, var: Tensor<B, 1>, eps: f64) -> (Tensor<B, 1>, Tensor<B, 1>) {
+    let (scale, shift) = B::lean_frozen_scale_shift(p(weight), p(bias), p(mean), p(var), eps);
+    (t(scale), t(shift))
+}
+
 /// [`LeanBackend::lean_relu`] on a tensor.
 pub fn relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     t(B::lean_relu(p(x)))
