@@ -79,7 +79,7 @@ impl Tx<'_> {
     fn ffn(&mut self, x: Buf, rows: usize) -> Buf {
         let (d, f) = (self.cfg.dim_model, self.cfg.dim_feedforward);
         let h = self.linear(x, rows, d, f);
-        let h = self.g.unary_saving(h, self.g.bytes(h)); // relu / gelu keep their input
+        let h = self.g.unary_saving(h, self.g.bytes(h)); // gelu keeps its input, the lean relu its output: the same bytes
         let h = self.dropout(h);
         self.linear(h, rows, f, d)
     }

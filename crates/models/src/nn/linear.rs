@@ -7,7 +7,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::{gelu, relu};
+use burn::tensor::activation::gelu;
 
 use super::lean::LeanBackend;
 use super::{Precision, cast};
@@ -100,9 +100,11 @@ pub enum Activation {
 }
 
 impl Activation {
-    pub fn apply<B: Backend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
+    /// ReLU is the lean node (`nn::lean::relu`: keeps its output, as Burn's; one `#[cube]` launch
+    /// each way on CubeCL instead of Burn's two).
+    pub fn apply<B: LeanBackend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
-            Activation::Relu => relu(x),
+            Activation::Relu => super::lean::relu(x),
             Activation::Gelu => gelu(x),
         }
     }

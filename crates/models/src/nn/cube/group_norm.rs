@@ -1,6 +1,8 @@
 //! GroupNorm (+ an optional fused SiLU) on CubeCL: the forward in two launches (per-group
 //! mean and 1/std, one cube per group, two passes over the group: the mean, then the centred
-//! sum of squares; then one unit per element for the affine and the activation), the backward
+//! sum of squares; then one unit per element for the affine and the activation), or in one
+//! where the groups are small or many (the same cube per group then writes its outputs in a
+//! third pass, [`fused_forward`]), the backward
 //! in three (per `(sample, channel)` sums of `g` and `g · x̂`, one cube each; a small pass for
 //! the per-group means and the per-channel parameter gradients; one unit per element for
 //! `dx`). `g` is the gradient at the affine's output: `dy`, or with SiLU `dy · silu'(z)` with
@@ -19,6 +21,33 @@ use cubecl::prelude::*;
 
 use super::{BLOCK, channel_layout, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
 
+/// The mean of the `len` elements of one group, in every unit of its cube: element `k` at
+/// `base + k % inner + (k / inner)·outer`.
+#[cube]
+fn group_mean<F: Float>(x: &Tensor<F>, base: usize, len: usize, inner: usize, outer: usize, shared: &mut SharedMemory<f32>) -> f32 {
+    let mut s = 0.0f32;
+    let mut i = UNIT_POS_X as usize;
+    while i < len {
+        s += f32::cast_from(x[base + i % inner + (i / inner) * outer]);
+        i += BLOCK;
+    }
+    cube_sum(s, shared) / f32::cast_from(len)
+}
+
+/// `1/sqrt(var + eps)` of one group (as [`group_mean`]), from the centred sum of squares.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn group_rstd<F: Float>(x: &Tensor<F>, base: usize, len: usize, inner: usize, outer: usize, mu: f32, eps: f32, shared: &mut SharedMemory<f32>) -> f32 {
+    let mut q = 0.0f32;
+    let mut j = UNIT_POS_X as usize;
+    while j < len {
+        let d = f32::cast_from(x[base + j % inner + (j / inner) * outer]) - mu;
+        q += d * d;
+        j += BLOCK;
+    }
+    1.0f32 / (cube_sum(q, shared) / f32::cast_from(len) + eps).sqrt()
+}
+
 /// One cube per `(sample, group)` of `len` elements: its mean and `1/sqrt(var + eps)`. Element
 /// `k` of group `g` of sample `n` is at `n·sample + g·group + k % inner + (k / inner)·outer`:
 /// channels first, the group is one run (`inner = len`); channels last, runs of `c/groups`
@@ -30,29 +59,50 @@ fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tens
     if row >= rows as usize {
         terminate!();
     }
-    let len = len as usize;
-    let (inner, outer) = (inner as usize, outer as usize);
+    let (len, inner, outer) = (len as usize, inner as usize, outer as usize);
     let base = (row / groups as usize) * sample as usize + (row % groups as usize) * group as usize;
-    let u = UNIT_POS_X as usize;
     let mut shared = SharedMemory::<f32>::new(BLOCK);
-    let mut s = 0.0f32;
-    let mut i = u;
-    while i < len {
-        s += f32::cast_from(x[base + i % inner + (i / inner) * outer]);
-        i += BLOCK;
-    }
-    let mu = cube_sum(s, &mut shared) / f32::cast_from(len);
-    let mut q = 0.0f32;
-    let mut j = u;
-    while j < len {
-        let d = f32::cast_from(x[base + j % inner + (j / inner) * outer]) - mu;
-        q += d * d;
-        j += BLOCK;
-    }
-    let var = cube_sum(q, &mut shared) / f32::cast_from(len);
-    if u == 0 {
+    let mu = group_mean::<F>(x, base, len, inner, outer, &mut shared);
+    let rs = group_rstd::<F>(x, base, len, inner, outer, mu, eps, &mut shared);
+    if UNIT_POS_X == 0 {
         mean[row] = mu;
-        rstd[row] = 1.0f32 / (var + eps).sqrt();
+        rstd[row] = rs;
+    }
+}
+
+/// [`stats_kernel`] and [`apply_kernel`] in one launch for groups small enough that one cube
+/// per group writes its outputs as fast as a unit per element would ([`fused_forward`]): the
+/// statistics, then a third pass over the group writing `y` (in `x`'s layout: the same buffer
+/// index). Channel of element `k`: `g·cpg + (k / ch_div) % cpg` (`ch_div` the spatial size
+/// channels first, 1 channels last).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, cpg: u32, ch_div: u32, eps: f32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
+    let row = cube_row();
+    if row >= rows as usize {
+        terminate!();
+    }
+    let (len, inner, outer) = (len as usize, inner as usize, outer as usize);
+    let base = (row / groups as usize) * sample as usize + (row % groups as usize) * group as usize;
+    let mut shared = SharedMemory::<f32>::new(BLOCK);
+    let mu = group_mean::<F>(x, base, len, inner, outer, &mut shared);
+    let rs = group_rstd::<F>(x, base, len, inner, outer, mu, eps, &mut shared);
+    if UNIT_POS_X == 0 {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+    let ch0 = (row % groups as usize) * cpg as usize;
+    let mut k = UNIT_POS_X as usize;
+    while k < len {
+        let at = base + k % inner + (k / inner) * outer;
+        let ch = ch0 + (k / ch_div as usize) % cpg as usize;
+        let z = (f32::cast_from(x[at]) - mu) * rs * w[ch] + b[ch];
+        let mut out = z;
+        if act {
+            out = silu(z);
+        }
+        y[at] = F::cast_from(out);
+        k += BLOCK;
     }
 }
 
@@ -200,6 +250,18 @@ impl Dims {
     }
 }
 
+/// Whether the forward takes one launch ([`stats_apply_kernel`]: a cube per group computes the
+/// statistics and writes the group's outputs) rather than two (the statistics, then a unit per
+/// element). A cube per group already reads every group twice for the statistics; a third pass
+/// there costs less than a second launch while the groups are small or many: Diffusion's UNet
+/// (at most 4,096 elements a group) and its ResNet-18's GroupNorms from batch 16 on
+/// (`[n, c, h, w]` with `c/16` groups: 16·h·w elements, `n·c/16` groups). Few large groups
+/// (the VAE's `[2, c, 8, 32, 32]` with 8 groups, 16 cubes) keep the two launches, where the
+/// second pass over the map runs a unit per element instead of a cube per group.
+fn fused_forward(rows: usize, len: usize) -> bool {
+    len <= 4096 || (len <= 32_768 && rows >= 128)
+}
+
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
 /// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not).
 pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
@@ -216,6 +278,34 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
     // A group's elements: one run channels first; `c/groups`-channel runs `c` apart channels last.
     let (inner, outer) = if layout.is_last() { (d.cpg(), d.c) } else { (d.len(), 0) };
     let (sample, group) = ((d.c * d.spatial) as u32, (d.cpg() * layout.channel) as u32);
+    if fused_forward(rows, d.len()) {
+        let y = empty_in(&x, dims, x.dtype, layout);
+        let ch_div = if layout.is_last() { 1 } else { d.spatial };
+        stats_apply_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            w.into_tensor_arg(),
+            b.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            mean.clone().into_tensor_arg(),
+            rstd.clone().into_tensor_arg(),
+            rows as u32,
+            d.len() as u32,
+            groups as u32,
+            sample,
+            group,
+            inner as u32,
+            outer as u32,
+            d.cpg() as u32,
+            ch_div as u32,
+            eps as f32,
+            silu,
+            dtype,
+        );
+        return (y, mean, rstd);
+    }
     stats_kernel::launch::<R>(&client, count, dim, x.clone().into_tensor_arg(), mean.clone().into_tensor_arg(), rstd.clone().into_tensor_arg(), rows as u32, d.len() as u32, groups as u32, sample, group, inner as u32, outer as u32, eps as f32, dtype);
     let y = empty_in(&x, dims, x.dtype, layout);
     let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);

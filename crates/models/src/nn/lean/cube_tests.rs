@@ -137,7 +137,8 @@ fn group_norm_kernels_match_the_composed_ops() {
     group_norm_kernels_match([2, 6, 5, 7], 3); // groups of 70 elements: fewer than a cube's units
     group_norm_kernels_match([3, 12, 3, 5, 7], 4); // 315 per group: one cube and a ragged tail
     group_norm_kernels_match([2, 32, 17, 19], 32); // one channel per group
-    group_norm_kernels_match([1, 8, 1037], 1); // one group of 8296
+    group_norm_kernels_match([1, 8, 1037], 1); // one group of 8296: the two-launch forward
+    group_norm_kernels_match([128, 2, 48, 48], 1); // 128 groups of 4,608: one launch, as many groups
     group_norm_kernels_match([2, 10, 3], 5);
 }
 
