@@ -100,8 +100,8 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// ReLU is the lean node (`nn::lean::relu`: keeps its output, as Burn's; one `#[cube]` launch
-    /// each way on CubeCL instead of Burn's two).
+    /// ReLU is the lean node (`nn::lean::relu`: keeps its output where Burn's keeps its input, the
+    /// same bytes; one `#[cube]` launch each way on CubeCL instead of Burn's two).
     pub fn apply<B: LeanBackend, const D: usize>(self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Activation::Relu => super::lean::relu(x),
