@@ -23,7 +23,8 @@
 # BIN_UNTUNED=<a `cuda-untuned` build, maybe .xz> with Burn's autotune compiled out (the cold
 # start); after the next two rows, BIN_FUSION=<a `cuda,fusion` build, maybe .xz> with Burn's
 # fusion and our kernels as custom operations, the main build at --autotune=minimal, BIN_FUSION
-# with VRAMLAB_COMPOSED_KERNELS=1 (fusion, composed ops); between the first fusion row and the
+# with VRAMLAB_COMPOSED_KERNELS=1 (fusion, composed ops), the main build with CubeCL's pages and
+# with VRAMLAB_KERNEL_ACCOUNTING=off (what counting launches costs); between the first fusion row and the
 # next, KERNEL_TESTS_DIR=<gpu_prepare.sh's tests folder>: the #[cube] kernels' tests on this GPU
 # (benches/gpu_kernel_tests.sh, kernel_tests.txt). Then the other rows.
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
@@ -242,6 +243,10 @@ kernels_row "${BIN_FUSION:-}" "fusion, composed ops (same build, VRAMLAB_COMPOSE
 # CubeCL's pages instead of exact-size buffers (cuda's default since 2026-11-29): what the pages
 # (sized by the card) cost in reserved memory, and whether the exact pool costs time.
 kernels_row "$VP_BIN" "memory pool pages (main build, --gpu_memory_pool=pages)" EXTRA=--gpu_memory_pool=pages
+# Kernel accounting off: every row above counts launches from CubeCL's profiling logger, which
+# formats and sends a line per launch from the training thread; this row says what that costs
+# the steady step (launches and compilations are then not counted).
+kernels_row "$VP_BIN" "kernel accounting off (main build, VRAMLAB_KERNEL_ACCOUNTING=off)" VRAMLAB_KERNEL_ACCOUNTING=off
 [ "${#rows[@]}" -le 3 ] || vp_run_rows "$mode" "$out" "${rows[@]:3}"
 parity act_small
 parity diffusion_small

@@ -73,6 +73,21 @@ pub trait MemoryProbe: Send + Sync {
     fn peak(&self) -> MemSample;
     /// Start a new peak window at the current usage.
     fn reset_peak(&self);
+    /// The window's peak ([`MemoryProbe::peak`]), then a new window from the same moment
+    /// ([`MemoryProbe::reset_peak`]). A sampling probe takes one sample for both (on CubeCL a
+    /// device sync and, on CUDA, an NVML query) where the two calls take two.
+    fn take_peak(&self) -> MemSample {
+        let peak = self.peak();
+        self.reset_peak();
+        peak
+    }
+    /// The current usage ([`MemoryProbe::sample`]), then a new window from it
+    /// ([`MemoryProbe::reset_peak`]); one sample where a probe samples.
+    fn restart(&self) -> MemSample {
+        let now = self.sample();
+        self.reset_peak();
+        now
+    }
     /// How the allocated peak relates to the true one.
     fn peak_kind(&self) -> PeakKind;
     /// How the reserved peak relates to the true one.
@@ -446,10 +461,21 @@ impl MemoryProbe for SampledProbe {
         self.peak.lock().map(|p| *p).unwrap_or_default()
     }
     fn reset_peak(&self) {
+        self.restart();
+    }
+    fn take_peak(&self) -> MemSample {
+        let s = (self.sample)();
+        let Ok(mut p) = self.peak.lock() else { return s };
+        let peak = p.max(s);
+        *p = s;
+        peak
+    }
+    fn restart(&self) -> MemSample {
         let s = (self.sample)();
         if let Ok(mut p) = self.peak.lock() {
             *p = s;
         }
+        s
     }
     fn peak_kind(&self) -> PeakKind {
         PeakKind::Sampled
@@ -587,5 +613,28 @@ mod tests {
         assert_eq!(p.peak().allocated, 50);
         p.reset_peak();
         assert_eq!(p.peak().allocated, 20);
+    }
+
+    /// `take_peak` and `restart` give what `peak` + `reset_peak` and `sample` + `reset_peak` give,
+    /// from one sample each (the sampling function is the probe's device sync).
+    #[test]
+    fn sampled_probe_takes_one_sample_per_window_edge() {
+        use std::sync::Arc;
+        let (v, calls) = (Arc::new(AtomicU64::new(10)), Arc::new(AtomicU64::new(0)));
+        let (v2, calls2) = (v.clone(), calls.clone());
+        let p = SampledProbe::new("fake", move || {
+            calls2.fetch_add(1, Ordering::Relaxed);
+            MemSample { allocated: v2.load(Ordering::Relaxed), reserved: 100, device_used: None }
+        });
+        assert_eq!(p.restart().allocated, 10);
+        v.store(50, Ordering::Relaxed);
+        p.sample();
+        v.store(20, Ordering::Relaxed);
+        assert_eq!(p.take_peak().allocated, 50, "the closing window's peak");
+        assert_eq!(p.peak().allocated, 20, "the new window starts at the take's sample");
+        v.store(5, Ordering::Relaxed);
+        assert_eq!(p.take_peak().allocated, 20, "a peak above the closing sample");
+        assert_eq!(p.take_peak().allocated, 5);
+        assert_eq!(calls.load(Ordering::Relaxed), 6, "one sample per call");
     }
 }

@@ -134,9 +134,8 @@ struct Hooks<'a> {
 
 impl PhaseHooks for Hooks<'_> {
     fn forward_done(&mut self) {
-        self.fwd_peak = self.probe.peak().allocated;
+        self.fwd_peak = self.probe.take_peak().allocated;
         self.fwd_time = self.t0.elapsed().as_secs_f64();
-        self.probe.reset_peak();
     }
 }
 
@@ -390,8 +389,9 @@ impl<'a> Trainer<'a> {
         B: AutodiffBackend<InnerBackend: OptimKernels>,
         M: TrainModel<B> + AutodiffModule<B>,
     {
-        let live_before = self.probe.sample().allocated;
-        self.probe.reset_peak();
+        // One probe sample at each window edge (`restart`, `take_peak`): on CubeCL each is a device
+        // sync (and on CUDA an NVML query).
+        let live_before = self.probe.restart().allocated;
         let t0 = Instant::now();
         let (parts, grads, fwd_peak, fwd_time) = if self.config.gradient_checkpointing == CheckpointMode::Blocks {
             let mut hooks = Hooks { probe: self.probe, t0, fwd_peak: 0, fwd_time: 0.0 };
@@ -399,10 +399,9 @@ impl<'a> Trainer<'a> {
             (parts, grads, hooks.fwd_peak, hooks.fwd_time)
         } else {
             let parts = crate::memory_timeline::forward_loss(model, batch);
-            let fwd_peak = self.probe.peak().allocated;
+            let fwd_peak = self.probe.take_peak().allocated;
             let fwd_time = t0.elapsed().as_secs_f64();
             let _backward = crate::memory_timeline::scope("backward");
-            self.probe.reset_peak();
             let scaled = if loss_scale == 1.0 { parts.loss.clone() } else { parts.loss.clone() * loss_scale };
             let mut g = scaled.backward();
             let grads = GradientsParams::from_module(&mut g, model);

@@ -113,14 +113,12 @@ impl<B: LeanBackend> ConditionalResidualBlock1d<B> {
     /// - x: `[b, in, t]` (any dtype); cond: `[b, cond_dim]` → `[b, out, t]` (compute dtype)
     pub fn forward(&self, x: Tensor<B, 3>, cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
         let out = self.conv1.forward(x.clone(), p);
-        let embed = self.cond_linear().forward(mish(cond), p).unsqueeze_dim::<3>(2); // [b, c·(2|1), 1]
+        let embed = self.cond_linear().forward(mish(cond), p); // [b, c·(2|1)]
         let out = if self.use_film_scale_modulation {
-            let c = self.out_channels;
-            let scale = embed.clone().narrow(1, 0, c);
-            let bias = embed.narrow(1, c, c);
-            scale * out + bias
+            // scale · out + bias, the halves of `embed` broadcast along t (one node on CubeCL).
+            crate::nn::lean::film(out, embed)
         } else {
-            out + embed
+            out + embed.unsqueeze_dim::<3>(2)
         };
         let out = self.conv2.forward(out, p);
         let residual = match &self.residual_conv {

@@ -16,6 +16,8 @@
 //! - [`affine`]: the frozen batch norm's `(scale, shift)` from its buffers and its per-channel
 //!   `x · scale + shift` (forward and backward), one launch each, in the input's dense layout;
 //! - [`act`]: SiLU and Mish forward and backward, one launch each, in the input's dense layout;
+//! - [`film`]: Diffusion's FiLM (`x · scale + bias` per batch and channel from the conditioning's
+//!   `[b, 2c]` embedding), one launch forward and two backward, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
 //!   forward and backward one launch each, in the input's dense layout;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
@@ -49,6 +51,7 @@ pub mod channel_sum;
 pub mod columns;
 pub mod conv;
 pub mod dropout;
+pub mod film;
 pub mod forward_tiles;
 #[cfg(feature = "fusion")]
 mod fusion;

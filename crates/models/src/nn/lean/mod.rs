@@ -11,7 +11,8 @@
 //!
 //! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]) and LayerNorm;
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
-//!   per-channel affine (frozen batch norm) and linear upsampling;
+//!   per-channel affine (frozen batch norm), FiLM (Diffusion's conditioning; a node on CubeCL)
+//!   and linear upsampling;
 //! - [`attention`]: multi-head attention from the packed in-projection to the merged heads;
 //! - [`matmul`]: matrix products, on CubeCL one fixed kernel instead of Burn's autotuned search
 //!   (unless `--matmul_autotune=true`);
@@ -48,7 +49,7 @@ pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
 pub(crate) use norm::{group_norm, layer_norm};
-pub use pointwise::{bias_add, channel_affine, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
+pub use pointwise::{bias_add, channel_affine, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
@@ -139,6 +140,25 @@ pub trait LeanBackend: Backend {
     /// ([`crate::nn::cube::affine`]); on autodiff the composed ops (tracked) unless every buffer
     /// is a constant.
     fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>);
+    /// FiLM with scale modulation (Diffusion's residual blocks): `x · embed[:, :c, None] +
+    /// embed[:, c:, None]` for `x: [b, c, t]` and `embed: [b, 2c]` in `x`'s dtype. Composed Burn
+    /// ops (a multiply and an add of the two halves' broadcast views), one kernel on CubeCL
+    /// ([`crate::nn::cube::film`]). On autodiff one node keeping `x` and `embed` (what the
+    /// composed multiply keeps) where [`LeanBackend::lean_film_node`] says so, else the
+    /// composed ops, tracked.
+    fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self>;
+    /// Whether [`LeanBackend::lean_film`] on autodiff is one node (CubeCL: eleven composed
+    /// launches a block become three) rather than the composed ops (flex, whose measured peaks
+    /// and estimate graph are those of the composed ops).
+    fn lean_film_node() -> bool {
+        false
+    }
+    /// [`LeanBackend::lean_film`]'s input gradient: `dy · embed[:, :c, None]`, in `dy`'s dims and
+    /// dtype.
+    fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_film`]'s `embed` gradient: `[Σ_t dy · x, Σ_t dy]` along the channels,
+    /// `[b, 2c]` in `dy`'s dtype.
+    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
     /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
     /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
@@ -306,6 +326,26 @@ mod burn_kernels {
         let shift = B::float_sub(b, B::float_mul(mean, scale.clone()));
         (scale, shift)
     }
+    /// The two halves of `embed` (`[b, 2c]`) as `[b, c, 1]` views.
+    fn film_halves<B: Backend>(embed: Prim<B>, c: usize) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let e = t::<B, 2>(embed).unsqueeze_dim::<3>(2);
+        (e.clone().narrow(1, 0, c), e.narrow(1, c, c))
+    }
+    /// `scale · x + bias`, as `DiffusionConditionalResidualBlock1d.forward` writes it.
+    pub fn film<B: Backend>(x: Prim<B>, embed: Prim<B>) -> Prim<B> {
+        let c = x.shape()[1];
+        let (scale, bias) = film_halves::<B>(embed, c);
+        p(scale * t::<B, 3>(x) + bias)
+    }
+    pub fn film_x_backward<B: Backend>(embed: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        let c = dy.shape()[1];
+        p(t::<B, 3>(dy) * film_halves::<B>(embed, c).0)
+    }
+    pub fn film_embed_backward<B: Backend>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        let dy = t::<B, 3>(dy);
+        let dscale = (dy.clone() * t::<B, 3>(x)).sum_dim(2);
+        p(Tensor::cat(vec![dscale, dy.sum_dim(2)], 1).squeeze_dim::<2>(2))
+    }
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
     }
@@ -391,6 +431,42 @@ mod cube_kernels {
             [scale, shift]
         });
         (scale, shift)
+    }
+    /// Whether the FiLM kernels take these operands ([`cube::film::handles`]).
+    fn film_handles<B: CubeLaunch>(x: &Prim<B>, embed: &Prim<B>) -> bool {
+        !cube::composed() && cube::film::handles(&dims_of::<B>(x), &dims_of::<B>(embed), x.dtype(), embed.dtype())
+    }
+    pub fn film_node() -> bool {
+        !cube::composed()
+    }
+    /// FiLM in one launch ([`cube::film::film`]), in `x`'s layout.
+    pub fn film<B: CubeLaunch>(x: Prim<B>, embed: Prim<B>) -> Prim<B> {
+        if !film_handles::<B>(&x, &embed) {
+            return burn_kernels::film::<B>(x, embed);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.film", [x, embed], [out], |[x, e]| [cube::film::film(x, e, true)]);
+        y
+    }
+    /// FiLM's input gradient in one launch, in `dy`'s layout.
+    pub fn film_x_backward<B: CubeLaunch>(embed: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        if !film_handles::<B>(&dy, &embed) {
+            return burn_kernels::film_x_backward::<B>(embed, dy);
+        }
+        let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
+        let [dx] = B::cube_op("vramlab.film_x_backward", [dy, embed], [out], |[dy, e]| [cube::film::film(dy, e, false)]);
+        dx
+    }
+    /// FiLM's `embed` gradient in one launch ([`cube::film::embed_grad`]).
+    pub fn film_embed_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+        let dims = dims_of::<B>(&dy);
+        let n = dims.iter().product::<usize>();
+        if cube::composed() || dims.len() != 3 || n == 0 || n > u32::MAX as usize || dims_of::<B>(&x) != dims || x.dtype() != dy.dtype() {
+            return burn_kernels::film_embed_backward::<B>(x, dy);
+        }
+        let out = OutSpec::new(vec![dims[0], 2 * dims[1]], dy.dtype());
+        let [de] = B::cube_op("vramlab.film_embed_backward", [x, dy], [out], |[x, dy]| [cube::film::embed_grad(x, dy)]);
+        de
     }
     /// Linear upsampling along `dim` ([`cube::upsample`]), in `x`'s layout.
     pub fn upsample_linear<B: CubeLaunch>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
@@ -682,10 +758,14 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
+        false
+    }
+    /// flex keeps FiLM's composed ops on autodiff (see [`LeanBackend::lean_film_node`]).
+    pub fn film_node() -> bool {
         false
     }
     /// flex's operands' gradients keep the layouts Burn's matmul gives them.
@@ -760,6 +840,18 @@ macro_rules! inner_lean_backend {
             }
             fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>) {
                 $kernels::frozen_scale_shift::<Self>(weight, bias, mean, var, eps)
+            }
+            fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self> {
+                $kernels::film::<Self>(x, embed)
+            }
+            fn lean_film_node() -> bool {
+                $kernels::film_node()
+            }
+            fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::film_x_backward::<Self>(embed, dy)
+            }
+            fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::film_embed_backward::<Self>(x, dy)
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $kernels::flipped_weight::<Self>(w)
@@ -992,6 +1084,22 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         }
         let (scale, shift) = B::lean_frozen_scale_shift(weight.primitive, bias.primitive, mean.primitive, var.primitive, eps);
         (<Self as AutodiffBackend>::from_inner(scale), <Self as AutodiffBackend>::from_inner(shift))
+    }
+
+    fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self> {
+        if !B::lean_film_node() {
+            return burn_kernels::film::<Self>(x, embed);
+        }
+        pointwise::film_node::<B, C>(x, embed)
+    }
+    fn lean_film_node() -> bool {
+        B::lean_film_node()
+    }
+    fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_film_x_backward(embed.primitive, dy.primitive))
+    }
+    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_film_embed_backward(x.primitive, dy.primitive))
     }
 
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {

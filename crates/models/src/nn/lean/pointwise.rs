@@ -1,6 +1,7 @@
 //! The per-element and per-row nodes: SiLU and Mish (keep their input, as PyTorch's), ReLU
 //! and softmax (keep their output), the per-channel affine (frozen batch norm: keeps only the
-//! scale), linear upsampling along one axis and a bias added along the last axis (keep
+//! scale), FiLM (keeps its input and the `[b, 2c]` embedding, as the composed multiply),
+//! linear upsampling along one axis and a bias added along the last axis (keep
 //! nothing).
 //!
 //! - SiLU: `dx = dy · s · (1 + x·(1 − s))`, `s = sigmoid(x)`;
@@ -203,6 +204,40 @@ pub(super) fn channel_affine_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim
     }
 }
 
+/// FiLM, `y = x · scale + bias` with `(scale, bias)` the halves of `embed`: `dx = dy · scale`,
+/// `dembed = [Σ_t dy · x, Σ_t dy]`. Keeps `embed` (for `dx`) and `x` only where `embed` takes
+/// a gradient: what Burn's multiply node keeps of the composed ops.
+#[derive(Debug)]
+struct FilmBackward;
+
+impl<B: LeanBackend> Backward<B, 2> for FilmBackward {
+    type State = (Option<Prim<B>>, Prim<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, embed) = ops.state;
+        let [node_x, node_e] = ops.parents;
+        if let (Some(node), Some(x)) = (node_e, x) {
+            grads.register::<B>(node.id, B::lean_film_embed_backward(x, dy.clone()));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::lean_film_x_backward(embed, dy));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_film`] on `Autodiff<B, C>` as one node ([`FilmBackward`]).
+pub(super) fn film_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, embed: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    let embed_tracked = !embed.node.requirement.is_none();
+    match FilmBackward.prepare::<C>([x.node.clone(), embed.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = B::lean_film(x.primitive.clone(), embed.primitive.clone());
+            prep.finish((embed_tracked.then_some(x.primitive), embed.primitive), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_film(x.primitive, embed.primitive)),
+    }
+}
+
 /// Linear upsampling: the backward needs only the axis and factor.
 #[derive(Debug)]
 struct UpsampleBackward;
@@ -392,6 +427,12 @@ pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Te
     t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
 }
 
+/// [`LeanBackend::lean_film`] on tensors: `x · embed[:, :c, None] + embed[:, c:, None]` for
+/// `x: [b, c, t]`, `embed: [b, 2c]`.
+pub fn film<B: LeanBackend>(x: Tensor<B, 3>, embed: Tensor<B, 2>) -> Tensor<B, 3> {
+    t(B::lean_film(p(x), p(embed)))
+}
+
 /// [`LeanBackend::lean_frozen_scale_shift`] on tensors: `(scale, shift)`.
 pub fn frozen_scale_shift<B: LeanBackend>(weight: Tensor<B, 1>, bias: Tensor<B, 1>, mean: Tensor<B, 1>, var: Tensor<B, 1>, eps: f64) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let (scale, shift) = B::lean_frozen_scale_shift(p(weight), p(bias), p(mean), p(var), eps);
@@ -411,6 +452,24 @@ pub fn silu<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// [`LeanBackend::lean_mish`] on a tensor.
 pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     t(B::lean_mish(p(x)))
+}
+
+/// FiLM on `Autodiff<B>` through [`film_node`] (`node`) or the composed ops, whichever
+/// [`LeanBackend::lean_film_node`] says: the output, `dx` and `dembed` of `sum(film(x, embed) ·
+/// r)` for `x: dims` (`x_layout` applied to the inner `x` first, so a test can store it channels
+/// last) and `embed: [b, 2c]`, drawn from `seed`.
+#[cfg(test)]
+pub(super) fn film_grads<B: LeanBackend>(dims: [usize; 3], seed: u64, node: bool, x_layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
+    use super::tests::{random, vals};
+    let x0: Tensor<B, 3> = random(dims, seed);
+    let e0: Tensor<B, 2> = random([dims[0], 2 * dims[1]], seed + 1);
+    let r: Tensor<Autodiff<B>, 3> = random(dims, seed + 2);
+    let x = Tensor::<Autodiff<B>, 3>::from_inner(t(x_layout(p(x0)))).require_grad();
+    let e = Tensor::<Autodiff<B>, 2>::from_inner(e0).require_grad();
+    let y: Tensor<Autodiff<B>, 3> = if node { t(film_node::<B, burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>(p(x.clone()), p(e.clone()))) } else { t(burn_kernels::film::<Autodiff<B>>(p(x.clone()), p(e.clone()))) };
+    let out = vals(y.clone());
+    let g = (y * r).sum().backward();
+    vec![("output", out), ("dx", vals(x.grad(&g).expect("x takes a gradient"))), ("dembed", vals(e.grad(&g).expect("embed takes a gradient")))]
 }
 
 #[cfg(test)]
@@ -545,6 +604,25 @@ mod tests {
             if trainable {
                 assert!(rel(&ls, &ps) <= 1e-5);
             }
+        }
+    }
+
+    /// The FiLM node (what CubeCL backends take on autodiff; flex keeps the composed ops, which
+    /// `lean_film` on `A` must equal exactly) against autodiff of the composed ops: output, `dx`
+    /// and the `[b, 2c]` embedding's gradient, on ragged shapes.
+    #[test]
+    fn film_node_equals_autodiff_of_the_composed_ops() {
+        use super::super::tests::all_close;
+        use burn::backend::Flex;
+        for (i, dims) in [[3, 5, 7], [1, 4, 16], [2, 9, 1]].into_iter().enumerate() {
+            let seed = 10 * i as u64;
+            let plain = super::film_grads::<Flex>(dims, seed, false, |x| x);
+            all_close(&format!("node {dims:?}"), super::film_grads::<Flex>(dims, seed, true, |x| x), plain.clone(), 1e-6);
+            // flex takes the composed ops, the very ones.
+            let x: Tensor<A, 3> = random(dims, seed);
+            let e: Tensor<A, 2> = random([dims[0], 2 * dims[1]], seed + 1);
+            let (s, b) = (e.clone().unsqueeze_dim::<3>(2).narrow(1, 0, dims[1]), e.clone().unsqueeze_dim::<3>(2).narrow(1, dims[1], dims[1]));
+            assert_eq!(vals(super::film(x.clone(), e)), vals(s * x + b), "{dims:?}: flex's lean_film is the composed ops");
         }
     }
 
