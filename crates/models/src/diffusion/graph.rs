@@ -28,6 +28,9 @@ impl Unet<'_> {
         let h = self.conv(x, cin, cout, self.k, len, len);
         let affine = (self.g.weight(cout, true, Precision::F32), self.g.weight(cout, true, Precision::F32));
         let h = self.g.group_norm(h, affine, (self.b * self.groups * 4) as u64);
+        // Two nodes, as flex runs them. On CubeCL they are one (`NormAct::Mish`), which keeps
+        // the norm's input and statistics but not the Mish's input: the graph is high there by
+        // one `[b, cout, len]` map a block.
         self.g.mish(h, self.w)
     }
 

@@ -19,7 +19,7 @@ use crate::nn::LeanBackend;
 use burn::tensor::TensorData;
 
 
-use crate::nn::{GroupNorm, Linear, Precision, cast, conv1d_p, conv2d_p, to_f32};
+use crate::nn::{GroupNorm, Linear, NormAct, Precision, cast, conv1d_p, conv2d_p, to_f32};
 
 /// `nn.GroupNorm`'s default epsilon.
 pub const GROUP_NORM_EPS: f64 = 1e-5;
@@ -67,14 +67,16 @@ impl<B: LeanBackend> Conv1dBlock<B> {
         Self { block: vec![Conv1dBlockLayer::Conv(conv), Conv1dBlockLayer::Norm(GroupNorm::new(n_groups, cout, GROUP_NORM_EPS, device))] }
     }
 
+    /// The norm and the Mish (`block.2`, no parameters) are one node where the backend fuses
+    /// them ([`NormAct::Mish`]).
+    ///
     /// # Shapes
     /// - x: `[b, in, t]` → `[b, out, t]` (compute dtype)
     pub fn forward(&self, x: Tensor<B, 3>, p: Precision) -> Tensor<B, 3> {
-        let h = self.block.iter().fold(x, |h, layer| match layer {
+        self.block.iter().fold(x, |h, layer| match layer {
             Conv1dBlockLayer::Conv(c) => conv1d_p(c, h, p),
-            Conv1dBlockLayer::Norm(n) => n.forward(h),
-        });
-        mish(h)
+            Conv1dBlockLayer::Norm(n) => n.forward_act(h, NormAct::Mish),
+        })
     }
 }
 

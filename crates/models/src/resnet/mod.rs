@@ -49,7 +49,7 @@ use crate::nn::lean::relu;
 use burn::tensor::module::max_pool2d;
 use serde::{Deserialize, Serialize};
 
-use crate::nn::{GroupNorm, Precision, cast, conv2d_p, to_dtype, to_f32};
+use crate::nn::{GroupNorm, NormAct, Precision, cast, conv2d_p, to_dtype, to_f32};
 
 /// torchvision `FrozenBatchNorm2d`'s default epsilon (also `nn.GroupNorm`'s).
 pub const NORM_EPS: f64 = 1e-5;
@@ -138,6 +138,15 @@ impl<B: LeanBackend> Norm2d<B> {
             Norm2d::Group(n) => n.forward(x),
         }
     }
+
+    /// `relu(self.forward(x))`; GroupNorm's is one node where the backend fuses it
+    /// ([`NormAct::Relu`]).
+    pub fn forward_relu(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        match self {
+            Norm2d::Frozen(n) => relu(n.forward(x)),
+            Norm2d::Group(n) => n.forward_act(x, NormAct::Relu),
+        }
+    }
 }
 
 /// One entry of a block's `downsample = nn.Sequential(conv1x1, norm)`.
@@ -192,7 +201,7 @@ impl<B: LeanBackend> BasicBlock<B> {
     /// # Shapes
     /// - x: `[batch, in, h, w]` → `[batch, out, h/stride, w/stride]` (compute dtype)
     pub fn forward(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
-        let out = relu(self.bn1.forward(conv2d_p(&self.conv1, x.clone(), p)));
+        let out = self.bn1.forward_relu(conv2d_p(&self.conv1, x.clone(), p));
         let out = self.bn2.forward(conv2d_p(&self.conv2, out, p));
         let identity = self.downsample.iter().fold(x, |h, layer| match layer {
             DownsampleLayer::Conv(c) => conv2d_p(c, h, p),
@@ -384,7 +393,7 @@ impl<B: LeanBackend> ResNet<B> {
     /// # Shapes
     /// - x: `[batch, 3, h, w]` → `[batch, 64, ⌈h/4⌉, ⌈w/4⌉]` (compute dtype)
     fn stem(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
-        let h = relu(self.bn1.forward(conv2d_p(&self.conv1, x, p)));
+        let h = self.bn1.forward_relu(conv2d_p(&self.conv1, x, p));
         max_pool2d(h, [3, 3], [2, 2], [1, 1], [1, 1], false)
     }
 

@@ -43,6 +43,19 @@ fn tanh_softplus(x: f32) -> f32 {
     sp.min(20.0f32).tanh()
 }
 
+/// `mish(x) = x · tanh(softplus(x))` (also GroupNorm's fused Mish, [`super::group_norm`]).
+#[cube]
+pub(super) fn apply_mish(x: f32) -> f32 {
+    x * tanh_softplus(x)
+}
+
+/// `mish'(x) = tanh(sp) + x · (1 − tanh²(sp)) · σ(x)`.
+#[cube]
+pub(super) fn mish_slope(x: f32) -> f32 {
+    let th = tanh_softplus(x);
+    th + x * (1.0f32 - th * th) * sigmoid(x)
+}
+
 #[cube(launch)]
 fn act_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[comptime] mish: bool, #[define(F)] _dtype: StorageType) {
     let i = ABSOLUTE_POS;
@@ -50,7 +63,7 @@ fn act_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, n: u32, #[comptime] mi
         terminate!();
     }
     let v = f32::cast_from(x[i]);
-    let out = if comptime![mish] { v * tanh_softplus(v) } else { v * sigmoid(v) };
+    let out = if comptime![mish] { apply_mish(v) } else { v * sigmoid(v) };
     y[i] = F::cast_from(out);
 }
 
@@ -61,11 +74,10 @@ fn act_backward_kernel<F: Float>(x: &Tensor<F>, dy: &Tensor<F>, dx: &mut Tensor<
         terminate!();
     }
     let v = f32::cast_from(x[i]);
-    let s = sigmoid(v);
     let d = if comptime![mish] {
-        let th = tanh_softplus(v);
-        th + v * (1.0f32 - th * th) * s
+        mish_slope(v)
     } else {
+        let s = sigmoid(v);
         s * (v * (1.0f32 - s) + 1.0f32)
     };
     dx[i] = F::cast_from(f32::cast_from(dy[i]) * d);

@@ -1,12 +1,12 @@
-//! GroupNorm (+ an optional fused SiLU) on CubeCL: the forward in two launches (per-group
+//! GroupNorm (+ an optional fused SiLU, Mish or ReLU, [`Activation`]) on CubeCL: the forward in two launches (per-group
 //! mean and 1/std, one cube per group, two passes over the group: the mean, then the centred
 //! sum of squares; then one unit per element for the affine and the activation), or in one
 //! where the groups are small or many (the same cube per group then writes its outputs in a
 //! third pass, [`fused_forward`]), the backward
 //! in three (per `(sample, channel)` sums of `g` and `g · x̂`, one cube each; a small pass for
 //! the per-group means and the per-channel parameter gradients; one unit per element for
-//! `dx`). `g` is the gradient at the affine's output: `dy`, or with SiLU `dy · silu'(z)` with
-//! `z` recomputed from the input and the kept statistics. The node's saved state is the one
+//! `dx`). `g` is the gradient at the affine's output: `dy`, or with an activation
+//! `dy · act'(z)` with `z` recomputed from the input and the kept statistics. The node's saved state is the one
 //! of `lean::norm` (input + per-group mean and 1/std); formulas in that file's header.
 //!
 //! `x: [n, c, s…]` is read as `[n, c, S]`, channels first or channels last
@@ -19,7 +19,71 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use super::act::{apply_mish, mish_slope};
 use super::{BLOCK, channel_layout, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
+
+/// The activation applied to the affine's output `z` in the same kernels (a comptime switch:
+/// one compiled kernel each). The backward recomputes `z`, so the node keeps only the norm's
+/// input: the 3D-VAE's `norm → silu`, Diffusion's `GroupNorm → Mish` (its `Conv1dBlock`s) and
+/// `GroupNorm → ReLU` (its ResNet-18's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    Silu,
+    Mish,
+    Relu,
+}
+
+const NONE: u32 = 0;
+const SILU: u32 = 1;
+const MISH: u32 = 2;
+const RELU: u32 = 3;
+
+impl Activation {
+    fn code(self) -> u32 {
+        match self {
+            Activation::None => NONE,
+            Activation::Silu => SILU,
+            Activation::Mish => MISH,
+            Activation::Relu => RELU,
+        }
+    }
+}
+
+/// `act(z)` for an [`Activation::code`].
+#[cube]
+fn activate(z: f32, #[comptime] act: u32) -> f32 {
+    let mut out = z;
+    if comptime![act == SILU] {
+        out = silu(z);
+    }
+    if comptime![act == MISH] {
+        out = apply_mish(z);
+    }
+    if comptime![act == RELU] {
+        out = z.max(0.0f32);
+    }
+    out
+}
+
+/// `dy · act'(z)` for an [`Activation::code`] (ReLU: `dy` where `z > 0`, as the ReLU node's
+/// "where the output is > 0").
+#[cube]
+fn activation_grad(z: f32, dy: f32, #[comptime] act: u32) -> f32 {
+    let mut g = dy;
+    if comptime![act == SILU] {
+        g = silu_grad(z, dy);
+    }
+    if comptime![act == MISH] {
+        g = dy * mish_slope(z);
+    }
+    if comptime![act == RELU] {
+        if z <= 0.0f32 {
+            g = 0.0f32;
+        }
+    }
+    g
+}
 
 /// The mean of the `len` elements of one group, in every unit of its cube: element `k` at
 /// `base + k % inner + (k / inner)·outer`.
@@ -77,7 +141,7 @@ fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tens
 /// channels first, 1 channels last).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, cpg: u32, ch_div: u32, eps: f32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
+fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, cpg: u32, ch_div: u32, eps: f32, #[comptime] act: u32, #[define(F)] _dtype: StorageType) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
@@ -97,11 +161,7 @@ fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>,
         let at = base + k % inner + (k / inner) * outer;
         let ch = ch0 + (k / ch_div as usize) % cpg as usize;
         let z = (f32::cast_from(x[at]) - mu) * rs * w[ch] + b[ch];
-        let mut out = z;
-        if act {
-            out = silu(z);
-        }
-        y[at] = F::cast_from(out);
+        y[at] = F::cast_from(activate(z, act));
         k += BLOCK;
     }
 }
@@ -122,7 +182,7 @@ fn silu_grad(z: f32, dy: f32) -> f32 {
 /// One unit per element of `x` and `y` (one layout): `y = act((x − mean) · rstd · w + b)`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, sample: u32, channel: u32, channels: u32, cpg: u32, #[comptime] act: bool, #[define(F)] _dtype: StorageType) {
+fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, sample: u32, channel: u32, channels: u32, cpg: u32, #[comptime] act: u32, #[define(F)] _dtype: StorageType) {
     let i = ABSOLUTE_POS;
     if i >= y.len() {
         terminate!();
@@ -130,18 +190,14 @@ fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>,
     let ch = (i / channel as usize) % channels as usize;
     let grp = ((i / sample as usize) * channels as usize + ch) / cpg as usize;
     let z = (f32::cast_from(x[i]) - mean[grp]) * rstd[grp] * w[ch] + b[ch];
-    let mut out = z;
-    if act {
-        out = silu(z);
-    }
-    y[i] = F::cast_from(out);
+    y[i] = F::cast_from(activate(z, act));
 }
 
 /// One cube per `(sample, channel)` row of `spatial` elements: `Σ g` and `Σ g · x̂`. `x`'s
 /// element `(n, c, s)` is at `n·sample + c·x_c + s·x_s`, `dy`'s at `n·sample + c·dy_c + s·dy_s`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, sample: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, sample: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
@@ -159,8 +215,8 @@ fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tenso
     while i < spatial {
         let xh = (f32::cast_from(x[xb + i * x_s]) - mu) * r;
         let mut g = f32::cast_from(dy[dyb + i * dy_s]);
-        if act {
-            g = silu_grad(xh * wc + bc, g);
+        if comptime![act != NONE] {
+            g = activation_grad(xh * wc + bc, g, act);
         }
         s1 += g;
         s2 += g * xh;
@@ -212,7 +268,7 @@ fn finish_kernel(sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, w: &Tensor<f32>, m1:
 /// `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
     let i = ABSOLUTE_POS;
     if i >= dx.len() {
         terminate!();
@@ -224,8 +280,8 @@ fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f3
     let r = rstd[grp];
     let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
     let mut g = f32::cast_from(dy[n * sample as usize + ch * dy_c as usize + sp * dy_s as usize]);
-    if act {
-        g = silu_grad(xh * w[ch] + b[ch], g);
+    if comptime![act != NONE] {
+        g = activation_grad(xh * w[ch] + b[ch], g, act);
     }
     dx[i] = F::cast_from((g * w[ch] - m1[grp] - xh * m2[grp]) * r);
 }
@@ -264,7 +320,7 @@ fn fused_forward(rows: usize, len: usize) -> bool {
 
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
 /// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not).
-pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let (x, layout) = channel_layout(x);
     let (w, b) = (f32_of(weight), f32_of(bias));
     let dims = x.meta.shape().to_vec();
@@ -301,7 +357,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
             d.cpg() as u32,
             ch_div as u32,
             eps as f32,
-            silu,
+            act.code(),
             dtype,
         );
         return (y, mean, rstd);
@@ -323,7 +379,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
         layout.channel as u32,
         d.c as u32,
         d.cpg() as u32,
-        silu,
+        act.code(),
         dtype,
     );
     (y, mean, rstd)
@@ -331,7 +387,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
 
 /// The backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims and dtype, the others f32 `[c]`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, groups: usize, silu: bool) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, groups: usize, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let (x, xl) = channel_layout(x);
     let (dy, dyl) = channel_layout(dy);
     let (mean, rstd) = (f32_of(mean), f32_of(rstd));
@@ -366,7 +422,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         xl.spatial as u32,
         dyl.channel as u32,
         dyl.spatial as u32,
-        silu,
+        act.code(),
         dtypes,
     );
     let m1 = empty(&x, vec![d.n * groups], DType::F32);
@@ -413,7 +469,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         xl.spatial as u32,
         dyl.channel as u32,
         dyl.spatial as u32,
-        silu,
+        act.code(),
         dtypes,
     );
     (dx, dweight, dbias)

@@ -3,7 +3,7 @@
 //! launched on `CubeTensor`s. They replace the composed Burn ops (`lean::burn_kernels`: a dozen or more
 //! small kernels per op) with a few launches each:
 //!
-//! - [`group_norm`]: GroupNorm (+ fused SiLU) forward (stats, apply) and backward (per-channel
+//! - [`group_norm`]: GroupNorm (+ fused SiLU, Mish or ReLU) forward (stats, apply) and backward (per-channel
 //!   reduction, per-group/per-channel finish, apply);
 //! - [`layer_norm`]: LayerNorm forward (one launch) and backward (rows, then columns);
 //! - [`softmax`]: softmax along the last axis, forward and backward from the output (one
@@ -16,6 +16,8 @@
 //! - [`affine`]: the frozen batch norm's `(scale, shift)` from its buffers and its per-channel
 //!   `x · scale + shift` (forward and backward), one launch each, in the input's dense layout;
 //! - [`act`]: SiLU and Mish forward and backward, one launch each, in the input's dense layout;
+//! - [`cat`]: three equal parts stacked along the first axis (the attention node's packed
+//!   parameter gradients), one launch;
 //! - [`film`]: Diffusion's FiLM (`x · scale + bias` per batch and channel from the conditioning's
 //!   `[b, 2c]` embedding), one launch forward and two backward, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
@@ -47,6 +49,7 @@ use cubecl::prelude::*;
 
 pub mod act;
 pub mod affine;
+pub mod cat;
 pub mod channel_sum;
 pub mod columns;
 pub mod conv;

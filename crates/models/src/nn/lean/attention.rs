@@ -5,7 +5,7 @@
 //! `in_proj_bias` `[3d]`, and Burn's backward of a slice is a zero fill of the whole tensor plus
 //! a slice assign, the three slices' gradients then added: 16 kernel launches per attention
 //! module on a GPU for two small gradients. The node's backward writes each as one
-//! concatenation of its three parts. It keeps what the composed ops kept (the projections'
+//! concatenation of its three parts ([`LeanBackend::lean_cat3`]: one launch on CubeCL). It keeps what the composed ops kept (the projections'
 //! inputs in the compute dtype, the scaled `q`, `k`, `v` and the softmax output, as PyTorch's
 //! autograd) but not the dropped-out attention weights nor a dropout mask: the backward redraws
 //! the flags (the same hash, so the same elements).
@@ -155,13 +155,17 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
         let x = t::<B, 3>(inputs[i].clone());
         let g = merge(g, rows);
         let wi = cast(w.clone().narrow(0, i * d, d), dt);
-        dws.push(like(matmul(g.clone().transpose(), x.reshape([n * rows, d])), w_dtype));
-        dbs.push(like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype));
+        dws.push(p(like(matmul(g.clone().transpose(), x.reshape([n * rows, d])), w_dtype)));
+        dbs.push(p(like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype)));
         dx.push(like(matmul(g, wi).reshape([n, rows, d]), input_dtypes[i]));
     }
     let mut dx = dx.into_iter().map(p);
     let mut next = || dx.next().expect("three inputs");
-    [next(), next(), next(), p(Tensor::cat(dws, 0)), p(Tensor::cat(dbs, 0))]
+    let three = |v: Vec<Prim<B>>| -> [Prim<B>; 3] {
+        let mut v = v.into_iter();
+        std::array::from_fn(|_| v.next().expect("three parts"))
+    };
+    [next(), next(), next(), B::lean_cat3(three(dws)), B::lean_cat3(three(dbs))]
 }
 
 /// [`LeanBackend::lean_attention`] on `Autodiff<B, C>`: one node over the three inputs, the

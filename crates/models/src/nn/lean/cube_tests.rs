@@ -42,7 +42,12 @@ fn lean_gn<B: super::LeanBackend, const D: usize>(groups: usize, act: NormAct) -
 fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
     move |x, w, b| {
         let y = composed::group_norm(&gn(w, b, groups), x);
-        if act == NormAct::Silu { burn_silu(y) } else { y }
+        match act {
+            NormAct::None => y,
+            NormAct::Silu => burn_silu(y),
+            NormAct::Mish => burn::tensor::activation::mish(y),
+            NormAct::Relu => burn::tensor::activation::relu(y),
+        }
     }
 }
 
@@ -107,7 +112,7 @@ fn is_channels_last(_: &Prim<W>) -> bool {
 /// after them finds its input channels last, as it computes, and copies nothing).
 fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
     let c = dims[1];
-    for act in [NormAct::None, NormAct::Silu] {
+    for act in [NormAct::None, NormAct::Silu, NormAct::Mish, NormAct::Relu] {
         // Drawn once and cloned: tests run in parallel and reseed the device's generator.
         let (x0, w0, b0) = (p(random::<W, D>(dims, 11)), p(random::<W, 1>([c], 12) * 0.5 + 1.0), p(random::<W, 1>([c], 13) * 0.5));
         let (x, w, b) = (|| x0.clone(), || w0.clone(), || b0.clone());
@@ -144,7 +149,10 @@ fn group_norm_kernels_match_the_composed_ops() {
 
 #[test]
 fn group_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
-    for act in [NormAct::None, NormAct::Silu] {
+    // Mish and ReLU: `forward_act` is one node on CubeCL (`lean_group_norm_fuses`).
+    use super::LeanBackend;
+    assert!(A::lean_group_norm_fuses(NormAct::Mish) && A::lean_group_norm_fuses(NormAct::Relu));
+    for act in [NormAct::None, NormAct::Silu, NormAct::Mish, NormAct::Relu] {
         check::<A, 5>([2, 8, 3, 4, 5], 8, lean_gn(4, act), plain_gn(4, act), 1e-5);
         check::<A, 4>([3, 16, 6, 7], 16, lean_gn(4, act), plain_gn(4, act), 1e-5);
         check::<A, 4>([2, 24, 9, 31], 24, lean_gn(8, act), plain_gn(8, act), 1e-5);
@@ -1025,5 +1033,34 @@ fn film_kernels_and_node_match_the_composed_ops() {
         let lean = super::pointwise::film_grads::<W>(dims, seed, true, channels_last);
         let plain = super::pointwise::film_grads::<W>(dims, seed, false, channels_last);
         super::tests::all_close(&format!("node {dims:?}"), lean, plain, 1e-5);
+    }
+}
+
+/// The three-part concatenation (`cube::cat`, the attention node's packed gradients) against
+/// Burn's `cat`, value for value: rank 2 contiguous, a transposed part (a matmul's gradient
+/// can come back so), rank 1, f16; shapes that differ fall back to Burn's.
+#[test]
+fn cat3_kernel_equals_burns_cat() {
+    use burn::tensor::FloatDType;
+    use burn::tensor::TensorMetadata;
+    use burn::tensor::ops::FloatTensorOps;
+    let vals_of = |x: Prim<W>| {
+        let n = x.shape().num_elements();
+        vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(<W as FloatTensorOps<W>>::float_reshape(x, Shape::new([n])))))
+    };
+    let transposed = |dims: [usize; 2], seed| p(random::<W, 2>([dims[1], dims[0]], seed).transpose());
+    let cases: Vec<(&str, [Prim<W>; 3])> = vec![
+        ("[5, 7]", [p(random::<W, 2>([5, 7], 1)), p(random::<W, 2>([5, 7], 2)), p(random::<W, 2>([5, 7], 3))]),
+        ("[6, 4], second part transposed", [p(random::<W, 2>([6, 4], 4)), transposed([6, 4], 5), p(random::<W, 2>([6, 4], 6))]),
+        ("[9]", [p(random::<W, 1>([9], 7)), p(random::<W, 1>([9], 8)), p(random::<W, 1>([9], 9))]),
+        ("[300, 33] f16", [1, 2, 3].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 2>([300, 33], 10 + s)), FloatDType::F16))),
+        ("[2, 3], [1, 3], [2, 3]: Burn's", [p(random::<W, 2>([2, 3], 14)), p(random::<W, 2>([1, 3], 15)), p(random::<W, 2>([2, 3], 16))]),
+    ];
+    for (at, parts) in cases {
+        let k = cube_kernels::cat3::<W>(parts.clone());
+        let c = burn_kernels::cat3::<W>(parts);
+        assert_eq!(k.shape(), c.shape(), "{at}: shape");
+        assert_eq!(k.dtype(), c.dtype(), "{at}: dtype");
+        assert_eq!(vals_of(<W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32)), vals_of(<W as FloatTensorOps<W>>::float_cast(c, FloatDType::F32)), "{at}");
     }
 }

@@ -58,11 +58,16 @@ use pointwise::{act_backward_composed, forward_mish, forward_silu, softmax_backw
 /// Float primitive of backend `B`.
 pub type Prim<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
 
-/// An activation fused into a normalisation.
+/// An activation fused into a normalisation: one node that keeps the norm's input and
+/// recomputes the pre-activation in its backward. `Mish` and `Relu` are fused only where
+/// [`LeanBackend::lean_group_norm_fuses`] says so; elsewhere [`norm::group_norm`] runs the norm,
+/// then the activation's own node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormAct {
     None,
     Silu,
+    Mish,
+    Relu,
 }
 
 /// A Burn backend with vramlab's lean normalisations and activations. Implemented for the
@@ -72,6 +77,14 @@ pub trait LeanBackend: Backend {
     /// GroupNorm (+ optional fused activation) of `x: [batch, channels, …]` (rank ≥ 3, any float
     /// dtype), computed in f32, returned in `x`'s dtype. `weight`, `bias`: f32 `[channels]`.
     fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self>;
+    /// Whether models get GroupNorm and `act` as one node ([`LeanBackend::lean_group_norm`] with
+    /// `act`) rather than the norm's node and the activation's. SiLU always (the 3D-VAE's, on
+    /// every backend since it landed); Mish and ReLU on CubeCL, where it saves a launch each
+    /// way (Diffusion's 25 `Conv1dBlock`s and 9 ResNet-18 norms) and the activation's input,
+    /// not on flex, whose measured peaks and estimate graphs are those of the two nodes.
+    fn lean_group_norm_fuses(act: NormAct) -> bool {
+        matches!(act, NormAct::None | NormAct::Silu)
+    }
     /// LayerNorm of the last axis of `x: [..., d]`, computed and returned in f32.
     fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self>;
     /// SiLU, computed in f32, returned in `x`'s dtype.
@@ -219,6 +232,12 @@ pub trait LeanBackend: Backend {
     /// two reductions are autotuned and compiled per shape, a search and its compilations for
     /// every layer shape at a cold start. Elsewhere Burn's `sum_dim`s.
     fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self>;
+    /// `cat([a, b, c], 0)` of three parts of one shape, rank 1 or 2 (the attention node's
+    /// packed `in_proj` gradients): Burn's `cat` (a slice assignment a part), one kernel on
+    /// CubeCL ([`crate::nn::cube::cat`]). Inner backends only.
+    fn lean_cat3(parts: [Prim<Self>; 3]) -> Prim<Self> {
+        Self::float_cat(parts.into(), 0)
+    }
     /// `x + bias` along the last axis of `x: [..., d]`, `bias: [d]` in `x`'s dtype (a linear
     /// layer's bias). On autodiff one node keeping nothing, whose bias gradient is
     /// [`LeanBackend::lean_channel_sum`] (Burn's linear node sums it with Burn's reductions).
@@ -350,6 +369,9 @@ mod burn_kernels {
         B::conv1d(x, w, b, o)
     }
     /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
+    pub fn cat3<B: Backend>(parts: [Prim<B>; 3]) -> Prim<B> {
+        B::float_cat(parts.into(), 0)
+    }
     pub fn channel_sum<B: Backend>(x: Prim<B>, axis: usize) -> Prim<B> {
         let dims = dims_of::<B>(&x);
         let (outer, c, inner) = crate::nn::around_axis(&dims, axis);
@@ -438,6 +460,20 @@ mod cube_kernels {
     }
     pub fn film_node() -> bool {
         !cube::composed()
+    }
+    /// Mish and ReLU join GroupNorm's kernels unless the composed ops are asked for (see
+    /// [`LeanBackend::lean_group_norm_fuses`]).
+    pub fn group_norm_fuses(act: NormAct) -> bool {
+        matches!(act, NormAct::None | NormAct::Silu) || !cube::composed()
+    }
+    fn gn_activation(act: NormAct) -> cube::group_norm::Activation {
+        use cube::group_norm::Activation;
+        match act {
+            NormAct::None => Activation::None,
+            NormAct::Silu => Activation::Silu,
+            NormAct::Mish => Activation::Mish,
+            NormAct::Relu => Activation::Relu,
+        }
     }
     /// FiLM in one launch ([`cube::film::film`]), in `x`'s layout.
     pub fn film<B: CubeLaunch>(x: Prim<B>, embed: Prim<B>) -> Prim<B> {
@@ -553,6 +589,22 @@ mod cube_kernels {
         let out = OutSpec::new(shape.to_vec(), x.dtype());
         let [dw] = B::cube_op("vramlab.conv_weight_backward", [x, dy], [out], move |[x, dy]| [cube::conv::weight_backward::<_, N>(x, dy, shape.clone(), o.clone())]);
         dw
+    }
+    /// Three parts stacked along axis 0 in one launch ([`cube::cat`]); rank 1 as `[d, 1]`.
+    pub fn cat3<B: CubeLaunch>(parts: [Prim<B>; 3]) -> Prim<B> {
+        let dims = parts.each_ref().map(|x| dims_of::<B>(x));
+        let as2 = |d: &Vec<usize>| if d.len() == 1 { vec![d[0], 1] } else { d.clone() };
+        let dims2 = dims.each_ref().map(as2);
+        let dtypes = parts.each_ref().map(|x| x.dtype());
+        if cube::composed() || dims.iter().any(|d| d.len() != dims[0].len()) || !cube::cat::handles(dims2.each_ref().map(|d| d.as_slice()), dtypes) {
+            return burn_kernels::cat3::<B>(parts);
+        }
+        let rank1 = dims[0].len() == 1;
+        let [rows, cols] = [dims2[0][0], dims2[0][1]];
+        let parts = parts.map(|x| if rank1 { B::float_reshape(x, Shape::from(vec![rows, 1])) } else { x });
+        let out = OutSpec::new(vec![3 * rows, cols], dtypes[0]);
+        let [y] = B::cube_op("vramlab.cat3", parts, [out], |[a, b, c]| [cube::cat::cat3(a, b, c)]);
+        if rank1 { B::float_reshape(y, Shape::from(vec![3 * rows])) } else { y }
     }
     pub fn channel_sum<B: CubeLaunch>(x: Prim<B>, axis: usize) -> Prim<B> {
         if cube::composed() {
@@ -721,7 +773,7 @@ mod cube_kernels {
         let stats = || OutSpec::f32(vec![dims[0], groups, 1, 1]);
         let outs = [OutSpec::new(dims.clone(), dtype), stats(), stats()];
         let [y, m, r] = B::cube_op("vramlab.group_norm", [x, w, b], outs, move |[x, w, b]| {
-            let (y, m, r) = cube::group_norm::forward(x, w, b, groups, eps, act == NormAct::Silu);
+            let (y, m, r) = cube::group_norm::forward(x, w, b, groups, eps, gn_activation(act));
             [y, m, r]
         });
         (y, m, r)
@@ -735,7 +787,7 @@ mod cube_kernels {
         let c = dims[1];
         let outs = [OutSpec::new(dims, dtype), OutSpec::f32(vec![c]), OutSpec::f32(vec![c])];
         let [dx, dw, db] = B::cube_op("vramlab.group_norm_backward", [x, mean, rstd, w, b, dy], outs, move |[x, mean, rstd, w, b, dy]| {
-            let (dx, dw, db) = cube::group_norm::backward(x, mean, rstd, w, b, dy, groups, act == NormAct::Silu);
+            let (dx, dw, db) = cube::group_norm::backward(x, mean, rstd, w, b, dy, groups, gn_activation(act));
             [dx, dw, db]
         });
         (dx, dw, db)
@@ -758,7 +810,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, cat3, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -767,6 +819,11 @@ mod flex_kernels {
     /// flex keeps FiLM's composed ops on autodiff (see [`LeanBackend::lean_film_node`]).
     pub fn film_node() -> bool {
         false
+    }
+    /// flex keeps its two nodes for GroupNorm → Mish / ReLU (see
+    /// [`LeanBackend::lean_group_norm_fuses`]).
+    pub fn group_norm_fuses(act: NormAct) -> bool {
+        matches!(act, NormAct::None | NormAct::Silu)
     }
     /// flex's operands' gradients keep the layouts Burn's matmul gives them.
     pub fn transposed<B>(_: &Prim<F>) -> bool {
@@ -781,12 +838,21 @@ mod flex_kernels {
     pub fn upsample_linear_backward<B>(dy: Prim<F>, dim: usize, scale: usize) -> Prim<F> {
         flex::pointwise::upsample_linear(&dy, dim, scale, true).unwrap_or_else(|| burn_kernels::upsample_linear_backward::<F>(dy, dim, scale))
     }
+    /// flex's kernels fuse SiLU or nothing; Mish and ReLU fused (only asked for directly, see
+    /// [`group_norm_fuses`]) take the composed ops.
+    fn flex_silu(act: NormAct) -> Option<bool> {
+        match act {
+            NormAct::None => Some(false),
+            NormAct::Silu => Some(true),
+            NormAct::Mish | NormAct::Relu => None,
+        }
+    }
     pub fn group_norm<B>(x: Prim<F>, w: Prim<F>, b: Prim<F>, groups: usize, eps: f64, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
-        flex::group_norm::group_norm(&x, &w, &b, groups, eps, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm::<F>(x, w, b, groups, eps, act))
+        flex_silu(act).and_then(|silu| flex::group_norm::group_norm(&x, &w, &b, groups, eps, silu)).unwrap_or_else(|| burn_kernels::group_norm::<F>(x, w, b, groups, eps, act))
     }
     #[allow(clippy::too_many_arguments)]
     pub fn group_norm_backward<B>(x: Prim<F>, mean: Prim<F>, rstd: Prim<F>, w: Prim<F>, b: Prim<F>, dy: Prim<F>, groups: usize, act: NormAct) -> (Prim<F>, Prim<F>, Prim<F>) {
-        flex::group_norm::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, act == NormAct::Silu).unwrap_or_else(|| burn_kernels::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
+        flex_silu(act).and_then(|silu| flex::group_norm::group_norm_backward(&x, &mean, &rstd, &w, &b, &dy, groups, silu)).unwrap_or_else(|| burn_kernels::group_norm_backward::<F>(x, mean, rstd, w, b, dy, groups, act))
     }
     pub fn weight_backward_2d<B>(x: Prim<F>, w: Prim<F>, dy: Prim<F>, o: ConvOptions<2>) -> Prim<F> {
         match (o.groups == 1).then(|| flex::conv_weight::conv_weight_backward(&x, &w, &dy, &o.stride, &o.padding, &o.dilation, im2col_block(&x, &dy))).flatten() {
@@ -847,6 +913,9 @@ macro_rules! inner_lean_backend {
             fn lean_film_node() -> bool {
                 $kernels::film_node()
             }
+            fn lean_group_norm_fuses(act: NormAct) -> bool {
+                $kernels::group_norm_fuses(act)
+            }
             fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
                 $kernels::film_x_backward::<Self>(embed, dy)
             }
@@ -892,6 +961,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_channel_sum(x: Prim<Self>, axis: usize) -> Prim<Self> {
                 $kernels::channel_sum::<Self>(x, axis)
+            }
+            fn lean_cat3(parts: [Prim<Self>; 3]) -> Prim<Self> {
+                $kernels::cat3::<Self>(parts)
             }
             fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
                 $kernels::bias_add::<Self>(x, bias)
@@ -1094,6 +1166,9 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     }
     fn lean_film_node() -> bool {
         B::lean_film_node()
+    }
+    fn lean_group_norm_fuses(act: NormAct) -> bool {
+        B::lean_group_norm_fuses(act)
     }
     fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
         <Self as AutodiffBackend>::from_inner(B::lean_film_x_backward(embed.primitive, dy.primitive))

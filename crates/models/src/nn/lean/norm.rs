@@ -5,8 +5,10 @@
 //! the output gradient times `weight`:
 //! `dx = r · (g − mean(g) − x̂ · mean(g · x̂))`, `dweight = Σ dy · x̂`, `dbias = Σ dy`.
 //!
-//! GroupNorm can fuse a following SiLU ([`NormAct::Silu`], the 3D-VAE's `norm → silu`): the
-//! node then keeps only the norm's input and recomputes the pre-activation in the backward.
+//! GroupNorm can fuse a following SiLU ([`NormAct::Silu`], the 3D-VAE's `norm → silu`), Mish
+//! (Diffusion's `Conv1dBlock`) or ReLU (Diffusion's ResNet-18): the node then keeps only the
+//! norm's input and recomputes the pre-activation in the backward. Mish and ReLU are fused
+//! where [`LeanBackend::lean_group_norm_fuses`] says so ([`group_norm`]).
 //! Also here: the composed forwards and backward (Burn ops) the inner backends run.
 
 use burn::backend::Autodiff;
@@ -18,7 +20,7 @@ use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::TensorMetadata;
 
-use super::pointwise::silu_grad;
+use super::pointwise::{mish_grad, silu_grad, softplus};
 use super::{LeanBackend, NormAct, Prim, dims_of, p, t, unview, view};
 use crate::nn::{to_dtype, to_f32};
 
@@ -72,6 +74,8 @@ pub(super) fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: 
     let y = match act {
         NormAct::None => z,
         NormAct::Silu => z.clone() * sigmoid(z),
+        NormAct::Mish => z.clone() * softplus(z).tanh(),
+        NormAct::Relu => burn::tensor::activation::relu(z),
     };
     (unview(to_dtype(y, dtype), &dims), p(mean), p(rstd))
 }
@@ -154,12 +158,13 @@ pub(super) fn group_norm_backward_composed<B: Backend>(x: Prim<B>, mean: Prim<B>
     let xhat = ((to_f32(view::<B, 4>(x, v.stats)) - t::<B, 4>(mean)) * rstd.clone()).reshape(v.channels);
     let weight = channel_view::<B>(weight);
     let dy = to_f32(view::<B, 3>(dy, v.channels));
+    let z = || xhat.clone() * weight.clone() + channel_view::<B>(bias.clone());
     let g = match act {
         NormAct::None => dy,
-        NormAct::Silu => {
-            let z = xhat.clone() * weight.clone() + channel_view::<B>(bias);
-            silu_grad(z, dy)
-        }
+        NormAct::Silu => silu_grad(z(), dy),
+        NormAct::Mish => mish_grad(z(), dy),
+        // `dy` where `z > 0`, as the ReLU node's "where the output is > 0".
+        NormAct::Relu => dy.mask_fill(z().lower_equal_elem(0.0), 0.0),
     };
     let (dx, dweight, dbias) = group_norm_backward(xhat, rstd, g, weight, v);
     (unview(to_dtype(dx, dtype), &dims), p(dweight), p(dbias))
@@ -224,8 +229,19 @@ pub(super) fn layer_norm_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Aut
     }
 }
 
+/// GroupNorm then `act`: one node where [`LeanBackend::lean_group_norm_fuses`] says so, else
+/// the norm's node and then the activation's ([`super::mish`], [`super::relu`]).
 pub(crate) fn group_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, groups: usize, eps: f64, act: NormAct) -> Tensor<B, D> {
-    t(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, act))
+    if B::lean_group_norm_fuses(act) {
+        return t(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, act));
+    }
+    let y = t(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, NormAct::None));
+    match act {
+        NormAct::None => y,
+        NormAct::Silu => super::silu(y),
+        NormAct::Mish => super::mish(y),
+        NormAct::Relu => super::relu(y),
+    }
 }
 
 pub(crate) fn layer_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
@@ -256,8 +272,19 @@ mod tests {
     fn plain_gn<B: Backend, const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<B, D>, Tensor<B, 1>, Tensor<B, 1>) -> Tensor<B, D> {
         move |x, w, b| {
             let y = composed::group_norm(&gn(w, b, groups), x);
-            if act == NormAct::Silu { burn_silu(y) } else { y }
+            match act {
+                NormAct::None => y,
+                NormAct::Silu => burn_silu(y),
+                NormAct::Mish => burn::tensor::activation::mish(y),
+                NormAct::Relu => burn::tensor::activation::relu(y),
+            }
         }
+    }
+
+    /// GroupNorm and `act` as one node, whatever `lean_group_norm_fuses` says.
+    fn fused_gn<const D: usize>(groups: usize, act: NormAct) -> impl Fn(Tensor<A, D>, Tensor<A, 1>, Tensor<A, 1>) -> Tensor<A, D> {
+        use super::super::{LeanBackend, p, t};
+        move |x, w, b| t(A::lean_group_norm(p(x), p(w), p(b), groups, 1e-5, act))
     }
 
     #[test]
@@ -269,6 +296,24 @@ mod tests {
             check::<A, 3>([2, 12, 9], 12, lean_gn(3, act), plain_gn(3, act), 1e-5);
             check::<Balanced, 4>([2, 8, 5, 5], 8, lean_gn(2, act), plain_gn(2, act), 1e-5);
         }
+    }
+
+    /// GroupNorm → Mish / ReLU as one node (CubeCL's; on flex its composed forward and
+    /// backward) against autodiff of the composed forward. flex's models run the two nodes:
+    /// `forward_act` equals the norm followed by the activation's node, bit for bit.
+    #[test]
+    fn fused_mish_and_relu_nodes_equal_autodiff_of_the_composed_forward() {
+        use super::super::LeanBackend;
+        for act in [NormAct::Mish, NormAct::Relu] {
+            check::<A, 3>([2, 12, 9], 12, fused_gn(3, act), plain_gn(3, act), 1e-5);
+            check::<A, 4>([3, 16, 6, 7], 16, fused_gn(4, act), plain_gn(4, act), 1e-5);
+            assert!(!A::lean_group_norm_fuses(act) && !Flex::lean_group_norm_fuses(act), "{act:?}: flex runs two nodes");
+            let (x, w, b): (Tensor<A, 3>, Tensor<A, 1>, Tensor<A, 1>) = (random([2, 12, 9], 7), random([12], 8) + 1.0, random([12], 9));
+            let two = gn(w.clone(), b.clone(), 3).forward(x.clone());
+            let two = if act == NormAct::Mish { super::super::mish(two) } else { super::super::relu(two) };
+            assert_eq!(vals(lean_gn::<A, 3>(3, act)(x, w, b)), vals(two), "{act:?}");
+        }
+        assert!(A::lean_group_norm_fuses(NormAct::Silu));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use burn::tensor::{TensorData, TensorMetadata};
 use super::{LeanBackend, Prim, burn_kernels, dims_of, linear_source_indices, p, t, unview, view};
 use crate::nn::{to_dtype, to_f32};
 
-fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+pub(super) fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     // Overflow-free: max(x, 0) + log1p(exp(−|x|)).
     burn::tensor::activation::relu(x.clone()) + x.abs().neg().exp().log1p()
 }
@@ -42,6 +42,12 @@ pub(super) fn forward_mish<B: Backend>(x: Prim<B>) -> Prim<B> {
     let dtype = x.dtype();
     let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
     unview(to_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
+}
+
+/// `dL/dz · mish'(z)`.
+pub(super) fn mish_grad<B: Backend, const D: usize>(z: Tensor<B, D>, dy: Tensor<B, D>) -> Tensor<B, D> {
+    let th = softplus(z.clone()).tanh();
+    dy * (th.clone() + z.clone() * (th.square().neg() + 1.0) * sigmoid(z))
 }
 
 /// `dL/dz · silu'(z)`.
@@ -68,9 +74,7 @@ pub(super) fn act_backward_composed<B: Backend>(x: Prim<B>, dy: Prim<B>, mish: b
     let x = to_f32(view::<B, 1>(x, [n]));
     let dy = to_f32(view::<B, 1>(dy, [n]));
     let dx = if mish {
-        let th = softplus(x.clone()).tanh();
-        let d = th.clone() + x.clone() * (th.square().neg() + 1.0) * sigmoid(x);
-        dy * d
+        mish_grad(x, dy)
     } else {
         silu_grad(x, dy)
     };
