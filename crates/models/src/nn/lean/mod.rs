@@ -368,10 +368,11 @@ mod burn_kernels {
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
     }
-    /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
+    /// Burn's `cat` (what `Tensor::cat` runs).
     pub fn cat3<B: Backend>(parts: [Prim<B>; 3]) -> Prim<B> {
         B::float_cat(parts.into(), 0)
     }
+    /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
     pub fn channel_sum<B: Backend>(x: Prim<B>, axis: usize) -> Prim<B> {
         let dims = dims_of::<B>(&x);
         let (outer, c, inner) = crate::nn::around_axis(&dims, axis);
