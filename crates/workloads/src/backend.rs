@@ -393,6 +393,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
             use burn::backend::Cuda;
             use burn::backend::cuda::CudaDevice;
             use burn::cubecl::cuda::CudaRuntime;
+            cuda_driver()?;
             let cache = configure_cubecl(gpu, kind)?;
             eprintln!("vramlab: {cache}");
             let device = CudaDevice::new(index);
@@ -410,6 +411,41 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
         #[allow(unreachable_patterns)]
         other => other.compiled().map(|_| unreachable!("every compiled backend has its arm")),
     }
+}
+
+/// The CUDA driver's library, by the names cudarc tries first on Linux.
+const CUDA_DRIVER: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+/// Whether one of `names` loads as a shared library (`dlopen`, then closed again).
+#[cfg(unix)]
+fn loadable(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else { return false };
+        // SAFETY: `c` is a valid C string; a handle dlopen returns is closed once.
+        unsafe {
+            let handle = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+            !handle.is_null() && libc::dlclose(handle) == 0
+        }
+    })
+}
+
+#[cfg(not(unix))]
+fn loadable(_: &[&str]) -> bool {
+    true
+}
+
+/// `--backend=cuda` on a machine whose CUDA driver cannot be loaded: an error that says so.
+/// Without this check cubecl-cuda's device thread panics in cudarc's loader and the main thread
+/// after it (`RecvError`), in the middle of the run's start.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn cuda_driver() -> Result<()> {
+    if loadable(&CUDA_DRIVER) {
+        return Ok(());
+    }
+    Err(WorkloadError::Backend(format!(
+        "--backend=cuda: the NVIDIA driver's CUDA library ({}) cannot be loaded: this machine has no NVIDIA driver, or its folder is not on LD_LIBRARY_PATH; --backend=flex runs on the CPU",
+        CUDA_DRIVER.join(" or ")
+    )))
 }
 
 /// CubeCL keeps usage per stream (the calling thread's) and no byte high-water mark: the probe
@@ -451,6 +487,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CUDA driver check: a library every Linux process has loads, a missing one does not;
+    /// on this machine the check's answer agrees with whether libcuda loads.
+    #[cfg(unix)]
+    #[test]
+    fn cuda_driver_check_says_why_instead_of_panicking() {
+        assert!(loadable(&["libc.so.6"]), "libc.so.6 loads");
+        assert!(!loadable(&["libvramlab-no-such-library.so"]));
+        match cuda_driver() {
+            Ok(()) => assert!(loadable(&CUDA_DRIVER)),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.starts_with("--backend=cuda") && msg.contains("libcuda.so.1"), "{msg}");
+            }
+        }
+    }
 
     #[test]
     fn kernel_cache_dir_is_the_flag_else_a_per_user_default() {
