@@ -70,6 +70,13 @@ pub enum NormAct {
     Relu,
 }
 
+impl NormAct {
+    /// Fused on every backend (the default of [`LeanBackend::lean_group_norm_fuses`]).
+    fn fused_everywhere(self) -> bool {
+        matches!(self, NormAct::None | NormAct::Silu)
+    }
+}
+
 /// A Burn backend with vramlab's lean normalisations and activations. Implemented for the
 /// inner backends vramlab builds (forward only, composed of Burn ops) and for `Autodiff` of
 /// any of them (one node each, hand-written backward).
@@ -83,7 +90,7 @@ pub trait LeanBackend: Backend {
     /// way (Diffusion's 25 `Conv1dBlock`s and 9 ResNet-18 norms) and the activation's input,
     /// not on flex, whose measured peaks and estimate graphs are those of the two nodes.
     fn lean_group_norm_fuses(act: NormAct) -> bool {
-        matches!(act, NormAct::None | NormAct::Silu)
+        act.fused_everywhere()
     }
     /// LayerNorm of the last axis of `x: [..., d]`, computed and returned in f32.
     fn lean_layer_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> Prim<Self>;
@@ -236,7 +243,7 @@ pub trait LeanBackend: Backend {
     /// packed `in_proj` gradients): Burn's `cat` (a slice assignment a part), one kernel on
     /// CubeCL ([`crate::nn::cube::cat`]). Inner backends only.
     fn lean_cat3(parts: [Prim<Self>; 3]) -> Prim<Self> {
-        Self::float_cat(parts.into(), 0)
+        burn_kernels::cat3::<Self>(parts)
     }
     /// `x + bias` along the last axis of `x: [..., d]`, `bias: [d]` in `x`'s dtype (a linear
     /// layer's bias). On autodiff one node keeping nothing, whose bias gradient is
@@ -465,7 +472,7 @@ mod cube_kernels {
     /// Mish and ReLU join GroupNorm's kernels unless the composed ops are asked for (see
     /// [`LeanBackend::lean_group_norm_fuses`]).
     pub fn group_norm_fuses(act: NormAct) -> bool {
-        matches!(act, NormAct::None | NormAct::Silu) || !cube::composed()
+        act.fused_everywhere() || !cube::composed()
     }
     fn gn_activation(act: NormAct) -> cube::group_norm::Activation {
         use cube::group_norm::Activation;
@@ -824,7 +831,7 @@ mod flex_kernels {
     /// flex keeps its two nodes for GroupNorm → Mish / ReLU (see
     /// [`LeanBackend::lean_group_norm_fuses`]).
     pub fn group_norm_fuses(act: NormAct) -> bool {
-        matches!(act, NormAct::None | NormAct::Silu)
+        act.fused_everywhere()
     }
     /// flex's operands' gradients keep the layouts Burn's matmul gives them.
     pub fn transposed<B>(_: &Prim<F>) -> bool {

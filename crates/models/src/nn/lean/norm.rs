@@ -20,7 +20,7 @@ use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 use burn::tensor::TensorMetadata;
 
-use super::pointwise::{mish_grad, silu_grad, softplus};
+use super::pointwise::{mish_grad, mish_of, silu_grad};
 use super::{LeanBackend, NormAct, Prim, dims_of, p, t, unview, view};
 use crate::nn::{to_dtype, to_f32};
 
@@ -74,7 +74,7 @@ pub(super) fn forward_group_norm<B: Backend>(x: Prim<B>, weight: Prim<B>, bias: 
     let y = match act {
         NormAct::None => z,
         NormAct::Silu => z.clone() * sigmoid(z),
-        NormAct::Mish => z.clone() * softplus(z).tanh(),
+        NormAct::Mish => mish_of(z),
         NormAct::Relu => burn::tensor::activation::relu(z),
     };
     (unview(to_dtype(y, dtype), &dims), p(mean), p(rstd))

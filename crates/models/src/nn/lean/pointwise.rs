@@ -25,7 +25,7 @@ use burn::tensor::{TensorData, TensorMetadata};
 use super::{LeanBackend, Prim, burn_kernels, dims_of, linear_source_indices, p, t, unview, view};
 use crate::nn::{to_dtype, to_f32};
 
-pub(super) fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     // Overflow-free: max(x, 0) + log1p(exp(−|x|)).
     burn::tensor::activation::relu(x.clone()) + x.abs().neg().exp().log1p()
 }
@@ -41,7 +41,12 @@ pub(super) fn forward_mish<B: Backend>(x: Prim<B>) -> Prim<B> {
     let dims = dims_of::<B>(&x);
     let dtype = x.dtype();
     let x = to_f32(view::<B, 1>(x, [dims.iter().product()]));
-    unview(to_dtype(x.clone() * softplus(x).tanh(), dtype), &dims)
+    unview(to_dtype(mish_of(x), dtype), &dims)
+}
+
+/// `z · tanh(softplus(z))` (also GroupNorm's composed Mish).
+pub(super) fn mish_of<B: Backend, const D: usize>(z: Tensor<B, D>) -> Tensor<B, D> {
+    z.clone() * softplus(z).tanh()
 }
 
 /// `dL/dz · mish'(z)`.
