@@ -46,6 +46,7 @@ use burn::nn::{Initializer, PaddingConfig2d};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
 use crate::nn::lean::relu;
+use burn::tensor::DType;
 use burn::tensor::module::max_pool2d;
 use serde::{Deserialize, Serialize};
 
@@ -110,6 +111,28 @@ impl<B: LeanBackend> FrozenBatchNorm2d<B> {
         let y = crate::nn::lean::channel_affine(to_f32(x), scale, Some(shift));
         to_dtype(y, in_dtype)
     }
+
+    /// `relu(self.forward(x) (+ residual))`, the residual in `x`'s dtype. Where the backend
+    /// fuses it ([`LeanBackend::lean_affine_relu_fuses`]), one node; the ReLU runs before the
+    /// cast back to `x`'s dtype (the same values: rounding keeps the sign), and a residual joins
+    /// only in f32 (elsewhere the add and the ReLU follow the norm's node, as without fusion).
+    ///
+    /// # Shapes
+    /// - x, residual: `[batch, channels, h, w]` → same
+    pub fn forward_relu(&self, x: Tensor<B, 4>, residual: Option<Tensor<B, 4>>) -> Tensor<B, 4> {
+        let in_dtype = x.dtype();
+        let f32_residual = residual.as_ref().is_none_or(|r| in_dtype == DType::F32 && r.dtype() == DType::F32);
+        if !B::lean_affine_relu_fuses() || !f32_residual {
+            let y = self.forward(x);
+            return relu(match residual {
+                Some(r) => y + r,
+                None => y,
+            });
+        }
+        let (scale, shift) = crate::nn::lean::frozen_scale_shift(self.weight.val(), self.bias.val(), self.running_mean.val(), self.running_var.val(), self.eps); // [c]
+        let y = crate::nn::lean::channel_affine_relu(to_f32(x), scale, shift, residual);
+        to_dtype(y, in_dtype)
+    }
 }
 
 /// A norm layer of the trunk (the variant name is not part of parameter names).
@@ -143,8 +166,23 @@ impl<B: LeanBackend> Norm2d<B> {
     /// ([`NormAct::Relu`]).
     pub fn forward_relu(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         match self {
-            Norm2d::Frozen(n) => relu(n.forward(x)),
+            Norm2d::Frozen(n) => n.forward_relu(x, None),
             Norm2d::Group(n) => n.forward_act(x, NormAct::Relu),
+        }
+    }
+
+    /// Whether [`Norm2d::forward_add_relu`] of `x` (and a residual in its dtype) is one node: a
+    /// frozen batch norm in f32 where the backend fuses it.
+    pub fn fuses_add_relu(&self, x: &Tensor<B, 4>) -> bool {
+        matches!(self, Norm2d::Frozen(_)) && B::lean_affine_relu_fuses() && x.dtype() == DType::F32
+    }
+
+    /// `relu(self.forward(x) + residual)`: a block's end; the frozen batch norm's is one node
+    /// where [`Norm2d::fuses_add_relu`] ([`FrozenBatchNorm2d::forward_relu`]).
+    pub fn forward_add_relu(&self, x: Tensor<B, 4>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
+        match self {
+            Norm2d::Frozen(n) => n.forward_relu(x, Some(residual)),
+            Norm2d::Group(n) => relu(n.forward(x) + residual),
         }
     }
 }
@@ -202,13 +240,22 @@ impl<B: LeanBackend> BasicBlock<B> {
     /// - x: `[batch, in, h, w]` → `[batch, out, h/stride, w/stride]` (compute dtype)
     pub fn forward(&self, x: Tensor<B, 4>, p: Precision) -> Tensor<B, 4> {
         let out = self.bn1.forward_relu(conv2d_p(&self.conv1, x.clone(), p));
-        let out = self.bn2.forward(conv2d_p(&self.conv2, out, p));
-        let identity = self.downsample.iter().fold(x, |h, layer| match layer {
-            DownsampleLayer::Conv(c) => conv2d_p(c, h, p),
-            DownsampleLayer::Norm(n) => n.forward(h),
-        });
-        let identity = cast(identity, p.dtype());
-        relu(out + identity)
+        let out = conv2d_p(&self.conv2, out, p);
+        let shortcut = |x: Tensor<B, 4>| {
+            let identity = self.downsample.iter().fold(x, |h, layer| match layer {
+                DownsampleLayer::Conv(c) => conv2d_p(c, h, p),
+                DownsampleLayer::Norm(n) => n.forward(h),
+            });
+            cast(identity, p.dtype())
+        };
+        if self.bn2.fuses_add_relu(&out) {
+            let identity = shortcut(x);
+            self.bn2.forward_add_relu(out, identity)
+        } else {
+            // torchvision's order: `bn2`, then the downsampling shortcut.
+            let out = self.bn2.forward(out);
+            relu(out + shortcut(x))
+        }
     }
 }
 

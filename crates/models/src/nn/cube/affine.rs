@@ -11,13 +11,18 @@
 //!   (any dense layout: a convolution's channels-last output is neither copied nor returned in
 //!   another layout), the channel of an element read off `x`'s channel stride; in place when
 //!   `x`'s buffer is its alone. Also the node's backward (`dx = dy · scale`, no shift).
+//! - [`affine_relu`]: `max(x · scale + shift (+ r), 0)`, the norm and the ReLU after it (and
+//!   ResNet's residual add between them) in one launch instead of two (three), and
+//!   [`affine_relu_backward`]: `g = dy where y > 0`, `dx = g · scale` (and `g` itself, the
+//!   residual's gradient) in one launch instead of two. f32 values are those of the separate
+//!   kernels: the same operations in the same order.
 
 use burn::tensor::DType;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, dense_or_copy, elem_cubes, elem_launch, elem_out, empty};
+use super::{contiguous, dense_or_copy, elem_cubes, elem_launch, elem_out, empty, new_like, one_dense_layout};
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -85,4 +90,93 @@ pub fn channel_affine<R: CubeRuntime>(x: CubeTensor<R>, scale: CubeTensor<R>, sh
     let (y, y_arg) = elem_out(&x, 0);
     affine_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), scale.into_tensor_arg(), shift.into_tensor_arg(), y_arg, n, channel.max(1) as u32, channels as u32, with_shift, dtype);
     y
+}
+
+/// `y[i] = max(x[i] · scale[ch] + shift[ch] (+ r[i]), 0)` ([`affine_kernel`]'s indexing; `r` in
+/// `x`'s layout). `v ≤ 0 → 0`, so NaN passes, as [`super::relu`]'s.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn affine_relu_kernel<F: Float>(x: &Tensor<F>, scale: &Tensor<F>, shift: &Tensor<F>, r: &Tensor<F>, y: &mut Tensor<F>, n: u32, channel: u32, channels: u32, #[comptime] with_residual: bool, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= n as usize {
+        terminate!();
+    }
+    let ch = (i / channel as usize) % channels as usize;
+    let mut v = f32::cast_from(x[i]) * f32::cast_from(scale[ch]);
+    v += f32::cast_from(shift[ch]);
+    if comptime![with_residual] {
+        v += f32::cast_from(r[i]);
+    }
+    y[i] = F::cast_from(select(v <= 0.0f32, 0.0f32, v));
+}
+
+/// `g = dy where y > 0, else 0`; `dx[i] = g · scale[ch]`, and `g[i]` itself when `with_g`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn affine_relu_backward_kernel<F: Float>(y: &Tensor<F>, dy: &Tensor<F>, scale: &Tensor<F>, dx: &mut Tensor<F>, g: &mut Tensor<F>, n: u32, channel: u32, channels: u32, #[comptime] with_g: bool, #[define(F)] _dtype: StorageType) {
+    let i = ABSOLUTE_POS;
+    if i >= n as usize {
+        terminate!();
+    }
+    let ch = (i / channel as usize) % channels as usize;
+    let gv = select(y[i] <= F::new(0.0), F::new(0.0), dy[i]);
+    dx[i] = F::cast_from(f32::cast_from(gv) * f32::cast_from(scale[ch]));
+    if comptime![with_g] {
+        g[i] = gv;
+    }
+}
+
+/// Whether [`affine_relu`] takes `x` with `[c]` parameters and the residual `r` (each in `x`'s
+/// dims and dtype): [`affine_handles`] for the parameters, and `r` like `x`.
+pub fn affine_relu_handles(x_dims: &[usize], x_dtype: DType, params: &[(&[usize], DType)], residual: Option<(&[usize], DType)>) -> bool {
+    affine_handles(x_dims, x_dtype, params) && residual.is_none_or(|(d, t)| d == x_dims && t == x_dtype)
+}
+
+/// `max(x · scale + shift (+ r), 0)` per channel, in `x`'s dense layout (`r` read in it too: both
+/// are made contiguous where their layouts differ) and dtype; in place when `x`'s buffer is its
+/// alone.
+pub fn affine_relu<R: CubeRuntime>(x: CubeTensor<R>, scale: CubeTensor<R>, shift: CubeTensor<R>, r: Option<CubeTensor<R>>) -> CubeTensor<R> {
+    let (x, r) = match r {
+        Some(r) => {
+            let (x, r) = one_dense_layout(x, r);
+            (x, Some(r))
+        }
+        None => (dense_or_copy(x), None),
+    };
+    let (channels, channel) = (x.meta.shape()[1], x.meta.strides()[1]);
+    let (scale, shift) = (contiguous(scale), contiguous(shift));
+    let with_residual = r.is_some();
+    // Without a residual the kernel never reads its `r` argument: `shift` stands in for it.
+    let r = r.unwrap_or_else(|| shift.clone());
+    let (client, count, dim, n, dtype) = elem_launch(&x);
+    let (y, y_arg) = elem_out(&x, 0);
+    affine_relu_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), scale.into_tensor_arg(), shift.into_tensor_arg(), r.into_tensor_arg(), y_arg, n, channel.max(1) as u32, channels as u32, with_residual, dtype);
+    y
+}
+
+/// [`affine_relu`]'s backward from its output `y`: `(dx, g)` with `g = dy where y > 0` (the
+/// residual's gradient, only when `with_g`) and `dx = g · scale`, in `dy`'s layout (`y` and `dy`
+/// in one dense layout are read as they are, else both made contiguous first). `g` is written in
+/// `dy`'s buffer when it is its alone (else `dx` is, without `g`).
+pub fn affine_relu_backward<R: CubeRuntime>(y: CubeTensor<R>, scale: CubeTensor<R>, dy: CubeTensor<R>, with_g: bool) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
+    let (y, dy) = one_dense_layout(y, dy);
+    let (channels, channel) = (dy.meta.shape()[1], dy.meta.strides()[1]);
+    let scale = contiguous(scale);
+    let (client, count, dim, n, dtype) = elem_launch(&dy);
+    let (dx, dx_arg, g) = if with_g {
+        let dx = new_like(&dy);
+        let (g, g_arg) = elem_out(&dy, 1);
+        (dx.clone(), dx.into_tensor_arg(), Some((g, g_arg)))
+    } else {
+        let (dx, dx_arg) = elem_out(&dy, 1);
+        (dx, dx_arg, None)
+    };
+    let (g, g_arg) = match g {
+        Some((g, g_arg)) => (Some(g), g_arg),
+        // Without `g` the kernel never writes its `g` argument: one element stands in for it (not
+        // an input's buffer: a writable binding may not alias a read one).
+        None => (None, empty(&dy, vec![1], dy.dtype).into_tensor_arg()),
+    };
+    affine_relu_backward_kernel::launch::<R>(&client, count, dim, y.into_tensor_arg(), dy.into_tensor_arg(), scale.into_tensor_arg(), dx_arg, g_arg, n, channel.max(1) as u32, channels as u32, with_g, dtype);
+    (dx, g)
 }

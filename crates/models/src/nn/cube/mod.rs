@@ -313,7 +313,7 @@ pub(crate) fn one_dense_layout<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R
 }
 
 /// A new tensor in `like`'s layout (its shape and strides, a buffer of its size).
-fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+pub(crate) fn new_like<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
     let mut out = empty(like, vec![like.meta.num_elements()], like.dtype);
     out.meta = like.meta.clone();
     out

@@ -667,6 +667,81 @@ fn frozen_batch_norm_kernels_match_the_composed_ops() {
     assert!(rel(&dx, &dx_ref) <= 1e-6, "module dx: relative error {:e}", rel(&dx, &dx_ref));
 }
 
+/// The frozen batch norm + ReLU (+ residual) kernels against the composed ops (`burn_kernels`:
+/// the affine, the add, the ReLU) on the same device. Forward for `x` stored channels first and
+/// last (the result keeping `x`'s layout where the residual shares it), the residual in `x`'s
+/// layout and in the other one (both copied first), and without one; f32 within 1e-6, f16
+/// within its rounding. Backward with and without the residual's gradient `g` for `y` and `dy`
+/// in one layout (either) and in two, and in place in a `dy` held by nothing else; `g` exactly
+/// the ReLU's backward, `dx` within 1e-6. Then the node on `Autodiff<Wgpu>` against autodiff of
+/// the composed ops (output, `dx`, `dresidual`), stored channels last.
+#[test]
+fn affine_relu_kernels_and_node_match_the_composed_ops() {
+    use super::t;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let c = 6;
+    let dims = [2, c, 7, 9];
+    let x0 = p(random::<W, 4>(dims, 91) * 2.0);
+    let r0 = p(random::<W, 4>(dims, 92));
+    let (scale, shift) = (p(random::<W, 1>([c], 93)), p(random::<W, 1>([c], 94)));
+    let layout = |last: bool, v: &Prim<W>| if last { channels_last(v.clone()) } else { v.clone() };
+    for residual in [false, true] {
+        let y_ref = burn_kernels::channel_affine_relu::<W>(x0.clone(), scale.clone(), shift.clone(), residual.then(|| r0.clone()));
+        for x_last in [false, true] {
+            for r_last in [false, true] {
+                let at = format!("forward, residual {residual}, x channels last {x_last}, residual channels last {r_last}");
+                let x = layout(x_last, &x0);
+                let y = cube_kernels::channel_affine_relu::<W>(x.clone(), scale.clone(), shift.clone(), residual.then(|| layout(r_last, &r0)));
+                if !residual || x_last == r_last {
+                    assert_eq!(is_channels_last(&y), is_channels_last(&x), "{at}: layout kept");
+                }
+                close(&at, y, y_ref.clone(), 1e-6);
+                close(&format!("{at}: input untouched"), x, x0.clone(), 0.0);
+            }
+        }
+        let alone = p(t::<W, 4>(x0.clone()) * 1.0);
+        close(&format!("forward, residual {residual}, in place"), cube_kernels::channel_affine_relu::<W>(alone, scale.clone(), shift.clone(), residual.then(|| r0.clone())), y_ref, 1e-6);
+        let h = |v: &Prim<W>| p(t::<W, 4>(v.clone()).cast(FloatDType::F16));
+        let h1 = |v: &Prim<W>| p(t::<W, 1>(v.clone()).cast(FloatDType::F16));
+        let yh = cube_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0)));
+        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
+        close(&format!("forward, residual {residual}, f16"), yh, burn_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0))), 2e-3);
+    }
+    // The backward from an output with its ReLU zeros.
+    let y0 = burn_kernels::channel_affine_relu::<W>(x0.clone(), scale.clone(), shift.clone(), Some(r0.clone()));
+    let dy0 = p(random::<W, 4>(dims, 95));
+    for with_g in [false, true] {
+        let (dx_ref, g_ref) = burn_kernels::channel_affine_relu_backward::<W>(y0.clone(), scale.clone(), dy0.clone(), with_g);
+        for (y_last, dy_last) in [(false, false), (true, true), (false, true)] {
+            let at = format!("backward, g {with_g}, y channels last {y_last}, dy channels last {dy_last}");
+            let dy = layout(dy_last, &dy0);
+            let (dx, g) = cube_kernels::channel_affine_relu_backward::<W>(layout(y_last, &y0), scale.clone(), dy.clone(), with_g);
+            assert_eq!(g.is_some(), with_g, "{at}: g only when asked for");
+            close(&format!("{at}: dx"), dx, dx_ref.clone(), 1e-6);
+            if let (Some(g), Some(g_ref)) = (g, g_ref.clone()) {
+                close(&format!("{at}: g"), g, g_ref, 0.0);
+            }
+            close(&format!("{at}: dy untouched"), dy, dy0.clone(), 0.0);
+        }
+        let alone = p(t::<W, 4>(dy0.clone()) * 1.0);
+        let (dx, g) = cube_kernels::channel_affine_relu_backward::<W>(y0.clone(), scale.clone(), alone, with_g);
+        close(&format!("backward, g {with_g}, in place: dx"), dx, dx_ref, 1e-6);
+        if let (Some(g), Some(g_ref)) = (g, g_ref) {
+            close(&format!("backward, g {with_g}, in place: g"), g, g_ref, 0.0);
+        }
+    }
+    // The node, as ACT's trunk takes it on this backend, against the composed ops' autodiff.
+    assert!(<A as super::LeanBackend>::lean_affine_relu_fuses(), "CubeCL fuses the frozen batch norm and its ReLU");
+    for (i, dims) in [[2, 5, 7, 9], [1, 3, 17, 16]].into_iter().enumerate() {
+        for residual in [false, true] {
+            let seed = 200 + 10 * i as u64;
+            let lean = super::pointwise::affine_relu_grads::<W>(dims, seed, residual, true, channels_last);
+            let plain = super::pointwise::affine_relu_grads::<W>(dims, seed, residual, false, channels_last);
+            super::tests::all_close(&format!("node {dims:?}, residual {residual}"), lean, plain, 1e-6);
+        }
+    }
+}
+
 /// The attention node on `Autodiff<Wgpu>` (the softmax, dropout, ReLU-free path of ACT's
 /// attention: `#[cube]` softmax and dropout kernels, Burn's matmuls) against autodiff of the
 /// composed forward on the same device: output and the gradients of the three inputs, the

@@ -49,7 +49,7 @@ pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
 pub(crate) use norm::{group_norm, layer_norm};
-pub use pointwise::{bias_add, channel_affine, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
+pub use pointwise::{bias_add, channel_affine, channel_affine_relu, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
 use norm::{forward_group_norm, forward_layer_norm, group_norm_backward_composed, layer_norm_backward_composed};
@@ -154,6 +154,30 @@ pub trait LeanBackend: Backend {
     /// constants (frozen batch norm); otherwise it is the composed ops. flex: one pass over `x`
     /// (its broadcast multiply and add walk `x` through a generic strided iterator).
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self>;
+    /// `max(x · scale + shift (+ residual), 0)` per channel of `x: [batch, channels, …]`
+    /// (`scale`, `shift`: `[channels]`; `residual`: `x`'s dims; all in `x`'s dtype): a frozen
+    /// batch norm and the ReLU after it, with ResNet's residual add between them
+    /// (`relu(bn2(conv2(·)) + identity)`). Models take it only where
+    /// [`LeanBackend::lean_affine_relu_fuses`]. The default composes the affine, the add and the
+    /// ReLU; on CubeCL one kernel ([`crate::nn::cube::affine`]); on autodiff one node keeping the
+    /// output and `scale` (what the affine's and the ReLU's nodes keep) when `scale` and `shift`
+    /// are constants, else the composed ops.
+    fn lean_channel_affine_relu(x: Prim<Self>, scale: Prim<Self>, shift: Prim<Self>, residual: Option<Prim<Self>>) -> Prim<Self> {
+        burn_kernels::channel_affine_relu::<Self>(x, scale, shift, residual)
+    }
+    /// [`LeanBackend::lean_channel_affine_relu`]'s backward from its output `y`: `(g · scale,
+    /// g)` with `g = dy where y > 0`, the second only `with_residual` (the residual's gradient).
+    fn lean_channel_affine_relu_backward(y: Prim<Self>, scale: Prim<Self>, dy: Prim<Self>, with_residual: bool) -> (Prim<Self>, Option<Prim<Self>>) {
+        burn_kernels::channel_affine_relu_backward::<Self>(y, scale, dy, with_residual)
+    }
+    /// Whether models run a frozen batch norm and the ReLU after it (and a residual add between
+    /// them) as [`LeanBackend::lean_channel_affine_relu`] rather than the affine's node, the add
+    /// and the ReLU's node: on CubeCL, where it saves a launch each way (two forward with the
+    /// residual; ACT's trunk: 9 + 8 sites), not on flex, whose measured peaks and estimate
+    /// graphs are those of the separate nodes.
+    fn lean_affine_relu_fuses() -> bool {
+        false
+    }
     /// A frozen batch norm's `(scale, shift)` from its buffers (`[c]`, one dtype), torchvision's
     /// `FrozenBatchNorm2d` formula: `scale = weight · (running_var + eps)^-½`, `shift = bias −
     /// running_mean · scale`. Composed Burn ops (six launches on CubeCL), one kernel on CubeCL
@@ -347,6 +371,20 @@ mod burn_kernels {
             None => y,
         }
     }
+    /// The affine, the add, the ReLU: the ops [`LeanBackend::lean_channel_affine_relu`] fuses.
+    pub fn channel_affine_relu<B: Backend>(x: Prim<B>, scale: Prim<B>, shift: Prim<B>, residual: Option<Prim<B>>) -> Prim<B> {
+        let y = channel_affine::<B>(x, scale, Some(shift));
+        B::relu(match residual {
+            Some(r) => B::float_add(y, r),
+            None => y,
+        })
+    }
+    /// ReLU's backward, then the affine's (`dx = g · scale`).
+    pub fn channel_affine_relu_backward<B: Backend>(y: Prim<B>, scale: Prim<B>, dy: Prim<B>, with_residual: bool) -> (Prim<B>, Option<Prim<B>>) {
+        let g = B::relu_backward(y, dy);
+        let dx = channel_affine::<B>(g.clone(), scale, None);
+        (dx, with_residual.then_some(g))
+    }
     pub fn frozen_scale_shift<B: Backend>(w: Prim<B>, b: Prim<B>, mean: Prim<B>, var: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>) {
         let scale = B::float_mul(w, B::float_recip(B::float_sqrt(B::float_add_scalar(var, eps.into()))));
         let shift = B::float_sub(b, B::float_mul(mean, scale.clone()));
@@ -447,6 +485,52 @@ mod cube_kernels {
                 y
             }
         }
+    }
+    /// `max(x · scale + shift (+ residual), 0)` in one launch ([`cube::affine::affine_relu`]),
+    /// in `x`'s layout.
+    pub fn channel_affine_relu<B: CubeLaunch>(x: Prim<B>, scale: Prim<B>, shift: Prim<B>, residual: Option<Prim<B>>) -> Prim<B> {
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        let params = [(dims_of::<B>(&scale), scale.dtype()), (dims_of::<B>(&shift), shift.dtype())];
+        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
+        let r = residual.as_ref().map(|r| (dims_of::<B>(r), r.dtype()));
+        if cube::composed() || !cube::affine::affine_relu_handles(&dims, dtype, &params, r.as_ref().map(|(d, t)| (d.as_slice(), *t))) {
+            return burn_kernels::channel_affine_relu::<B>(x, scale, shift, residual);
+        }
+        let out = OutSpec::new(dims, dtype);
+        match residual {
+            Some(r) => {
+                let [y] = B::cube_op("vramlab.channel_affine_add_relu", [x, scale, shift, r], [out], |[x, s, b, r]| [cube::affine::affine_relu(x, s, b, Some(r))]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.channel_affine_relu", [x, scale, shift], [out], |[x, s, b]| [cube::affine::affine_relu(x, s, b, None)]);
+                y
+            }
+        }
+    }
+    /// Its backward in one launch ([`cube::affine::affine_relu_backward`]), in `dy`'s layout.
+    pub fn channel_affine_relu_backward<B: CubeLaunch>(y: Prim<B>, scale: Prim<B>, dy: Prim<B>, with_residual: bool) -> (Prim<B>, Option<Prim<B>>) {
+        let (dims, dtype) = (dims_of::<B>(&dy), dy.dtype());
+        let params = [(dims_of::<B>(&scale), scale.dtype())];
+        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
+        if cube::composed() || !cube::affine::affine_relu_handles(&dims, dtype, &params, Some((&dims_of::<B>(&y), y.dtype()))) {
+            return burn_kernels::channel_affine_relu_backward::<B>(y, scale, dy, with_residual);
+        }
+        let out = || OutSpec::new(dims.clone(), dtype);
+        if with_residual {
+            let [dx, g] = B::cube_op("vramlab.channel_affine_add_relu_backward", [y, scale, dy], [out(), out()], |[y, s, dy]| {
+                let (dx, g) = cube::affine::affine_relu_backward(y, s, dy, true);
+                [dx, g.expect("asked for")]
+            });
+            (dx, Some(g))
+        } else {
+            let [dx] = B::cube_op("vramlab.channel_affine_relu_backward", [y, scale, dy], [out()], |[y, s, dy]| [cube::affine::affine_relu_backward(y, s, dy, false).0]);
+            (dx, None)
+        }
+    }
+    /// The frozen batch norm and its ReLU as one kernel unless the composed ops are asked for.
+    pub fn affine_relu_fuses() -> bool {
+        !cube::composed()
     }
     /// A frozen batch norm's `(scale, shift)` in one launch ([`cube::affine::scale_shift`]).
     pub fn frozen_scale_shift<B: CubeLaunch>(w: Prim<B>, b: Prim<B>, mean: Prim<B>, var: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>) {
@@ -818,10 +902,15 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, cat3, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
+        false
+    }
+    /// flex keeps the frozen batch norm's and the ReLU's nodes (see
+    /// [`LeanBackend::lean_affine_relu_fuses`]).
+    pub fn affine_relu_fuses() -> bool {
         false
     }
     /// flex keeps FiLM's composed ops on autodiff (see [`LeanBackend::lean_film_node`]).
@@ -914,6 +1003,15 @@ macro_rules! inner_lean_backend {
             }
             fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>) {
                 $kernels::frozen_scale_shift::<Self>(weight, bias, mean, var, eps)
+            }
+            fn lean_channel_affine_relu(x: Prim<Self>, scale: Prim<Self>, shift: Prim<Self>, residual: Option<Prim<Self>>) -> Prim<Self> {
+                $kernels::channel_affine_relu::<Self>(x, scale, shift, residual)
+            }
+            fn lean_channel_affine_relu_backward(y: Prim<Self>, scale: Prim<Self>, dy: Prim<Self>, with_residual: bool) -> (Prim<Self>, Option<Prim<Self>>) {
+                $kernels::channel_affine_relu_backward::<Self>(y, scale, dy, with_residual)
+            }
+            fn lean_affine_relu_fuses() -> bool {
+                $kernels::affine_relu_fuses()
             }
             fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self> {
                 $kernels::film::<Self>(x, embed)
@@ -1156,6 +1254,17 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_channel_affine(x: Prim<Self>, scale: Prim<Self>, shift: Option<Prim<Self>>) -> Prim<Self> {
         pointwise::channel_affine_node::<B, C>(x, scale, shift)
+    }
+    fn lean_channel_affine_relu(x: Prim<Self>, scale: Prim<Self>, shift: Prim<Self>, residual: Option<Prim<Self>>) -> Prim<Self> {
+        pointwise::channel_affine_relu_node::<B, C>(x, scale, shift, residual)
+    }
+    fn lean_channel_affine_relu_backward(y: Prim<Self>, scale: Prim<Self>, dy: Prim<Self>, with_residual: bool) -> (Prim<Self>, Option<Prim<Self>>) {
+        let (dx, g) = B::lean_channel_affine_relu_backward(y.primitive, scale.primitive, dy.primitive, with_residual);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(dx), g.map(f))
+    }
+    fn lean_affine_relu_fuses() -> bool {
+        B::lean_affine_relu_fuses()
     }
 
     fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>) {

@@ -1,8 +1,8 @@
 //! The per-element and per-row nodes: SiLU and Mish (keep their input, as PyTorch's), ReLU
 //! and softmax (keep their output), the per-channel affine (frozen batch norm: keeps only the
-//! scale), FiLM (keeps its input and the `[b, 2c]` embedding, as the composed multiply),
-//! linear upsampling along one axis and a bias added along the last axis (keep
-//! nothing).
+//! scale; with the ReLU after it, and a residual add between them, the output and the scale),
+//! FiLM (keeps its input and the `[b, 2c]` embedding, as the composed multiply), linear
+//! upsampling along one axis and a bias added along the last axis (keep nothing).
 //!
 //! - SiLU: `dx = dy · s · (1 + x·(1 − s))`, `s = sigmoid(x)`;
 //! - Mish: `dx = dy · (tanh(sp) + x · (1 − tanh²(sp)) · sigmoid(x))`, `sp = softplus(x)`;
@@ -210,6 +210,72 @@ pub(super) fn channel_affine_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim
             prep.finish(scale.primitive, y)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine(x.primitive, scale.primitive, shift.map(|b| b.primitive))),
+    }
+}
+
+/// `y = max(x · scale + shift, 0)` with constant `scale`, `shift`: `dx = (dy where y > 0) ·
+/// scale`. Keeps the output and `scale`, as the affine's and the ReLU's nodes together.
+#[derive(Debug)]
+struct AffineReluBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for AffineReluBackward {
+    type State = (Prim<B>, Prim<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (y, scale) = ops.state;
+        if let [Some(node)] = ops.parents {
+            grads.register::<B>(node.id, B::lean_channel_affine_relu_backward(y, scale, dy, false).0);
+        }
+    }
+}
+
+/// `y = max(x · scale + shift + r, 0)`: `g = dy where y > 0`, `dx = g · scale`, `dr = g`.
+#[derive(Debug)]
+struct AffineAddReluBackward;
+
+impl<B: LeanBackend> Backward<B, 2> for AffineAddReluBackward {
+    type State = (Prim<B>, Prim<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (y, scale) = ops.state;
+        let [node_x, node_r] = ops.parents;
+        match (node_x, node_r) {
+            (Some(nx), Some(nr)) => {
+                let (dx, g) = B::lean_channel_affine_relu_backward(y, scale, dy, true);
+                grads.register::<B>(nx.id, dx);
+                grads.register::<B>(nr.id, g.expect("asked for"));
+            }
+            (Some(nx), None) => grads.register::<B>(nx.id, B::lean_channel_affine_relu_backward(y, scale, dy, false).0),
+            (None, Some(nr)) => grads.register::<B>(nr.id, B::lean_relu_backward(y, dy)),
+            (None, None) => {}
+        }
+    }
+}
+
+/// [`LeanBackend::lean_channel_affine_relu`] on `Autodiff<B, C>`: with constant `scale` and
+/// `shift` one node keeping the output and the scale ([`AffineReluBackward`],
+/// [`AffineAddReluBackward`]), otherwise the composed ops.
+pub(super) fn channel_affine_relu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, scale: Prim<Autodiff<B, C>>, shift: Prim<Autodiff<B, C>>, residual: Option<Prim<Autodiff<B, C>>>) -> Prim<Autodiff<B, C>> {
+    if !(scale.node.requirement.is_none() && shift.node.requirement.is_none()) {
+        return burn_kernels::channel_affine_relu::<Autodiff<B, C>>(x, scale, shift, residual);
+    }
+    match residual {
+        None => match AffineReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_channel_affine_relu(x.primitive, scale.primitive.clone(), shift.primitive, None);
+                prep.finish((y.clone(), scale.primitive), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine_relu(x.primitive, scale.primitive, shift.primitive, None)),
+        },
+        Some(r) => match AffineAddReluBackward.prepare::<C>([x.node.clone(), r.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_channel_affine_relu(x.primitive, scale.primitive.clone(), shift.primitive, Some(r.primitive));
+                prep.finish((y.clone(), scale.primitive), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine_relu(x.primitive, scale.primitive, shift.primitive, Some(r.primitive))),
+        },
     }
 }
 
@@ -436,6 +502,11 @@ pub fn channel_affine<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Te
     t(B::lean_channel_affine(p(x), p(scale), shift.map(p)))
 }
 
+/// [`LeanBackend::lean_channel_affine_relu`] on tensors: `max(x · scale + shift (+ residual), 0)`.
+pub fn channel_affine_relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scale: Tensor<B, 1>, shift: Tensor<B, 1>, residual: Option<Tensor<B, D>>) -> Tensor<B, D> {
+    t(B::lean_channel_affine_relu(p(x), p(scale), p(shift), residual.map(p)))
+}
+
 /// [`LeanBackend::lean_film`] on tensors: `x · embed[:, :c, None] + embed[:, c:, None]` for
 /// `x: [b, c, t]`, `embed: [b, 2c]`.
 pub fn film<B: LeanBackend>(x: Tensor<B, 3>, embed: Tensor<B, 2>) -> Tensor<B, 3> {
@@ -479,6 +550,44 @@ pub(super) fn film_grads<B: LeanBackend>(dims: [usize; 3], seed: u64, node: bool
     let out = vals(y.clone());
     let g = (y * r).sum().backward();
     vec![("output", out), ("dx", vals(x.grad(&g).expect("x takes a gradient"))), ("dembed", vals(e.grad(&g).expect("embed takes a gradient")))]
+}
+
+/// The frozen batch norm + ReLU (+ residual) on `Autodiff<B>` through [`channel_affine_relu_node`]
+/// (`node`) or the composed ops: the output, `dx` and (`residual`) `dr` of `sum(y · r)` for `x:
+/// dims` (`x_layout` applied to the inner `x` and residual first, so a test can store them
+/// channels last), constant `scale`, `shift`, from `seed`. Every fifth element of the
+/// pre-activation is exactly 0 (`shift` cancels it): the ReLU's boundary.
+#[cfg(test)]
+pub(super) fn affine_relu_grads<B: LeanBackend>(dims: [usize; 4], seed: u64, residual: bool, node: bool, x_layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
+    use super::tests::{random, vals};
+    type AD<B> = Autodiff<B>;
+    let c = dims[1];
+    let x0: Tensor<B, 4> = random(dims, seed);
+    let scale: Tensor<B, 1> = random([c], seed + 1);
+    let shift: Tensor<B, 1> = random([c], seed + 2);
+    // x and the residual 0 where (flat index) % 5 == 0, shift 0 on channel 0: the
+    // pre-activation is 0 there.
+    let n: usize = dims.iter().product();
+    let zero = Tensor::<B, 1, Int>::arange(0..n as i64, &x0.device()).remainder_scalar(5).equal_elem(0).reshape(dims);
+    let x0 = x0.mask_fill(zero.clone(), 0.0);
+    let shift = shift.slice_assign([0..1], Tensor::zeros([1], &x0.device()));
+    let r0: Tensor<B, 4> = random::<B, 4>(dims, seed + 3).mask_fill(zero, 0.0);
+    let w: Tensor<AD<B>, 4> = random(dims, seed + 4);
+    let x = Tensor::<AD<B>, 4>::from_inner(t(x_layout(p(x0)))).require_grad();
+    let r = residual.then(|| Tensor::<AD<B>, 4>::from_inner(t(x_layout(p(r0)))).require_grad());
+    let (s, b) = (Tensor::<AD<B>, 1>::from_inner(scale), Tensor::<AD<B>, 1>::from_inner(shift));
+    let y: Tensor<AD<B>, 4> = if node {
+        t(channel_affine_relu_node::<B, burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>(p(x.clone()), p(s), p(b), r.clone().map(p)))
+    } else {
+        t(burn_kernels::channel_affine_relu::<AD<B>>(p(x.clone()), p(s), p(b), r.clone().map(p)))
+    };
+    let out = vals(y.clone());
+    let g = (y * w).sum().backward();
+    let mut v = vec![("output", out), ("dx", vals(x.grad(&g).expect("x takes a gradient")))];
+    if let Some(r) = r {
+        v.push(("dresidual", vals(r.grad(&g).expect("the residual takes a gradient"))));
+    }
+    v
 }
 
 #[cfg(test)]
@@ -633,6 +742,23 @@ mod tests {
             let (s, b) = (e.clone().unsqueeze_dim::<3>(2).narrow(1, 0, dims[1]), e.clone().unsqueeze_dim::<3>(2).narrow(1, dims[1], dims[1]));
             assert_eq!(vals(super::film(x.clone(), e)), vals(s * x + b), "{dims:?}: flex's lean_film is the composed ops");
         }
+    }
+
+    /// The frozen batch norm + ReLU node (what CubeCL backends take; flex keeps the separate
+    /// nodes) on flex against autodiff of the composed affine, add and ReLU: output, `dx` and the
+    /// residual's gradient, with and without the residual, zeros of the pre-activation included.
+    #[test]
+    fn affine_relu_node_equals_autodiff_of_the_composed_ops() {
+        use super::super::tests::all_close;
+        use burn::backend::Flex;
+        for (i, dims) in [[2, 3, 5, 7], [1, 4, 1, 9]].into_iter().enumerate() {
+            for residual in [false, true] {
+                let seed = 10 * i as u64;
+                let plain = super::affine_relu_grads::<Flex>(dims, seed, residual, false, |x| x);
+                all_close(&format!("node {dims:?} residual {residual}"), super::affine_relu_grads::<Flex>(dims, seed, residual, true, |x| x), plain, 1e-6);
+            }
+        }
+        assert!(!<A as super::LeanBackend>::lean_affine_relu_fuses(), "flex keeps the separate nodes");
     }
 
     /// Linear upsampling of a bf16 tensor (flex's bf16 kernel) against the f32 composed ops on
