@@ -555,8 +555,8 @@ pub(super) fn film_grads<B: LeanBackend>(dims: [usize; 3], seed: u64, node: bool
 /// The frozen batch norm + ReLU (+ residual) on `Autodiff<B>` through [`channel_affine_relu_node`]
 /// (`node`) or the composed ops: the output, `dx` and (`residual`) `dr` of `sum(y · r)` for `x:
 /// dims` (`x_layout` applied to the inner `x` and residual first, so a test can store them
-/// channels last), constant `scale`, `shift`, from `seed`. Every fifth element of the
-/// pre-activation is exactly 0 (`shift` cancels it): the ReLU's boundary.
+/// channels last), constant `scale`, `shift`, from `seed`. On channel 0 every fifth element of
+/// the pre-activation is exactly 0 (`x`, the residual and the shift are): the ReLU's boundary.
 #[cfg(test)]
 pub(super) fn affine_relu_grads<B: LeanBackend>(dims: [usize; 4], seed: u64, residual: bool, node: bool, x_layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
     use super::tests::{random, vals};
@@ -570,7 +570,8 @@ pub(super) fn affine_relu_grads<B: LeanBackend>(dims: [usize; 4], seed: u64, res
     let n: usize = dims.iter().product();
     let zero = Tensor::<B, 1, Int>::arange(0..n as i64, &x0.device()).remainder_scalar(5).equal_elem(0).reshape(dims);
     let x0 = x0.mask_fill(zero.clone(), 0.0);
-    let shift = shift.slice_assign([0..1], Tensor::zeros([1], &x0.device()));
+    let first = Tensor::<B, 1, Int>::arange(0..c as i64, &x0.device()).equal_elem(0);
+    let shift = shift.mask_fill(first, 0.0);
     let r0: Tensor<B, 4> = random::<B, 4>(dims, seed + 3).mask_fill(zero, 0.0);
     let w: Tensor<AD<B>, 4> = random(dims, seed + 4);
     let x = Tensor::<AD<B>, 4>::from_inner(t(x_layout(p(x0)))).require_grad();
