@@ -107,9 +107,20 @@ impl<B: LeanBackend> FrozenBatchNorm2d<B> {
     /// - x: `[batch, channels, h, w]` → same
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let in_dtype = x.dtype();
-        let (scale, shift) = crate::nn::lean::frozen_scale_shift(self.weight.val(), self.bias.val(), self.running_mean.val(), self.running_var.val(), self.eps); // [c]
+        let (scale, shift) = self.scale_shift();
         let y = crate::nn::lean::channel_affine(to_f32(x), scale, Some(shift));
         to_dtype(y, in_dtype)
+    }
+
+    /// `(scale, shift)`, `[c]` each, from the four buffers.
+    fn scale_shift(&self) -> (Tensor<B, 1>, Tensor<B, 1>) {
+        crate::nn::lean::frozen_scale_shift(self.weight.val(), self.bias.val(), self.running_mean.val(), self.running_var.val(), self.eps)
+    }
+
+    /// Whether [`FrozenBatchNorm2d::forward_relu`] of an `x` in `dtype` (and a residual in
+    /// `residual`) is one node: where the backend fuses it, and with a residual only in f32.
+    fn fuses_relu(dtype: DType, residual: Option<DType>) -> bool {
+        B::lean_affine_relu_fuses() && residual.is_none_or(|r| dtype == DType::F32 && r == DType::F32)
     }
 
     /// `relu(self.forward(x) (+ residual))`, the residual in `x`'s dtype. Where the backend
@@ -121,15 +132,14 @@ impl<B: LeanBackend> FrozenBatchNorm2d<B> {
     /// - x, residual: `[batch, channels, h, w]` → same
     pub fn forward_relu(&self, x: Tensor<B, 4>, residual: Option<Tensor<B, 4>>) -> Tensor<B, 4> {
         let in_dtype = x.dtype();
-        let f32_residual = residual.as_ref().is_none_or(|r| in_dtype == DType::F32 && r.dtype() == DType::F32);
-        if !B::lean_affine_relu_fuses() || !f32_residual {
+        if !Self::fuses_relu(in_dtype, residual.as_ref().map(|r| r.dtype())) {
             let y = self.forward(x);
             return relu(match residual {
                 Some(r) => y + r,
                 None => y,
             });
         }
-        let (scale, shift) = crate::nn::lean::frozen_scale_shift(self.weight.val(), self.bias.val(), self.running_mean.val(), self.running_var.val(), self.eps); // [c]
+        let (scale, shift) = self.scale_shift();
         let y = crate::nn::lean::channel_affine_relu(to_f32(x), scale, shift, residual);
         to_dtype(y, in_dtype)
     }
@@ -171,18 +181,13 @@ impl<B: LeanBackend> Norm2d<B> {
         }
     }
 
-    /// Whether [`Norm2d::forward_add_relu`] of `x` (and a residual in its dtype) is one node: a
-    /// frozen batch norm in f32 where the backend fuses it.
-    pub fn fuses_add_relu(&self, x: &Tensor<B, 4>) -> bool {
-        matches!(self, Norm2d::Frozen(_)) && B::lean_affine_relu_fuses() && x.dtype() == DType::F32
-    }
-
-    /// `relu(self.forward(x) + residual)`: a block's end; the frozen batch norm's is one node
-    /// where [`Norm2d::fuses_add_relu`] ([`FrozenBatchNorm2d::forward_relu`]).
-    pub fn forward_add_relu(&self, x: Tensor<B, 4>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
+    /// The frozen batch norm that runs `relu(self.forward(x) + residual)` (a block's end, the
+    /// residual in `x`'s dtype) as one node for this `x` ([`FrozenBatchNorm2d::forward_relu`]),
+    /// if any.
+    pub fn fused_add_relu(&self, x: &Tensor<B, 4>) -> Option<&FrozenBatchNorm2d<B>> {
         match self {
-            Norm2d::Frozen(n) => n.forward_relu(x, Some(residual)),
-            Norm2d::Group(n) => relu(n.forward(x) + residual),
+            Norm2d::Frozen(n) if FrozenBatchNorm2d::<B>::fuses_relu(x.dtype(), Some(x.dtype())) => Some(n),
+            _ => None,
         }
     }
 }
@@ -248,9 +253,9 @@ impl<B: LeanBackend> BasicBlock<B> {
             });
             cast(identity, p.dtype())
         };
-        if self.bn2.fuses_add_relu(&out) {
+        if let Some(bn2) = self.bn2.fused_add_relu(&out) {
             let identity = shortcut(x);
-            self.bn2.forward_add_relu(out, identity)
+            bn2.forward_relu(out, Some(identity))
         } else {
             // torchvision's order: `bn2`, then the downsampling shortcut.
             let out = self.bn2.forward(out);

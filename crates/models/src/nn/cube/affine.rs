@@ -163,19 +163,15 @@ pub fn affine_relu_backward<R: CubeRuntime>(y: CubeTensor<R>, scale: CubeTensor<
     let (channels, channel) = (dy.meta.shape()[1], dy.meta.strides()[1]);
     let scale = contiguous(scale);
     let (client, count, dim, n, dtype) = elem_launch(&dy);
-    let (dx, dx_arg, g) = if with_g {
+    let (dx, dx_arg, g, g_arg) = if with_g {
         let dx = new_like(&dy);
         let (g, g_arg) = elem_out(&dy, 1);
-        (dx.clone(), dx.into_tensor_arg(), Some((g, g_arg)))
+        (dx.clone(), dx.into_tensor_arg(), Some(g), g_arg)
     } else {
         let (dx, dx_arg) = elem_out(&dy, 1);
-        (dx, dx_arg, None)
-    };
-    let (g, g_arg) = match g {
-        Some((g, g_arg)) => (Some(g), g_arg),
         // Without `g` the kernel never writes its `g` argument: one element stands in for it (not
         // an input's buffer: a writable binding may not alias a read one).
-        None => (None, empty(&dy, vec![1], dy.dtype).into_tensor_arg()),
+        (dx, dx_arg, None, empty(&dy, vec![1], dy.dtype).into_tensor_arg())
     };
     affine_relu_backward_kernel::launch::<R>(&client, count, dim, y.into_tensor_arg(), dy.into_tensor_arg(), scale.into_tensor_arg(), dx_arg, g_arg, n, channel.max(1) as u32, channels as u32, with_g, dtype);
     (dx, g)

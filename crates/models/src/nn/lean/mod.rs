@@ -158,26 +158,20 @@ pub trait LeanBackend: Backend {
     /// (`scale`, `shift`: `[channels]`; `residual`: `x`'s dims; all in `x`'s dtype): a frozen
     /// batch norm and the ReLU after it, with ResNet's residual add between them
     /// (`relu(bn2(conv2(·)) + identity)`). Models take it only where
-    /// [`LeanBackend::lean_affine_relu_fuses`]. The default composes the affine, the add and the
+    /// [`LeanBackend::lean_affine_relu_fuses`]. flex composes the affine, the add and the
     /// ReLU; on CubeCL one kernel ([`crate::nn::cube::affine`]); on autodiff one node keeping the
     /// output and `scale` (what the affine's and the ReLU's nodes keep) when `scale` and `shift`
     /// are constants, else the composed ops.
-    fn lean_channel_affine_relu(x: Prim<Self>, scale: Prim<Self>, shift: Prim<Self>, residual: Option<Prim<Self>>) -> Prim<Self> {
-        burn_kernels::channel_affine_relu::<Self>(x, scale, shift, residual)
-    }
+    fn lean_channel_affine_relu(x: Prim<Self>, scale: Prim<Self>, shift: Prim<Self>, residual: Option<Prim<Self>>) -> Prim<Self>;
     /// [`LeanBackend::lean_channel_affine_relu`]'s backward from its output `y`: `(g · scale,
     /// g)` with `g = dy where y > 0`, the second only `with_residual` (the residual's gradient).
-    fn lean_channel_affine_relu_backward(y: Prim<Self>, scale: Prim<Self>, dy: Prim<Self>, with_residual: bool) -> (Prim<Self>, Option<Prim<Self>>) {
-        burn_kernels::channel_affine_relu_backward::<Self>(y, scale, dy, with_residual)
-    }
+    fn lean_channel_affine_relu_backward(y: Prim<Self>, scale: Prim<Self>, dy: Prim<Self>, with_residual: bool) -> (Prim<Self>, Option<Prim<Self>>);
     /// Whether models run a frozen batch norm and the ReLU after it (and a residual add between
     /// them) as [`LeanBackend::lean_channel_affine_relu`] rather than the affine's node, the add
     /// and the ReLU's node: on CubeCL, where it saves a launch each way (two forward with the
     /// residual; ACT's trunk: 9 + 8 sites), not on flex, whose measured peaks and estimate
     /// graphs are those of the separate nodes.
-    fn lean_affine_relu_fuses() -> bool {
-        false
-    }
+    fn lean_affine_relu_fuses() -> bool;
     /// A frozen batch norm's `(scale, shift)` from its buffers (`[c]`, one dtype), torchvision's
     /// `FrozenBatchNorm2d` formula: `scale = weight · (running_var + eps)^-½`, `shift = bias −
     /// running_mean · scale`. Composed Burn ops (six launches on CubeCL), one kernel on CubeCL
@@ -467,14 +461,10 @@ mod cube_kernels {
     pub use burn_kernels::bias_add;
     /// `x · scale + shift` per channel ([`cube::affine`]), in `x`'s layout.
     pub fn channel_affine<B: CubeLaunch>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
-        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
-        let mut params = vec![(dims_of::<B>(&scale), scale.dtype())];
-        params.extend(shift.as_ref().map(|b| (dims_of::<B>(b), b.dtype())));
-        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
-        if cube::composed() || !cube::affine::affine_handles(&dims, dtype, &params) {
+        if !affine_kernels_take::<B>(&x, &[Some(&scale), shift.as_ref()], None) {
             return burn_kernels::channel_affine::<B>(x, scale, shift);
         }
-        let out = OutSpec::new(dims, dtype);
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
         match shift {
             Some(b) => {
                 let [y] = B::cube_op("vramlab.channel_affine", [x, scale, b], [out], |[x, s, b]| [cube::affine::channel_affine(x, s, Some(b))]);
@@ -486,17 +476,22 @@ mod cube_kernels {
             }
         }
     }
+    /// Whether `nn::cube::affine`'s kernels take `x` with the `[c]` parameters `params` (those
+    /// given) and `like_x` (`x`'s dims and dtype), and the composed ops are not asked for.
+    fn affine_kernels_take<B: CubeLaunch>(x: &Prim<B>, params: &[Option<&Prim<B>>], like_x: Option<&Prim<B>>) -> bool {
+        let spec = |t: &Prim<B>| (dims_of::<B>(t), t.dtype());
+        let params: Vec<(Vec<usize>, DType)> = params.iter().flatten().map(|t| spec(t)).collect();
+        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
+        let like_x = like_x.map(spec);
+        !cube::composed() && cube::affine::affine_relu_handles(&dims_of::<B>(x), x.dtype(), &params, like_x.as_ref().map(|(d, t)| (d.as_slice(), *t)))
+    }
     /// `max(x · scale + shift (+ residual), 0)` in one launch ([`cube::affine::affine_relu`]),
     /// in `x`'s layout.
     pub fn channel_affine_relu<B: CubeLaunch>(x: Prim<B>, scale: Prim<B>, shift: Prim<B>, residual: Option<Prim<B>>) -> Prim<B> {
-        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
-        let params = [(dims_of::<B>(&scale), scale.dtype()), (dims_of::<B>(&shift), shift.dtype())];
-        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
-        let r = residual.as_ref().map(|r| (dims_of::<B>(r), r.dtype()));
-        if cube::composed() || !cube::affine::affine_relu_handles(&dims, dtype, &params, r.as_ref().map(|(d, t)| (d.as_slice(), *t))) {
+        if !affine_kernels_take::<B>(&x, &[Some(&scale), Some(&shift)], residual.as_ref()) {
             return burn_kernels::channel_affine_relu::<B>(x, scale, shift, residual);
         }
-        let out = OutSpec::new(dims, dtype);
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
         match residual {
             Some(r) => {
                 let [y] = B::cube_op("vramlab.channel_affine_add_relu", [x, scale, shift, r], [out], |[x, s, b, r]| [cube::affine::affine_relu(x, s, b, Some(r))]);
@@ -510,12 +505,10 @@ mod cube_kernels {
     }
     /// Its backward in one launch ([`cube::affine::affine_relu_backward`]), in `dy`'s layout.
     pub fn channel_affine_relu_backward<B: CubeLaunch>(y: Prim<B>, scale: Prim<B>, dy: Prim<B>, with_residual: bool) -> (Prim<B>, Option<Prim<B>>) {
-        let (dims, dtype) = (dims_of::<B>(&dy), dy.dtype());
-        let params = [(dims_of::<B>(&scale), scale.dtype())];
-        let params: Vec<(&[usize], DType)> = params.iter().map(|(d, t)| (d.as_slice(), *t)).collect();
-        if cube::composed() || !cube::affine::affine_relu_handles(&dims, dtype, &params, Some((&dims_of::<B>(&y), y.dtype()))) {
+        if !affine_kernels_take::<B>(&dy, &[Some(&scale)], Some(&y)) {
             return burn_kernels::channel_affine_relu_backward::<B>(y, scale, dy, with_residual);
         }
+        let (dims, dtype) = (dims_of::<B>(&dy), dy.dtype());
         let out = || OutSpec::new(dims.clone(), dtype);
         if with_residual {
             let [dx, g] = B::cube_op("vramlab.channel_affine_add_relu_backward", [y, scale, dy], [out(), out()], |[y, s, dy]| {

@@ -262,20 +262,20 @@ pub(super) fn channel_affine_relu_node<B: LeanBackend, C: CheckpointStrategy>(x:
         return burn_kernels::channel_affine_relu::<Autodiff<B, C>>(x, scale, shift, residual);
     }
     match residual {
-        None => match AffineReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let y = B::lean_channel_affine_relu(x.primitive, scale.primitive.clone(), shift.primitive, None);
-                prep.finish((y.clone(), scale.primitive), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine_relu(x.primitive, scale.primitive, shift.primitive, None)),
-        },
-        Some(r) => match AffineAddReluBackward.prepare::<C>([x.node.clone(), r.node.clone()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let y = B::lean_channel_affine_relu(x.primitive, scale.primitive.clone(), shift.primitive, Some(r.primitive));
-                prep.finish((y.clone(), scale.primitive), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine_relu(x.primitive, scale.primitive, shift.primitive, Some(r.primitive))),
-        },
+        None => affine_relu_finish::<B, C, _, 1>(AffineReluBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful(), x.primitive, scale.primitive, shift.primitive, None),
+        Some(r) => affine_relu_finish::<B, C, _, 2>(AffineAddReluBackward.prepare::<C>([x.node.clone(), r.node.clone()]).compute_bound().stateful(), x.primitive, scale.primitive, shift.primitive, Some(r.primitive)),
+    }
+}
+
+/// The forward of [`channel_affine_relu_node`] for either node, keeping `(output, scale)` where
+/// it is tracked.
+fn affine_relu_finish<B: LeanBackend, C: CheckpointStrategy, BO: Backward<B, N, State = (Prim<B>, Prim<B>)>, const N: usize>(kind: OpsKind<BO, B, (Prim<B>, Prim<B>), C, N>, x: Prim<B>, scale: Prim<B>, shift: Prim<B>, residual: Option<Prim<B>>) -> Prim<Autodiff<B, C>> {
+    match kind {
+        OpsKind::Tracked(prep) => {
+            let y = B::lean_channel_affine_relu(x, scale.clone(), shift, residual);
+            prep.finish((y.clone(), scale), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_channel_affine_relu(x, scale, shift, residual)),
     }
 }
 
