@@ -227,7 +227,7 @@ fn stage_plan_runs_like_compute_loss() {
                 (DiffusionStage::Backbone(_), DiffusionState::Encoders { maps }) => assert_eq!(maps.len(), model.num_rgb_encoders()),
                 (DiffusionStage::Conditioning, DiffusionState::Unet { unet }) => {
                     assert_eq!(unet.x.dims(), [2, 3, cfg.horizon]);
-                    assert_eq!(unet.cond.dims(), [2, cfg.cond_dim()]);
+                    assert_eq!(unet.mish_cond.dims(), [2, cfg.cond_dim()]);
                 }
                 (DiffusionStage::Unet(UnetStage::Down(1, 1)), DiffusionState::Unet { unet }) => {
                     assert_eq!(unet.skips.len(), 1, "the first level's skip is never read, so not kept");

@@ -34,9 +34,10 @@ impl Unet<'_> {
         self.g.mish(h, self.w)
     }
 
-    fn res(&mut self, x: Buf, cond: Buf, cin: usize, cout: usize, len: usize) -> Buf {
+    /// `mish_cond`: the FiLM input's Mish, run once for every block (`ConditionalUnet1d::enter`).
+    fn res(&mut self, x: Buf, mish_cond: Buf, cin: usize, cout: usize, len: usize) -> Buf {
         let out = self.block(x, cin, cout, len);
-        let m = self.g.mish(cond, 4);
+        let m = mish_cond;
         let cc = if self.film_scale { 2 * cout } else { cout };
         let mc = self.g.cast(m, 4, self.w);
         let emb = self.g.linear(mc, self.b, self.cond_dim, cc, true, true, self.p);
@@ -118,6 +119,9 @@ pub fn training_graph(cfg: &DiffusionConfig, batch: usize, p: Precision) -> (Gra
     let t2 = g.linear(t1, b, 4 * e, e, true, true, p);
     let t2 = g.cast(t2, w, 4);
     let cond = g.opaque(&[t2, global], (b * cfg.cond_dim() * 4) as u64); // cat
+    // Every block's `cond_encoder.0` (Mish) on it, once (`ConditionalUnet1d::enter`); the
+    // blocks and the stage boundaries take its output.
+    let cond = g.mish(cond, 4);
     let noisy = g.input(b * horizon * a, 4);
     let mut x = g.cast(noisy, 4, w);
     let mut u = Unet { g: &mut g, b, p, w, k: cfg.kernel_size, groups: cfg.n_groups, cond_dim: cfg.cond_dim(), film_scale: cfg.use_film_scale_modulation };

@@ -111,11 +111,14 @@ impl<B: LeanBackend> ConditionalResidualBlock1d<B> {
         self.cond_encoder.iter().flatten().next().expect("cond_encoder holds its Linear")
     }
 
+    /// `mish_cond` is the FiLM input after `cond_encoder.0` (`nn.Mish`): the same tensor for
+    /// every block of a UNet, which applies the Mish once (`ConditionalUnet1d::enter`).
+    ///
     /// # Shapes
-    /// - x: `[b, in, t]` (any dtype); cond: `[b, cond_dim]` → `[b, out, t]` (compute dtype)
-    pub fn forward(&self, x: Tensor<B, 3>, cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
+    /// - x: `[b, in, t]` (any dtype); mish_cond: `[b, cond_dim]` → `[b, out, t]` (compute dtype)
+    pub fn forward(&self, x: Tensor<B, 3>, mish_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
         let out = self.conv1.forward(x.clone(), p);
-        let embed = self.cond_linear().forward(mish(cond), p); // [b, c·(2|1)]
+        let embed = self.cond_linear().forward(mish_cond, p); // [b, c·(2|1)]
         let out = if self.use_film_scale_modulation {
             // scale · out + bias, the halves of `embed` broadcast along t (one node on CubeCL).
             crate::nn::lean::film(out, embed)

@@ -30,7 +30,7 @@
 //! | stage ([`DiffusionStage`]) | computes | state after ([`DiffusionState`]) |
 //! |---|---|---|
 //! | `Backbone(s)` (cameras only) | the [`ResNet`] stage `s` of every RGB encoder (the stem reads [`Diffusion::encoder_input`]: cameras stacked, cropped) | `Encoders`: maps `[n_e, c, h, w]` |
-//! | `Conditioning` | heads (SpatialSoftmax, `out`, ReLU), global conditioning, `add_noise`, the FiLM input (step encoder, concat) | `Unet`: `x` `[b, a, horizon]`, `cond` `[b, cond_dim]` f32 |
+//! | `Conditioning` | heads (SpatialSoftmax, `out`, ReLU), global conditioning, `add_noise`, the FiLM input (step encoder, concat) and its Mish | `Unet`: `x` `[b, a, horizon]`, `mish_cond` `[b, cond_dim]` f32 |
 //! | `Unet(Down(i, j))` | residual block `j` of down level `i` (`j = 1`: keep the skip, downsample) | `Unet`: `x` `[b, d_i, t_i]`, skips |
 //! | `Unet(Mid(j))` | middle block `j` | `Unet` |
 //! | `Unet(Up(i, j))` | `j = 0`: concatenate the skip, block 0; `j = 1`: block 1, upsample | `Unet` |
@@ -199,17 +199,24 @@ impl<B: LeanBackend> ConditionalUnet1d<B> {
         to_f32(l2.forward(mish(l1.forward(emb, p)), p))
     }
 
-    /// The UNet's first state: the FiLM input `cat([step embedding, global_cond], -1)` and
-    /// `x` as `b d t`.
+    /// The UNet's first state: `x` as `b d t` and the Mish of the FiLM input
+    /// `cat([step embedding, global_cond], -1)`.
+    ///
+    /// Every residual block's `cond_encoder` starts with `nn.Mish` on that same tensor, so the
+    /// Mish runs once here and each block takes its output
+    /// ([`ConditionalResidualBlock1d::forward`]): the values PyTorch computes per block, one node
+    /// instead of one per block (2 × 11 fewer launches a step with the default 12 blocks, one
+    /// `[b, cond_dim]` f32 map kept instead of 12). The FiLM Linears still cast it to the
+    /// compute dtype each, so in bf16 their input gradients are summed in f32, as under autocast.
     ///
     /// # Shapes
     /// - x: `[b, horizon, action_dim]`; timesteps: `b` entries; global_cond: `[b, global_cond_dim]`
-    /// - state: `x` `[b, action_dim, horizon]`, `cond` `[b, E + global_cond_dim]` f32
+    /// - state: `x` `[b, action_dim, horizon]`, `mish_cond` `[b, E + global_cond_dim]` f32
     pub fn enter(&self, x: Tensor<B, 3>, timesteps: &[usize], global_cond: Tensor<B, 2>, p: Precision) -> UnetState<B> {
         assert_eq!(timesteps.len(), x.dims()[0], "one timestep per batch element");
         let t = self.step_embedding(timesteps, p, &global_cond.device());
         let cond = Tensor::cat(vec![t, to_f32(global_cond)], 1);
-        UnetState { x: x.swap_dims(1, 2), cond, skips: Vec::new() }
+        UnetState { x: x.swap_dims(1, 2), mish_cond: mish(cond), skips: Vec::new() }
     }
 
     /// The stages: per down level its two residual blocks, the middle blocks, per up level its
@@ -223,10 +230,10 @@ impl<B: LeanBackend> ConditionalUnet1d<B> {
 
     /// Run stage `s` (see [`UnetStage`]).
     pub fn stage(&self, s: UnetStage, state: UnetState<B>, p: Precision) -> UnetState<B> {
-        let UnetState { x, cond, mut skips } = state;
+        let UnetState { x, mish_cond, mut skips } = state;
         let x = match s {
             UnetStage::Down(i, j) => {
-                let x = res_of(&self.down_modules[i], j).forward(x, cond.clone(), p);
+                let x = res_of(&self.down_modules[i], j).forward(x, mish_cond.clone(), p);
                 if j == 0 {
                     x
                 } else {
@@ -241,14 +248,14 @@ impl<B: LeanBackend> ConditionalUnet1d<B> {
                     }
                 }
             }
-            UnetStage::Mid(j) => self.mid_modules[j].forward(x, cond.clone(), p),
+            UnetStage::Mid(j) => self.mid_modules[j].forward(x, mish_cond.clone(), p),
             UnetStage::Up(i, 0) => {
                 let skip = skips.pop().expect("one skip per up level");
                 let x = Tensor::cat(vec![cast(x, p.dtype()), cast(skip, p.dtype())], 1); // cat((x, skip), dim=1)
-                res_of(&self.up_modules[i], 0).forward(x, cond.clone(), p)
+                res_of(&self.up_modules[i], 0).forward(x, mish_cond.clone(), p)
             }
             UnetStage::Up(i, j) => {
-                let x = res_of(&self.up_modules[i], j).forward(x, cond.clone(), p);
+                let x = res_of(&self.up_modules[i], j).forward(x, mish_cond.clone(), p);
                 match self.up_modules[i].get(2) {
                     Some(UnetLayer::Up(conv)) => conv_transpose1d_p(conv, x, p),
                     _ => x,
@@ -262,7 +269,7 @@ impl<B: LeanBackend> ConditionalUnet1d<B> {
                 to_f32(y).swap_dims(1, 2) // b d t -> b t d
             }
         };
-        UnetState { x, cond, skips }
+        UnetState { x, mish_cond, skips }
     }
 
     /// `DiffusionConditionalUnet1d.forward(x, timestep, global_cond)`: [`Self::enter`], then
@@ -293,15 +300,16 @@ pub enum UnetStage {
 }
 
 /// What flows between the UNet's stages: the activation `[b, d, t]` (the prediction
-/// `[b, horizon, action_dim]` after `Out`), the FiLM input `[b, cond_dim]` f32 (it depends on
+/// `[b, horizon, action_dim]` after `Out`), the Mish of the FiLM input `[b, cond_dim]` f32
+/// (every block's `cond_encoder` input, see [`ConditionalUnet1d::enter`]; it depends on
 /// parameters, so it travels with its gradient) and the skips not yet consumed.
 #[derive(Clone, Debug)]
 pub struct UnetState<B: Backend> {
     pub x: Tensor<B, 3>,
-    pub cond: Tensor<B, 2>,
+    pub mish_cond: Tensor<B, 2>,
     pub skips: Vec<Tensor<B, 3>>,
 }
-vramlab_stages::tensor_bundle!(struct UnetState { x, cond, skips });
+vramlab_stages::tensor_bundle!(struct UnetState { x, mish_cond, skips });
 
 /// How the forward runs: precision, training mode (random crop) and the crop offsets.
 #[derive(Clone, Debug, PartialEq)]
