@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PyTorch CUDA (eager, lerobot 0.4.4) vs vramlab --backend=cuda on the same configurations:
 # median step time, peak allocated / reserved memory, step 1 cold (fresh empty kernel cache) and
-# warm (second process on the same cache), and the vramlab / PyTorch ratios. Writes
+# warm (second process on the same cache, the same steps with kernel accounting off: the time
+# ratio's vramlab step; the cold process's counted step beside it), and the vramlab / PyTorch ratios. Writes
 # benches/results/gpu_vs_pytorch/<gpu name slug>/{table.md,raw.jsonl,fixture_check.txt}.
 #
 #   bash benches/gpu_vs_pytorch.sh [ROW...]      # default: the GPU rows of ../shared/baselines/README.md,

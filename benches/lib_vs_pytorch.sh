@@ -267,7 +267,11 @@ vp_run_rows() {
     fi
     vp_log "$row: $(vp_summary "$raw" torch "$row")"
 
-    # vramlab: a fresh empty kernel cache (cold), then on cuda a second process on the same cache (warm).
+    # vramlab: a fresh empty kernel cache (cold), then on cuda a second process on the same cache
+    # (warm). The cold process counts kernels (CubeCL's profiling logger: a formatted line per
+    # launch, from the training thread); the warm one runs the same steps with
+    # VRAMLAB_KERNEL_ACCOUNTING=off, so the table also has a steady step without that cost
+    # (PyTorch's side counts nothing).
     local args
     mapfile -t args < <(vp_report vramlab-args "$row")
     local common=(--backend="$backend" --save_checkpoint=false --num_workers=0 --seed=1000)
@@ -290,9 +294,9 @@ vp_run_rows() {
       >"$work/vramlab.log" 2>&1 || rc=$?
     case "$rc" in 124|137) why="stopped at its time limit after $(( $(date +%s) - t0 )) s" ;; esac
     if [ "$mode" = cuda ] && [ "$rc" = 0 ]; then
-      vp_log "$row: vramlab $backend warm (second process, same kernel cache)"
+      vp_log "$row: vramlab $backend warm (second process, same kernel cache, $steps steps, kernel accounting off)"
       local wrc=0
-      timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps=1 --output_dir="$work/run_warm" \
+      VRAMLAB_KERNEL_ACCOUNTING=off timeout --kill-after=10 "$(vp_left "$tmo")" "$VP_BIN" train "${args[@]}" "${common[@]}" --steps="$steps" --output_dir="$work/run_warm" \
         >"$work/vramlab_warm.log" 2>&1 || wrc=$?
       warm_opts=(--warm-dir "$work/run_warm" --warm-rc "$wrc" --warm-log "$work/vramlab_warm.log")
     fi
@@ -329,7 +333,8 @@ r = mine[-1] if mine else {"backend": sys.argv[2], "error": "no record written"}
 if "error" in r:
     print(f"{r['backend']}: {r['error']}")
 else:
-    print(f"{r['backend']}: {r['ms_step_median']:.1f} ms/step (median of steps {r['timed_steps']}), step 1 {r['step1_s']:.2f} s")
+    off = f"; warm process, kernel accounting off: {r['ms_step_median_uncounted']:.1f} ms/step" if "ms_step_median_uncounted" in r else ""
+    print(f"{r['backend']}: {r['ms_step_median']:.1f} ms/step (median of steps {r['timed_steps']}), step 1 {r['step1_s']:.2f} s{off}")
 PY
 }
 
@@ -421,7 +426,7 @@ vp_header() {
     echo "One train step = forward + loss + backward + clip_grad_norm_ + optimizer step (lerobot 0.4.4's presets for ACT/Diffusion; AdamW as \`configs/vae3d_ultra.toml\` for the VAE) on random inputs of the row's shapes; benches/torch/baseline.py's docstring has the details. ms/step = median of steps 3..N; ratios are vramlab / PyTorch (below 1: vramlab faster or smaller)."
     if [ "$mode" = cuda ]; then
       echo "PyTorch CUDA settings: $( [ "${VP_TORCH_LEROBOT_FLAGS:-0}" = 1 ] && echo "lerobot-train's (cudnn.benchmark, TF32 matmuls)" || echo "PyTorch's defaults (no TF32 matmuls, cudnn.benchmark off; VP_TORCH_LEROBOT_FLAGS=1 sets lerobot-train's)")."
-      echo "PyTorch memory: \`torch.cuda.max_memory_allocated\` / \`max_memory_reserved\` after \`reset_peak_memory_stats()\` at the start of step 3. vramlab: allocated = \`peak_step_bytes\` sampled at the trainer's probe points (a lower bound), reserved = CubeCL's pool, both max over steps 3..N. Step 1 cold = vramlab with a fresh empty \`--kernel_cache_dir\`; warm = a second process on the same cache. PyTorch's step 1 is the first step of its process (no persistent kernel cache)."
+      echo "PyTorch memory: \`torch.cuda.max_memory_allocated\` / \`max_memory_reserved\` after \`reset_peak_memory_stats()\` at the start of step 3. vramlab: allocated = \`peak_step_bytes\` sampled at the trainer's probe points (a lower bound), reserved = CubeCL's pool, both max over steps 3..N. Step 1 cold = vramlab with a fresh empty \`--kernel_cache_dir\`; warm = a second process on the same cache. vramlab's cold process counts kernels (CubeCL's profiling logger formats a line per launch on the training thread: launches and compilations in its metrics.jsonl); the warm process runs the same steps with \`VRAMLAB_KERNEL_ACCOUNTING=off\`: **time ratio** is its median step (steps 3..N) over PyTorch's, as PyTorch counts nothing; \"counted\" is the cold process's." PyTorch's step 1 is the first step of its process (no persistent kernel cache)."
     else
       echo "On a CPU PyTorch's allocator is not instrumented: its memory is the process **peak RSS** (\`getrusage\` ru_maxrss: the interpreter, torch's libraries and allocator caching included), a bound, not comparable to vramlab's exact allocated peak, so the allocated ratio is n/a. vramlab's RSS is sampled at its probe points (\`peak_reserved_bytes\` on flex). The RSS ratio is therefore rough; vramlab's exact allocated peak (counting allocator) is listed for reference."
       echo
