@@ -37,9 +37,8 @@ impl Unet<'_> {
     /// `mish_cond`: the FiLM input's Mish, run once for every block (`ConditionalUnet1d::enter`).
     fn res(&mut self, x: Buf, mish_cond: Buf, cin: usize, cout: usize, len: usize) -> Buf {
         let out = self.block(x, cin, cout, len);
-        let m = mish_cond;
         let cc = if self.film_scale { 2 * cout } else { cout };
-        let mc = self.g.cast(m, 4, self.w);
+        let mc = self.g.cast(mish_cond, 4, self.w);
         let emb = self.g.linear(mc, self.b, self.cond_dim, cc, true, true, self.p);
         let n = self.g.bytes(out);
         // FiLM as flex runs it: the composed multiply (keeping `out` and the scale) and add. On

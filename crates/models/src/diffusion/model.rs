@@ -205,8 +205,8 @@ impl<B: LeanBackend> ConditionalUnet1d<B> {
     /// Every residual block's `cond_encoder` starts with `nn.Mish` on that same tensor, so the
     /// Mish runs once here and each block takes its output
     /// ([`ConditionalResidualBlock1d::forward`]): the values PyTorch computes per block, one node
-    /// instead of one per block (2 × 11 fewer launches a step with the default 12 blocks, one
-    /// `[b, cond_dim]` f32 map kept instead of 12). The FiLM Linears still cast it to the
+    /// instead of one per block (2 × 11 fewer launches a step with the default 12 blocks; in f32
+    /// one `[b, cond_dim]` map kept for the Linears' backward instead of 12). The FiLM Linears still cast it to the
     /// compute dtype each, so in bf16 their input gradients are summed in f32, as under autocast.
     ///
     /// # Shapes
@@ -301,7 +301,7 @@ pub enum UnetStage {
 
 /// What flows between the UNet's stages: the activation `[b, d, t]` (the prediction
 /// `[b, horizon, action_dim]` after `Out`), the Mish of the FiLM input `[b, cond_dim]` f32
-/// (every block's `cond_encoder` input, see [`ConditionalUnet1d::enter`]; it depends on
+/// (every block's `cond_encoder.1` Linear input, see [`ConditionalUnet1d::enter`]; it depends on
 /// parameters, so it travels with its gradient) and the skips not yet consumed.
 #[derive(Clone, Debug)]
 pub struct UnetState<B: Backend> {
