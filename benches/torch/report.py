@@ -63,6 +63,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
 
 
+def compute_ms(timed: list[dict]) -> list[float]:
+    """Each timed step's time less its data wait, ms (PyTorch's batch is made before its clock starts)."""
+    return [1000 * (r["step_time_s"] - r.get("data_wait_s", 0.0)) for r in timed]
+
+
 def vramlab_record(a) -> dict:
     row = rowdefs.ROWS[a.row]
     recs = read_metrics(a.run_dir)
@@ -78,13 +83,13 @@ def vramlab_record(a) -> dict:
             why += f"; {len(recs)} step(s) finished" if recs else "; step 1 had not finished"
         return {**base, "error": why, "steps_done": len(recs), "tail": tail(a.log)}
     timed = recs[2:] if len(recs) >= 3 else recs[-1:]
-    compute = [r["step_time_s"] - r.get("data_wait_s", 0.0) for r in timed]
+    compute = compute_ms(timed)
     rec = {
         **base,
         "steps": len(recs),
         "timed_steps": f"{recs.index(timed[0]) + 1}..{len(recs)}",
-        "ms_step_median": 1000 * statistics.median(compute),
-        "ms_step_min": 1000 * min(compute),
+        "ms_step_median": statistics.median(compute),
+        "ms_step_min": min(compute),
         "ms_step_wall_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
         "ms_data_wait_median": 1000 * statistics.median(r.get("data_wait_s", 0.0) for r in timed),
         "step1_s": recs[0]["step_time_s"],
@@ -108,9 +113,9 @@ def vramlab_record(a) -> dict:
             # The warm process runs the same steps with kernel accounting off
             # (lib_vs_pytorch.sh): its steady step, timed as the cold process's.
             if len(warm) >= 3:
-                wcompute = [r["step_time_s"] - r.get("data_wait_s", 0.0) for r in warm[2:]]
-                rec["ms_step_median_uncounted"] = 1000 * statistics.median(wcompute)
-                rec["ms_step_min_uncounted"] = 1000 * min(wcompute)
+                wcompute = compute_ms(warm[2:])
+                rec["ms_step_median_uncounted"] = statistics.median(wcompute)
+                rec["ms_step_min_uncounted"] = min(wcompute)
                 rec["timed_steps_uncounted"] = f"3..{len(warm)}"
     return rec
 
