@@ -380,6 +380,7 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
         BackendKind::Wgpu => {
             use burn::backend::Wgpu;
             use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+            wgpu_adapter()?;
             let cache = configure_cubecl(gpu, kind)?;
             eprintln!("vramlab: {cache}");
             let device = if index == 0 { WgpuDevice::DefaultDevice } else { WgpuDevice::DiscreteGpu(index) };
@@ -411,6 +412,25 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
         #[allow(unreachable_patterns)]
         other => other.compiled().map(|_| unreachable!("every compiled backend has its arm")),
     }
+}
+
+/// Whether the graphics API CubeCL's wgpu runtime asks for (`AutoGraphicsApi`: Vulkan on Linux)
+/// has an adapter. Without one CubeCL panics on its device thread at the first tensor ("No
+/// possible adapter available"); this says so before, with what to install.
+#[cfg(feature = "wgpu")]
+fn wgpu_adapter() -> Result<()> {
+    use burn::backend::wgpu::WgpuRuntime;
+    use burn::backend::wgpu::graphics::{AutoGraphicsApi, GraphicsApi};
+    use burn::cubecl::Runtime;
+    let api = AutoGraphicsApi::backend();
+    if WgpuRuntime::enumerate_all_devices(&api).is_empty() {
+        let icd = std::env::var("VK_ICD_FILENAMES").map(|v| format!(" (VK_ICD_FILENAMES={v})")).unwrap_or_default();
+        return Err(WorkloadError::Backend(format!(
+            "--backend=wgpu: no {api:?} adapter found{icd}; install a GPU driver, or Mesa's CPU driver lavapipe (Debian: \
+             apt-get install mesa-vulkan-drivers libvulkan1) and set VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+        )));
+    }
+    Ok(())
 }
 
 /// The CUDA driver's library, by the names cudarc tries first on Linux.
