@@ -414,9 +414,9 @@ pub fn dispatch<J: Job>(kind: BackendKind, index: usize, gpu: &GpuOptions, mode:
     }
 }
 
-/// Whether the graphics API CubeCL's wgpu runtime asks for (`AutoGraphicsApi`: Vulkan on Linux)
-/// has an adapter. Without one CubeCL panics on its device thread at the first tensor ("No
-/// possible adapter available"); this says so before, with what to install.
+/// An error unless the graphics API CubeCL's wgpu runtime asks for (`AutoGraphicsApi`: Vulkan on
+/// Linux) has an adapter. Without one CubeCL panics on its device thread at the first tensor ("No
+/// possible adapter available"); this says so before, with what to install (as [`cuda_driver`]).
 #[cfg(feature = "wgpu")]
 fn wgpu_adapter() -> Result<()> {
     use burn::backend::wgpu::WgpuRuntime;
