@@ -70,6 +70,19 @@ impl<B: LeanBackend> GroupNorm<B> {
     pub fn forward_act<const D: usize>(&self, x: Tensor<B, D>, act: NormAct) -> Tensor<B, D> {
         lean::group_norm(x, self.weight.val(), self.bias.val(), self.num_groups, self.eps, act)
     }
+
+    /// `relu(self.forward(x) + residual)` (a ResNet block's end), `residual` in `x`'s dims and
+    /// dtype: one node where [`GroupNorm::fuses_add_relu`], else the norm's node, the add and the
+    /// ReLU's node.
+    pub fn forward_add_relu<const D: usize>(&self, x: Tensor<B, D>, residual: Tensor<B, D>) -> Tensor<B, D> {
+        lean::group_norm_add_relu(x, self.weight.val(), self.bias.val(), residual, self.num_groups, self.eps)
+    }
+
+    /// Whether [`GroupNorm::forward_add_relu`] of an `x` (and a residual) in `dtype` is one node
+    /// ([`LeanBackend::lean_group_norm_add_relu_fuses`], f32 only).
+    pub fn fuses_add_relu(dtype: burn::tensor::DType) -> bool {
+        lean::group_norm_add_relu_fuses::<B>(dtype, dtype)
+    }
 }
 
 /// The normalisations composed of Burn ops (what autodiff of primitive ops keeps); the

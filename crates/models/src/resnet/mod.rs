@@ -181,13 +181,22 @@ impl<B: LeanBackend> Norm2d<B> {
         }
     }
 
-    /// The frozen batch norm that runs `relu(self.forward(x) + residual)` (a block's end, the
-    /// residual in `x`'s dtype) as one node for this `x` ([`FrozenBatchNorm2d::forward_relu`]),
-    /// if any.
-    pub fn fused_add_relu(&self, x: &Tensor<B, 4>) -> Option<&FrozenBatchNorm2d<B>> {
+    /// Whether `relu(self.forward(x) + residual)` (a block's end, the residual in `x`'s dtype)
+    /// is one node for this `x` ([`Norm2d::forward_add_relu`]): the frozen batch norm's
+    /// ([`FrozenBatchNorm2d::forward_relu`]) or GroupNorm's ([`GroupNorm::forward_add_relu`])
+    /// where the backend fuses it.
+    pub fn fuses_add_relu(&self, x: &Tensor<B, 4>) -> bool {
         match self {
-            Norm2d::Frozen(n) if FrozenBatchNorm2d::<B>::fuses_relu(x.dtype(), Some(x.dtype())) => Some(n),
-            _ => None,
+            Norm2d::Frozen(_) => FrozenBatchNorm2d::<B>::fuses_relu(x.dtype(), Some(x.dtype())),
+            Norm2d::Group(_) => GroupNorm::<B>::fuses_add_relu(x.dtype()),
+        }
+    }
+
+    /// `relu(self.forward(x) + residual)`, one node where [`Norm2d::fuses_add_relu`].
+    pub fn forward_add_relu(&self, x: Tensor<B, 4>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
+        match self {
+            Norm2d::Frozen(n) => n.forward_relu(x, Some(residual)),
+            Norm2d::Group(n) => n.forward_add_relu(x, residual),
         }
     }
 }
@@ -253,9 +262,9 @@ impl<B: LeanBackend> BasicBlock<B> {
             });
             cast(identity, p.dtype())
         };
-        if let Some(bn2) = self.bn2.fused_add_relu(&out) {
+        if self.bn2.fuses_add_relu(&out) {
             let identity = shortcut(x);
-            bn2.forward_relu(out, Some(identity))
+            self.bn2.forward_add_relu(out, identity)
         } else {
             // torchvision's order: `bn2`, then the downsampling shortcut.
             let out = self.bn2.forward(out);

@@ -9,6 +9,11 @@
 //! `dy · act'(z)` with `z` recomputed from the input and the kept statistics. The node's saved state is the one
 //! of `lean::norm` (input + per-group mean and 1/std); formulas in that file's header.
 //!
+//! With a residual `r` ([`forward`]'s `residual`: ResNet's block end, `relu(bn2(·) + identity)`)
+//! the forward adds `r` to the affine's output before the activation, and the backward takes the
+//! mask from the kept output `y` instead of recomputing the pre-activation: its first pass writes
+//! `g = dy where y > 0` (the residual's gradient) beside its sums, and `dx` reads that `g`.
+//!
 //! `x: [n, c, s…]` is read as `[n, c, S]`, channels first or channels last
 //! ([`ChannelLayout`](super::ChannelLayout): the latter is what Burn's convolutions return on CubeCL); `y` and `dx`
 //! are written in `x`'s layout, `dy` is read in its own. Any other layout is copied to
@@ -20,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::act::{apply_mish, mish_slope};
-use super::{BLOCK, channel_layout, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
+use super::{BLOCK, ChannelLayout, channel_layout, contiguous, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
 
 /// The activation applied to the affine's output `z` in the same kernels (a comptime switch:
 /// one compiled kernel each). The backward recomputes `z`, so the node keeps only the norm's
@@ -138,10 +143,11 @@ fn stats_kernel<F: Float>(x: &Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tens
 /// per group writes its outputs as fast as a unit per element would ([`fused_forward`]): the
 /// statistics, then a third pass over the group writing `y` (in `x`'s layout: the same buffer
 /// index). Channel of element `k`: `g·cpg + (k / ch_div) % cpg` (`ch_div` the spatial size
-/// channels first, 1 channels last).
+/// channels first, 1 channels last). With `residual`, `r` (in `x`'s layout) joins before the
+/// activation.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, cpg: u32, ch_div: u32, eps: f32, #[comptime] act: u32, #[define(F)] _dtype: StorageType) {
+fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>, r: &Tensor<F>, y: &mut Tensor<F>, mean: &mut Tensor<f32>, rstd: &mut Tensor<f32>, rows: u32, len: u32, groups: u32, sample: u32, group: u32, inner: u32, outer: u32, cpg: u32, ch_div: u32, eps: f32, #[comptime] act: u32, #[comptime] residual: bool, #[define(F)] _dtype: StorageType) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
@@ -160,7 +166,10 @@ fn stats_apply_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, b: &Tensor<f32>,
     while k < len {
         let at = base + k % inner + (k / inner) * outer;
         let ch = ch0 + (k / ch_div as usize) % cpg as usize;
-        let z = (f32::cast_from(x[at]) - mu) * rs * w[ch] + b[ch];
+        let mut z = (f32::cast_from(x[at]) - mu) * rs * w[ch] + b[ch];
+        if comptime![residual] {
+            z += f32::cast_from(r[at]);
+        }
         y[at] = F::cast_from(activate(z, act));
         k += BLOCK;
     }
@@ -179,25 +188,30 @@ fn silu_grad(z: f32, dy: f32) -> f32 {
     dy * s * (z * (1.0f32 - s) + 1.0f32)
 }
 
-/// One unit per element of `x` and `y` (one layout): `y = act((x − mean) · rstd · w + b)`.
+/// One unit per element of `x` and `y` (one layout): `y = act((x − mean) · rstd · w + b (+ r))`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, y: &mut Tensor<F>, sample: u32, channel: u32, channels: u32, cpg: u32, #[comptime] act: u32, #[define(F)] _dtype: StorageType) {
+fn apply_kernel<F: Float>(x: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, r: &Tensor<F>, y: &mut Tensor<F>, sample: u32, channel: u32, channels: u32, cpg: u32, #[comptime] act: u32, #[comptime] residual: bool, #[define(F)] _dtype: StorageType) {
     let i = ABSOLUTE_POS;
     if i >= y.len() {
         terminate!();
     }
     let ch = (i / channel as usize) % channels as usize;
     let grp = ((i / sample as usize) * channels as usize + ch) / cpg as usize;
-    let z = (f32::cast_from(x[i]) - mean[grp]) * rstd[grp] * w[ch] + b[ch];
+    let mut z = (f32::cast_from(x[i]) - mean[grp]) * rstd[grp] * w[ch] + b[ch];
+    if comptime![residual] {
+        z += f32::cast_from(r[i]);
+    }
     y[i] = F::cast_from(activate(z, act));
 }
 
 /// One cube per `(sample, channel)` row of `spatial` elements: `Σ g` and `Σ g · x̂`. `x`'s
 /// element `(n, c, s)` is at `n·sample + c·x_c + s·x_s`, `dy`'s at `n·sample + c·dy_c + s·dy_s`.
+/// `masked` (a residual's forward): `g = dy where y > 0` (`y` the kept output, in `x`'s layout),
+/// written to `g_out` at `dy`'s index (every element once: the rows cover the tensor).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, rows: u32, spatial: u32, channels: u32, cpg: u32, sample: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
+fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, y: &Tensor<F>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &mut Tensor<f32>, sum_gx: &mut Tensor<f32>, g_out: &mut Tensor<G>, rows: u32, spatial: u32, channels: u32, cpg: u32, sample: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[comptime] masked: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
     let row = cube_row();
     if row >= rows as usize {
         terminate!();
@@ -215,7 +229,12 @@ fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tenso
     while i < spatial {
         let xh = (f32::cast_from(x[xb + i * x_s]) - mu) * r;
         let mut g = f32::cast_from(dy[dyb + i * dy_s]);
-        if comptime![act != NONE] {
+        if comptime![masked] {
+            let gv = select(y[xb + i * x_s] <= F::new(0.0), G::new(0.0), dy[dyb + i * dy_s]);
+            g_out[dyb + i * dy_s] = gv;
+            g = f32::cast_from(gv);
+        }
+        if comptime![!masked && act != NONE] {
             g = activation_grad(xh * wc + bc, g, act);
         }
         s1 += g;
@@ -318,9 +337,28 @@ fn fused_forward(rows: usize, len: usize) -> bool {
     len <= 4096 || (len <= 32_768 && rows >= 128)
 }
 
+/// `r` (`x`'s dims and dtype) in `layout` (`x`'s, from [`channel_layout`]): as it is when it is
+/// laid out so already, else copied into it.
+fn in_layout<R: CubeRuntime>(r: CubeTensor<R>, layout: ChannelLayout) -> CubeTensor<R> {
+    let (r, rl) = channel_layout(r);
+    if rl == layout {
+        return r;
+    }
+    if !layout.is_last() {
+        return contiguous(r);
+    }
+    let rank = r.meta.shape().num_dims();
+    let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
+    let back: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
+    burn_cubecl::ops::permute(contiguous(burn_cubecl::ops::permute(r, &to_last)), &back)
+}
+
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
-/// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not).
-pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, groups: usize, eps: f64, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+/// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not). `residual` (`x`'s
+/// dims and dtype, read in `x`'s layout: copied into it if it is not) is added to the affine's
+/// output before `act`: `act(norm(x) + residual)`.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, residual: Option<CubeTensor<R>>, groups: usize, eps: f64, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let (x, layout) = channel_layout(x);
     let (w, b) = (f32_of(weight), f32_of(bias));
     let dims = x.meta.shape().to_vec();
@@ -330,6 +368,9 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
     let rstd = empty(&x, vec![d.n, groups, 1, 1], DType::F32);
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
+    let with_residual = residual.is_some();
+    // Without a residual the kernels never read their `r` argument: `x` stands in for it.
+    let r = residual.map(|r| in_layout(r, layout)).unwrap_or_else(|| x.clone());
     let (count, dim) = row_cubes(rows);
     // A group's elements: one run channels first; `c/groups`-channel runs `c` apart channels last.
     let (inner, outer) = if layout.is_last() { (d.cpg(), d.c) } else { (d.len(), 0) };
@@ -344,6 +385,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
             x.into_tensor_arg(),
             w.into_tensor_arg(),
             b.into_tensor_arg(),
+            r.into_tensor_arg(),
             y.clone().into_tensor_arg(),
             mean.clone().into_tensor_arg(),
             rstd.clone().into_tensor_arg(),
@@ -358,6 +400,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
             ch_div as u32,
             eps as f32,
             act.code(),
+            with_residual,
             dtype,
         );
         return (y, mean, rstd);
@@ -374,20 +417,25 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
         rstd.clone().into_tensor_arg(),
         w.into_tensor_arg(),
         b.into_tensor_arg(),
+        r.into_tensor_arg(),
         y.clone().into_tensor_arg(),
         sample,
         layout.channel as u32,
         d.c as u32,
         d.cpg() as u32,
         act.code(),
+        with_residual,
         dtype,
     );
     (y, mean, rstd)
 }
 
-/// The backward: `(dx, dweight, dbias)`, `dx` in `x`'s dims and dtype, the others f32 `[c]`.
+/// The backward: `(dx, dweight, dbias, g)`, `dx` in `x`'s dims and dtype, the others f32 `[c]`.
+/// `y`: the kept output of a forward with a residual (`act` then [`Activation::Relu`], whose
+/// mask it gives: `g = dy where y > 0`, the residual's gradient, returned in `dy`'s layout and
+/// dtype; `None` otherwise).
 #[allow(clippy::too_many_arguments)]
-pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, groups: usize, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: CubeTensor<R>, weight: CubeTensor<R>, bias: CubeTensor<R>, dy: CubeTensor<R>, y: Option<CubeTensor<R>>, groups: usize, act: Activation) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>, Option<CubeTensor<R>>) {
     let (x, xl) = channel_layout(x);
     let (dy, dyl) = channel_layout(dy);
     let (mean, rstd) = (f32_of(mean), f32_of(rstd));
@@ -400,6 +448,19 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
     let rows = d.n * d.c;
     let sum_g = empty(&x, vec![rows], DType::F32);
     let sum_gx = empty(&x, vec![rows], DType::F32);
+    let masked = y.is_some();
+    // Without a mask the kernel reads no `y` (`x` stands in) and writes no `g` (one element
+    // stands in: a writable binding may not alias a read one). With it, `g` goes into `dy`'s
+    // buffer when that is `dy`'s alone (each unit reads its `dy` before writing the same index).
+    let y = y.map(|y| in_layout(y, xl)).unwrap_or_else(|| x.clone());
+    let (g, g_arg) = if !masked {
+        (None, empty(&x, vec![1], dy.dtype).into_tensor_arg())
+    } else if dy.can_mut() {
+        (Some(dy.clone()), dy.as_tensor_alias(1))
+    } else {
+        let g = empty_in(&dy, dims.clone(), dy.dtype, dyl);
+        (Some(g.clone()), g.into_tensor_arg())
+    };
     let (count, dim) = row_cubes(rows);
     reduce_kernel::launch::<R>(
         &client,
@@ -407,12 +468,14 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         dim,
         x.clone().into_tensor_arg(),
         dy.clone().into_tensor_arg(),
+        y.into_tensor_arg(),
         mean.clone().into_tensor_arg(),
         rstd.clone().into_tensor_arg(),
         w.clone().into_tensor_arg(),
         b.clone().into_tensor_arg(),
         sum_g.clone().into_tensor_arg(),
         sum_gx.clone().into_tensor_arg(),
+        g_arg,
         rows as u32,
         d.spatial as u32,
         d.c as u32,
@@ -423,6 +486,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         dyl.channel as u32,
         dyl.spatial as u32,
         act.code(),
+        masked,
         dtypes,
     );
     let m1 = empty(&x, vec![d.n * groups], DType::F32);
@@ -448,12 +512,17 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
     );
     let dx = empty_in(&x, dims, x.dtype, xl);
     let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
+    // With the mask, `dx` reads the masked `g` the first pass wrote (no activation left).
+    let (grad, act) = match &g {
+        Some(g) => (g.clone(), NONE),
+        None => (dy, act.code()),
+    };
     dx_kernel::launch::<R>(
         &client,
         count,
         dim,
         x.into_tensor_arg(),
-        dy.into_tensor_arg(),
+        grad.into_tensor_arg(),
         mean.into_tensor_arg(),
         rstd.into_tensor_arg(),
         w.into_tensor_arg(),
@@ -469,8 +538,8 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         xl.spatial as u32,
         dyl.channel as u32,
         dyl.spatial as u32,
-        act.code(),
+        act,
         dtypes,
     );
-    (dx, dweight, dbias)
+    (dx, dweight, dbias, g)
 }

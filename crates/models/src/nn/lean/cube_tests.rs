@@ -160,6 +160,59 @@ fn group_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
     }
 }
 
+/// GroupNorm + residual + ReLU (a ResNet block's end, Diffusion's trunk): the kernels against
+/// the composed ops (`burn_kernels`: the norm, the add, the ReLU) on the same inputs. Forward
+/// for `x` and the residual each stored channels first and last (the output keeps `x`'s layout;
+/// a residual in the other one is copied into it), in the one-launch and the two-launch
+/// forward; backward from the kernels' output for `dy` in either layout, and in place in a `dy`
+/// held by nothing else: the residual's gradient exactly the ReLU's backward, the norm's within
+/// 1e-5. Then the node on `Autodiff<Wgpu>` against autodiff of the composed ops, stored
+/// channels last (as the convolutions return them).
+#[test]
+fn group_norm_add_relu_kernels_and_node_match_the_composed_ops() {
+    use super::t;
+    // [1, 16, 48, 50]: one group of 38,400 elements, the two-launch forward.
+    for (dims, groups) in [([2, 32, 5, 7], 2), ([3, 12, 9, 4], 3), ([1, 16, 48, 50], 1)] {
+        let c = dims[1];
+        let (x0, w0, b0) = (p(random::<W, 4>(dims, 61) * 2.0), p(random::<W, 1>([c], 62) * 0.5 + 1.0), p(random::<W, 1>([c], 63) * 0.5));
+        let r0 = p(random::<W, 4>(dims, 64) - 0.3);
+        let dy0 = p(random::<W, 4>(dims, 65));
+        let (w, b) = (|| w0.clone(), || b0.clone());
+        let layout = |last: bool, v: &Prim<W>| if last { channels_last(v.clone()) } else { v.clone() };
+        let (cy, cm, cr) = burn_kernels::group_norm_add_relu::<W>(x0.clone(), w(), b(), r0.clone(), groups, 1e-5);
+        let (cx, cw, cb, cg) = burn_kernels::group_norm_add_relu_backward::<W>(x0.clone(), cm.clone(), cr.clone(), w(), b(), cy.clone(), dy0.clone(), groups);
+        for (x_last, r_last, dy_last) in [(false, false, false), (true, true, true), (true, false, false), (false, true, true), (true, true, false)] {
+            let at = format!("{dims:?} groups {groups}, channels last: x {x_last}, residual {r_last}, dy {dy_last}");
+            let x = layout(x_last, &x0);
+            let (ky, km, kr) = cube_kernels::group_norm_add_relu::<W>(x.clone(), w(), b(), layout(r_last, &r0), groups, 1e-5);
+            assert_eq!(is_channels_last(&ky), is_channels_last(&x), "output layout {at}");
+            close(&format!("output {at}"), ky.clone(), cy.clone(), 1e-5);
+            close(&format!("mean {at}"), km.clone(), cm.clone(), 1e-5);
+            close(&format!("rstd {at}"), kr.clone(), cr.clone(), 1e-5);
+            let dy = layout(dy_last, &dy0);
+            let (kx, kw, kb, kg) = cube_kernels::group_norm_add_relu_backward::<W>(x.clone(), km.clone(), kr.clone(), w(), b(), ky.clone(), dy.clone(), groups);
+            assert_eq!(is_channels_last(&kx), is_channels_last(&x), "dx layout {at}");
+            close(&format!("dx {at}"), kx, cx.clone(), 1e-5);
+            close(&format!("dweight {at}"), kw, cw.clone(), 1e-5);
+            close(&format!("dbias {at}"), kb, cb.clone(), 1e-5);
+            close(&format!("dresidual {at}"), kg, cg.clone(), 0.0);
+            close(&format!("dy untouched {at}"), dy, dy0.clone(), 0.0);
+            // `dy` held by nothing else: the residual's gradient is written into its buffer.
+            let alone = p(t::<W, 4>(dy0.clone()) * 1.0);
+            let (kx, _, _, kg) = cube_kernels::group_norm_add_relu_backward::<W>(x, km, kr, w(), b(), ky, alone, groups);
+            close(&format!("dx, in place {at}"), kx, cx.clone(), 1e-5);
+            close(&format!("dresidual, in place {at}"), kg, cg.clone(), 0.0);
+        }
+    }
+    assert!(<A as super::LeanBackend>::lean_group_norm_add_relu_fuses(), "CubeCL fuses GroupNorm, the residual and the ReLU");
+    for (i, (dims, groups)) in [([2, 32, 5, 7], 2), ([1, 16, 9, 8], 1)].into_iter().enumerate() {
+        let seed = 300 + 10 * i as u64;
+        let lean = super::norm::group_norm_add_relu_grads::<W>(dims, groups, seed, true, channels_last);
+        let plain = super::norm::group_norm_add_relu_grads::<W>(dims, groups, seed, false, channels_last);
+        super::tests::all_close(&format!("node {dims:?} groups {groups}"), lean, plain, 1e-5);
+    }
+}
+
 #[test]
 fn layer_norm_kernels_match_the_composed_ops() {
     for dims in [[3, 7, 16], [1, 5, 300], [2, 3, 1025], [1, 1, 1]] {
@@ -467,31 +520,44 @@ fn strided_conv_input_gradients_match_flex() {
 
 /// A ResNet BasicBlock with a 1×1 stride-2 downsampling shortcut (ACT's and Diffusion's trunk)
 /// on `Autodiff<Wgpu>` against the same block on flex, same weights and inputs: output and input
-/// gradient within 1e-5. With Burn's transposed convolution the shortcut's input gradient was zero.
+/// gradient within 1e-5 (and with GroupNorm the block-end norm's weight and bias gradients).
+/// With Burn's transposed convolution the shortcut's input gradient was zero. On wgpu the
+/// block's end is one node (frozen batch norm or GroupNorm, the residual and the ReLU), on flex
+/// the separate nodes.
 #[test]
 fn resnet_downsampling_block_gradients_match_flex() {
-    use crate::resnet::{BasicBlock, DownsampleLayer, ResNetNorm};
+    use crate::resnet::{BasicBlock, DownsampleLayer, Norm2d, ResNetNorm};
     use burn::backend::Flex;
     use super::conv::host_tensor;
-    fn run<B: burn::tensor::backend::AutodiffBackend + super::LeanBackend>() -> (Vec<f32>, Vec<f32>) {
+    fn run<B: burn::tensor::backend::AutodiffBackend + super::LeanBackend>(norm: ResNetNorm, cout: usize) -> Vec<(&'static str, Vec<f32>)> {
         let device = Default::default();
-        let mut block = BasicBlock::<B>::new(4, 8, 2, 1, ResNetNorm::FrozenBatchNorm, &device);
-        block.conv1.weight = Param::from_tensor(host_tensor::<B, 4>([8, 4, 3, 3], 5) * 0.3);
-        block.conv2.weight = Param::from_tensor(host_tensor::<B, 4>([8, 8, 3, 3], 6) * 0.3);
+        let mut block = BasicBlock::<B>::new(4, cout, 2, 1, norm, &device);
+        block.conv1.weight = Param::from_tensor(host_tensor::<B, 4>([cout, 4, 3, 3], 5) * 0.3);
+        block.conv2.weight = Param::from_tensor(host_tensor::<B, 4>([cout, cout, 3, 3], 6) * 0.3);
         match &mut block.downsample[0] {
-            DownsampleLayer::Conv(c) => c.weight = Param::from_tensor(host_tensor::<B, 4>([8, 4, 1, 1], 7)),
+            DownsampleLayer::Conv(c) => c.weight = Param::from_tensor(host_tensor::<B, 4>([cout, 4, 1, 1], 7)),
             DownsampleLayer::Norm(_) => panic!("the downsample starts with its 1×1 conv"),
+        }
+        if let Norm2d::Group(gn) = &mut block.bn2 {
+            gn.weight = Param::from_tensor(host_tensor::<B, 1>([cout], 10) * 0.5 + 1.0);
+            gn.bias = Param::from_tensor(host_tensor::<B, 1>([cout], 11) * 0.5);
         }
         let x = host_tensor::<B, 4>([2, 4, 9, 8], 8).require_grad();
         let y = block.forward(x.clone(), crate::nn::Precision::F32);
         let r = host_tensor::<B, 4>(y.dims(), 9);
         let g = (y.clone() * r).sum().backward();
-        (vals(y), vals(x.grad(&g).unwrap()))
+        let mut out = vec![("output", vals(y)), ("dx", vals(x.grad(&g).unwrap()))];
+        if let Norm2d::Group(gn) = &block.bn2 {
+            out.push(("bn2 dweight", vals(gn.weight.val().grad(&g).expect("bn2's weight takes a gradient"))));
+            out.push(("bn2 dbias", vals(gn.bias.val().grad(&g).expect("bn2's bias takes a gradient"))));
+        }
+        out
     }
-    let ((yw, gw), (yf, gf)) = (run::<A>(), run::<Autodiff<Flex>>());
-    let tol = gemm_tol();
-    assert!(rel(&yw, &yf) <= tol, "output: relative error {:e}", rel(&yw, &yf));
-    assert!(rel(&gw, &gf) <= tol, "dx: relative error {:e}", rel(&gw, &gf));
+    assert!(crate::nn::GroupNorm::<A>::fuses_add_relu(burn::tensor::DType::F32), "wgpu runs GroupNorm's block end as one node");
+    // GroupNorm(C // 16, C): 32 channels, 2 groups.
+    for (norm, cout) in [(ResNetNorm::FrozenBatchNorm, 8), (ResNetNorm::GroupNorm, 32)] {
+        super::tests::all_close(&format!("{norm:?}"), run::<A>(norm, cout), run::<Autodiff<Flex>>(norm, cout), gemm_tol());
+    }
 }
 
 /// The ReLU kernels against Burn's ReLU and `relu_backward` on the same device: exactly equal

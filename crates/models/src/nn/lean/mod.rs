@@ -9,7 +9,8 @@
 //! each of these one autodiff node on `Autodiff<B, C>` with that state (1 map, in the input's
 //! dtype) and the analytic backward:
 //!
-//! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]) and LayerNorm;
+//! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]; + ResNet's residual add and ReLU on
+//!   CubeCL) and LayerNorm;
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
 //!   per-channel affine (frozen batch norm), FiLM (Diffusion's conditioning; a node on CubeCL)
 //!   and linear upsampling;
@@ -48,7 +49,7 @@ pub use super::linear_source_indices;
 pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
-pub(crate) use norm::{group_norm, layer_norm};
+pub(crate) use norm::{group_norm, group_norm_add_relu, group_norm_add_relu_fuses, layer_norm};
 pub use pointwise::{bias_add, channel_affine, channel_affine_relu, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
@@ -207,6 +208,28 @@ pub trait LeanBackend: Backend {
     /// and dtype.
     #[allow(clippy::too_many_arguments)]
     fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// `relu(GroupNorm(x) + residual)`, a ResNet block's end with GroupNorm (Diffusion's trunk:
+    /// `relu(bn2(conv2(·)) + identity)`), `residual` in `x`'s dims and dtype. Models take it only
+    /// where [`LeanBackend::lean_group_norm_add_relu_fuses`]. Inner backends: the composed
+    /// norm, add and ReLU, or on CubeCL GroupNorm's kernels with the residual joining before
+    /// the ReLU; on autodiff one node keeping the norm's input, its statistics and the output
+    /// (what the norm's and the ReLU's nodes keep), whose backward takes the ReLU's mask from the
+    /// output and returns the residual's gradient beside the norm's.
+    fn lean_group_norm_add_relu(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> Prim<Self>;
+    /// Whether models run GroupNorm, the residual add and the ReLU as
+    /// [`LeanBackend::lean_group_norm_add_relu`] rather than the norm's node, the add and the
+    /// ReLU's node: on CubeCL, where it saves two launches forward and one backward (Diffusion's
+    /// 8 ResNet-18 blocks), and in f32 only (the same values as the separate nodes); not on flex,
+    /// whose measured peaks and estimate graphs are those of the separate nodes.
+    fn lean_group_norm_add_relu_fuses() -> bool;
+    /// [`LeanBackend::lean_group_norm_add_relu`]'s forward with the per-group mean and 1/std
+    /// (f32 `[n, g, 1, 1]`) its backward keeps.
+    fn lean_group_norm_add_relu_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>);
+    /// [`LeanBackend::lean_group_norm_add_relu`]'s backward from the norm's input and statistics
+    /// and the output `y`: `(dx, dweight, dbias, dresidual)` with `dresidual = dy where y > 0`
+    /// (in `dy`'s dims and dtype) and the norm's gradients of that.
+    #[allow(clippy::too_many_arguments)]
+    fn lean_group_norm_add_relu_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, y: Prim<Self>, dy: Prim<Self>, groups: usize) -> (Prim<Self>, Prim<Self>, Prim<Self>, Prim<Self>);
     /// The weight gradient of `conv2d` (Burn's, or on flex GEMMs over im2col columns of at
     /// most [`CONV_WORKSPACE_BYTES`]).
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
@@ -329,6 +352,18 @@ mod burn_kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn group_norm_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         super::group_norm_backward_composed::<B>(x, mean, rstd, w, b, dy, groups, act)
+    }
+    /// The norm, the add, the ReLU: the ops [`LeanBackend::lean_group_norm_add_relu`] fuses.
+    pub fn group_norm_add_relu<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, r: Prim<B>, groups: usize, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+        let (y, mean, rstd) = forward_group_norm::<B>(x, w, b, groups, eps, NormAct::None);
+        (B::relu(B::float_add(y, r)), mean, rstd)
+    }
+    /// ReLU's backward from the output, then the norm's: `(dx, dweight, dbias, g)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_add_relu_backward<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, y: Prim<B>, dy: Prim<B>, groups: usize) -> (Prim<B>, Prim<B>, Prim<B>, Prim<B>) {
+        let g = B::relu_backward(y, dy);
+        let (dx, dw, db) = super::group_norm_backward_composed::<B>(x, mean, rstd, w, b, g.clone(), groups, NormAct::None);
+        (dx, dw, db, g)
     }
     pub fn layer_norm<B: Backend>(x: Prim<B>, w: Prim<B>, b: Prim<B>, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
         forward_layer_norm::<B>(x, w, b, eps)
@@ -858,10 +893,45 @@ mod cube_kernels {
         let stats = || OutSpec::f32(vec![dims[0], groups, 1, 1]);
         let outs = [OutSpec::new(dims.clone(), dtype), stats(), stats()];
         let [y, m, r] = B::cube_op("vramlab.group_norm", [x, w, b], outs, move |[x, w, b]| {
-            let (y, m, r) = cube::group_norm::forward(x, w, b, groups, eps, gn_activation(act));
+            let (y, m, r) = cube::group_norm::forward(x, w, b, None, groups, eps, gn_activation(act));
             [y, m, r]
         });
         (y, m, r)
+    }
+    /// GroupNorm's kernels with the residual joining before the ReLU, in `x`'s layout; the
+    /// composed ops where they are asked for or the residual is not like `x`.
+    pub fn group_norm_add_relu<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Prim<B>, r: Prim<B>, groups: usize, eps: f64) -> (Prim<B>, Prim<B>, Prim<B>) {
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        if cube::composed() || dims_of::<B>(&r) != dims || r.dtype() != dtype {
+            return burn_kernels::group_norm_add_relu::<B>(x, w, b, r, groups, eps);
+        }
+        let stats = || OutSpec::f32(vec![dims[0], groups, 1, 1]);
+        let outs = [OutSpec::new(dims.clone(), dtype), stats(), stats()];
+        let [y, m, rs] = B::cube_op("vramlab.group_norm_add_relu", [x, w, b, r], outs, move |[x, w, b, r]| {
+            let (y, m, rs) = cube::group_norm::forward(x, w, b, Some(r), groups, eps, cube::group_norm::Activation::Relu);
+            [y, m, rs]
+        });
+        (y, m, rs)
+    }
+    /// Its backward in GroupNorm's three launches, the first taking the ReLU's mask from `y` and
+    /// writing the residual's gradient; `dx` in `x`'s layout, the residual's gradient in `dy`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_norm_add_relu_backward<B: CubeLaunch>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, y: Prim<B>, dy: Prim<B>, groups: usize) -> (Prim<B>, Prim<B>, Prim<B>, Prim<B>) {
+        let (dims, dtype) = (dims_of::<B>(&x), x.dtype());
+        if cube::composed() || dims_of::<B>(&dy) != dims || dims_of::<B>(&y) != dims || y.dtype() != dtype {
+            return burn_kernels::group_norm_add_relu_backward::<B>(x, mean, rstd, w, b, y, dy, groups);
+        }
+        let c = dims[1];
+        let outs = [OutSpec::new(dims.clone(), dtype), OutSpec::f32(vec![c]), OutSpec::f32(vec![c]), OutSpec::new(dims, dy.dtype())];
+        let [dx, dw, db, dr] = B::cube_op("vramlab.group_norm_add_relu_backward", [x, mean, rstd, w, b, y, dy], outs, move |[x, mean, rstd, w, b, y, dy]| {
+            let (dx, dw, db, g) = cube::group_norm::backward(x, mean, rstd, w, b, dy, Some(y), groups, cube::group_norm::Activation::Relu);
+            [dx, dw, db, g.expect("a mask was given")]
+        });
+        (dx, dw, db, dr)
+    }
+    /// GroupNorm, the residual and the ReLU in one kernel unless the composed ops are asked for.
+    pub fn group_norm_add_relu_fuses() -> bool {
+        !cube::composed()
     }
     #[allow(clippy::too_many_arguments)]
     pub fn group_norm_backward<B: CubeLaunch>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, w: Prim<B>, b: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
@@ -872,7 +942,7 @@ mod cube_kernels {
         let c = dims[1];
         let outs = [OutSpec::new(dims, dtype), OutSpec::f32(vec![c]), OutSpec::f32(vec![c])];
         let [dx, dw, db] = B::cube_op("vramlab.group_norm_backward", [x, mean, rstd, w, b, dy], outs, move |[x, mean, rstd, w, b, dy]| {
-            let (dx, dw, db) = cube::group_norm::backward(x, mean, rstd, w, b, dy, groups, gn_activation(act));
+            let (dx, dw, db, _) = cube::group_norm::backward(x, mean, rstd, w, b, dy, None, groups, gn_activation(act));
             [dx, dw, db]
         });
         (dx, dw, db)
@@ -895,7 +965,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -904,6 +974,11 @@ mod flex_kernels {
     /// flex keeps the frozen batch norm's and the ReLU's nodes (see
     /// [`LeanBackend::lean_affine_relu_fuses`]).
     pub fn affine_relu_fuses() -> bool {
+        false
+    }
+    /// flex keeps GroupNorm's node, the add and the ReLU's node (see
+    /// [`LeanBackend::lean_group_norm_add_relu_fuses`]).
+    pub fn group_norm_add_relu_fuses() -> bool {
         false
     }
     /// flex keeps FiLM's composed ops on autodiff (see [`LeanBackend::lean_film_node`]).
@@ -1035,6 +1110,18 @@ macro_rules! inner_lean_backend {
             }
             fn lean_group_norm_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, dy: Prim<Self>, groups: usize, act: NormAct) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
                 $kernels::group_norm_backward::<Self>(x, mean, rstd, weight, bias, dy, groups, act)
+            }
+            fn lean_group_norm_add_relu(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> Prim<Self> {
+                $kernels::group_norm_add_relu::<Self>(x, weight, bias, residual, groups, eps).0
+            }
+            fn lean_group_norm_add_relu_fuses() -> bool {
+                $kernels::group_norm_add_relu_fuses()
+            }
+            fn lean_group_norm_add_relu_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::group_norm_add_relu::<Self>(x, weight, bias, residual, groups, eps)
+            }
+            fn lean_group_norm_add_relu_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, y: Prim<Self>, dy: Prim<Self>, groups: usize) -> (Prim<Self>, Prim<Self>, Prim<Self>, Prim<Self>) {
+                $kernels::group_norm_add_relu_backward::<Self>(x, mean, rstd, weight, bias, y, dy, groups)
             }
             fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self> {
                 $kernels::weight_backward_2d::<Self>(x, weight, dy, options)
@@ -1224,6 +1311,22 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         let (dx, dw, db) = B::lean_group_norm_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, bias.primitive, dy.primitive, groups, act);
         let f = <Self as AutodiffBackend>::from_inner;
         (f(dx), f(dw), f(db))
+    }
+    fn lean_group_norm_add_relu(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> Prim<Self> {
+        norm::group_norm_add_relu_node::<B, C>(x, weight, bias, residual, groups, eps)
+    }
+    fn lean_group_norm_add_relu_fuses() -> bool {
+        B::lean_group_norm_add_relu_fuses()
+    }
+    fn lean_group_norm_add_relu_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, residual: Prim<Self>, groups: usize, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (y, m, r) = B::lean_group_norm_add_relu_stats(x.primitive, weight.primitive, bias.primitive, residual.primitive, groups, eps);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(y), f(m), f(r))
+    }
+    fn lean_group_norm_add_relu_backward(x: Prim<Self>, mean: Prim<Self>, rstd: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, y: Prim<Self>, dy: Prim<Self>, groups: usize) -> (Prim<Self>, Prim<Self>, Prim<Self>, Prim<Self>) {
+        let (dx, dw, db, dr) = B::lean_group_norm_add_relu_backward(x.primitive, mean.primitive, rstd.primitive, weight.primitive, bias.primitive, y.primitive, dy.primitive, groups);
+        let f = <Self as AutodiffBackend>::from_inner;
+        (f(dx), f(dw), f(db), f(dr))
     }
     fn lean_layer_norm_stats(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>, Prim<Self>) {
         let (y, m, r) = B::lean_layer_norm_stats(x.primitive, weight.primitive, bias.primitive, eps);

@@ -9,6 +9,11 @@
 //! (Diffusion's `Conv1dBlock`) or ReLU (Diffusion's ResNet-18): the node then keeps only the
 //! norm's input and recomputes the pre-activation in the backward. Mish and ReLU are fused
 //! where [`LeanBackend::lean_group_norm_fuses`] says so ([`group_norm`]).
+//!
+//! A ResNet block's end with GroupNorm, `relu(norm(x) + r)`, is one node where
+//! [`LeanBackend::lean_group_norm_add_relu_fuses`] says so ([`group_norm_add_relu`]): it keeps the
+//! norm's input and statistics and its output `y` (the norm's node and the ReLU's keep the same),
+//! and its backward runs the norm's with `g = dy where y > 0`, which is also `r`'s gradient.
 //! Also here: the composed forwards and backward (Burn ops) the inner backends run.
 
 use burn::backend::Autodiff;
@@ -148,6 +153,49 @@ pub(super) fn group_norm_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Aut
     }
 }
 
+#[derive(Debug)]
+struct GroupNormAddReluBackward;
+
+#[derive(Clone, Debug)]
+struct GroupNormAddReluState<B: Backend> {
+    x: Prim<B>,
+    mean: Prim<B>,
+    rstd: Prim<B>,
+    weight: Prim<B>,
+    bias: Prim<B>,
+    y: Prim<B>,
+    groups: usize,
+}
+
+impl<B: LeanBackend> Backward<B, 4> for GroupNormAddReluBackward {
+    type State = GroupNormAddReluState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let GroupNormAddReluState { x, mean, rstd, weight, bias, y, groups } = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        let (dx, dweight, dbias, dr) = B::lean_group_norm_add_relu_backward(x, mean, rstd, weight, bias, y, dy, groups);
+        let [id_x, id_w, id_b, id_r] = ops.parents.map(|n| n.map(|n| n.id));
+        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias), (id_r, dr)] {
+            if let Some(id) = id {
+                grads.register::<B>(id, g);
+            }
+        }
+    }
+}
+
+/// [`LeanBackend::lean_group_norm_add_relu`] on `Autodiff<B, C>`: one node keeping the norm's
+/// input, its per-group mean and 1/std and the output ([`GroupNormAddReluBackward`]).
+pub(super) fn group_norm_add_relu_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, weight: Prim<Autodiff<B, C>>, bias: Prim<Autodiff<B, C>>, residual: Prim<Autodiff<B, C>>, groups: usize, eps: f64) -> Prim<Autodiff<B, C>> {
+    match GroupNormAddReluBackward.prepare::<C>([x.node.clone(), weight.node.clone(), bias.node.clone(), residual.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (y, mean, rstd) = B::lean_group_norm_add_relu_stats(x.primitive.clone(), weight.primitive.clone(), bias.primitive.clone(), residual.primitive, groups, eps);
+            let state = GroupNormAddReluState { x: x.primitive, mean, rstd, weight: weight.primitive, bias: bias.primitive, y: y.clone(), groups };
+            prep.finish(state, y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_group_norm_add_relu(x.primitive, weight.primitive, bias.primitive, residual.primitive, groups, eps)),
+    }
+}
+
 /// [`LeanBackend::lean_group_norm_backward`] composed of Burn ops (any backend, any dtype).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn group_norm_backward_composed<B: Backend>(x: Prim<B>, mean: Prim<B>, rstd: Prim<B>, weight: Prim<B>, bias: Prim<B>, dy: Prim<B>, groups: usize, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
@@ -244,8 +292,57 @@ pub(crate) fn group_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight
     }
 }
 
+/// `relu(GroupNorm(x) + residual)`: one node where [`LeanBackend::lean_group_norm_add_relu_fuses`]
+/// says so and `x` and `residual` are f32 of one shape, else the norm's node, the add and the
+/// ReLU's node (the same values in f32: the same operations in the same order).
+pub(crate) fn group_norm_add_relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, residual: Tensor<B, D>, groups: usize, eps: f64) -> Tensor<B, D> {
+    if group_norm_add_relu_fuses::<B>(x.dtype(), residual.dtype()) && x.dims() == residual.dims() {
+        return t(B::lean_group_norm_add_relu(p(x), p(weight), p(bias), p(residual), groups, eps));
+    }
+    let y = t::<B, D>(B::lean_group_norm(p(x), p(weight), p(bias), groups, eps, NormAct::None));
+    super::relu(y + residual)
+}
+
+/// Whether [`group_norm_add_relu`] of an `x` in `dtype` and a residual in `residual` is one node.
+pub(crate) fn group_norm_add_relu_fuses<B: LeanBackend>(dtype: burn::tensor::DType, residual: burn::tensor::DType) -> bool {
+    B::lean_group_norm_add_relu_fuses() && dtype == burn::tensor::DType::F32 && residual == dtype
+}
+
 pub(crate) fn layer_norm<B: LeanBackend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, bias: Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
     t(B::lean_layer_norm(p(x), p(weight), p(bias), eps))
+}
+
+/// `relu(GroupNorm(x) + r)` on `Autodiff<B>` through [`group_norm_add_relu_node`] (`node`) or
+/// autodiff of the composed ops: the output and the gradients of `sum(y · w)` with respect to
+/// `x`, the norm's weight and bias and `r`, for `x: dims` in `groups` groups from `seed`
+/// (`layout` applied to the inner `x` and `r` first, so a test can store them channels last).
+/// About half the outputs are ReLU zeros.
+#[cfg(test)]
+pub(super) fn group_norm_add_relu_grads<B: LeanBackend>(dims: [usize; 4], groups: usize, seed: u64, node: bool, layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
+    use super::tests::{random, vals};
+    use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+    type AD<B> = Autodiff<B>;
+    let c = dims[1];
+    let x = Tensor::<AD<B>, 4>::from_inner(t(layout(p(random::<B, 4>(dims, seed) * 2.0)))).require_grad();
+    let r = Tensor::<AD<B>, 4>::from_inner(t(layout(p(random::<B, 4>(dims, seed + 1) - 0.3)))).require_grad();
+    let w = Tensor::<AD<B>, 1>::from_inner(random::<B, 1>([c], seed + 2) * 0.5 + 1.0).require_grad();
+    let b = Tensor::<AD<B>, 1>::from_inner(random::<B, 1>([c], seed + 3) * 0.5).require_grad();
+    let y: Tensor<AD<B>, 4> = if node {
+        t(group_norm_add_relu_node::<B, NoCheckpointing>(p(x.clone()), p(w.clone()), p(b.clone()), p(r.clone()), groups, 1e-5))
+    } else {
+        let (y, _, _) = super::burn_kernels::group_norm_add_relu::<AD<B>>(p(x.clone()), p(w.clone()), p(b.clone()), p(r.clone()), groups, 1e-5);
+        t(y)
+    };
+    let out = vals(y.clone());
+    let g = (y * random::<AD<B>, 4>(dims, seed + 4)).sum().backward();
+    let grad = |v: Option<Tensor<B, 4>>, name: &str| vals(v.unwrap_or_else(|| panic!("{name} takes a gradient")));
+    vec![
+        ("output", out),
+        ("dx", grad(x.grad(&g), "x")),
+        ("dweight", vals(w.grad(&g).expect("the weight takes a gradient"))),
+        ("dbias", vals(b.grad(&g).expect("the bias takes a gradient"))),
+        ("dresidual", grad(r.grad(&g), "the residual")),
+    ]
 }
 
 #[cfg(test)]
@@ -314,6 +411,24 @@ mod tests {
             assert_eq!(vals(lean_gn::<A, 3>(3, act)(x, w, b)), vals(two), "{act:?}");
         }
         assert!(A::lean_group_norm_fuses(NormAct::Silu));
+    }
+
+    /// GroupNorm + residual + ReLU as one node (CubeCL's; on flex its composed forward and
+    /// backward) against autodiff of the composed ops: output and the gradients of `x`, the
+    /// weight, the bias and the residual. flex's models run the separate nodes.
+    #[test]
+    fn group_norm_add_relu_node_equals_autodiff_of_the_composed_ops() {
+        use super::super::LeanBackend;
+        use super::super::tests::all_close;
+        for (dims, groups) in [([2, 32, 5, 7], 2), ([3, 16, 6, 6], 1), ([1, 12, 3, 11], 3)] {
+            let lean = super::group_norm_add_relu_grads::<Flex>(dims, groups, 60, true, |x| x);
+            let plain = super::group_norm_add_relu_grads::<Flex>(dims, groups, 60, false, |x| x);
+            let zeros = lean[0].1.iter().filter(|v| **v == 0.0).count();
+            assert!(zeros > 0 && zeros < lean[0].1.len(), "{dims:?}: the ReLU cuts some outputs and not all ({zeros})");
+            all_close(&format!("{dims:?} groups {groups}"), lean, plain, 1e-5);
+        }
+        assert!(!A::lean_group_norm_add_relu_fuses() && !Flex::lean_group_norm_add_relu_fuses(), "flex runs the separate nodes");
+        assert!(!super::group_norm_add_relu_fuses::<A>(burn::tensor::DType::F32, burn::tensor::DType::F32));
     }
 
     #[test]
