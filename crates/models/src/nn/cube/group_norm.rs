@@ -25,7 +25,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::act::{apply_mish, mish_slope};
-use super::{BLOCK, ChannelLayout, channel_layout, contiguous, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, row_cubes};
+use super::{BLOCK, channel_layout, cube_row, cube_sum, elem_cubes, empty, empty_in, f32_of, into_layout, row_cubes};
 
 /// The activation applied to the affine's output `z` in the same kernels (a comptime switch:
 /// one compiled kernel each). The backward recomputes `z`, so the node keeps only the norm's
@@ -228,12 +228,12 @@ fn reduce_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, y: &Tensor<F
     let mut i = UNIT_POS_X as usize;
     while i < spatial {
         let xh = (f32::cast_from(x[xb + i * x_s]) - mu) * r;
-        let mut g = f32::cast_from(dy[dyb + i * dy_s]);
+        let mut dyv = dy[dyb + i * dy_s];
         if comptime![masked] {
-            let gv = select(y[xb + i * x_s] <= F::new(0.0), G::new(0.0), dy[dyb + i * dy_s]);
-            g_out[dyb + i * dy_s] = gv;
-            g = f32::cast_from(gv);
+            dyv = select(y[xb + i * x_s] <= F::new(0.0), G::new(0.0), dyv);
+            g_out[dyb + i * dy_s] = dyv;
         }
+        let mut g = f32::cast_from(dyv);
         if comptime![!masked && act != NONE] {
             g = activation_grad(xh * wc + bc, g, act);
         }
@@ -337,22 +337,6 @@ fn fused_forward(rows: usize, len: usize) -> bool {
     len <= 4096 || (len <= 32_768 && rows >= 128)
 }
 
-/// `r` (`x`'s dims and dtype) in `layout` (`x`'s, from [`channel_layout`]): as it is when it is
-/// laid out so already, else copied into it.
-fn in_layout<R: CubeRuntime>(r: CubeTensor<R>, layout: ChannelLayout) -> CubeTensor<R> {
-    let (r, rl) = channel_layout(r);
-    if rl == layout {
-        return r;
-    }
-    if !layout.is_last() {
-        return contiguous(r);
-    }
-    let rank = r.meta.shape().num_dims();
-    let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
-    let back: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
-    burn_cubecl::ops::permute(contiguous(burn_cubecl::ops::permute(r, &to_last)), &back)
-}
-
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
 /// `[n, groups, 1, 1]`. `weight`, `bias`: `[c]` (cast to f32 if they are not). `residual` (`x`'s
 /// dims and dtype, read in `x`'s layout: copied into it if it is not) is added to the affine's
@@ -370,7 +354,7 @@ pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, weight: CubeTensor<R>, bias: Cu
     let dtype: StorageType = x.dtype.into();
     let with_residual = residual.is_some();
     // Without a residual the kernels never read their `r` argument: `x` stands in for it.
-    let r = residual.map(|r| in_layout(r, layout)).unwrap_or_else(|| x.clone());
+    let r = residual.map(|r| into_layout(r, layout)).unwrap_or_else(|| x.clone());
     let (count, dim) = row_cubes(rows);
     // A group's elements: one run channels first; `c/groups`-channel runs `c` apart channels last.
     let (inner, outer) = if layout.is_last() { (d.cpg(), d.c) } else { (d.len(), 0) };
@@ -452,7 +436,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
     // Without a mask the kernel reads no `y` (`x` stands in) and writes no `g` (one element
     // stands in: a writable binding may not alias a read one). With it, `g` goes into `dy`'s
     // buffer when that is `dy`'s alone (each unit reads its `dy` before writing the same index).
-    let y = y.map(|y| in_layout(y, xl)).unwrap_or_else(|| x.clone());
+    let y = y.map(|y| into_layout(y, xl)).unwrap_or_else(|| x.clone());
     let (g, g_arg) = if !masked {
         (None, empty(&x, vec![1], dy.dtype).into_tensor_arg())
     } else if dy.can_mut() {

@@ -353,15 +353,33 @@ pub(crate) fn channel_layout<R: CubeRuntime>(x: CubeTensor<R>) -> (CubeTensor<R>
     (contiguous(x), ChannelLayout { channel: s, spatial: 1 })
 }
 
+/// The axes that view a channels-last buffer (`[n, s…, c]`) as `[n, c, s…]`.
+fn from_channels_last(rank: usize) -> Vec<usize> {
+    [0, rank - 1].into_iter().chain(1..rank - 1).collect()
+}
+
 /// An uninitialised `[n, c, s…]` tensor like `like`, in `layout` (see [`ChannelLayout`]).
 pub(crate) fn empty_in<R: CubeRuntime>(like: &CubeTensor<R>, dims: Vec<usize>, dtype: DType, layout: ChannelLayout) -> CubeTensor<R> {
     if !layout.is_last() {
         return empty(like, dims, dtype);
     }
-    let rank = dims.len();
     let stored: Vec<usize> = std::iter::once(dims[0]).chain(dims[2..].iter().copied()).chain(std::iter::once(dims[1])).collect();
-    let axes: Vec<usize> = [0, rank - 1].into_iter().chain(1..rank - 1).collect();
-    burn_cubecl::ops::permute(empty(like, stored, dtype), &axes)
+    burn_cubecl::ops::permute(empty(like, stored, dtype), &from_channels_last(dims.len()))
+}
+
+/// `t` (`[n, c, s…]`) in `layout` (see [`ChannelLayout`]): as it is when it is laid out so
+/// already, else copied into it (a second operand read at another's buffer index).
+pub(crate) fn into_layout<R: CubeRuntime>(t: CubeTensor<R>, layout: ChannelLayout) -> CubeTensor<R> {
+    let (t, current) = channel_layout(t);
+    if current == layout {
+        return t;
+    }
+    if !layout.is_last() {
+        return contiguous(t);
+    }
+    let rank = t.meta.shape().num_dims();
+    let to_last: Vec<usize> = [0].into_iter().chain(2..rank).chain([1]).collect();
+    burn_cubecl::ops::permute(contiguous(burn_cubecl::ops::permute(t, &to_last)), &from_channels_last(rank))
 }
 
 /// `x` as f32 (a cast kernel only when it is not f32 already): per-channel parameters.
