@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::prelude::*;
 
 use super::config::ActConfig;
-use crate::nn::{Activation, DropoutCtx, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, to_f32};
+use crate::nn::{Activation, DropoutCtx, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, residual_dropout, to_f32};
 
 /// Dropout block numbers of [`DropoutCtx::site`].
 pub(super) const BLOCK_VAE: u64 = 0;
@@ -33,6 +33,12 @@ pub struct LayerCtx<'a> {
 impl LayerCtx<'_> {
     fn drop<B: LeanBackend, const D: usize>(&self, x: Tensor<B, D>, slot: u64) -> Tensor<B, D> {
         dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
+    }
+
+    /// `skip + to_f32(self.drop(x, slot))`, one node where the backend fuses it
+    /// ([`residual_dropout`]).
+    fn drop_add<B: LeanBackend>(&self, skip: Tensor<B, 3>, x: Tensor<B, 3>, slot: u64) -> Tensor<B, 3> {
+        residual_dropout(skip, x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
     }
 
     fn attn_drop(&self, slot: u64) -> Option<(&DropoutCtx, u64, f64)> {
@@ -87,7 +93,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), pos);
         let x = self.self_attn.forward(qk.clone(), qk, x, key_padding_mask, lc.attn_drop(0), p);
-        let x = skip + to_f32(lc.drop(x, 1));
+        let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))
         } else {
@@ -95,7 +101,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
             (x.clone(), x)
         };
         let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 2);
-        let x = skip + to_f32(lc.drop(self.linear2.forward(h, p), 3));
+        let x = lc.drop_add(skip, self.linear2.forward(h, p), 3);
         if self.pre_norm { x } else { self.norm2.forward(x) }
     }
 }
@@ -179,7 +185,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), decoder_pos);
         let x = self.self_attn.forward(qk.clone(), qk, x, None, lc.attn_drop(0), p);
-        let x = skip + to_f32(lc.drop(x, 1));
+        let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))
         } else {
@@ -194,7 +200,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
             lc.attn_drop(2),
             p,
         );
-        let x = skip + to_f32(lc.drop(x, 3));
+        let x = lc.drop_add(skip, x, 3);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm3.forward(x))
         } else {
@@ -202,7 +208,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
             (x.clone(), x)
         };
         let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 4);
-        let x = skip + to_f32(lc.drop(self.linear2.forward(h, p), 5));
+        let x = lc.drop_add(skip, self.linear2.forward(h, p), 5);
         if self.pre_norm { x } else { self.norm3.forward(x) }
     }
 }

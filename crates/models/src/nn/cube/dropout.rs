@@ -3,12 +3,16 @@
 //! site's base plus the element index, compared with the rate's threshold), computed here in
 //! 32-bit halves (WGSL has no 64-bit integers), so every backend draws the same masks; nothing
 //! is uploaded and no mask is stored (the backward runs the same kernel on the gradient).
+//!
+//! [`dropout_add`]: `r + dropout(x)`, a transformer's residual add after its dropout (ACT's 19 a
+//! forward), in the same launch; in place in `x`'s buffer when it is `x`'s alone. f32 values are
+//! those of the two kernels: the same product, then the same add.
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{contiguous, elem_cubes, empty};
+use super::{contiguous, elem_cubes, elem_out, empty};
 
 /// `(hi, lo) · (ch, cl)` modulo 2⁶⁴, high half (the low half is `lo · cl`, wrapping).
 #[cube]
@@ -19,9 +23,10 @@ fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
 /// Keeps (scaled) or drops element `i`; see the module docs. `base`: the site's hash base,
 /// `t`: the rate's threshold shifted into the hash's top 53 bits (`threshold << 11`), both as
 /// (high, low) 32-bit halves.
+/// With `with_residual`, `y = r + dropout(x)` (else `r` is not read).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn dropout_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, scale: f32, n: u32, #[define(F)] _dtype: StorageType) {
+fn dropout_kernel<F: Float>(x: &Tensor<F>, r: &Tensor<F>, y: &mut Tensor<F>, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, scale: f32, n: u32, #[comptime] with_residual: bool, #[define(F)] _dtype: StorageType) {
     let i = ABSOLUTE_POS;
     if i >= n as usize {
         terminate!();
@@ -52,18 +57,41 @@ fn dropout_kernel<F: Float>(x: &Tensor<F>, y: &mut Tensor<F>, base_hi: u32, base
     if !dropped {
         v = x[i] * F::cast_from(scale);
     }
+    if comptime![with_residual] {
+        v = r[i] + v;
+    }
     y[i] = v;
 }
 
 /// Dropout of `x` (any float dtype; at most `u32::MAX` elements): see the module docs.
 pub fn dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
     let x = contiguous(x);
-    let n = x.meta.num_elements();
     let y = empty(&x, x.meta.shape().to_vec(), x.dtype);
+    // Without a residual the kernel never reads `r`: `x` stands in for it.
+    let (r, y_arg) = (x.clone().into_tensor_arg(), y.clone().into_tensor_arg());
+    launch(x, r, y_arg, base, threshold, scale, false);
+    y
+}
+
+/// Whether [`dropout_add`] takes `x` and `r`: one shape and dtype, at most `u32::MAX` elements.
+pub fn dropout_add_handles(x_dims: &[usize], x_dtype: burn::tensor::DType, r_dims: &[usize], r_dtype: burn::tensor::DType) -> bool {
+    x_dims == r_dims && x_dtype == r_dtype && x_dims.iter().product::<usize>() <= u32::MAX as usize
+}
+
+/// `r + dropout(x)` ([`dropout_add_handles`]), contiguous; in `x`'s buffer when it is its alone.
+pub fn dropout_add<R: CubeRuntime>(x: CubeTensor<R>, r: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
+    // The flags are drawn per logical element: both read in contiguous order.
+    let (x, r) = (contiguous(x), contiguous(r));
+    let (y, y_arg) = elem_out(&x, 0);
+    launch(x, r.into_tensor_arg(), y_arg, base, threshold, scale, true);
+    y
+}
+
+fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, y: TensorArg<R>, base: u64, threshold: u64, scale: f32, with_residual: bool) {
+    let n = x.meta.num_elements();
     let t = threshold << 11;
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, dim) = elem_cubes(&client, n);
-    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), y.clone().into_tensor_arg(), (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, dtype);
-    y
+    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, with_residual, dtype);
 }

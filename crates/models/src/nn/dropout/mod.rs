@@ -87,6 +87,21 @@ pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&Dro
     }
 }
 
+/// `residual + to_f32(dropout(x))` (a transformer's residual add after its dropout; the
+/// residual f32, `x` of its shape in any dtype): one node and, on CubeCL, one launch where the
+/// backend fuses it ([`LeanBackend::lean_dropout_add_fuses`]: `x` in f32 too), else the dropout,
+/// the cast and the add. The same values either way.
+pub fn residual_dropout<B: LeanBackend, const D: usize>(residual: Tensor<B, D>, x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+    match ctx {
+        Some(c) if rate > 0.0 && B::lean_dropout_add_fuses(x.dtype(), residual.dtype()) && x.dims() == residual.dims() => {
+            let (base, threshold) = c.base_threshold(site, rate);
+            let y = B::lean_dropout_add(x.into_primitive().tensor(), residual.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate));
+            Tensor::from_primitive(TensorPrimitive::Float(y))
+        }
+        _ => residual + super::to_f32(dropout(x, ctx, site, rate)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType, TensorMetadata};
 
-use super::{LeanBackend, Prim, matmul, p, t};
+use super::{LeanBackend, Prim, matmul, p, register_parents, t};
 use crate::nn::dropout::apply_drop;
 use crate::nn::linear::linear_rows;
 use crate::nn::{cast, to_f32};
@@ -115,11 +115,7 @@ impl<B: LeanBackend> Backward<B, 5> for AttentionBackward {
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         let [dq_in, dk_in, dv_in, dw, db] = attention_backward::<B>(ops.state, t(dy));
-        for (node, g) in ops.parents.into_iter().zip([dq_in, dk_in, dv_in, dw, db]) {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, g);
-            }
-        }
+        register_parents::<B, 5>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dq_in, dk_in, dv_in, dw, db]);
     }
 }
 

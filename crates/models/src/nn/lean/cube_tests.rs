@@ -447,6 +447,70 @@ fn dropout_kernel_draws_the_host_masks() {
     assert_eq!(gk, gh, "input gradient");
 }
 
+/// The residual add after a dropout (`nn::residual_dropout`, ACT's 19 a forward) in one launch:
+/// the kernel gives `r + dropout(x)` of the host's flags bit for bit, with `x` and `r` laid out
+/// contiguously or not (a transposed view: the flags follow the logical index) and in place in
+/// an `x` held by nothing else; f16 through the kernel too. The node on `Autodiff<Wgpu>`: the
+/// same output and gradients (`dx` the dropout of `dy`, `dr = dy`) as the dropout's node and
+/// Burn's add, f32, and the composed ops where `x` is f16 (not fused).
+#[test]
+fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
+    use crate::nn::dropout::DropoutCtx;
+    use crate::nn::dropout::host::host_dropout;
+    let host = |x: Tensor<W, 3>, r: Tensor<W, 3>, base, threshold, scale| {
+        let dims = x.dims();
+        let n = dims.iter().product::<usize>();
+        r + host_dropout(x.reshape([n]), base, threshold, scale).reshape(dims)
+    };
+    let flat = |t: Tensor<W, 3>| {
+        let n = t.shape().num_elements();
+        vals(t.reshape([n]))
+    };
+    for (k, dims) in [[1usize, 1, 1], [2, 3, 43], [4, 25, 257]].into_iter().enumerate() {
+        let (rate, seed) = [(0.1, 5u64), (0.5, u64::MAX - 3), (0.9, 1 << 33)][k];
+        let ctx = DropoutCtx::new(seed);
+        let (base, threshold) = ctx.base_threshold(DropoutCtx::site(1, k, 3), rate);
+        let scale = 1.0 / (1.0 - rate);
+        let x0 = random::<W, 3>(dims, 60 + k as u64);
+        let r0 = random::<W, 3>(dims, 70 + k as u64);
+        let want = flat(host(x0.clone(), r0.clone(), base, threshold, scale));
+        let fused = |x: Tensor<W, 3>, r: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(x), p(r), base, threshold, scale))));
+        let at = format!("{dims:?} rate {rate}");
+        assert_eq!(fused(x0.clone(), r0.clone()), want, "{at}: contiguous");
+        // Transposed views holding the same logical values.
+        let tv = |t: &Tensor<W, 3>| t.clone().swap_dims(1, 2).into_data();
+        let (xt, rt) = (Tensor::<W, 3>::from_data(tv(&x0), &Default::default()).swap_dims(1, 2), Tensor::<W, 3>::from_data(tv(&r0), &Default::default()).swap_dims(1, 2));
+        assert_eq!(fused(xt, rt), want, "{at}: transposed views");
+        let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
+        assert_eq!(fused(alone, r0.clone()), want, "{at}: in place");
+        let h = |t: &Tensor<W, 3>| t.clone().cast(burn::tensor::DType::F16);
+        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(h(&x0)), p(h(&r0)), base, threshold, scale)));
+        assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h(&x0), h(&r0), base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+    }
+    // The node against the dropout's node and Burn's add.
+    assert!(<A as super::LeanBackend>::lean_dropout_add_fuses(burn::tensor::DType::F32, burn::tensor::DType::F32), "CubeCL fuses the residual add in f32");
+    assert!(!<A as super::LeanBackend>::lean_dropout_add_fuses(burn::tensor::DType::F16, burn::tensor::DType::F32), "not with an f16 x");
+    let dims = [3usize, 7, 65];
+    let ctx = DropoutCtx::new(23);
+    let site = DropoutCtx::site(2, 0, 5);
+    let (x0, r0, w) = (random::<A, 3>(dims, 80), random::<A, 3>(dims, 81), random::<A, 3>(dims, 82));
+    let n = dims.iter().product::<usize>();
+    for half in [false, true] {
+        let run = |fused: bool| {
+            let x = x0.clone().detach().require_grad();
+            let r = r0.clone().detach().require_grad();
+            let xin = if half { x.clone().cast(burn::tensor::DType::F16) } else { x.clone() };
+            let y = if fused { crate::nn::residual_dropout(r.clone(), xin, Some(&ctx), site, 0.3) } else { r.clone() + crate::nn::to_f32(ctx.apply(xin, site, 0.3)) };
+            let g = (y.clone() * w.clone()).sum().backward();
+            [y.inner(), x.grad(&g).expect("x has a gradient"), r.grad(&g).expect("r has a gradient")].map(|t| vals(t.reshape([n])))
+        };
+        let (a, b) = (run(true), run(false));
+        for (name, (a, b)) in ["output", "dx", "dresidual"].into_iter().zip(a.iter().zip(&b)) {
+            assert_eq!(a, b, "{name}, x f16 {half}");
+        }
+    }
+}
+
 /// Strided convolutions' input gradients on wgpu: the spread output gradient's stride-1
 /// convolution (`LeanBackend::spread_strided_x_backward`) against flex's transposed convolution
 /// on the same host inputs; Burn's own wgpu transposed convolution is right where the kernel

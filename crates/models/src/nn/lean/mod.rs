@@ -12,8 +12,8 @@
 //! - [`norm`]: GroupNorm (+ a fused SiLU, [`NormAct`]; + ResNet's residual add and ReLU on
 //!   CubeCL) and LayerNorm;
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
-//!   per-channel affine (frozen batch norm), FiLM (Diffusion's conditioning; a node on CubeCL)
-//!   and linear upsampling;
+//!   per-channel affine (frozen batch norm), FiLM (Diffusion's conditioning; a node on CubeCL),
+//!   linear upsampling, dropout and, on CubeCL, a transformer's residual add after its dropout;
 //! - [`attention`]: multi-head attention from the packed in-projection to the merged heads;
 //! - [`matmul`]: matrix products, on CubeCL one fixed kernel instead of Burn's autotuned search
 //!   (unless `--matmul_autotune=true`);
@@ -35,7 +35,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
 
 mod attention;
 mod conv;
@@ -309,6 +309,21 @@ pub trait LeanBackend: Backend {
     fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
         burn_kernels::dropout::<Self>(x, base, threshold, scale)
     }
+    /// `residual + lean_dropout(x, …)` (a transformer's residual add after its dropout; `x` and
+    /// `residual` of one shape and dtype). On CubeCL one launch; on autodiff one node keeping
+    /// nothing (the add's node and the dropout's keep nothing either): `dx` is the dropout of
+    /// `dy`, the residual's gradient `dy` itself. The default is the two ops.
+    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        burn_kernels::dropout_add::<Self>(x, residual, base, threshold, scale)
+    }
+    /// Whether a model should run `residual + dropout(x)` as [`LeanBackend::lean_dropout_add`]
+    /// for an `x` in `x_dtype` and a residual in `r_dtype` (CubeCL: both f32, the masks drawn on
+    /// the device). flex keeps the dropout's node (masks drawn on the host) and the add, so its
+    /// measured peaks and ACT's estimate graph do not change.
+    fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
+        let _ = (x_dtype, r_dtype);
+        false
+    }
 }
 
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
@@ -336,6 +351,9 @@ mod burn_kernels {
         let shape = x.shape();
         let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
         B::float_reshape(p(crate::nn::dropout::host::host_dropout(flat, base, threshold, scale)), shape)
+    }
+    pub fn dropout_add<B: Backend>(x: Prim<B>, residual: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        B::float_add(residual, dropout::<B>(x, base, threshold, scale))
     }
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
@@ -492,7 +510,6 @@ mod cube_kernels {
     use super::*;
     use conv::flipped_padding;
     use crate::nn::cube::{self, CubeLaunch, OutSpec};
-    use burn::tensor::DType;
     pub use burn_kernels::bias_add;
     /// `x · scale + shift` per channel ([`cube::affine`]), in `x`'s layout.
     pub fn channel_affine<B: CubeLaunch>(x: Prim<B>, scale: Prim<B>, shift: Option<Prim<B>>) -> Prim<B> {
@@ -829,6 +846,19 @@ mod cube_kernels {
         let [y] = B::cube_op("vramlab.dropout", [x], [out], move |[x]| [cube::dropout::dropout(x, base, threshold, scale as f32)]);
         y
     }
+    /// `residual + dropout(x)` in one launch ([`cube::dropout::dropout_add`]).
+    pub fn dropout_add<B: CubeLaunch>(x: Prim<B>, residual: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        if cube::composed() || !cube::dropout::dropout_add_handles(&dims_of::<B>(&x), x.dtype(), &dims_of::<B>(&residual), residual.dtype()) {
+            return burn_kernels::dropout_add::<B>(x, residual, base, threshold, scale);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.dropout_add", [x, residual], [out], move |[x, r]| [cube::dropout::dropout_add(x, r, base, threshold, scale as f32)]);
+        y
+    }
+    /// f32 only, as the other fused block ends.
+    pub fn dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
+        !cube::composed() && x_dtype == DType::F32 && r_dtype == DType::F32
+    }
     pub fn mean_all<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
         if cube::composed() {
             return burn_kernels::mean_all::<B>(x);
@@ -965,10 +995,14 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
+        false
+    }
+    /// flex keeps the dropout's node and the add (see [`LeanBackend::lean_dropout_add_fuses`]).
+    pub fn dropout_add_fuses(_: DType, _: DType) -> bool {
         false
     }
     /// flex keeps the frozen batch norm's and the ReLU's nodes (see
@@ -1163,6 +1197,12 @@ macro_rules! inner_lean_backend {
             fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
                 $kernels::dropout::<Self>(x, base, threshold, scale)
             }
+            fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+                $kernels::dropout_add::<Self>(x, residual, base, threshold, scale)
+            }
+            fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
+                $kernels::dropout_add_fuses(x_dtype, r_dtype)
+            }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
             }
@@ -1237,6 +1277,16 @@ fn view<B: Backend, const D: usize>(x: Prim<B>, shape: [usize; D]) -> Tensor<B, 
 
 fn dims_of<B: Backend>(x: &Prim<B>) -> Vec<usize> {
     x.shape().to_vec()
+}
+
+/// A node's backward hands each parent its gradient (`parent_grads[i]` to `parents[i]`, the
+/// parents' ids: `ops.parents.map(|n| n.map(|n| n.id))`); untracked parents (`None`) drop theirs.
+fn register_parents<B: Backend, const N: usize>(grads: &mut burn::backend::autodiff::grads::Gradients, parents: [Option<burn::backend::autodiff::NodeId>; N], parent_grads: [Prim<B>; N]) {
+    for (id, g) in parents.into_iter().zip(parent_grads) {
+        if let Some(id) = id {
+            grads.register::<B>(id, g);
+        }
+    }
 }
 
 /// A tensor of any rank back to `dims` (the caller's rank).
@@ -1421,6 +1471,14 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
         pointwise::dropout_node::<B, C>(x, base, threshold, scale)
+    }
+
+    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        pointwise::dropout_add_node::<B, C>(x, residual, base, threshold, scale)
+    }
+
+    fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
+        B::lean_dropout_add_fuses(x_dtype, r_dtype)
     }
 
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {

@@ -26,7 +26,7 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::TensorMetadata;
 
 use super::pointwise::{mish_grad, mish_of, silu_grad};
-use super::{LeanBackend, NormAct, Prim, dims_of, p, t, unview, view};
+use super::{LeanBackend, NormAct, Prim, dims_of, p, register_parents, t, unview, view};
 use crate::nn::{to_dtype, to_f32};
 
 /// The two views of `[n, c, s…]` GroupNorm works in, both free reshapes of the contiguous
@@ -131,12 +131,7 @@ impl<B: LeanBackend> Backward<B, 3> for GroupNormBackward {
         let GroupNormState { x, mean, rstd, weight, bias, groups, act } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let (dx, dweight, dbias) = B::lean_group_norm_backward(x, mean, rstd, weight, bias, dy, groups, act);
-        let [id_x, id_w, id_b] = ops.parents.map(|n| n.map(|n| n.id));
-        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias)] {
-            if let Some(id) = id {
-                grads.register::<B>(id, g);
-            }
-        }
+        register_parents::<B, 3>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dx, dweight, dbias]);
     }
 }
 
@@ -174,12 +169,7 @@ impl<B: LeanBackend> Backward<B, 4> for GroupNormAddReluBackward {
         let GroupNormAddReluState { x, mean, rstd, weight, bias, y, groups } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let (dx, dweight, dbias, dr) = B::lean_group_norm_add_relu_backward(x, mean, rstd, weight, bias, y, dy, groups);
-        let [id_x, id_w, id_b, id_r] = ops.parents.map(|n| n.map(|n| n.id));
-        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias), (id_r, dr)] {
-            if let Some(id) = id {
-                grads.register::<B>(id, g);
-            }
-        }
+        register_parents::<B, 4>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dx, dweight, dbias, dr]);
     }
 }
 
@@ -236,12 +226,7 @@ impl<B: LeanBackend> Backward<B, 3> for LayerNormBackward {
         let LayerNormState { x, mean, rstd, weight } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         let (dx, dweight, dbias) = B::lean_layer_norm_backward(x, mean, rstd, weight, dy);
-        let [id_x, id_w, id_b] = ops.parents.map(|n| n.map(|n| n.id));
-        for (id, g) in [(id_x, dx), (id_w, dweight), (id_b, dbias)] {
-            if let Some(id) = id {
-                grads.register::<B>(id, g);
-            }
-        }
+        register_parents::<B, 3>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dx, dweight, dbias]);
     }
 }
 

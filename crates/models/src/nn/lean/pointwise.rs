@@ -422,6 +422,37 @@ pub(super) fn dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodi
     }
 }
 
+/// `residual + dropout(x)`: `dx` the dropout of `dy` (the flags recomputed), `dresidual = dy`.
+#[derive(Debug)]
+struct DropoutAddBackward;
+
+impl<B: LeanBackend> Backward<B, 2> for DropoutAddBackward {
+    type State = (u64, u64, f64);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (base, threshold, scale) = ops.state;
+        match ops.parents {
+            [Some(nx), Some(nr)] => {
+                grads.register::<B>(nx.id, B::lean_dropout(dy.clone(), base, threshold, scale));
+                grads.register::<B>(nr.id, dy);
+            }
+            [Some(nx), None] => grads.register::<B>(nx.id, B::lean_dropout(dy, base, threshold, scale)),
+            [None, Some(nr)] => grads.register::<B>(nr.id, dy),
+            [None, None] => {}
+        }
+    }
+}
+
+/// [`LeanBackend::lean_dropout_add`] on `Autodiff<B, C>`: one node keeping the hash base, the
+/// threshold and the scale.
+pub(super) fn dropout_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, residual: Prim<Autodiff<B, C>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
+    match DropoutAddBackward.prepare::<C>([x.node.clone(), residual.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((base, threshold, scale), B::lean_dropout_add(x.primitive, residual.primitive, base, threshold, scale)),
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_dropout_add(x.primitive, residual.primitive, base, threshold, scale)),
+    }
+}
+
 /// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
 pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
     let dims = dims_of::<B>(&x);
