@@ -73,10 +73,16 @@ impl DropoutCtx {
 /// device where the backend has the kernel, else with the host's flags. A backward applies it
 /// to the gradient with the same arguments (the same elements dropped, the same scale).
 pub(crate) fn apply_drop<B: LeanBackend, const D: usize>(x: Tensor<B, D>, base: u64, threshold: u64, scale: f64) -> Tensor<B, D> {
-    if B::lean_dropout_on_device() && x.shape().num_elements() <= u32::MAX as usize {
+    if drops_on_device::<B>(x.shape().num_elements()) {
         return Tensor::from_primitive(TensorPrimitive::Float(B::lean_dropout(x.into_primitive().tensor(), base, threshold, scale)));
     }
     host_dropout(x, base, threshold, scale)
+}
+
+/// Whether the dropout of `n` elements runs on the device ([`LeanBackend::lean_dropout`]'s kernel
+/// indexes them with 32 bits); otherwise the host draws the flags.
+fn drops_on_device<B: LeanBackend>(n: usize) -> bool {
+    B::lean_dropout_on_device() && n <= u32::MAX as usize
 }
 
 /// Dropout at `site` when a context is given and the rate is positive; identity otherwise.
@@ -93,7 +99,7 @@ pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&Dro
 /// the cast and the add. The same values either way.
 pub fn residual_dropout<B: LeanBackend, const D: usize>(residual: Tensor<B, D>, x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
     match ctx {
-        Some(c) if rate > 0.0 && B::lean_dropout_add_fuses(x.dtype(), residual.dtype()) && x.dims() == residual.dims() => {
+        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_dropout_add_fuses(x.dtype(), residual.dtype()) && x.dims() == residual.dims() => {
             let (base, threshold) = c.base_threshold(site, rate);
             let y = B::lean_dropout_add(x.into_primitive().tensor(), residual.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate));
             Tensor::from_primitive(TensorPrimitive::Float(y))

@@ -320,8 +320,7 @@ pub trait LeanBackend: Backend {
     /// for an `x` in `x_dtype` and a residual in `r_dtype` (CubeCL: both f32, the masks drawn on
     /// the device). flex keeps the dropout's node (masks drawn on the host) and the add, so its
     /// measured peaks and ACT's estimate graph do not change.
-    fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
-        let _ = (x_dtype, r_dtype);
+    fn lean_dropout_add_fuses(_x_dtype: DType, _r_dtype: DType) -> bool {
         false
     }
 }
