@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::prelude::*;
 
 use super::config::ActConfig;
-use crate::nn::{Activation, DropoutCtx, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, residual_dropout, to_f32};
+use crate::nn::{Activation, DropoutCtx, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, relu_dropout, residual_dropout, to_f32};
 
 /// Dropout block numbers of [`DropoutCtx::site`].
 pub(super) const BLOCK_VAE: u64 = 0;
@@ -33,6 +33,15 @@ pub struct LayerCtx<'a> {
 impl LayerCtx<'_> {
     fn drop<B: LeanBackend, const D: usize>(&self, x: Tensor<B, D>, slot: u64) -> Tensor<B, D> {
         dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
+    }
+
+    /// `self.drop(activation(x), slot)`, the FFN's; with ReLU one node where the backend fuses it
+    /// ([`relu_dropout`]).
+    fn act_drop<B: LeanBackend>(&self, activation: Activation, x: Tensor<B, 3>, slot: u64) -> Tensor<B, 3> {
+        match activation {
+            Activation::Relu => relu_dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate),
+            Activation::Gelu => self.drop(activation.apply(x), slot),
+        }
     }
 
     /// `skip + to_f32(self.drop(x, slot))`, one node where the backend fuses it
@@ -100,7 +109,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
             let x = self.norm1.forward(x);
             (x.clone(), x)
         };
-        let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 2);
+        let h = lc.act_drop(self.activation, self.linear1.forward(x, p), 2);
         let x = lc.drop_add(skip, self.linear2.forward(h, p), 3);
         if self.pre_norm { x } else { self.norm2.forward(x) }
     }
@@ -207,7 +216,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
             let x = self.norm2.forward(x);
             (x.clone(), x)
         };
-        let h = lc.drop(self.activation.apply(self.linear1.forward(x, p)), 4);
+        let h = lc.act_drop(self.activation, self.linear1.forward(x, p), 4);
         let x = lc.drop_add(skip, self.linear2.forward(h, p), 5);
         if self.pre_norm { x } else { self.norm3.forward(x) }
     }

@@ -33,7 +33,7 @@ mod norm;
 
 pub use attention::MultiheadAttention;
 pub use conv::{conv_transpose1d_p, conv1d_p, conv2d_p, conv3d_p};
-pub use dropout::{DropoutCtx, dropout, residual_dropout};
+pub use dropout::{DropoutCtx, dropout, relu_dropout, residual_dropout};
 pub use linear::{Activation, Embedding, Linear, xavier_uniform};
 pub use lean::{LeanBackend, NormAct, mish, silu};
 pub use norm::{GroupNorm, LAYER_NORM_EPS, LayerNorm, group_count};

@@ -7,6 +7,11 @@
 //! [`dropout_add`]: `r + dropout(x)`, a transformer's residual add after its dropout (ACT's 19 a
 //! forward), in the same launch; in place in `x`'s buffer when it is `x`'s alone. f32 values are
 //! those of the two kernels: the same product, then the same add.
+//!
+//! [`relu_dropout`]: `dropout(relu(x))`, a transformer FFN's activation and its dropout (ACT's 9 a
+//! forward), in the same launch, in place as [`dropout_add`]. Its backward needs no flags: the
+//! output is > 0 exactly where an element was kept and positive
+//! ([`super::relu::relu_dropout_backward`]).
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
@@ -23,10 +28,24 @@ fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
 /// Keeps (scaled) or drops element `i`; see the module docs. `base`: the site's hash base,
 /// `t`: the rate's threshold shifted into the hash's top 53 bits (`threshold << 11`), both as
 /// (high, low) 32-bit halves.
-/// With `with_residual`, `y = r + dropout(x)` (else `r` is not read).
+/// With `with_residual`, `y = r + dropout(x)` (else `r` is not read); with `relu_first`,
+/// `dropout(relu(x))` (`x ≤ 0 → 0`, NaN passing, as [`super::relu`]'s kernel).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn dropout_kernel<F: Float>(x: &Tensor<F>, r: &Tensor<F>, y: &mut Tensor<F>, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, scale: f32, n: u32, #[comptime] with_residual: bool, #[define(F)] _dtype: StorageType) {
+fn dropout_kernel<F: Float>(
+    x: &Tensor<F>,
+    r: &Tensor<F>,
+    y: &mut Tensor<F>,
+    base_hi: u32,
+    base_lo: u32,
+    t_hi: u32,
+    t_lo: u32,
+    scale: f32,
+    n: u32,
+    #[comptime] with_residual: bool,
+    #[comptime] relu_first: bool,
+    #[define(F)] _dtype: StorageType,
+) {
     let i = ABSOLUTE_POS;
     if i >= n as usize {
         terminate!();
@@ -55,7 +74,11 @@ fn dropout_kernel<F: Float>(x: &Tensor<F>, r: &Tensor<F>, y: &mut Tensor<F>, bas
     let dropped = hi < t_hi || (hi == t_hi && lo < t_lo);
     let mut v = F::new(0.0);
     if !dropped {
-        v = x[i] * F::cast_from(scale);
+        let mut xv = x[i];
+        if comptime![relu_first] {
+            xv = select(xv <= F::new(0.0), F::new(0.0), xv);
+        }
+        v = xv * F::cast_from(scale);
     }
     if comptime![with_residual] {
         v = r[i] + v;
@@ -69,7 +92,7 @@ pub fn dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scal
     let y = empty(&x, x.meta.shape().to_vec(), x.dtype);
     // Without a residual the kernel never reads `r`: `x` stands in for it.
     let (r, y_arg) = (x.clone().into_tensor_arg(), y.clone().into_tensor_arg());
-    launch(x, r, y_arg, base, threshold, scale, false);
+    launch(x, r, y_arg, base, threshold, scale, Variant::Dropout);
     y
 }
 
@@ -83,15 +106,34 @@ pub fn dropout_add<R: CubeRuntime>(x: CubeTensor<R>, r: CubeTensor<R>, base: u64
     // The flags are drawn per logical element: both read in contiguous order.
     let (x, r) = (contiguous(x), contiguous(r));
     let (y, y_arg) = elem_out(&x, 0);
-    launch(x, r.into_tensor_arg(), y_arg, base, threshold, scale, true);
+    launch(x, r.into_tensor_arg(), y_arg, base, threshold, scale, Variant::AddResidual);
     y
 }
 
-fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, y: TensorArg<R>, base: u64, threshold: u64, scale: f32, with_residual: bool) {
+/// `dropout(relu(x))` (any float dtype; at most `u32::MAX` elements), contiguous; in `x`'s buffer
+/// when it is its alone.
+pub fn relu_dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
+    let x = contiguous(x);
+    let (y, y_arg) = elem_out(&x, 0);
+    // `r` is not read: `x` stands in for it.
+    let r = x.clone().into_tensor_arg();
+    launch(x, r, y_arg, base, threshold, scale, Variant::ReluFirst);
+    y
+}
+
+/// What the one kernel computes besides the dropout (each its own compiled kernel).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Dropout,
+    AddResidual,
+    ReluFirst,
+}
+
+fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, y: TensorArg<R>, base: u64, threshold: u64, scale: f32, variant: Variant) {
     let n = x.meta.num_elements();
     let t = threshold << 11;
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, dim) = elem_cubes(&client, n);
-    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, with_residual, dtype);
+    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, variant == Variant::AddResidual, variant == Variant::ReluFirst, dtype);
 }

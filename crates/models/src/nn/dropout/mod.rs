@@ -108,6 +108,19 @@ pub fn residual_dropout<B: LeanBackend, const D: usize>(residual: Tensor<B, D>, 
     }
 }
 
+/// `dropout(relu(x))` (a transformer FFN's activation and its dropout): one node and, on CubeCL,
+/// one launch each way where the backend fuses it ([`LeanBackend::lean_relu_dropout_fuses`]), else
+/// the ReLU's node ([`crate::nn::lean::relu`]) and [`dropout`]. The same values either way.
+pub fn relu_dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+    match ctx {
+        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_relu_dropout_fuses() => {
+            let (base, threshold) = c.base_threshold(site, rate);
+            Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate))))
+        }
+        _ => dropout(super::lean::relu(x), ctx, site, rate),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +190,33 @@ mod tests {
         assert_eq!(y_node, y_host);
         assert_eq!(g_node, g_host);
         assert!(!<B as LeanBackend>::lean_dropout_on_device(), "flex draws the masks on the host");
+    }
+
+    /// The FFN's ReLU-and-dropout node (`LeanBackend::lean_relu_dropout` on autodiff, keeping its
+    /// output and the scale; the composed forward and backward on flex, as CubeCL's with
+    /// `VRAMLAB_COMPOSED_KERNELS=1`) gives the values and input gradient of the ReLU's node, then
+    /// the dropout's, exactly; flex's models keep the two nodes (`relu_dropout` does not fuse).
+    #[test]
+    fn relu_dropout_node_equals_the_relu_then_the_dropout() {
+        use crate::nn::lean::LeanBackend;
+        type B = Ad;
+        let dev = Default::default();
+        let ctx = DropoutCtx::new(13);
+        let site = DropoutCtx::site(1, 0, 2);
+        let (rate, dims) = (0.25, [2usize, 11, 37]);
+        let (base, threshold) = ctx.base_threshold(site, rate);
+        let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| value_and_grad(&x0, &w, f);
+        let node = |x: Tensor<B, 3>| Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate))));
+        let (y_node, g_node) = run(&node);
+        let (y_two, g_two) = run(&|x| ctx.apply(crate::nn::lean::relu(x), site, rate));
+        assert_eq!(y_node, y_two);
+        assert_eq!(g_node, g_two);
+        let ys = y_node.to_vec::<f32>().unwrap();
+        assert!(ys.iter().any(|v| *v == 0.0) && ys.iter().any(|v| *v > 0.0));
+        assert!(!<B as LeanBackend>::lean_relu_dropout_fuses(), "flex keeps the two nodes");
+        let (y_model, g_model) = run(&|x| super::relu_dropout(x, Some(&ctx), site, rate));
+        assert_eq!((y_model, g_model), (y_two, g_two));
     }
 }

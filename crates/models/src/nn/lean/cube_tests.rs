@@ -511,6 +511,65 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
     }
 }
 
+/// The FFN's ReLU before its dropout (`nn::relu_dropout`, ACT's 9 a forward) in one launch: the
+/// kernel gives `dropout(relu(x))` of the host's flags bit for bit, contiguous, through a
+/// transposed view (made contiguous first: the flags follow the logical index), in place in an `x`
+/// held by nothing else, and in f16. The node on `Autodiff<Wgpu>` (f32 and f16): the output and
+/// `dx` of the ReLU's node, then the dropout's, bit for bit; its backward redraws no flags
+/// (`dy · scale` where the output is > 0).
+#[test]
+fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
+    use crate::nn::dropout::DropoutCtx;
+    use crate::nn::dropout::host::host_dropout;
+    let host = |x: Tensor<W, 3>, base, threshold, scale| {
+        let dims = x.dims();
+        let n = dims.iter().product::<usize>();
+        host_dropout(burn::tensor::activation::relu(x).reshape([n]), base, threshold, scale).reshape(dims)
+    };
+    let flat = |t: Tensor<W, 3>| {
+        let n = t.shape().num_elements();
+        vals(t.reshape([n]))
+    };
+    for (k, dims) in [[1usize, 1, 1], [2, 3, 43], [4, 25, 257]].into_iter().enumerate() {
+        let (rate, seed) = [(0.1, 9u64), (0.5, u64::MAX - 7), (0.9, 1 << 35)][k];
+        let ctx = DropoutCtx::new(seed);
+        let (base, threshold) = ctx.base_threshold(DropoutCtx::site(2, k, 4), rate);
+        let scale = 1.0 / (1.0 - rate);
+        let x0 = random::<W, 3>(dims, 90 + k as u64);
+        let want = flat(host(x0.clone(), base, threshold, scale));
+        let fused = |x: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(x), base, threshold, scale))));
+        let at = format!("{dims:?} rate {rate}");
+        assert_eq!(fused(x0.clone()), want, "{at}: contiguous");
+        let xt = Tensor::<W, 3>::from_data(x0.clone().swap_dims(1, 2).into_data(), &Default::default()).swap_dims(1, 2);
+        assert_eq!(fused(xt), want, "{at}: transposed view");
+        let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
+        assert_eq!(fused(alone), want, "{at}: in place");
+        let h = x0.clone().cast(burn::tensor::DType::F16);
+        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(h.clone()), base, threshold, scale)));
+        assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+    }
+    assert!(<A as super::LeanBackend>::lean_relu_dropout_fuses(), "CubeCL fuses the FFN's ReLU and dropout");
+    let dims = [3usize, 7, 65];
+    let ctx = DropoutCtx::new(29);
+    let site = DropoutCtx::site(1, 3, 2);
+    let (x0, w) = (random::<A, 3>(dims, 95), random::<A, 3>(dims, 96));
+    let n = dims.iter().product::<usize>();
+    for half in [false, true] {
+        let run = |fused: bool| {
+            let x = x0.clone().detach().require_grad();
+            let xin = if half { x.clone().cast(burn::tensor::DType::F16) } else { x.clone() };
+            let y = if fused { crate::nn::relu_dropout(xin, Some(&ctx), site, 0.3) } else { ctx.apply(crate::nn::lean::relu(xin), site, 0.3) };
+            let g = (crate::nn::to_f32(y.clone()) * w.clone()).sum().backward();
+            [crate::nn::to_f32(y).inner(), x.grad(&g).expect("x has a gradient")].map(|t| vals(t.reshape([n])))
+        };
+        let (a, b) = (run(true), run(false));
+        assert!(a[0].iter().any(|v| *v == 0.0) && a[0].iter().any(|v| *v > 0.0), "some elements dropped or negative, some kept");
+        for (name, (a, b)) in ["output", "dx"].into_iter().zip(a.iter().zip(&b)) {
+            assert_eq!(a, b, "{name}, x f16 {half}");
+        }
+    }
+}
+
 /// Strided convolutions' input gradients on wgpu: the spread output gradient's stride-1
 /// convolution (`LeanBackend::spread_strided_x_backward`) against flex's transposed convolution
 /// on the same host inputs; Burn's own wgpu transposed convolution is right where the kernel

@@ -13,7 +13,8 @@
 //!   CubeCL) and LayerNorm;
 //! - [`pointwise`]: SiLU, Mish, ReLU (keeps its output), softmax (keeps its output), the
 //!   per-channel affine (frozen batch norm), FiLM (Diffusion's conditioning; a node on CubeCL),
-//!   linear upsampling, dropout and, on CubeCL, a transformer's residual add after its dropout;
+//!   linear upsampling, dropout and, on CubeCL, a transformer's residual add after its dropout
+//!   and its FFN's ReLU before it;
 //! - [`attention`]: multi-head attention from the packed in-projection to the merged heads;
 //! - [`matmul`]: matrix products, on CubeCL one fixed kernel instead of Burn's autotuned search
 //!   (unless `--matmul_autotune=true`);
@@ -323,6 +324,26 @@ pub trait LeanBackend: Backend {
     fn lean_dropout_add_fuses(_x_dtype: DType, _r_dtype: DType) -> bool {
         false
     }
+    /// `lean_dropout(relu(x), …)` (a transformer FFN's activation and its dropout). On CubeCL one
+    /// launch; on autodiff one node keeping its output, which the next linear layer keeps as its
+    /// input anyway (the ReLU's node would keep its own output beside it), with the scale: its
+    /// backward is [`LeanBackend::lean_relu_dropout_backward`], no flags redrawn. The default is
+    /// the two ops.
+    fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        burn_kernels::relu_dropout::<Self>(x, base, threshold, scale)
+    }
+    /// [`LeanBackend::lean_relu_dropout`]'s backward from its output: `dy · scale` where `y > 0`
+    /// (kept and positive), else 0 — the dropout's backward, then the ReLU's.
+    fn lean_relu_dropout_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64) -> Prim<Self> {
+        burn_kernels::relu_dropout_backward::<Self>(y, dy, scale)
+    }
+    /// Whether a model should run `dropout(relu(x))` as [`LeanBackend::lean_relu_dropout`] (CubeCL:
+    /// the masks drawn on the device, any float dtype). flex keeps the ReLU's node and the
+    /// dropout's (masks drawn on the host, a 1-byte mask kept), so its measured peaks and ACT's
+    /// estimate graph do not change.
+    fn lean_relu_dropout_fuses() -> bool {
+        false
+    }
 }
 
 /// The inner kernels from Burn's ops (wgpu, cuda, and flex's fallbacks).
@@ -353,6 +374,12 @@ mod burn_kernels {
     }
     pub fn dropout_add<B: Backend>(x: Prim<B>, residual: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
         B::float_add(residual, dropout::<B>(x, base, threshold, scale))
+    }
+    pub fn relu_dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        dropout::<B>(B::relu(x), base, threshold, scale)
+    }
+    pub fn relu_dropout_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, scale: f64) -> Prim<B> {
+        B::float_mul_scalar(B::relu_backward(y, dy), scale.into())
     }
     pub fn flipped_weight<B: Backend>(w: Prim<B>) -> Prim<B> {
         super::flipped_weight::<B>(w)
@@ -858,6 +885,30 @@ mod cube_kernels {
     pub fn dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
         !cube::composed() && x_dtype == DType::F32 && r_dtype == DType::F32
     }
+    /// `dropout(relu(x))` in one launch ([`cube::dropout::relu_dropout`]).
+    pub fn relu_dropout<B: CubeLaunch>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        let n = dims_of::<B>(&x).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize {
+            return burn_kernels::relu_dropout::<B>(x, base, threshold, scale);
+        }
+        let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
+        let [y] = B::cube_op("vramlab.relu_dropout", [x], [out], move |[x]| [cube::dropout::relu_dropout(x, base, threshold, scale as f32)]);
+        y
+    }
+    /// Its backward in one launch, the ReLU backward's kernel with the scale
+    /// ([`cube::relu::relu_dropout_backward`]).
+    pub fn relu_dropout_backward<B: CubeLaunch>(y: Prim<B>, dy: Prim<B>, scale: f64) -> Prim<B> {
+        let n = dims_of::<B>(&dy).iter().product::<usize>();
+        if cube::composed() || n == 0 || n > u32::MAX as usize || y.dtype() != dy.dtype() {
+            return burn_kernels::relu_dropout_backward::<B>(y, dy, scale);
+        }
+        let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
+        let [dx] = B::cube_op("vramlab.relu_dropout_backward", [y, dy], [out], move |[y, dy]| [cube::relu::relu_dropout_backward(y, dy, scale as f32)]);
+        dx
+    }
+    pub fn relu_dropout_fuses() -> bool {
+        !cube::composed()
+    }
     pub fn mean_all<B: CubeLaunch>(x: Prim<B>) -> Prim<B> {
         if cube::composed() {
             return burn_kernels::mean_all::<B>(x);
@@ -994,7 +1045,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1002,6 +1053,10 @@ mod flex_kernels {
     }
     /// flex keeps the dropout's node and the add (see [`LeanBackend::lean_dropout_add_fuses`]).
     pub fn dropout_add_fuses(_: DType, _: DType) -> bool {
+        false
+    }
+    /// flex keeps the ReLU's node and the dropout's (see [`LeanBackend::lean_relu_dropout_fuses`]).
+    pub fn relu_dropout_fuses() -> bool {
         false
     }
     /// flex keeps the frozen batch norm's and the ReLU's nodes (see
@@ -1201,6 +1256,15 @@ macro_rules! inner_lean_backend {
             }
             fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
                 $kernels::dropout_add_fuses(x_dtype, r_dtype)
+            }
+            fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+                $kernels::relu_dropout::<Self>(x, base, threshold, scale)
+            }
+            fn lean_relu_dropout_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64) -> Prim<Self> {
+                $kernels::relu_dropout_backward::<Self>(y, dy, scale)
+            }
+            fn lean_relu_dropout_fuses() -> bool {
+                $kernels::relu_dropout_fuses()
             }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
@@ -1478,6 +1542,18 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
 
     fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
         B::lean_dropout_add_fuses(x_dtype, r_dtype)
+    }
+
+    fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        pointwise::relu_dropout_node::<B, C>(x, base, threshold, scale)
+    }
+
+    fn lean_relu_dropout_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_relu_dropout_backward(y.primitive, dy.primitive, scale))
+    }
+
+    fn lean_relu_dropout_fuses() -> bool {
+        B::lean_relu_dropout_fuses()
     }
 
     fn lean_conv3d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<3>) -> Prim<Self> {

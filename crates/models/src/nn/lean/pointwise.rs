@@ -453,6 +453,35 @@ pub(super) fn dropout_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Au
     }
 }
 
+/// `dropout(relu(x))` from its output: `dx = dy · scale` where `y > 0` (the element kept and its
+/// input positive), else 0; no flags redrawn.
+#[derive(Debug)]
+struct ReluDropoutBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for ReluDropoutBackward {
+    type State = (Prim<B>, f64);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(node)] = ops.parents {
+            let (y, scale) = ops.state;
+            grads.register::<B>(node.id, B::lean_relu_dropout_backward(y, dy, scale));
+        }
+    }
+}
+
+/// [`LeanBackend::lean_relu_dropout`] on `Autodiff<B, C>`: one node keeping its output (what the
+/// next linear layer keeps as its input) and the scale.
+pub(super) fn relu_dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
+    match ReluDropoutBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let y = B::lean_relu_dropout(x.primitive, base, threshold, scale);
+            prep.finish((y.clone(), scale), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::lean_relu_dropout(x.primitive, base, threshold, scale)),
+    }
+}
+
 /// [`LeanBackend::lean_upsample_linear`] of Burn ops: two `select`s weighted and added.
 pub(super) fn upsample_linear_composed<B: Backend>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
     let dims = dims_of::<B>(&x);
