@@ -35,23 +35,31 @@ impl LayerCtx<'_> {
         dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
     }
 
-    /// `self.drop(activation(x), slot)`, the FFN's; with ReLU one node where the backend fuses it
+    /// `self.drop(activation(x + bias), slot)`, the FFN's (`x`, `bias`: its first linear layer's
+    /// [`Linear::forward_parts`]); with ReLU one node where the backend fuses it
     /// ([`relu_dropout`]).
-    fn act_drop<B: LeanBackend>(&self, activation: Activation, x: Tensor<B, 3>, slot: u64) -> Tensor<B, 3> {
+    fn act_drop<B: LeanBackend>(&self, activation: Activation, (x, bias): (Tensor<B, 3>, Option<Tensor<B, 1>>), slot: u64) -> Tensor<B, 3> {
         match activation {
-            Activation::Relu => relu_dropout(x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate),
-            Activation::Gelu => self.drop(activation.apply(x), slot),
+            Activation::Relu => relu_dropout(x, bias, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate),
+            Activation::Gelu => self.drop(activation.apply(add_bias(x, bias)), slot),
         }
     }
 
-    /// `skip + to_f32(self.drop(x, slot))`, one node where the backend fuses it
-    /// ([`residual_dropout`]).
-    fn drop_add<B: LeanBackend>(&self, skip: Tensor<B, 3>, x: Tensor<B, 3>, slot: u64) -> Tensor<B, 3> {
-        residual_dropout(skip, x, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
+    /// `skip + to_f32(self.drop(x + bias, slot))` (`x`, `bias`: the sublayer's output before its
+    /// last bias add, `forward_parts`), one node where the backend fuses it ([`residual_dropout`]).
+    fn drop_add<B: LeanBackend>(&self, skip: Tensor<B, 3>, (x, bias): (Tensor<B, 3>, Option<Tensor<B, 1>>), slot: u64) -> Tensor<B, 3> {
+        residual_dropout(skip, x, bias, self.dropout, DropoutCtx::site(self.block, self.layer, slot), self.rate)
     }
 
     fn attn_drop(&self, slot: u64) -> Option<(&DropoutCtx, u64, f64)> {
         self.dropout.filter(|_| self.rate > 0.0).map(|d| (d, DropoutCtx::site(self.block, self.layer, slot), self.rate))
+    }
+}
+
+fn add_bias<B: LeanBackend>(x: Tensor<B, 3>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 3> {
+    match bias {
+        Some(b) => crate::nn::lean::bias_add(x, b),
+        None => x,
     }
 }
 
@@ -101,7 +109,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
         let skip = x.clone();
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), pos);
-        let x = self.self_attn.forward(qk.clone(), qk, x, key_padding_mask, lc.attn_drop(0), p);
+        let x = self.self_attn.forward_parts(qk.clone(), qk, x, key_padding_mask, lc.attn_drop(0), p);
         let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))
@@ -109,8 +117,8 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
             let x = self.norm1.forward(x);
             (x.clone(), x)
         };
-        let h = lc.act_drop(self.activation, self.linear1.forward(x, p), 2);
-        let x = lc.drop_add(skip, self.linear2.forward(h, p), 3);
+        let h = lc.act_drop(self.activation, self.linear1.forward_parts(x, p), 2);
+        let x = lc.drop_add(skip, self.linear2.forward_parts(h, p), 3);
         if self.pre_norm { x } else { self.norm2.forward(x) }
     }
 }
@@ -193,7 +201,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
         let skip = x.clone();
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), decoder_pos);
-        let x = self.self_attn.forward(qk.clone(), qk, x, None, lc.attn_drop(0), p);
+        let x = self.self_attn.forward_parts(qk.clone(), qk, x, None, lc.attn_drop(0), p);
         let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))
@@ -201,7 +209,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
             let x = self.norm1.forward(x);
             (x.clone(), x)
         };
-        let x = self.multihead_attn.forward(
+        let x = self.multihead_attn.forward_parts(
             add_pos(x, decoder_pos),
             add_pos(encoder_out.clone(), encoder_pos),
             encoder_out,
@@ -216,8 +224,8 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
             let x = self.norm2.forward(x);
             (x.clone(), x)
         };
-        let h = lc.act_drop(self.activation, self.linear1.forward(x, p), 4);
-        let x = lc.drop_add(skip, self.linear2.forward(h, p), 5);
+        let h = lc.act_drop(self.activation, self.linear1.forward_parts(x, p), 4);
+        let x = lc.drop_add(skip, self.linear2.forward_parts(h, p), 5);
         if self.pre_norm { x } else { self.norm3.forward(x) }
     }
 }

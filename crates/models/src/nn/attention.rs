@@ -53,6 +53,23 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> Tensor<B, 3> {
+        match self.forward_parts(query, key, value, key_padding_mask, attn_dropout, p) {
+            (y, Some(b)) => super::lean::bias_add(y, b),
+            (y, None) => y,
+        }
+    }
+
+    /// [`MultiheadAttention::forward`] without `out_proj`'s bias add, and that bias in the compute
+    /// dtype ([`super::Linear::forward_parts`]), for an op after it that adds the bias itself.
+    pub fn forward_parts(
+        &self,
+        query: Tensor<B, 3>,
+        key: Tensor<B, 3>,
+        value: Tensor<B, 3>,
+        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        attn_dropout: Option<(&DropoutCtx, u64, f64)>,
+        p: Precision,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
         let b = query.dims()[0];
         let s = key.dims()[1];
         let mask_bias = key_padding_mask.map(|mask| {
@@ -67,7 +84,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         let inputs = [query, key, value].map(|x| x.into_primitive().tensor());
         let (w, bias) = (self.in_proj_weight.val().into_primitive().tensor(), self.in_proj_bias.val().into_primitive().tensor());
         let out = B::lean_attention(inputs, w, bias, mask_bias.map(|m| m.into_primitive().tensor()), args);
-        self.out_proj.forward(Tensor::from_primitive(TensorPrimitive::Float(out)), p)
+        self.out_proj.forward_parts(Tensor::from_primitive(TensorPrimitive::Float(out)), p)
     }
 }
 

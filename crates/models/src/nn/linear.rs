@@ -47,6 +47,14 @@ impl<B: LeanBackend> Linear<B> {
         let dt = p.dtype();
         linear_rows(cast(x, dt), cast(self.weight.val(), dt).transpose(), self.bias.as_ref().map(|b| cast(b.val(), dt)))
     }
+
+    /// [`Linear::forward`] without the bias add, and the bias in the compute dtype: for an op after
+    /// the layer that adds the bias in its own node ([`crate::nn::residual_dropout`],
+    /// [`crate::nn::relu_dropout`]; the same values as the bias node's add).
+    pub fn forward_parts<const D: usize>(&self, x: Tensor<B, D>, p: Precision) -> (Tensor<B, D>, Option<Tensor<B, 1>>) {
+        let dt = p.dtype();
+        (linear_rows(cast(x, dt), cast(self.weight.val(), dt).transpose(), None), self.bias.as_ref().map(|b| cast(b.val(), dt)))
+    }
 }
 
 /// `x @ weight + bias` on `x` flattened to rows `[n, in]`, back to `[..., out]`.

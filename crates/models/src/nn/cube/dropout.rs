@@ -12,6 +12,9 @@
 //! forward), in the same launch, in place as [`dropout_add`]. Its backward needs no flags: the
 //! output is > 0 exactly where an element was kept and positive
 //! ([`super::relu::relu_dropout_backward`]).
+//!
+//! Both take the bias of the linear layer before them (`x + bias` along the last axis, the bias
+//! in `x`'s dtype) into the same launch: the sum is Burn's add's, in `x`'s dtype.
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
@@ -29,12 +32,14 @@ fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
 /// `t`: the rate's threshold shifted into the hash's top 53 bits (`threshold << 11`), both as
 /// (high, low) 32-bit halves.
 /// With `with_residual`, `y = r + dropout(x)` (else `r` is not read); with `relu_first`,
-/// `dropout(relu(x))` (`x ≤ 0 → 0`, NaN passing, as [`super::relu`]'s kernel).
+/// `dropout(relu(x))` (`x ≤ 0 → 0`, NaN passing, as [`super::relu`]'s kernel); with `with_bias`,
+/// `x + b[i mod d]` first (else `b` is not read).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn dropout_kernel<F: Float>(
     x: &Tensor<F>,
     r: &Tensor<F>,
+    b: &Tensor<F>,
     y: &mut Tensor<F>,
     base_hi: u32,
     base_lo: u32,
@@ -42,7 +47,9 @@ fn dropout_kernel<F: Float>(
     t_lo: u32,
     scale: f32,
     n: u32,
+    d: u32,
     #[comptime] with_residual: bool,
+    #[comptime] with_bias: bool,
     #[comptime] relu_first: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -75,6 +82,9 @@ fn dropout_kernel<F: Float>(
     let mut v = F::new(0.0);
     if !dropped {
         let mut xv = x[i];
+        if comptime![with_bias] {
+            xv += b[i % d as usize];
+        }
         if comptime![relu_first] {
             xv = select(xv <= F::new(0.0), F::new(0.0), xv);
         }
@@ -90,34 +100,48 @@ fn dropout_kernel<F: Float>(
 pub fn dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
     let x = contiguous(x);
     let y = empty(&x, x.meta.shape().to_vec(), x.dtype);
-    // Without a residual the kernel never reads `r`: `x` stands in for it.
+    // Without a residual or a bias the kernel reads neither: `x` stands in for them.
     let (r, y_arg) = (x.clone().into_tensor_arg(), y.clone().into_tensor_arg());
-    launch(x, r, y_arg, base, threshold, scale, Variant::Dropout);
+    launch(x, r, None, y_arg, base, threshold, scale, Variant::Dropout);
     y
 }
 
-/// Whether [`dropout_add`] takes `x` and `r`: one shape and dtype, at most `u32::MAX` elements.
-pub fn dropout_add_handles(x_dims: &[usize], x_dtype: burn::tensor::DType, r_dims: &[usize], r_dtype: burn::tensor::DType) -> bool {
-    x_dims == r_dims && x_dtype == r_dtype && x_dims.iter().product::<usize>() <= u32::MAX as usize
+/// Whether `bias` (dims and dtype) is one along the last axis of an `x` of `x_dims` in `x_dtype`.
+fn bias_fits(x_dims: &[usize], x_dtype: burn::tensor::DType, bias: Option<(&[usize], burn::tensor::DType)>) -> bool {
+    bias.is_none_or(|(dims, dtype)| dims.len() == 1 && x_dims.last() == Some(&dims[0]) && dims[0] > 0 && dtype == x_dtype)
 }
 
-/// `r + dropout(x)` ([`dropout_add_handles`]), contiguous; in `x`'s buffer when it is its alone.
-pub fn dropout_add<R: CubeRuntime>(x: CubeTensor<R>, r: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
+/// Whether [`dropout_add`] takes `x`, `r` and the bias: `x` and `r` of one shape and dtype, at
+/// most `u32::MAX` elements, the bias along `x`'s last axis in its dtype.
+pub fn dropout_add_handles(x_dims: &[usize], x_dtype: burn::tensor::DType, r_dims: &[usize], r_dtype: burn::tensor::DType, bias: Option<(&[usize], burn::tensor::DType)>) -> bool {
+    x_dims == r_dims && x_dtype == r_dtype && x_dims.iter().product::<usize>() <= u32::MAX as usize && bias_fits(x_dims, x_dtype, bias)
+}
+
+/// `r + dropout(x (+ bias))` ([`dropout_add_handles`]), contiguous; in `x`'s buffer when it is its
+/// alone.
+pub fn dropout_add<R: CubeRuntime>(x: CubeTensor<R>, r: CubeTensor<R>, bias: Option<CubeTensor<R>>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
     // The flags are drawn per logical element: both read in contiguous order.
     let (x, r) = (contiguous(x), contiguous(r));
     let (y, y_arg) = elem_out(&x, 0);
-    launch(x, r.into_tensor_arg(), y_arg, base, threshold, scale, Variant::AddResidual);
+    launch(x, r.into_tensor_arg(), bias, y_arg, base, threshold, scale, Variant::AddResidual);
     y
 }
 
-/// `dropout(relu(x))` (any float dtype; at most `u32::MAX` elements), contiguous; in `x`'s buffer
-/// when it is its alone.
-pub fn relu_dropout<R: CubeRuntime>(x: CubeTensor<R>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
+/// Whether [`relu_dropout`] takes `x` and the bias: at most `u32::MAX` elements, the bias along
+/// `x`'s last axis in its dtype.
+pub fn relu_dropout_handles(x_dims: &[usize], x_dtype: burn::tensor::DType, bias: Option<(&[usize], burn::tensor::DType)>) -> bool {
+    let n = x_dims.iter().product::<usize>();
+    n > 0 && n <= u32::MAX as usize && bias_fits(x_dims, x_dtype, bias)
+}
+
+/// `dropout(relu(x (+ bias)))` ([`relu_dropout_handles`]), contiguous; in `x`'s buffer when it is
+/// its alone.
+pub fn relu_dropout<R: CubeRuntime>(x: CubeTensor<R>, bias: Option<CubeTensor<R>>, base: u64, threshold: u64, scale: f32) -> CubeTensor<R> {
     let x = contiguous(x);
     let (y, y_arg) = elem_out(&x, 0);
     // `r` is not read: `x` stands in for it.
     let r = x.clone().into_tensor_arg();
-    launch(x, r, y_arg, base, threshold, scale, Variant::ReluFirst);
+    launch(x, r, bias, y_arg, base, threshold, scale, Variant::ReluFirst);
     y
 }
 
@@ -129,11 +153,19 @@ enum Variant {
     ReluFirst,
 }
 
-fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, y: TensorArg<R>, base: u64, threshold: u64, scale: f32, variant: Variant) {
+#[allow(clippy::too_many_arguments)]
+fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, bias: Option<CubeTensor<R>>, y: TensorArg<R>, base: u64, threshold: u64, scale: f32, variant: Variant) {
     let n = x.meta.num_elements();
+    let with_bias = bias.is_some();
+    let d = x.meta.shape().last().copied().unwrap_or(1).max(1);
+    // Without a bias the kernel does not read `b`: `x` stands in for it.
+    let b = match bias {
+        Some(b) => contiguous(b).into_tensor_arg(),
+        None => x.clone().into_tensor_arg(),
+    };
     let t = threshold << 11;
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, dim) = elem_cubes(&client, n);
-    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, variant == Variant::AddResidual, variant == Variant::ReluFirst, dtype);
+    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, b, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, d as u32, variant == Variant::AddResidual, with_bias, variant == Variant::ReluFirst, dtype);
 }

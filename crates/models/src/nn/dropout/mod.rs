@@ -93,31 +93,52 @@ pub fn dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&Dro
     }
 }
 
-/// `residual + to_f32(dropout(x))` (a transformer's residual add after its dropout; the
-/// residual f32, `x` of its shape in any dtype): one node and, on CubeCL, one launch where the
-/// backend fuses it ([`LeanBackend::lean_dropout_add_fuses`]: `x` in f32 too), else the dropout,
-/// the cast and the add. The same values either way.
-pub fn residual_dropout<B: LeanBackend, const D: usize>(residual: Tensor<B, D>, x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
-    match ctx {
-        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_dropout_add_fuses(x.dtype(), residual.dtype()) && x.dims() == residual.dims() => {
-            let (base, threshold) = c.base_threshold(site, rate);
-            let y = B::lean_dropout_add(x.into_primitive().tensor(), residual.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate));
-            Tensor::from_primitive(TensorPrimitive::Float(y))
-        }
-        _ => residual + super::to_f32(dropout(x, ctx, site, rate)),
+/// `x + bias` along the last axis ([`crate::nn::lean::bias_add`], the linear layer's own bias
+/// node) where there is a bias.
+fn add_bias<B: LeanBackend, const D: usize>(x: Tensor<B, D>, bias: Option<Tensor<B, 1>>) -> Tensor<B, D> {
+    match bias {
+        Some(b) => super::lean::bias_add(x, b),
+        None => x,
     }
 }
 
-/// `dropout(relu(x))` (a transformer FFN's activation and its dropout): one node and, on CubeCL,
-/// one launch each way where the backend fuses it ([`LeanBackend::lean_relu_dropout_fuses`]), else
-/// the ReLU's node ([`crate::nn::lean::relu`]) and [`dropout`]. The same values either way.
-pub fn relu_dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+/// Whether `bias` can join a fused node over `x`: along its last axis, in its dtype.
+fn bias_joins<B: Backend, const D: usize>(x: &Tensor<B, D>, bias: Option<&Tensor<B, 1>>) -> bool {
+    bias.is_none_or(|b| b.dims()[0] == x.dims()[D - 1] && b.dtype() == x.dtype())
+}
+
+fn prim<B: Backend, const D: usize>(x: Tensor<B, D>) -> crate::nn::lean::Prim<B> {
+    x.into_primitive().tensor()
+}
+
+/// `residual + to_f32(dropout(x + bias))` (a transformer's residual add after its dropout, and
+/// the bias of the linear layer before it, [`crate::nn::Linear::forward_parts`]; the residual f32,
+/// `x` of its shape in any dtype, the bias in `x`'s): one node and, on CubeCL, one launch where
+/// the backend fuses it ([`LeanBackend::lean_dropout_add_fuses`]: `x` in f32 too), else the bias
+/// node, the dropout, the cast and the add. The same values either way.
+pub fn residual_dropout<B: LeanBackend, const D: usize>(residual: Tensor<B, D>, x: Tensor<B, D>, bias: Option<Tensor<B, 1>>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
     match ctx {
-        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_relu_dropout_fuses() => {
+        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_dropout_add_fuses(x.dtype(), residual.dtype()) && x.dims() == residual.dims() && bias_joins(&x, bias.as_ref()) => {
             let (base, threshold) = c.base_threshold(site, rate);
-            Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate))))
+            let y = B::lean_dropout_add(prim(x), prim(residual), bias.map(prim), base, threshold, 1.0 / (1.0 - rate));
+            Tensor::from_primitive(TensorPrimitive::Float(y))
         }
-        _ => dropout(super::lean::relu(x), ctx, site, rate),
+        _ => residual + super::to_f32(dropout(add_bias(x, bias), ctx, site, rate)),
+    }
+}
+
+/// `dropout(relu(x + bias))` (a transformer FFN's activation and its dropout, and the bias of the
+/// linear layer before them, [`crate::nn::Linear::forward_parts`], in `x`'s dtype): one node and,
+/// on CubeCL, one launch each way where the backend fuses it
+/// ([`LeanBackend::lean_relu_dropout_fuses`]), else the bias node, the ReLU's node
+/// ([`crate::nn::lean::relu`]) and [`dropout`]. The same values either way.
+pub fn relu_dropout<B: LeanBackend, const D: usize>(x: Tensor<B, D>, bias: Option<Tensor<B, 1>>, ctx: Option<&DropoutCtx>, site: u64, rate: f64) -> Tensor<B, D> {
+    match ctx {
+        Some(c) if rate > 0.0 && drops_on_device::<B>(x.shape().num_elements()) && B::lean_relu_dropout_fuses() && bias_joins(&x, bias.as_ref()) => {
+            let (base, threshold) = c.base_threshold(site, rate);
+            Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(prim(x), bias.map(prim), base, threshold, 1.0 / (1.0 - rate))))
+        }
+        _ => dropout(super::lean::relu(add_bias(x, bias)), ctx, site, rate),
     }
 }
 
@@ -208,7 +229,7 @@ mod tests {
         let x0 = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
         let w = Tensor::<B, 3>::random(dims, burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
         let run = |f: &dyn Fn(Tensor<B, 3>) -> Tensor<B, 3>| value_and_grad(&x0, &w, f);
-        let node = |x: Tensor<B, 3>| Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(x.into_primitive().tensor(), base, threshold, 1.0 / (1.0 - rate))));
+        let node = |x: Tensor<B, 3>| Tensor::from_primitive(TensorPrimitive::Float(B::lean_relu_dropout(x.into_primitive().tensor(), None, base, threshold, 1.0 / (1.0 - rate))));
         let (y_node, g_node) = run(&node);
         let (y_two, g_two) = run(&|x| ctx.apply(crate::nn::lean::relu(x), site, rate));
         assert_eq!(y_node, y_two);
@@ -216,7 +237,7 @@ mod tests {
         let ys = y_node.to_vec::<f32>().unwrap();
         assert!(ys.iter().any(|v| *v == 0.0) && ys.iter().any(|v| *v > 0.0));
         assert!(!<B as LeanBackend>::lean_relu_dropout_fuses(), "flex keeps the two nodes");
-        let (y_model, g_model) = run(&|x| super::relu_dropout(x, Some(&ctx), site, rate));
+        let (y_model, g_model) = run(&|x| super::relu_dropout(x, None, Some(&ctx), site, rate));
         assert_eq!((y_model, g_model), (y_two, g_two));
     }
 }

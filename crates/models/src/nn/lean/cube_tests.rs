@@ -474,8 +474,12 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
         let x0 = random::<W, 3>(dims, 60 + k as u64);
         let r0 = random::<W, 3>(dims, 70 + k as u64);
         let want = flat(host(x0.clone(), r0.clone(), base, threshold, scale));
-        let fused = |x: Tensor<W, 3>, r: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(x), p(r), base, threshold, scale))));
+        let fused = |x: Tensor<W, 3>, r: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(x), p(r), None, base, threshold, scale))));
         let at = format!("{dims:?} rate {rate}");
+        // The linear layer's bias in the same launch: Burn's broadcast add first.
+        let b0 = random::<W, 1>([dims[2]], 75 + k as u64);
+        let with_bias = flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(x0.clone()), p(r0.clone()), Some(p(b0.clone())), base, threshold, scale))));
+        assert_eq!(with_bias, flat(host(x0.clone() + b0.clone().reshape([1, 1, dims[2]]), r0.clone(), base, threshold, scale)), "{at}: with the bias");
         assert_eq!(fused(x0.clone(), r0.clone()), want, "{at}: contiguous");
         // Transposed views holding the same logical values.
         let tv = |t: &Tensor<W, 3>| t.clone().swap_dims(1, 2).into_data();
@@ -484,7 +488,7 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
         let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
         assert_eq!(fused(alone, r0.clone()), want, "{at}: in place");
         let h = |t: &Tensor<W, 3>| t.clone().cast(burn::tensor::DType::F16);
-        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(h(&x0)), p(h(&r0)), base, threshold, scale)));
+        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(h(&x0)), p(h(&r0)), None, base, threshold, scale)));
         assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h(&x0), h(&r0), base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
     }
     // The node against the dropout's node and Burn's add.
@@ -494,19 +498,33 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
     let ctx = DropoutCtx::new(23);
     let site = DropoutCtx::site(2, 0, 5);
     let (x0, r0, w) = (random::<A, 3>(dims, 80), random::<A, 3>(dims, 81), random::<A, 3>(dims, 82));
+    let b0 = random::<A, 1>([dims[2]], 83);
     let n = dims.iter().product::<usize>();
-    for half in [false, true] {
+    for (half, biased) in [(false, false), (true, false), (false, true), (true, true)] {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let r = r0.clone().detach().require_grad();
-            let xin = if half { x.clone().cast(burn::tensor::DType::F16) } else { x.clone() };
-            let y = if fused { crate::nn::residual_dropout(r.clone(), xin, Some(&ctx), site, 0.3) } else { r.clone() + crate::nn::to_f32(ctx.apply(xin, site, 0.3)) };
+            let b = b0.clone().detach().require_grad();
+            let cast = |t: Tensor<A, 3>| if half { t.cast(burn::tensor::DType::F16) } else { t };
+            let xin = cast(x.clone());
+            let bin = biased.then(|| if half { b.clone().cast(burn::tensor::DType::F16) } else { b.clone() });
+            let y = if fused {
+                crate::nn::residual_dropout(r.clone(), xin, bin, Some(&ctx), site, 0.3)
+            } else {
+                let xin = match bin {
+                    Some(b) => super::bias_add(xin, b),
+                    None => xin,
+                };
+                r.clone() + crate::nn::to_f32(ctx.apply(xin, site, 0.3))
+            };
             let g = (y.clone() * w.clone()).sum().backward();
-            [y.inner(), x.grad(&g).expect("x has a gradient"), r.grad(&g).expect("r has a gradient")].map(|t| vals(t.reshape([n])))
+            let db = if biased { vals(b.grad(&g).expect("the bias has a gradient")) } else { Vec::new() };
+            let [y, dx, dr] = [y.inner(), x.grad(&g).expect("x has a gradient"), r.grad(&g).expect("r has a gradient")].map(|t| vals(t.reshape([n])));
+            [y, dx, dr, db]
         };
         let (a, b) = (run(true), run(false));
-        for (name, (a, b)) in ["output", "dx", "dresidual"].into_iter().zip(a.iter().zip(&b)) {
-            assert_eq!(a, b, "{name}, x f16 {half}");
+        for (name, (a, b)) in ["output", "dx", "dresidual", "dbias"].into_iter().zip(a.iter().zip(&b)) {
+            assert_eq!(a, b, "{name}, x f16 {half}, bias {biased}");
         }
     }
 }
@@ -537,15 +555,18 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
         let scale = 1.0 / (1.0 - rate);
         let x0 = random::<W, 3>(dims, 90 + k as u64);
         let want = flat(host(x0.clone(), base, threshold, scale));
-        let fused = |x: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(x), base, threshold, scale))));
+        let fused = |x: Tensor<W, 3>| flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(x), None, base, threshold, scale))));
         let at = format!("{dims:?} rate {rate}");
+        let b0 = random::<W, 1>([dims[2]], 97 + k as u64);
+        let with_bias = flat(Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(x0.clone()), Some(p(b0.clone())), base, threshold, scale))));
+        assert_eq!(with_bias, flat(host(x0.clone() + b0.clone().reshape([1, 1, dims[2]]), base, threshold, scale)), "{at}: with the bias");
         assert_eq!(fused(x0.clone()), want, "{at}: contiguous");
         let xt = Tensor::<W, 3>::from_data(x0.clone().swap_dims(1, 2).into_data(), &Default::default()).swap_dims(1, 2);
         assert_eq!(fused(xt), want, "{at}: transposed view");
         let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
         assert_eq!(fused(alone), want, "{at}: in place");
         let h = x0.clone().cast(burn::tensor::DType::F16);
-        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(h.clone()), base, threshold, scale)));
+        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(h.clone()), None, base, threshold, scale)));
         assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
     }
     assert!(<A as super::LeanBackend>::lean_relu_dropout_fuses(), "CubeCL fuses the FFN's ReLU and dropout");
@@ -553,19 +574,32 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
     let ctx = DropoutCtx::new(29);
     let site = DropoutCtx::site(1, 3, 2);
     let (x0, w) = (random::<A, 3>(dims, 95), random::<A, 3>(dims, 96));
+    let b0 = random::<A, 1>([dims[2]], 98);
     let n = dims.iter().product::<usize>();
-    for half in [false, true] {
+    for (half, biased) in [(false, false), (true, false), (false, true), (true, true)] {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
+            let b = b0.clone().detach().require_grad();
             let xin = if half { x.clone().cast(burn::tensor::DType::F16) } else { x.clone() };
-            let y = if fused { crate::nn::relu_dropout(xin, Some(&ctx), site, 0.3) } else { ctx.apply(crate::nn::lean::relu(xin), site, 0.3) };
+            let bin = biased.then(|| if half { b.clone().cast(burn::tensor::DType::F16) } else { b.clone() });
+            let y = if fused {
+                crate::nn::relu_dropout(xin, bin, Some(&ctx), site, 0.3)
+            } else {
+                let xin = match bin {
+                    Some(b) => super::bias_add(xin, b),
+                    None => xin,
+                };
+                ctx.apply(crate::nn::lean::relu(xin), site, 0.3)
+            };
             let g = (crate::nn::to_f32(y.clone()) * w.clone()).sum().backward();
-            [crate::nn::to_f32(y).inner(), x.grad(&g).expect("x has a gradient")].map(|t| vals(t.reshape([n])))
+            let db = if biased { vals(b.grad(&g).expect("the bias has a gradient")) } else { Vec::new() };
+            let [y, dx] = [crate::nn::to_f32(y).inner(), x.grad(&g).expect("x has a gradient")].map(|t| vals(t.reshape([n])));
+            [y, dx, db]
         };
         let (a, b) = (run(true), run(false));
         assert!(a[0].iter().any(|v| *v == 0.0) && a[0].iter().any(|v| *v > 0.0), "some elements dropped or negative, some kept");
-        for (name, (a, b)) in ["output", "dx"].into_iter().zip(a.iter().zip(&b)) {
-            assert_eq!(a, b, "{name}, x f16 {half}");
+        for (name, (a, b)) in ["output", "dx", "dbias"].into_iter().zip(a.iter().zip(&b)) {
+            assert_eq!(a, b, "{name}, x f16 {half}, bias {biased}");
         }
     }
 }

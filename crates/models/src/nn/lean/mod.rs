@@ -310,12 +310,15 @@ pub trait LeanBackend: Backend {
     fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
         burn_kernels::dropout::<Self>(x, base, threshold, scale)
     }
-    /// `residual + lean_dropout(x, …)` (a transformer's residual add after its dropout; `x` and
-    /// `residual` of one shape and dtype). On CubeCL one launch; on autodiff one node keeping
-    /// nothing (the add's node and the dropout's keep nothing either): `dx` is the dropout of
-    /// `dy`, the residual's gradient `dy` itself. The default is the two ops.
-    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-        burn_kernels::dropout_add::<Self>(x, residual, base, threshold, scale)
+    /// `residual + lean_dropout(x (+ bias), …)` (a transformer's residual add after its dropout,
+    /// and the bias of the linear layer before it; `x` and `residual` of one shape and dtype, the
+    /// bias `[d]` along the last axis in `x`'s dtype). On CubeCL one launch; on autodiff one node
+    /// keeping nothing (the bias's node, the add's and the dropout's keep nothing either): `dx` is
+    /// the dropout of `dy`, the bias's gradient its sum over every axis but the last
+    /// ([`LeanBackend::lean_channel_sum`], as the bias node's), the residual's `dy` itself. The
+    /// default is the separate ops.
+    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        burn_kernels::dropout_add::<Self>(x, residual, bias, base, threshold, scale)
     }
     /// Whether a model should run `residual + dropout(x)` as [`LeanBackend::lean_dropout_add`]
     /// for an `x` in `x_dtype` and a residual in `r_dtype` (CubeCL: both f32, the masks drawn on
@@ -324,13 +327,15 @@ pub trait LeanBackend: Backend {
     fn lean_dropout_add_fuses(_x_dtype: DType, _r_dtype: DType) -> bool {
         false
     }
-    /// `lean_dropout(relu(x), …)` (a transformer FFN's activation and its dropout). On CubeCL one
-    /// launch; on autodiff one node keeping its output, which the next linear layer keeps as its
-    /// input anyway (the ReLU's node would keep its own output beside it), with the scale: its
-    /// backward is [`LeanBackend::lean_relu_dropout_backward`], no flags redrawn. The default is
-    /// the two ops.
-    fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-        burn_kernels::relu_dropout::<Self>(x, base, threshold, scale)
+    /// `lean_dropout(relu(x (+ bias)), …)` (a transformer FFN's activation and its dropout, and
+    /// the bias of the linear layer before them, `[d]` along the last axis in `x`'s dtype). On
+    /// CubeCL one launch; on autodiff one node keeping its output, which the next linear layer
+    /// keeps as its input anyway (the ReLU's node would keep its own output beside it), with the
+    /// scale: its backward is [`LeanBackend::lean_relu_dropout_backward`], no flags redrawn, and
+    /// the bias's gradient the sum of `dx` over every axis but the last. The default is the
+    /// separate ops.
+    fn lean_relu_dropout(x: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        burn_kernels::relu_dropout::<Self>(x, bias, base, threshold, scale)
     }
     /// [`LeanBackend::lean_relu_dropout`]'s backward from its output: `dy · scale` where `y > 0`
     /// (kept and positive), else 0 — the dropout's backward, then the ReLU's.
@@ -372,11 +377,18 @@ mod burn_kernels {
         let flat = t::<B, 1>(B::float_reshape(x, Shape::new([shape.num_elements()])));
         B::float_reshape(p(crate::nn::dropout::host::host_dropout(flat, base, threshold, scale)), shape)
     }
-    pub fn dropout_add<B: Backend>(x: Prim<B>, residual: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
-        B::float_add(residual, dropout::<B>(x, base, threshold, scale))
+    /// `x + bias` along the last axis, where there is a bias.
+    fn with_bias<B: Backend>(x: Prim<B>, bias: Option<Prim<B>>) -> Prim<B> {
+        match bias {
+            Some(b) => bias_add::<B>(x, b),
+            None => x,
+        }
     }
-    pub fn relu_dropout<B: Backend>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
-        dropout::<B>(B::relu(x), base, threshold, scale)
+    pub fn dropout_add<B: Backend>(x: Prim<B>, residual: Prim<B>, bias: Option<Prim<B>>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        B::float_add(residual, dropout::<B>(with_bias::<B>(x, bias), base, threshold, scale))
+    }
+    pub fn relu_dropout<B: Backend>(x: Prim<B>, bias: Option<Prim<B>>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        dropout::<B>(B::relu(with_bias::<B>(x, bias)), base, threshold, scale)
     }
     pub fn relu_dropout_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, scale: f64) -> Prim<B> {
         B::float_mul_scalar(B::relu_backward(y, dy), scale.into())
@@ -872,28 +884,47 @@ mod cube_kernels {
         let [y] = B::cube_op("vramlab.dropout", [x], [out], move |[x]| [cube::dropout::dropout(x, base, threshold, scale as f32)]);
         y
     }
-    /// `residual + dropout(x)` in one launch ([`cube::dropout::dropout_add`]).
-    pub fn dropout_add<B: CubeLaunch>(x: Prim<B>, residual: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
-        if cube::composed() || !cube::dropout::dropout_add_handles(&dims_of::<B>(&x), x.dtype(), &dims_of::<B>(&residual), residual.dtype()) {
-            return burn_kernels::dropout_add::<B>(x, residual, base, threshold, scale);
+    /// `residual + dropout(x (+ bias))` in one launch ([`cube::dropout::dropout_add`]).
+    pub fn dropout_add<B: CubeLaunch>(x: Prim<B>, residual: Prim<B>, bias: Option<Prim<B>>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        let bias_dims = bias.as_ref().map(|b| (dims_of::<B>(b), b.dtype()));
+        if cube::composed() || !cube::dropout::dropout_add_handles(&dims_of::<B>(&x), x.dtype(), &dims_of::<B>(&residual), residual.dtype(), bias_dims.as_ref().map(|(d, t)| (d.as_slice(), *t))) {
+            return burn_kernels::dropout_add::<B>(x, residual, bias, base, threshold, scale);
         }
         let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
-        let [y] = B::cube_op("vramlab.dropout_add", [x, residual], [out], move |[x, r]| [cube::dropout::dropout_add(x, r, base, threshold, scale as f32)]);
-        y
+        let scale = scale as f32;
+        match bias {
+            Some(b) => {
+                let [y] = B::cube_op("vramlab.bias_dropout_add", [x, residual, b], [out], move |[x, r, b]| [cube::dropout::dropout_add(x, r, Some(b), base, threshold, scale)]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.dropout_add", [x, residual], [out], move |[x, r]| [cube::dropout::dropout_add(x, r, None, base, threshold, scale)]);
+                y
+            }
+        }
     }
     /// f32 only, as the other fused block ends.
     pub fn dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
         !cube::composed() && x_dtype == DType::F32 && r_dtype == DType::F32
     }
-    /// `dropout(relu(x))` in one launch ([`cube::dropout::relu_dropout`]).
-    pub fn relu_dropout<B: CubeLaunch>(x: Prim<B>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
-        let n = dims_of::<B>(&x).iter().product::<usize>();
-        if cube::composed() || n == 0 || n > u32::MAX as usize {
-            return burn_kernels::relu_dropout::<B>(x, base, threshold, scale);
+    /// `dropout(relu(x (+ bias)))` in one launch ([`cube::dropout::relu_dropout`]).
+    pub fn relu_dropout<B: CubeLaunch>(x: Prim<B>, bias: Option<Prim<B>>, base: u64, threshold: u64, scale: f64) -> Prim<B> {
+        let bias_dims = bias.as_ref().map(|b| (dims_of::<B>(b), b.dtype()));
+        if cube::composed() || !cube::dropout::relu_dropout_handles(&dims_of::<B>(&x), x.dtype(), bias_dims.as_ref().map(|(d, t)| (d.as_slice(), *t))) {
+            return burn_kernels::relu_dropout::<B>(x, bias, base, threshold, scale);
         }
         let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
-        let [y] = B::cube_op("vramlab.relu_dropout", [x], [out], move |[x]| [cube::dropout::relu_dropout(x, base, threshold, scale as f32)]);
-        y
+        let scale = scale as f32;
+        match bias {
+            Some(b) => {
+                let [y] = B::cube_op("vramlab.bias_relu_dropout", [x, b], [out], move |[x, b]| [cube::dropout::relu_dropout(x, Some(b), base, threshold, scale)]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.relu_dropout", [x], [out], move |[x]| [cube::dropout::relu_dropout(x, None, base, threshold, scale)]);
+                y
+            }
+        }
     }
     /// Its backward in one launch, the ReLU backward's kernel with the scale
     /// ([`cube::relu::relu_dropout_backward`]).
@@ -1251,14 +1282,14 @@ macro_rules! inner_lean_backend {
             fn lean_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
                 $kernels::dropout::<Self>(x, base, threshold, scale)
             }
-            fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-                $kernels::dropout_add::<Self>(x, residual, base, threshold, scale)
+            fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+                $kernels::dropout_add::<Self>(x, residual, bias, base, threshold, scale)
             }
             fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
                 $kernels::dropout_add_fuses(x_dtype, r_dtype)
             }
-            fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-                $kernels::relu_dropout::<Self>(x, base, threshold, scale)
+            fn lean_relu_dropout(x: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+                $kernels::relu_dropout::<Self>(x, bias, base, threshold, scale)
             }
             fn lean_relu_dropout_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64) -> Prim<Self> {
                 $kernels::relu_dropout_backward::<Self>(y, dy, scale)
@@ -1536,16 +1567,16 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         pointwise::dropout_node::<B, C>(x, base, threshold, scale)
     }
 
-    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-        pointwise::dropout_add_node::<B, C>(x, residual, base, threshold, scale)
+    fn lean_dropout_add(x: Prim<Self>, residual: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        pointwise::dropout_add_node::<B, C>(x, residual, bias, base, threshold, scale)
     }
 
     fn lean_dropout_add_fuses(x_dtype: DType, r_dtype: DType) -> bool {
         B::lean_dropout_add_fuses(x_dtype, r_dtype)
     }
 
-    fn lean_relu_dropout(x: Prim<Self>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
-        pointwise::relu_dropout_node::<B, C>(x, base, threshold, scale)
+    fn lean_relu_dropout(x: Prim<Self>, bias: Option<Prim<Self>>, base: u64, threshold: u64, scale: f64) -> Prim<Self> {
+        pointwise::relu_dropout_node::<B, C>(x, bias, base, threshold, scale)
     }
 
     fn lean_relu_dropout_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64) -> Prim<Self> {

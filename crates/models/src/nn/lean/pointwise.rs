@@ -16,6 +16,7 @@
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
@@ -422,63 +423,97 @@ pub(super) fn dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodi
     }
 }
 
-/// `residual + dropout(x)`: `dx` the dropout of `dy` (the flags recomputed), `dresidual = dy`.
-#[derive(Debug)]
-struct DropoutAddBackward;
+/// Hands `g`, the gradient of `x + bias`, to `x` and its sum over every axis but the last to the
+/// bias (each where tracked; a node without a bias passes `None`), as the bias node does.
+fn register_x_and_bias<B: LeanBackend>(grads: &mut Gradients, x: Option<NodeId>, bias: Option<NodeId>, g: Prim<B>) {
+    if let Some(id) = bias {
+        let last = g.shape().num_dims() - 1;
+        grads.register::<B>(id, B::lean_channel_sum(g.clone(), last));
+    }
+    if let Some(id) = x {
+        grads.register::<B>(id, g);
+    }
+}
 
-impl<B: LeanBackend> Backward<B, 2> for DropoutAddBackward {
+/// `residual + dropout(x (+ bias))`, parents `[x, residual]` or `[x, residual, bias]`: `dx` the
+/// dropout of `dy` (the flags recomputed), `dbias` its sum over every axis but the last,
+/// `dresidual = dy`.
+#[derive(Debug)]
+struct DropoutAddBackward<const N: usize>;
+
+impl<B: LeanBackend, const N: usize> Backward<B, N> for DropoutAddBackward<N> {
     type State = (u64, u64, f64);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         let (base, threshold, scale) = ops.state;
-        match ops.parents {
-            [Some(nx), Some(nr)] => {
-                grads.register::<B>(nx.id, B::lean_dropout(dy.clone(), base, threshold, scale));
-                grads.register::<B>(nr.id, dy);
-            }
-            [Some(nx), None] => grads.register::<B>(nx.id, B::lean_dropout(dy, base, threshold, scale)),
-            [None, Some(nr)] => grads.register::<B>(nr.id, dy),
-            [None, None] => {}
+        let ids = ops.parents.map(|n| n.map(|n| n.id));
+        let (x, r, bias) = (ids[0], ids[1], ids.get(2).copied().flatten());
+        if x.is_some() || bias.is_some() {
+            register_x_and_bias::<B>(grads, x, bias, B::lean_dropout(dy.clone(), base, threshold, scale));
+        }
+        if let Some(id) = r {
+            grads.register::<B>(id, dy);
         }
     }
 }
 
 /// [`LeanBackend::lean_dropout_add`] on `Autodiff<B, C>`: one node keeping the hash base, the
 /// threshold and the scale.
-pub(super) fn dropout_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, residual: Prim<Autodiff<B, C>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
-    match DropoutAddBackward.prepare::<C>([x.node.clone(), residual.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((base, threshold, scale), B::lean_dropout_add(x.primitive, residual.primitive, base, threshold, scale)),
-        OpsKind::UnTracked(prep) => prep.finish(B::lean_dropout_add(x.primitive, residual.primitive, base, threshold, scale)),
+pub(super) fn dropout_add_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, residual: Prim<Autodiff<B, C>>, bias: Option<Prim<Autodiff<B, C>>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
+    let state = (base, threshold, scale);
+    let forward = |x: Prim<B>, r: Prim<B>, b: Option<Prim<B>>| B::lean_dropout_add(x, r, b, base, threshold, scale);
+    match bias {
+        None => match DropoutAddBackward::<2>.prepare::<C>([x.node.clone(), residual.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(state, forward(x.primitive, residual.primitive, None)),
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, residual.primitive, None)),
+        },
+        Some(b) => match DropoutAddBackward::<3>.prepare::<C>([x.node.clone(), residual.node.clone(), b.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(state, forward(x.primitive, residual.primitive, Some(b.primitive))),
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, residual.primitive, Some(b.primitive))),
+        },
     }
 }
 
-/// `dropout(relu(x))` from its output: `dx = dy · scale` where `y > 0` (the element kept and its
-/// input positive), else 0; no flags redrawn.
+/// `dropout(relu(x (+ bias)))` from its output, parents `[x]` or `[x, bias]`: `dx = dy · scale`
+/// where `y > 0` (the element kept and its input positive), else 0, no flags redrawn; `dbias` its
+/// sum over every axis but the last.
 #[derive(Debug)]
-struct ReluDropoutBackward;
+struct ReluDropoutBackward<const N: usize>;
 
-impl<B: LeanBackend> Backward<B, 1> for ReluDropoutBackward {
+impl<B: LeanBackend, const N: usize> Backward<B, N> for ReluDropoutBackward<N> {
     type State = (Prim<B>, f64);
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
-        if let [Some(node)] = ops.parents {
+        let ids = ops.parents.map(|n| n.map(|n| n.id));
+        let (x, bias) = (ids[0], ids.get(1).copied().flatten());
+        if x.is_some() || bias.is_some() {
             let (y, scale) = ops.state;
-            grads.register::<B>(node.id, B::lean_relu_dropout_backward(y, dy, scale));
+            register_x_and_bias::<B>(grads, x, bias, B::lean_relu_dropout_backward(y, dy, scale));
         }
     }
 }
 
 /// [`LeanBackend::lean_relu_dropout`] on `Autodiff<B, C>`: one node keeping its output (what the
 /// next linear layer keeps as its input) and the scale.
-pub(super) fn relu_dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
-    match ReluDropoutBackward.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let y = B::lean_relu_dropout(x.primitive, base, threshold, scale);
-            prep.finish((y.clone(), scale), y)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(B::lean_relu_dropout(x.primitive, base, threshold, scale)),
+pub(super) fn relu_dropout_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, bias: Option<Prim<Autodiff<B, C>>>, base: u64, threshold: u64, scale: f64) -> Prim<Autodiff<B, C>> {
+    let forward = |x: Prim<B>, b: Option<Prim<B>>| B::lean_relu_dropout(x, b, base, threshold, scale);
+    match bias {
+        None => match ReluDropoutBackward::<1>.prepare::<C>([x.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = forward(x.primitive, None);
+                prep.finish((y.clone(), scale), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, None)),
+        },
+        Some(b) => match ReluDropoutBackward::<2>.prepare::<C>([x.node.clone(), b.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = forward(x.primitive, Some(b.primitive));
+                prep.finish((y.clone(), scale), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive, Some(b.primitive))),
+        },
     }
 }
 
