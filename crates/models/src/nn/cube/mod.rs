@@ -11,7 +11,8 @@
 //! - [`channel_sum`]: the sum over every axis but one (the bias gradients of the convolution
 //!   and linear nodes), one launch and one compilation for every shape;
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
-//!   one launch each, nothing uploaded or stored;
+//!   one launch each, nothing uploaded or stored; in the same launch a transformer's residual add
+//!   after it or its FFN's ReLU before it, and the linear layer's bias before either;
 //! - [`relu`]: ReLU forward and backward, one launch each, in the input's dense layout;
 //! - [`affine`]: the frozen batch norm's `(scale, shift)` from its buffers and its per-channel
 //!   `x · scale + shift` (forward and backward), one launch each, in the input's dense layout;
