@@ -3,18 +3,21 @@ the CUDA headers and their `cccl` folder, `-lineinfo`), plus `--ptxas-options=-v
 reports (registers, spills), and check the limits cubecl-cuda checks before a launch (units and
 dimensions of a cube, shared memory). Writes a markdown report and a JSONL line per kernel source.
 
-    python3 benches/nvrtc/check.py --cuda CUDA_ROOT --out REPORT.md [--arch sm_90a] NAME=DUMP_DIR...
+    python3 benches/nvrtc/check.py --cuda CUDA_ROOT --out REPORT.md [--arch sm_90a] [--jobs N] NAME=DUMP_DIR...
 
 CUDA_ROOT holds lib/libnvrtc.so.* and include/ (the nvidia-cuda-nvrtc, -runtime and -cccl wheels
-unpacked: `nvidia/cu13`). Exit status 1 when any source fails.
+unpacked: `nvidia/cu13`). Exit status 1 when any source fails. Sources compile `--jobs` at a time
+(default: the CPUs), each on one thread: NVRTC's calls are thread-safe for separate programs and
+ctypes releases the GIL around them.
 """
-import argparse, ctypes, glob, json, os, re, time
+import argparse, concurrent.futures, ctypes, glob, json, os, re, time
 
 p = argparse.ArgumentParser()
 p.add_argument("--cuda", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--arch", default="sm_90a")
 p.add_argument("--header", default="", help="markdown put under the title (machine, command)")
+p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sources compiled at a time")
 p.add_argument("dumps", nargs="+", help="NAME=DIR: a folder of .cu/.err/.panic files, named in the report")
 a = p.parse_args()
 
@@ -81,10 +84,11 @@ def one(path):
 
 
 rows, records = [], []
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs))
 for spec in a.dumps:
     label, folder = spec.split("=", 1)
     files = sorted(glob.glob(os.path.join(folder, "*")))
-    recs = [dict(one(f), dump=label) for f in files]
+    recs = [dict(r, dump=label) for r in pool.map(one, files)]
     records += recs
     bad = [r for r in recs if r["status"] != "ok"]
     rows.append((label, len(recs), len({r["kernel"] for r in recs}), len(bad), sum(r.get("nvrtc_s", 0) for r in recs),
@@ -101,7 +105,7 @@ if a.header:
 md += [f"NVRTC {major.value}.{minor.value}, options `{' '.join(o for o in options if 'include-path' not in o)}` (and the CUDA headers), "
        f"as cubecl-cuda 0.10 compiles for an sm_90 device, `--ptxas-options=-v` added. "
        f"**{len(records) - len(bad)} of {len(records)} sources compile and fit CUDA's launch limits; {len(bad)} do not.**", "",
-       "| dump | sources (distinct kernels) | kernel names | failing | NVRTC s, all sources (one thread) | sources with register spills |",
+       "| dump | sources (distinct kernels) | kernel names | failing | NVRTC s, all sources (each on one thread) | sources with register spills |",
        "|---|---:|---:|---:|---:|---:|"]
 for label, n, names, nbad, secs, spill in rows:
     md.append(f"| {label} | {n} | {names} | {nbad} | {secs:.1f} | {spill} |")
