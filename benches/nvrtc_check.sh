@@ -11,7 +11,7 @@
 #   bash benches/nvrtc_check.sh                 # the kernel tests and the vae, act, dif rows
 #   ROWS="vae" TESTS=0 bash benches/nvrtc_check.sh
 #   NVRTC_ROOT=/usr/local/cuda bash benches/nvrtc_check.sh   # a CUDA toolkit instead of the wheels
-#   ROWS= WITH_BIN=1 NVRTC_TARGET_DIR=target/wgpu NVRTC_OFFLINE_OK=1 TESTS_REQUIRED=1 bash benches/nvrtc_check.sh   # CI
+#   ROWS= NVRTC_TARGET_DIR=target/wgpu NVRTC_OFFLINE_OK=1 TESTS_REQUIRED=1 bash benches/nvrtc_check.sh   # CI
 #
 # How: scratch copies of cubecl-runtime and cubecl-wgpu (from cargo's registry, the versions in
 # Cargo.lock) get a hook (`benches/nvrtc/patch.py`: `KernelTask::compile` hands a fresh definition
@@ -25,14 +25,6 @@
 # to NVRTC_TARGET_DIR (default $NVRTC_WORK/target; another build's target folder shares the
 # dependencies CubeCL does not touch). Writes $OUT_DIR (default benches/results/kernels/nvrtc)/report.md
 # and report.jsonl; exit status 1 when a source fails, 4 when TESTS_REQUIRED=1 and a test failed.
-#
-# One build: with the tests, the `vramlab` binary the rows run (or, WITH_BIN=1, that CI's wgpu
-# smoke test runs: $NVRTC_TARGET_DIR/release/vramlab) is built in the tests' own cargo invocation,
-# so both take one feature resolution and share every compiled dependency. Built apart (the tests
-# pull in their dev-dependencies' features: Burn with flex, ...) cargo compiled 123 crates a
-# second time, 8.5 min on 2 cores. That binary has the root package's default features (flex)
-# beside wgpu; `--backend=wgpu` runs the same code as a `--features wgpu` build. Without the tests
-# (TESTS=0) the rows' binary is a plain `--features wgpu` build.
 #
 # What it cannot see: the IR is the one lavapipe's properties give (line sizes, no matrix units),
 # so the kernels a GPU runs on its matrix units (cubek's tensor-core matmuls and convolutions,
@@ -89,39 +81,21 @@ cargo_patched() {
     --config "patch.crates-io.cubecl-wgpu.path=\"$work/patch/cubecl-wgpu\"" "$@"
 }
 tests=()
-bin=$target/release/vramlab
-want_bin=0
-{ [ "${#rows[@]}" -gt 0 ] || [ "${WITH_BIN:-0}" = 1 ]; } && want_bin=1
 if [ "${TESTS:-1}" != 0 ]; then
-  # The binary in the same invocation: cargo builds the plain binary of a package whose
-  # integration test it builds (for CARGO_BIN_EXE_vramlab), so one of the root's tests is named,
-  # the smallest (std and vramlab-testkit only). It is built, not run.
-  with_bin=()
-  [ "$want_bin" = 0 ] || with_bin=(-p vramlab --test adversarial_commands)
-  log "building the #[cube] kernel tests$([ "$want_bin" = 0 ] || echo " and vramlab") for wgpu against the patched CubeCL ($target)"
-  built=$(cargo_patched test --release --no-run --lib -p vramlab-models -p vramlab-train "${with_bin[@]}" \
-    --features "vramlab-models/wgpu,vramlab-models/autotune,vramlab-train/wgpu$([ "$want_bin" = 0 ] || echo ",vramlab/wgpu")" \
-    --message-format=json | python3 -c 'import json,sys
+  log "building the #[cube] kernel tests for wgpu against the patched CubeCL ($target)"
+  mapfile -t tests < <(cargo_patched test --release --no-run --lib -p vramlab-models -p vramlab-train \
+    --features vramlab-models/wgpu,vramlab-models/autotune,vramlab-train/wgpu --message-format=json \
+    | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
-        continue
-    t = m["target"]
-    if t["name"] in ("vramlab_models", "vramlab_train") and m["profile"]["test"]:
-        print("test", m["executable"])
-    elif t["name"] == "vramlab" and t["kind"] == ["bin"] and not m["profile"]["test"]:
-        print("bin", m["executable"])') || die 3 "cargo test --no-run failed"
-  mapfile -t tests < <(sed -n 's/^test //p' <<<"$built")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("vramlab_models", "vramlab_train"):
+        print(m["executable"])')
   [ "${#tests[@]}" = 2 ] || die 3 "the test build did not give the two test binaries"
-  if [ "$want_bin" = 1 ]; then
-    bin=$(sed -n 's/^bin //p' <<<"$built")
-    [ -x "$bin" ] || die 3 "the test build did not give the vramlab binary"
-  fi
-elif [ "$want_bin" = 1 ]; then
+fi
+if [ "${#rows[@]}" -gt 0 ]; then
   log "building vramlab (wgpu) against the patched CubeCL"
   cargo_patched build --release --no-default-features --features wgpu >&2 || die 3 "cargo build failed"
 fi
-[ "$want_bin" = 0 ] || log "vramlab: $bin"
 
 # 4. Run them, every kernel lowered to CUDA C++ into $work/dump/<name>.
 export VK_ICD_FILENAMES=${VK_ICD_FILENAMES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
@@ -157,7 +131,7 @@ for r in "${rows[@]}"; do
   log "row $r: 2 training steps with every kernel lowered to CUDA C++"
   rm -rf "$work/run_$r"
   rc=0
-  VRAMLAB_CUDA_DUMP=$work/dump/$r timeout "${ROW_TIMEOUT_S:-1200}" "$bin" train --backend=wgpu \
+  VRAMLAB_CUDA_DUMP=$work/dump/$r timeout "${ROW_TIMEOUT_S:-1200}" "$target/release/vramlab" train --backend=wgpu \
     --precision=f32 --steps=2 --save_checkpoint=false --kernel_cache_dir="$work/run_$r/kernel_cache" "${args[@]}" \
     --output_dir="$work/run_$r/out" >"$work/row_$r.log" 2>&1 || rc=$?
   dumps+=("$r=$work/dump/$r")
