@@ -109,7 +109,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
         let skip = x.clone();
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), pos);
-        let x = self.self_attn.forward_parts(qk.clone(), qk, x, key_padding_mask, lc.attn_drop(0), p);
+        let x = self.self_attn.self_attention_parts(qk, x, key_padding_mask, lc.attn_drop(0), p);
         let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))
@@ -201,7 +201,7 @@ impl<B: LeanBackend> ActDecoderLayer<B> {
         let skip = x.clone();
         let x = if self.pre_norm { self.norm1.forward(x) } else { x };
         let qk = add_pos(x.clone(), decoder_pos);
-        let x = self.self_attn.forward_parts(qk.clone(), qk, x, None, lc.attn_drop(0), p);
+        let x = self.self_attn.self_attention_parts(qk, x, None, lc.attn_drop(0), p);
         let x = lc.drop_add(skip, x, 1);
         let (skip, x) = if self.pre_norm {
             (x.clone(), self.norm2.forward(x))

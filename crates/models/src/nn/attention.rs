@@ -70,6 +70,36 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
+        self.parts([query, key, value], false, key_padding_mask, attn_dropout, p)
+    }
+
+    /// [`MultiheadAttention::forward_parts`] of a self-attention whose query and key are one
+    /// tensor, `qk` (ACT's `self_attn(q, k, value=x)` with `q = k = x + pos`): the same values,
+    /// with `q` and `k` projected by one product and the input's gradient formed by one
+    /// (`AttnArgs::shared_qk`).
+    ///
+    /// # Shapes
+    /// - qk, value: `[batch, s, d]`; key_padding_mask: `[batch, s]`
+    /// - returns `[batch, s, d]` (compute dtype)
+    pub fn self_attention_parts(
+        &self,
+        qk: Tensor<B, 3>,
+        value: Tensor<B, 3>,
+        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        attn_dropout: Option<(&DropoutCtx, u64, f64)>,
+        p: Precision,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
+        self.parts([qk.clone(), qk, value], true, key_padding_mask, attn_dropout, p)
+    }
+
+    fn parts(
+        &self,
+        [query, key, value]: [Tensor<B, 3>; 3],
+        shared_qk: bool,
+        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        attn_dropout: Option<(&DropoutCtx, u64, f64)>,
+        p: Precision,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
         let b = query.dims()[0];
         let s = key.dims()[1];
         let mask_bias = key_padding_mask.map(|mask| {
@@ -80,7 +110,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
             let (base, threshold) = ctx.base_threshold(site, rate);
             (base, threshold, 1.0 / (1.0 - rate))
         });
-        let args = AttnArgs { heads: self.num_heads, dtype: p.dtype(), dropout };
+        let args = AttnArgs { heads: self.num_heads, dtype: p.dtype(), dropout, shared_qk };
         let inputs = [query, key, value].map(|x| x.into_primitive().tensor());
         let (w, bias) = (self.in_proj_weight.val().into_primitive().tensor(), self.in_proj_bias.val().into_primitive().tensor());
         let out = B::lean_attention(inputs, w, bias, mask_bias.map(|m| m.into_primitive().tensor()), args);

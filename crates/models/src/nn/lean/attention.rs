@@ -27,18 +27,27 @@ use crate::nn::linear::linear_rows;
 use crate::nn::{cast, to_f32};
 
 /// What the attention node needs besides its tensors: the head count, the compute dtype of the
-/// projections and products (softmax in f32), and the dropout on the attention weights as
-/// `(hash base, threshold, keep scale)` (`crate::nn::DropoutCtx::base_threshold`).
+/// projections and products (softmax in f32), the dropout on the attention weights as
+/// `(hash base, threshold, keep scale)` (`crate::nn::DropoutCtx::base_threshold`), and whether
+/// the query and key inputs are one tensor (`shared_qk`: self-attention with the positions added
+/// to both, as ACT's layers).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnArgs {
     pub heads: usize,
     pub dtype: FloatDType,
     pub dropout: Option<(u64, u64, f64)>,
+    /// The query input is the key input. Then `q` and `k` come from one product with the first
+    /// `2d` rows of `in_proj_weight` (contiguous), and the backward forms the input's gradient
+    /// with one product (`[dq | dk] · w[0:2d]`) instead of two and their sum: PyTorch's
+    /// `_in_projection_packed` projects them apart (its packed path needs `k is v` too), the
+    /// values are the same dot products.
+    pub shared_qk: bool,
 }
 
 /// What the forward hands the backward: the three inputs in the compute dtype (what the
-/// projections read; the inputs themselves in f32), the scaled `q` `[b, h, l, hd]`, `k` and `v`
-/// `[b, h, s, hd]` (compute dtype), the softmax output `[b, h, l, s]` (f32).
+/// projections read; the inputs themselves in f32; with `shared_qk` the first twice, one
+/// tensor), the unscaled `q` `[b, h, l, hd]`, `k` and `v` `[b, h, s, hd]` (compute dtype; with
+/// `shared_qk` `q` and `k` are views of one projection), the softmax output `[b, h, l, s]` (f32).
 struct Saved<B: Backend> {
     xs: [Tensor<B, 3>; 3],
     q: Tensor<B, 4>,
@@ -50,7 +59,7 @@ struct Saved<B: Backend> {
 /// PyTorch's `multi_head_attention_forward` up to the merged heads: project (rows of `w` and
 /// `b`: q, k, v), split heads, `softmax((q / √hd) kᵀ + mask)` in f32, dropout on the weights,
 /// `· v`, merge heads. `mask_bias`: `[b, s]`, 0 or −∞ per key. Returns `[b, l, d]` in the
-/// compute dtype.
+/// compute dtype. With `a.shared_qk` the caller passes one tensor as `q_in` and `k_in`.
 pub(crate) fn attention_forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<B, 3>, w: Tensor<B, 2>, b: Tensor<B, 1>, mask_bias: Option<Tensor<B, 2>>, a: AttnArgs) -> Tensor<B, 3> {
     forward(q_in, k_in, v_in, w, b, mask_bias, a).0
 }
@@ -61,19 +70,29 @@ fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<
     let h = a.heads;
     let hd = d / h;
     let dt = a.dtype;
-    let xs = [q_in, k_in, v_in].map(|x| cast(x, dt));
-    let project = |x: Tensor<B, 3>, i: usize| {
-        let wi = w.clone().narrow(0, i * d, d); // [d, d]
-        let bi = b.clone().narrow(0, i * d, d); // [d]
+    let xs = if a.shared_qk {
+        let x = cast(q_in, dt);
+        [x.clone(), x, cast(v_in, dt)]
+    } else {
+        [q_in, k_in, v_in].map(|x| cast(x, dt))
+    };
+    // Rows `i·d ..` of the packed weight and bias (`parts` of them).
+    let project = |x: Tensor<B, 3>, i: usize, parts: usize| {
+        let wi = w.clone().narrow(0, i * d, parts * d); // [parts·d, d]
+        let bi = b.clone().narrow(0, i * d, parts * d);
         linear_rows(x, cast(wi, dt).transpose(), Some(cast(bi, dt)))
     };
     let heads = |x: Tensor<B, 3>, rows: usize| x.reshape([n, rows, h, hd]).swap_dims(1, 2); // [n, h, rows, hd]
-    let q = heads(project(xs[0].clone(), 0), l);
-    let k = heads(project(xs[1].clone(), 1), s);
-    let v = heads(project(xs[2].clone(), 2), s);
+    let (q, k) = if a.shared_qk {
+        let qk = project(xs[0].clone(), 0, 2).reshape([n, l, 2 * h, hd]).swap_dims(1, 2); // [n, 2h, l, hd]
+        (qk.clone().narrow(1, 0, h), qk.narrow(1, h, h))
+    } else {
+        (heads(project(xs[0].clone(), 0, 1), l), heads(project(xs[1].clone(), 1, 1), s))
+    };
+    let v = heads(project(xs[2].clone(), 2, 1), s);
     // PyTorch scales q before the product (q_scaled = q * hd^-1/2).
-    let q = q * (hd as f64).powf(-0.5);
-    let scores = to_f32(matmul(q.clone(), k.clone().swap_dims(2, 3))); // [n, h, l, s]
+    let q_scaled = q.clone() * (hd as f64).powf(-0.5);
+    let scores = to_f32(matmul(q_scaled, k.clone().swap_dims(2, 3))); // [n, h, l, s]
     let scores = match mask_bias {
         Some(bias) => scores + bias.reshape([n, 1, 1, s]),
         None => scores,
@@ -92,8 +111,14 @@ fn like<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor<B, 
     if y.dtype() == dtype { y } else { y.cast(FloatDType::from(dtype)) }
 }
 
+/// The node over the query, key and value inputs, the packed weight and the packed bias.
 #[derive(Debug)]
 struct AttentionBackward;
+
+/// The node of a self-attention whose query input is its key input ([`AttnArgs::shared_qk`]):
+/// four parents, that input, the value input, the packed weight and the packed bias.
+#[derive(Debug)]
+struct SharedQkAttentionBackward;
 
 #[derive(Clone, Debug)]
 struct AttentionState<B: Backend> {
@@ -114,14 +139,26 @@ impl<B: LeanBackend> Backward<B, 5> for AttentionBackward {
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
-        let [dq_in, dk_in, dv_in, dw, db] = attention_backward::<B>(ops.state, t(dy));
+        let (dx, dw, db) = attention_backward::<B>(ops.state, t(dy));
+        let [dq_in, dk_in, dv_in] = dx.try_into().unwrap_or_else(|_| unreachable!("three inputs apart"));
         register_parents::<B, 5>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dq_in, dk_in, dv_in, dw, db]);
     }
 }
 
-/// The gradients of the query, key and value inputs and of `in_proj_weight` and
-/// `in_proj_bias`, from the output's `dy` `[b, l, d]`.
-fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -> [Prim<B>; 5] {
+impl<B: LeanBackend> Backward<B, 4> for SharedQkAttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (dx, dw, db) = attention_backward::<B>(ops.state, t(dy));
+        let [dqk_in, dv_in] = dx.try_into().unwrap_or_else(|_| unreachable!("the shared input and the value input"));
+        register_parents::<B, 4>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dqk_in, dv_in, dw, db]);
+    }
+}
+
+/// The gradients of the inputs (query, key and value; with `shared_qk` the shared input's and
+/// the value's) and of `in_proj_weight` and `in_proj_bias`, from the output's `dy` `[b, l, d]`.
+fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -> (Vec<Prim<B>>, Prim<B>, Prim<B>) {
     let AttentionState { inputs, input_dtypes, w, bias_dtype, q, k, v, attn, args } = st;
     let (q, k, v, attn) = (t::<B, 4>(q), t::<B, 4>(k), t::<B, 4>(v), t::<B, 4>(attn));
     let [n, h, l, hd] = q.dims();
@@ -137,35 +174,46 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
     let dv = matmul(cast(drop(attn.clone()), dt).swap_dims(2, 3), dout.clone()); // [n, h, s, hd]
     let dattn = drop(to_f32(matmul(dout, v.swap_dims(2, 3)))); // [n, h, l, s]
     let dscores = t::<B, 4>(B::lean_softmax_backward(p(attn), p(dattn), 3));
-    // scores = f32(q_scaled · kᵀ); q_scaled = q · hd^-1/2
-    let ds = cast(dscores, dt);
-    let dq = matmul(ds.clone(), k) * (hd as f64).powf(-0.5); // [n, h, l, hd]
+    // scores = f32((q · hd^-1/2) · kᵀ), `q` and `k` kept unscaled: the scale goes on the
+    // scores' gradient once, for both (a power of two at ACT's head size 64, so exact).
+    let ds = cast(dscores, dt) * (hd as f64).powf(-0.5);
+    let dq = matmul(ds.clone(), k); // [n, h, l, hd]
     let dk = matmul(ds.swap_dims(2, 3), q); // [n, h, s, hd]
-    let merge = |g: Tensor<B, 4>, rows: usize| g.swap_dims(1, 2).reshape([n * rows, d]);
     let w = t::<B, 2>(w);
     let w_dtype = w.dtype();
-    let mut dx = Vec::with_capacity(3);
-    let (mut dws, mut dbs) = (Vec::with_capacity(3), Vec::with_capacity(3));
-    for (i, (g, rows)) in [(dq, l), (dk, s), (dv, s)].into_iter().enumerate() {
-        // y = x · cast(w_i)ᵀ + cast(b_i), rows of x: [n·rows, d]
-        let x = t::<B, 3>(inputs[i].clone());
-        let g = merge(g, rows);
-        let wi = cast(w.clone().narrow(0, i * d, d), dt);
-        dws.push(p(like(matmul(g.clone().transpose(), x.reshape([n * rows, d])), w_dtype)));
-        dbs.push(p(like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype)));
-        dx.push(like(matmul(g, wi).reshape([n, rows, d]), input_dtypes[i]));
-    }
-    let mut dx = dx.into_iter().map(p);
-    let mut next = || dx.next().expect("three inputs");
-    let three = |v: Vec<Prim<B>>| -> [Prim<B>; 3] {
-        let mut v = v.into_iter();
-        std::array::from_fn(|_| v.next().expect("three parts"))
+    // y = x · cast(w[i·d ..])ᵀ + cast(b[i·d ..]) with `g` its gradient `[n·rows, parts·d]`:
+    // the input's gradient, the weight rows' `[parts·d, d]` and the bias rows' `[parts·d]`.
+    let linear_grads = |g: Tensor<B, 2>, i: usize, parts: usize, rows: usize| {
+        let x = t::<B, 3>(inputs[i].clone()).reshape([n * rows, d]);
+        let wi = cast(w.clone().narrow(0, i * d, parts * d), dt);
+        let dw = like(matmul(g.clone().transpose(), x), w_dtype);
+        let db = like(t::<B, 1>(B::lean_channel_sum(p(g.clone()), 1)), bias_dtype);
+        (like(matmul(g, wi).reshape([n, rows, d]), input_dtypes[i]), dw, db)
     };
-    [next(), next(), next(), B::lean_cat3(three(dws)), B::lean_cat3(three(dbs))]
+    let merge = |g: Tensor<B, 4>, rows: usize| g.swap_dims(1, 2).reshape([n * rows, d]);
+    let (dv_in, dw_v, db_v) = linear_grads(merge(dv, s), 2, 1, s);
+    let three = |parts: [Tensor<B, 2>; 3]| B::lean_cat3(parts.map(p));
+    let (dx, dw, db) = if args.shared_qk {
+        // [dq | dk] per row: [n, l, 2h, hd] → [n·l, 2d], the gradient of the one product.
+        let g = Tensor::cat(vec![dq.swap_dims(1, 2), dk.swap_dims(1, 2)], 2).reshape([n * l, 2 * d]);
+        let (dqk_in, dw_qk, db_qk) = linear_grads(g, 0, 2, l);
+        // The q and k rows as views (CubeCL slices at aligned offsets without a copy).
+        let dw = three([dw_qk.clone().narrow(0, 0, d), dw_qk.narrow(0, d, d), dw_v]);
+        let db = B::lean_cat3([db_qk.clone().narrow(0, 0, d), db_qk.narrow(0, d, d), db_v].map(p));
+        (vec![p(dqk_in), p(dv_in)], dw, db)
+    } else {
+        let (dq_in, dw_q, db_q) = linear_grads(merge(dq, l), 0, 1, l);
+        let (dk_in, dw_k, db_k) = linear_grads(merge(dk, s), 1, 1, s);
+        let db = B::lean_cat3([db_q, db_k, db_v].map(p));
+        (vec![p(dq_in), p(dk_in), p(dv_in)], three([dw_q, dw_k, dw_v]), db)
+    };
+    (dx, dw, db)
 }
 
 /// [`LeanBackend::lean_attention`] on `Autodiff<B, C>`: one node over the three inputs, the
-/// packed weight and the packed bias ([`AttentionBackward`]). The mask bias takes no gradient.
+/// packed weight and the packed bias ([`AttentionBackward`]), or with `shared_qk` over the
+/// shared input, the value input and the two ([`SharedQkAttentionBackward`]; the query and key
+/// inputs must then be one autodiff node). The mask bias takes no gradient.
 pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
     inputs: [Prim<Autodiff<B, C>>; 3],
     w: Prim<Autodiff<B, C>>,
@@ -174,19 +222,34 @@ pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
     args: AttnArgs,
 ) -> Prim<Autodiff<B, C>> {
     let [q_in, k_in, v_in] = inputs;
-    let parents = [q_in.node.clone(), k_in.node.clone(), v_in.node.clone(), w.node.clone(), b.node.clone()];
+    // Two nodes are two tensors: then their projections apart (what `shared_qk` promised is
+    // not so, and one product would read the query input twice).
+    let args = AttnArgs { shared_qk: args.shared_qk && q_in.node.id == k_in.node.id, ..args };
     let mask = mask_bias.map(|m| t::<B, 2>(m.primitive));
     let bias_dtype = b.primitive.dtype();
     let input_dtypes = [q_in.primitive.dtype(), k_in.primitive.dtype(), v_in.primitive.dtype()];
+    let (qn, vn, wn, bn) = (q_in.node.clone(), v_in.node.clone(), w.node.clone(), b.node.clone());
     let (qi, ki, vi, wi, bi) = (q_in.primitive, k_in.primitive, v_in.primitive, w.primitive, b.primitive);
-    match AttentionBackward.prepare::<C>(parents).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
-            let Saved { xs, q, k, v, attn } = saved;
-            let state = AttentionState { inputs: xs.map(p), input_dtypes, w: wi, bias_dtype, q: p(q), k: p(k), v: p(v), attn: p(attn), args };
-            prep.finish(state, p(out))
+    let tracked = |wi: Prim<B>, saved: Saved<B>| {
+        let Saved { xs, q, k, v, attn } = saved;
+        AttentionState { inputs: xs.map(p), input_dtypes, w: wi, bias_dtype, q: p(q), k: p(k), v: p(v), attn: p(attn), args }
+    };
+    if args.shared_qk {
+        match SharedQkAttentionBackward.prepare::<C>([qn, vn, wn, bn]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
+                prep.finish(tracked(wi, saved), p(out))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(p(attention_forward::<B>(t(qi), t(ki), t(vi), t(wi), t(bi), mask, args))),
         }
-        OpsKind::UnTracked(prep) => prep.finish(p(attention_forward::<B>(t(qi), t(ki), t(vi), t(wi), t(bi), mask, args))),
+    } else {
+        match AttentionBackward.prepare::<C>([qn, k_in.node.clone(), vn, wn, bn]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
+                prep.finish(tracked(wi, saved), p(out))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(p(attention_forward::<B>(t(qi), t(ki), t(vi), t(wi), t(bi), mask, args))),
+        }
     }
 }
 
@@ -206,7 +269,9 @@ pub(super) mod tests {
     /// The node (`lean_attention` on autodiff) against autodiff of the composed forward: the
     /// output and the gradients of `sum(out · r)` for the three inputs, the packed weight and
     /// the packed bias, within `tol`. `self_attn`: the query and key inputs are one tensor (as
-    /// in ACT's self-attention), whose two gradients autodiff adds.
+    /// in ACT's self-attention) and `shared_qk` is set; then both sides are also held against
+    /// the composed forward with the three projections apart, whose two input gradients
+    /// autodiff adds (what the one product replaces).
     pub(crate) fn attention_node_matches<B: AutodiffBackend + LeanBackend>(n: usize, l: usize, s: usize, heads: usize, self_attn: bool, masked: bool, dropout: bool, dtype: FloatDType, tol: f32) {
         let d = 4 * heads;
         let (q0, k0, v0): (Tensor<B, 3>, Tensor<B, 3>, Tensor<B, 3>) = (random([n, l, d], 31), random([n, s, d], 32), random([n, s, d], 33));
@@ -223,8 +288,8 @@ pub(super) mod tests {
             let (base, threshold) = DropoutCtx::new(9).base_threshold(DropoutCtx::site(1, 0, 0), 0.2);
             (base, threshold, 1.0 / 0.8)
         });
-        let args = AttnArgs { heads, dtype, dropout: drop };
-        let run = |lean: bool| {
+        let args = AttnArgs { heads, dtype, dropout: drop, shared_qk: self_attn };
+        let run = |lean: bool, args: AttnArgs| {
             let (q, k, v) = (q0.clone().require_grad(), k0.clone().require_grad(), v0.clone().require_grad());
             let (w, b) = (w0.clone().require_grad(), b0.clone().require_grad());
             let kin = if self_attn { q.clone() } else { k.clone() };
@@ -245,8 +310,13 @@ pub(super) mod tests {
             all.push(("dbias", vals(b.grad(&g).unwrap().cast(FloatDType::F32))));
             all
         };
-        let (lean, plain) = (run(true), run(false));
+        let (lean, plain) = (run(true, args), run(false, args));
         let at = format!("n {n} l {l} s {s} heads {heads} self {self_attn} masked {masked} dropout {dropout} {dtype:?}");
+        if self_attn {
+            let apart = run(false, AttnArgs { shared_qk: false, ..args });
+            all_close(&format!("{at}, the composed forward with the projections apart"), plain.clone(), apart.clone(), tol);
+            all_close(&format!("{at}, the node against the projections apart"), lean.clone(), apart, tol);
+        }
         all_close(&at, lean, plain, tol);
     }
 
@@ -258,5 +328,6 @@ pub(super) mod tests {
         attention_node_matches::<Autodiff<burn::backend::Flex, BalancedCheckpointing>>(2, 5, 5, 2, true, true, true, FloatDType::F32, 1e-5);
         // bf16 projections and products: both sides round alike, not identically.
         attention_node_matches::<A>(2, 5, 7, 2, false, true, true, FloatDType::BF16, 3e-2);
+        attention_node_matches::<A>(2, 5, 5, 2, true, true, true, FloatDType::BF16, 3e-2);
     }
 }

@@ -974,6 +974,9 @@ fn attention_node_gradients_match_the_composed_ops() {
     use burn::tensor::FloatDType;
     super::attention::tests::attention_node_matches::<A>(2, 6, 6, 2, true, false, true, FloatDType::F32, gemm_tol());
     super::attention::tests::attention_node_matches::<A>(3, 5, 7, 4, false, true, true, FloatDType::F32, gemm_tol());
+    // d = 128: the shared q/k projection's halves and their gradients' rows at aligned offsets
+    // (CubeCL views, no copy).
+    super::attention::tests::attention_node_matches::<A>(2, 7, 7, 32, true, true, true, FloatDType::F32, gemm_tol());
 }
 
 /// The fixed matmul kernel (`cube::matmul`, what `lean_matmul` runs unless
