@@ -5,10 +5,14 @@
 //! `in_proj_bias` `[3d]`, and Burn's backward of a slice is a zero fill of the whole tensor plus
 //! a slice assign, the three slices' gradients then added: 16 kernel launches per attention
 //! module on a GPU for two small gradients. The node's backward writes each as one
-//! concatenation of its three parts ([`LeanBackend::lean_cat3`]: one launch on CubeCL). It keeps what the composed ops kept (the projections'
-//! inputs in the compute dtype, the scaled `q`, `k`, `v` and the softmax output, as PyTorch's
-//! autograd) but not the dropped-out attention weights nor a dropout mask: the backward redraws
-//! the flags (the same hash, so the same elements).
+//! concatenation of its three parts ([`LeanBackend::lean_cat3`]: one launch on CubeCL). It keeps
+//! as many bytes as the composed ops kept (the projections' inputs in the compute dtype, `q`
+//! (unscaled, where PyTorch's autograd keeps it scaled), `k`, `v` and the softmax output) but
+//! not the dropped-out attention weights nor a dropout mask: the backward redraws the flags (the
+//! same hash, so the same elements).
+//!
+//! A self-attention whose query input is its key input ([`AttnArgs::shared_qk`], ACT's) projects
+//! both with one product and forms that input's gradient with one.
 //!
 //! The forward is the composed one ([`attention_forward`], what inner backends run), so the
 //! values are those of the ops it replaced, op for op.
