@@ -115,14 +115,10 @@ fn like<B: Backend, const D: usize>(y: Tensor<B, D>, dtype: DType) -> Tensor<B, 
     if y.dtype() == dtype { y } else { y.cast(FloatDType::from(dtype)) }
 }
 
-/// The node over the query, key and value inputs, the packed weight and the packed bias.
+/// The node: parents the inputs (query, key and value: `N = 5`; with [`AttnArgs::shared_qk`]
+/// the shared input and the value: `N = 4`), the packed weight and the packed bias.
 #[derive(Debug)]
-struct AttentionBackward;
-
-/// The node of a self-attention whose query input is its key input ([`AttnArgs::shared_qk`]):
-/// four parents, that input, the value input, the packed weight and the packed bias.
-#[derive(Debug)]
-struct SharedQkAttentionBackward;
+struct AttentionBackward<const N: usize>;
 
 #[derive(Clone, Debug)]
 struct AttentionState<B: Backend> {
@@ -138,25 +134,17 @@ struct AttentionState<B: Backend> {
     args: AttnArgs,
 }
 
-impl<B: LeanBackend> Backward<B, 5> for AttentionBackward {
+impl<B: LeanBackend, const N: usize> Backward<B, N> for AttentionBackward<N> {
     type State = AttentionState<B>;
 
-    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
         let (dx, dw, db) = attention_backward::<B>(ops.state, t(dy));
-        let [dq_in, dk_in, dv_in] = dx.try_into().unwrap_or_else(|_| unreachable!("three inputs apart"));
-        register_parents::<B, 5>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dq_in, dk_in, dv_in, dw, db]);
-    }
-}
-
-impl<B: LeanBackend> Backward<B, 4> for SharedQkAttentionBackward {
-    type State = AttentionState<B>;
-
-    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let dy = grads.consume::<B>(&ops.node);
-        let (dx, dw, db) = attention_backward::<B>(ops.state, t(dy));
-        let [dqk_in, dv_in] = dx.try_into().unwrap_or_else(|_| unreachable!("the shared input and the value input"));
-        register_parents::<B, 4>(grads, ops.parents.map(|n| n.map(|n| n.id)), [dqk_in, dv_in, dw, db]);
+        // `N − 2` inputs: `attention_node` picks `N` from `shared_qk`, as `attention_backward`
+        // reads it.
+        let mut all = dx.into_iter().chain([dw, db]);
+        let parent_grads: [Prim<B>; N] = std::array::from_fn(|_| all.next().expect("a gradient per parent"));
+        register_parents::<B, N>(grads, ops.parents.map(|n| n.map(|n| n.id)), parent_grads);
     }
 }
 
@@ -216,8 +204,8 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
 
 /// [`LeanBackend::lean_attention`] on `Autodiff<B, C>`: one node over the three inputs, the
 /// packed weight and the packed bias ([`AttentionBackward`]), or with `shared_qk` over the
-/// shared input, the value input and the two ([`SharedQkAttentionBackward`]; the query and key
-/// inputs must then be one autodiff node). The mask bias takes no gradient.
+/// shared input, the value input and the two (the query and key inputs must then be one
+/// autodiff node). The mask bias takes no gradient.
 pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
     inputs: [Prim<Autodiff<B, C>>; 3],
     w: Prim<Autodiff<B, C>>,
@@ -239,7 +227,7 @@ pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
         AttentionState { inputs: xs.map(p), input_dtypes, w: wi, bias_dtype, q: p(q), k: p(k), v: p(v), attn: p(attn), args }
     };
     if args.shared_qk {
-        match SharedQkAttentionBackward.prepare::<C>([qn, vn, wn, bn]).compute_bound().stateful() {
+        match AttentionBackward::<4>.prepare::<C>([qn, vn, wn, bn]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
                 prep.finish(tracked(wi, saved), p(out))
@@ -247,7 +235,7 @@ pub(super) fn attention_node<B: LeanBackend, C: CheckpointStrategy>(
             OpsKind::UnTracked(prep) => prep.finish(p(attention_forward::<B>(t(qi), t(ki), t(vi), t(wi), t(bi), mask, args))),
         }
     } else {
-        match AttentionBackward.prepare::<C>([qn, k_in.node.clone(), vn, wn, bn]).compute_bound().stateful() {
+        match AttentionBackward::<5>.prepare::<C>([qn, k_in.node.clone(), vn, wn, bn]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
                 let (out, saved) = forward::<B>(t(qi), t(ki), t(vi), t(wi.clone()), t(bi), mask, args);
                 prep.finish(tracked(wi, saved), p(out))
