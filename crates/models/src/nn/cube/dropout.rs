@@ -28,6 +28,35 @@ fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
     lo.mul_hi(cl) + lo * ch + hi * cl
 }
 
+/// Whether element `i` is dropped: `splitmix64(base + i) < t` in (high, low) 32-bit halves
+/// (see [`dropout_kernel`]). Shared with the attention's softmax (`super::attention`), which
+/// drops its output's elements as this kernel would.
+#[cube]
+pub(super) fn dropped(i: u32, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32) -> bool {
+    // z = base + i, then splitmix64(z).
+    let mut lo = base_lo + i;
+    let mut hi = base_hi + select(lo < base_lo, 1u32, 0u32);
+    let l0 = lo + 0x7F4A_7C15u32;
+    hi = hi + 0x9E37_79B9u32 + select(l0 < lo, 1u32, 0u32);
+    lo = l0;
+    // z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    lo ^= (lo >> 30u32) | (hi << 2u32);
+    hi ^= hi >> 30u32;
+    let h = mul_hi64(hi, lo, 0xBF58_476Du32, 0x1CE4_E5B9u32);
+    lo *= 0x1CE4_E5B9u32;
+    hi = h;
+    // z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    lo ^= (lo >> 27u32) | (hi << 5u32);
+    hi ^= hi >> 27u32;
+    let h = mul_hi64(hi, lo, 0x94D0_49BBu32, 0x1331_11EBu32);
+    lo *= 0x1331_11EBu32;
+    hi = h;
+    // z ^= z >> 31
+    lo ^= (lo >> 31u32) | (hi << 1u32);
+    hi ^= hi >> 31u32;
+    hi < t_hi || (hi == t_hi && lo < t_lo)
+}
+
 /// Keeps (scaled) or drops element `i`; see the module docs. `base`: the site's hash base,
 /// `t`: the rate's threshold shifted into the hash's top 53 bits (`threshold << 11`), both as
 /// (high, low) 32-bit halves.
@@ -57,28 +86,7 @@ fn dropout_kernel<F: Float>(
     if i >= n as usize {
         terminate!();
     }
-    // z = base + i, then splitmix64(z).
-    let mut lo = base_lo + i as u32;
-    let mut hi = base_hi + select(lo < base_lo, 1u32, 0u32);
-    let l0 = lo + 0x7F4A_7C15u32;
-    hi = hi + 0x9E37_79B9u32 + select(l0 < lo, 1u32, 0u32);
-    lo = l0;
-    // z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    lo ^= (lo >> 30u32) | (hi << 2u32);
-    hi ^= hi >> 30u32;
-    let h = mul_hi64(hi, lo, 0xBF58_476Du32, 0x1CE4_E5B9u32);
-    lo *= 0x1CE4_E5B9u32;
-    hi = h;
-    // z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    lo ^= (lo >> 27u32) | (hi << 5u32);
-    hi ^= hi >> 27u32;
-    let h = mul_hi64(hi, lo, 0x94D0_49BBu32, 0x1331_11EBu32);
-    lo *= 0x1331_11EBu32;
-    hi = h;
-    // z ^= z >> 31
-    lo ^= (lo >> 31u32) | (hi << 1u32);
-    hi ^= hi >> 31u32;
-    let dropped = hi < t_hi || (hi == t_hi && lo < t_lo);
+    let dropped = dropped(i as u32, base_hi, base_lo, t_hi, t_lo);
     let mut v = F::new(0.0);
     if !dropped {
         let mut xv = x[i];
@@ -163,9 +171,16 @@ fn launch<R: CubeRuntime>(x: CubeTensor<R>, r: TensorArg<R>, bias: Option<CubeTe
         Some(b) => contiguous(b).into_tensor_arg(),
         None => x.clone().into_tensor_arg(),
     };
-    let t = threshold << 11;
+    let [base_hi, base_lo, t_hi, t_lo] = hash_args(base, threshold);
     let client = x.client.clone();
     let dtype: StorageType = x.dtype.into();
     let (count, dim) = elem_cubes(&client, n);
-    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, b, y, (base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32, scale, n as u32, d as u32, variant == Variant::AddResidual, with_bias, variant == Variant::ReluFirst, dtype);
+    dropout_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), r, b, y, base_hi, base_lo, t_hi, t_lo, scale, n as u32, d as u32, variant == Variant::AddResidual, with_bias, variant == Variant::ReluFirst, dtype);
+}
+
+/// A site's hash base and a rate's threshold as [`dropped`] takes them: `[base_hi, base_lo,
+/// t_hi, t_lo]`, the threshold shifted into the hash's top 53 bits.
+pub(super) fn hash_args(base: u64, threshold: u64) -> [u32; 4] {
+    let t = threshold << 11;
+    [(base >> 32) as u32, base as u32, (t >> 32) as u32, t as u32]
 }

@@ -8,6 +8,8 @@
 //! - [`layer_norm`]: LayerNorm forward (one launch) and backward (rows, then columns);
 //! - [`softmax`]: softmax along the last axis, forward and backward from the output (one
 //!   launch each);
+//! - [`attention`]: an attention's projection bias and head split, and its scaled, masked
+//!   softmax with the dropout after it, one launch each;
 //! - [`channel_sum`]: the sum over every axis but one (the bias gradients of the convolution
 //!   and linear nodes), one launch and one compilation for every shape;
 //! - [`dropout`]: dropout with the host's masks computed on the device, forward and backward
@@ -50,6 +52,7 @@ use cubecl::prelude::*;
 
 pub mod act;
 pub mod affine;
+pub mod attention;
 pub mod cat;
 pub mod channel_sum;
 pub mod columns;

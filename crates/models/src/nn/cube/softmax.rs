@@ -11,7 +11,7 @@ use super::{BLOCK, contiguous, cube_row, cube_sum, empty, row_cubes};
 
 /// The maximum of every unit's `v` over the cube, in every unit (as [`super::cube_sum`]).
 #[cube]
-fn cube_max(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
+pub(super) fn cube_max(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
     let u = UNIT_POS_X as usize;
     shared[u] = v;
     sync_cube();

@@ -15,7 +15,9 @@
 //! both with one product and forms that input's gradient with one.
 //!
 //! The forward is the composed one ([`attention_forward`], what inner backends run), so the
-//! values are those of the ops it replaced, op for op.
+//! values are those of the ops it replaced, op for op. On CubeCL it is fewer launches
+//! ([`LeanBackend::lean_attention_fuses`]): each projection's bias and head split in one, the
+//! scale, mask, softmax and dropout in one; there the scale goes on the scores, not on `q`.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -80,6 +82,9 @@ fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<
     } else {
         [q_in, k_in, v_in].map(|x| cast(x, dt))
     };
+    if B::lean_attention_fuses() {
+        return forward_fused(xs, w, b, mask_bias, a);
+    }
     // Rows `i·d ..` of the packed weight and bias (`parts` of them).
     let project = |x: Tensor<B, 3>, i: usize, parts: usize| {
         let wi = w.clone().narrow(0, i * d, parts * d); // [parts·d, d]
@@ -108,6 +113,39 @@ fn forward<B: LeanBackend>(q_in: Tensor<B, 3>, k_in: Tensor<B, 3>, v_in: Tensor<
     };
     let out = matmul(cast(dropped, dt), v.clone()); // [n, h, l, hd]
     (out.swap_dims(1, 2).reshape([n, l, d]), Saved { xs, q, k, v, attn })
+}
+
+/// [`forward`] where the backend fuses ([`LeanBackend::lean_attention_fuses`], CubeCL): each
+/// projection's product without its bias, then the bias and the split into contiguous heads in
+/// one launch ([`LeanBackend::lean_attention_heads`]: the products read them without a copy);
+/// `q` kept unscaled and the scale, the mask, the softmax and its dropout in one launch
+/// ([`LeanBackend::lean_attention_softmax`]). The same saved tensors as [`forward`] (`q`, `k`,
+/// `v` contiguous instead of views of the projections); `scale · (q kᵀ)` where PyTorch takes
+/// `(scale · q) kᵀ`, equal where the scale is a power of two (head size 64: ACT's).
+fn forward_fused<B: LeanBackend>(xs: [Tensor<B, 3>; 3], w: Tensor<B, 2>, b: Tensor<B, 1>, mask_bias: Option<Tensor<B, 2>>, a: AttnArgs) -> (Tensor<B, 3>, Saved<B>) {
+    let [n, l, d] = xs[0].dims();
+    let h = a.heads;
+    let hd = d / h;
+    let dt = a.dtype;
+    // Rows `i·d ..` of the packed weight and bias (`parts` of them): `[parts·n, h, rows, hd]`.
+    let project = |x: Tensor<B, 3>, i: usize, parts: usize| -> Tensor<B, 4> {
+        let rows = x.dims()[1];
+        let wi = cast(w.clone().narrow(0, i * d, parts * d), dt);
+        let bi = cast(b.clone().narrow(0, i * d, parts * d), dt);
+        let y = linear_rows(x.reshape([n * rows, d]), wi.transpose(), None);
+        t(B::lean_attention_heads(p(y), p(bi), n, h, parts))
+    };
+    let (q, k) = if a.shared_qk {
+        let qk = project(xs[0].clone(), 0, 2);
+        (qk.clone().narrow(0, 0, n), qk.narrow(0, n, n))
+    } else {
+        (project(xs[0].clone(), 0, 1), project(xs[1].clone(), 1, 1))
+    };
+    let v = project(xs[2].clone(), 2, 1);
+    let scores = to_f32(matmul(q.clone(), k.clone().swap_dims(2, 3))); // [n, h, l, s]
+    let (attn, dropped) = B::lean_attention_softmax(p(scores), mask_bias.map(p), (hd as f64).powf(-0.5), a.dropout);
+    let out = matmul(cast(t::<B, 4>(dropped), dt), v.clone()); // [n, h, l, hd]
+    (out.swap_dims(1, 2).reshape([n, l, d]), Saved { xs, q, k, v, attn: t(attn) })
 }
 
 /// `y` in `dtype` (a cast only where it differs).

@@ -977,6 +977,58 @@ fn attention_node_gradients_match_the_composed_ops() {
     // d = 128: the shared q/k projection's halves and their gradients' rows at aligned offsets
     // (CubeCL views, no copy).
     super::attention::tests::attention_node_matches::<A>(2, 7, 7, 32, true, true, true, FloatDType::F32, gemm_tol());
+    // f16 projections and products (lavapipe has no bf16): both sides round alike, not
+    // identically.
+    super::attention::tests::attention_node_matches::<A>(2, 5, 5, 2, true, true, true, FloatDType::F16, 3e-2);
+    super::attention::tests::attention_node_matches::<A>(2, 5, 7, 2, false, false, true, FloatDType::F16, 3e-2);
+}
+
+/// The attention's two fused forward kernels (`cube::attention`) against the ops they replace,
+/// bit for bit: the bias and head split against Burn's broadcast add and a contiguous copy of
+/// the permuted view (f32 and f16; one to three projections, ragged sizes); the scaled, masked
+/// softmax and its dropout against the scale, the mask's add, the softmax kernel and the
+/// dropout kernel run one after the other (with and without a mask and a dropout, rows longer
+/// than a cube, a mask hiding keys).
+#[test]
+fn attention_kernels_match_the_ops_they_replace() {
+    use crate::nn::dropout::DropoutCtx;
+    let v = |x: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(x)).cast(burn::tensor::DType::F32));
+    for (n, rows, heads, parts, hd) in [(2usize, 5usize, 2usize, 2usize, 4usize), (3, 7, 4, 1, 3), (1, 1, 1, 3, 1), (2, 33, 8, 2, 64)] {
+        let width = parts * heads * hd;
+        let x = random::<W, 2>([n * rows, width], 60 + rows as u64);
+        let b = random::<W, 1>([width], 61);
+        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::F16] {
+            let (x, b) = (p(x.clone().cast(dtype)), p(b.clone().cast(dtype)));
+            let kernel = cube_kernels::attention_heads::<W>(x.clone(), b.clone(), n, heads, parts);
+            assert_eq!(super::dims_of::<W>(&kernel), vec![parts * n, heads, rows, hd], "heads' dims");
+            let composed = burn_kernels::attention_heads::<W>(x, b, n, heads, parts);
+            assert_eq!(v(kernel), v(composed), "heads n {n} rows {rows} heads {heads} parts {parts} hd {hd} {dtype:?}");
+        }
+    }
+    let (base, threshold) = DropoutCtx::new(5).base_threshold(DropoutCtx::site(3, 1, 0), 0.25);
+    for (dims, masked, dropout, scale) in [([2, 3, 5, 7], true, true, 0.125), ([3, 2, 4, 300], false, true, 0.3), ([2, 2, 3, 9], true, false, 0.5), ([1, 4, 6, 6], false, false, 1.0)] {
+        let [n, _, _, s] = dims;
+        let x = p(random::<W, 4>(dims, 70 + s as u64) * 3.0);
+        // Key s−1 hidden in every row, key 0 too in the first batch item.
+        let mask = masked.then(|| {
+            let hide: Vec<bool> = (0..n * s).map(|i| i % s == s - 1 || i == 0).collect();
+            let hide = Tensor::<W, 2, Bool>::from_data(burn::tensor::TensorData::new(hide, [n, s]), &Default::default());
+            p(Tensor::<W, 2>::zeros([n, s], &Default::default()).mask_fill(hide, f32::NEG_INFINITY))
+        });
+        let drop = dropout.then_some((base, threshold, 1.0 / 0.75));
+        let (ky, kd) = cube_kernels::attention_softmax::<W>(x.clone(), mask.clone(), scale, drop);
+        let (cy, cd) = super::attention_softmax_composed::<W>(x, mask, scale, drop, cube_kernels::softmax::<W>, cube_kernels::dropout::<W>);
+        let at = format!("softmax {dims:?} masked {masked} dropout {dropout} scale {scale}");
+        let (ky, kd) = (v(ky), v(kd));
+        assert_eq!(ky, v(cy), "{at}: softmax");
+        assert_eq!(kd, v(cd), "{at}: its dropout");
+        if masked {
+            assert!(ky.iter().skip(s - 1).step_by(s).all(|y| *y == 0.0), "{at}: a hidden key weighs 0");
+        }
+        if dropout {
+            assert!(kd.iter().zip(&ky).any(|(d, y)| *d == 0.0 && *y > 0.0), "{at}: some weights dropped");
+        }
+    }
 }
 
 /// The fixed matmul kernel (`cube::matmul`, what `lean_matmul` runs unless

@@ -120,6 +120,23 @@ pub trait LeanBackend: Backend {
         let [q, k, v] = inputs;
         p(attention::attention_forward::<Self>(t(q), t(k), t(v), t(w), t(b), mask_bias.map(t), args))
     }
+    /// Whether the attention's forward runs [`LeanBackend::lean_attention_heads`] and
+    /// [`LeanBackend::lean_attention_softmax`] (on CubeCL one launch each), with the scale on
+    /// the f32 scores; elsewhere it scales `q` before the product, as PyTorch, and composes.
+    fn lean_attention_fuses() -> bool {
+        false
+    }
+    /// `x + bias` (`[n·rows, parts·d]`, `[parts·d]`: `parts` projections' product and bias)
+    /// split into heads: `[parts·n, heads, rows, hd]`, projection `j` at rows `j·n ..`.
+    fn lean_attention_heads(x: Prim<Self>, bias: Prim<Self>, n: usize, heads: usize, parts: usize) -> Prim<Self> {
+        burn_kernels::attention_heads::<Self>(x, bias, n, heads, parts)
+    }
+    /// `(softmax(scale · x + mask), its dropout)` along the last axis of the f32 scores `x`
+    /// `[n, h, l, s]`, the mask `[n, s]` (0 or −∞) broadcast; without `dropout` (`(hash base,
+    /// threshold, keep scale)`) the second is the first.
+    fn lean_attention_softmax(x: Prim<Self>, mask: Option<Prim<Self>>, scale: f64, dropout: Option<(u64, u64, f64)>) -> (Prim<Self>, Prim<Self>) {
+        burn_kernels::attention_softmax::<Self>(x, mask, scale, dropout)
+    }
     /// `lhs @ rhs` over the last two axes, the leading axes equal (no broadcast: [`matmul`]).
     /// On CubeCL one fixed kernel (`nn::cube::matmul`) unless
     /// [`matmul_autotune`](crate::nn::cube::matmul_autotune); elsewhere Burn's `float_matmul`.
@@ -429,6 +446,16 @@ mod burn_kernels {
     }
     pub fn softmax<B: Backend>(x: Prim<B>, dim: usize) -> Prim<B> {
         <B as burn::tensor::ops::ActivationOps<B>>::softmax(x, dim)
+    }
+    /// The bias added (Burn's broadcast add), then the heads' view copied contiguous.
+    pub fn attention_heads<B: Backend>(x: Prim<B>, bias: Prim<B>, n: usize, heads: usize, parts: usize) -> Prim<B> {
+        let dims = dims_of::<B>(&x);
+        let (rows, hd) = (dims[0] / n, dims[1] / (parts * heads));
+        let y = B::float_reshape(bias_add::<B>(x, bias), Shape::from(vec![n, rows, parts, heads, hd]));
+        B::float_reshape(B::float_permute(y, &[2, 0, 3, 1, 4]), Shape::from(vec![parts * n, heads, rows, hd]))
+    }
+    pub fn attention_softmax<B: Backend>(x: Prim<B>, mask: Option<Prim<B>>, scale: f64, drop: Option<(u64, u64, f64)>) -> (Prim<B>, Prim<B>) {
+        super::attention_softmax_composed::<B>(x, mask, scale, drop, softmax::<B>, dropout::<B>)
     }
     pub fn softmax_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
         softmax_backward_composed::<B>(y, dy, dim)
@@ -996,6 +1023,55 @@ mod cube_kernels {
         let [dx] = B::cube_op("vramlab.softmax_backward", [y, dy], [out], |[y, dy]| [cube::softmax::backward(y, dy)]);
         dx
     }
+    pub fn attention_fuses() -> bool {
+        !cube::composed()
+    }
+    /// The bias and the head split in one launch ([`cube::attention::heads`]).
+    pub fn attention_heads<B: CubeLaunch>(x: Prim<B>, bias: Prim<B>, n: usize, heads: usize, parts: usize) -> Prim<B> {
+        let (xd, bd) = (dims_of::<B>(&x), dims_of::<B>(&bias));
+        if cube::composed() || !cube::attention::heads_handles(&xd, x.dtype(), &bd, bias.dtype(), n, heads, parts) {
+            return burn_kernels::attention_heads::<B>(x, bias, n, heads, parts);
+        }
+        let out = OutSpec::new(vec![parts * n, heads, xd[0] / n, xd[1] / (parts * heads)], x.dtype());
+        let [y] = B::cube_op("vramlab.attention_heads", [x, bias], [out], move |[x, b]| [cube::attention::heads(x, b, n, heads, parts)]);
+        y
+    }
+    /// The scale, the mask, the softmax and its dropout in one launch
+    /// ([`cube::attention::softmax`]).
+    pub fn attention_softmax<B: CubeLaunch>(x: Prim<B>, mask: Option<Prim<B>>, scale: f64, drop: Option<(u64, u64, f64)>) -> (Prim<B>, Prim<B>) {
+        let mask_spec = mask.as_ref().map(|m| (dims_of::<B>(m), m.dtype()));
+        let dims = dims_of::<B>(&x);
+        if cube::composed() || !cube::attention::softmax_handles(&dims, x.dtype(), mask_spec.as_ref().map(|(d, t)| (d.as_slice(), *t))) {
+            return super::attention_softmax_composed::<B>(x, mask, scale, drop, softmax::<B>, dropout::<B>);
+        }
+        let scale = scale as f32;
+        let keep = drop.map(|(base, threshold, keep)| (base, threshold, keep as f32));
+        let out = || OutSpec::f32(dims.clone());
+        match (mask, keep) {
+            (Some(m), Some(_)) => {
+                let [y, yd] = B::cube_op("vramlab.attention_softmax_masked_dropout", [x, m], [out(), out()], move |[x, m]| {
+                    let (y, yd) = cube::attention::softmax(x, Some(m), scale, keep);
+                    [y, yd]
+                });
+                (y, yd)
+            }
+            (None, Some(_)) => {
+                let [y, yd] = B::cube_op("vramlab.attention_softmax_dropout", [x], [out(), out()], move |[x]| {
+                    let (y, yd) = cube::attention::softmax(x, None, scale, keep);
+                    [y, yd]
+                });
+                (y, yd)
+            }
+            (Some(m), None) => {
+                let [y] = B::cube_op("vramlab.attention_softmax_masked", [x, m], [out()], move |[x, m]| [cube::attention::softmax(x, Some(m), scale, None).0]);
+                (y.clone(), y)
+            }
+            (None, None) => {
+                let [y] = B::cube_op("vramlab.attention_softmax", [x], [out()], move |[x]| [cube::attention::softmax(x, None, scale, None).0]);
+                (y.clone(), y)
+            }
+        }
+    }
     pub fn group_norm<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::group_norm::<B>(x, w, b, groups, eps, act);
@@ -1076,7 +1152,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{attention_heads, attention_softmax, bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1084,6 +1160,10 @@ mod flex_kernels {
     }
     /// flex keeps the dropout's node and the add (see [`LeanBackend::lean_dropout_add_fuses`]).
     pub fn dropout_add_fuses(_: DType, _: DType) -> bool {
+        false
+    }
+    /// flex scales `q` and composes the attention's ops (see [`LeanBackend::lean_attention_fuses`]).
+    pub fn attention_fuses() -> bool {
         false
     }
     /// flex keeps the ReLU's node and the dropout's (see [`LeanBackend::lean_relu_dropout_fuses`]).
@@ -1297,6 +1377,15 @@ macro_rules! inner_lean_backend {
             fn lean_relu_dropout_fuses() -> bool {
                 $kernels::relu_dropout_fuses()
             }
+            fn lean_attention_fuses() -> bool {
+                $kernels::attention_fuses()
+            }
+            fn lean_attention_heads(x: Prim<Self>, bias: Prim<Self>, n: usize, heads: usize, parts: usize) -> Prim<Self> {
+                $kernels::attention_heads::<Self>(x, bias, n, heads, parts)
+            }
+            fn lean_attention_softmax(x: Prim<Self>, mask: Option<Prim<Self>>, scale: f64, dropout: Option<(u64, u64, f64)>) -> (Prim<Self>, Prim<Self>) {
+                $kernels::attention_softmax::<Self>(x, mask, scale, dropout)
+            }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
             }
@@ -1355,6 +1444,30 @@ inner_lean_backend!(burn::backend::Flex, Some(CONV_WORKSPACE_BYTES), |_, _| fals
 inner_lean_backend!(burn::backend::Wgpu, None, |_, short| short || !crate::nn::cube::composed(), cube_kernels);
 #[cfg(feature = "cuda")]
 inner_lean_backend!(burn::backend::Cuda, None, |_, short| short, cube_kernels);
+
+/// [`LeanBackend::lean_attention_softmax`] composed: the scale, the mask's broadcast add, then
+/// `softmax` and `dropout` (the backend's own, kernels or Burn's ops).
+fn attention_softmax_composed<B: Backend>(
+    x: Prim<B>,
+    mask: Option<Prim<B>>,
+    scale: f64,
+    drop: Option<(u64, u64, f64)>,
+    softmax: fn(Prim<B>, usize) -> Prim<B>,
+    dropout: fn(Prim<B>, u64, u64, f64) -> Prim<B>,
+) -> (Prim<B>, Prim<B>) {
+    let dims = dims_of::<B>(&x);
+    let scores = B::float_mul_scalar(x, scale.into());
+    let scores = match mask {
+        Some(m) => B::float_add(scores, B::float_reshape(m, Shape::from(vec![dims[0], 1, 1, dims[3]]))),
+        None => scores,
+    };
+    let y = softmax(scores, 3);
+    let yd = match drop {
+        Some((base, threshold, keep)) => dropout(y.clone(), base, threshold, keep),
+        None => y.clone(),
+    };
+    (y, yd)
+}
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(p))

@@ -1,0 +1,193 @@
+//! Two launches of a multi-head attention's forward (`nn::lean`'s attention node on CubeCL),
+//! each in place of several:
+//!
+//! - [`heads`]: a projection's product `[n·rows, parts·d]` plus its bias, split into heads,
+//!   written `[parts·n, h, rows, hd]` contiguous: the layout the products read without a copy.
+//!   Composed, that is Burn's broadcast add, then a copy of each head view where a product
+//!   reads it (`q` was scaled into a new tensor instead).
+//! - [`softmax`]: `softmax(scale · x + mask)` along the last axis of the scores `[n, h, l, s]`
+//!   (f32) with the key padding mask `[n, s]` (0 or −∞) broadcast over heads and queries, and
+//!   the dropout of the result, in one launch with two outputs (the softmax, which the backward
+//!   keeps, and its dropout, which the product with `v` reads). Composed: a scaling of `q`, the
+//!   mask's add, the softmax and the dropout.
+//!
+//! The values are those of the composed ops in the same order: the bias added in the input's
+//! dtype, as Burn's add; the scale and mask applied to the f32 scores, then the softmax of
+//! [`super::softmax`] (three passes per row, one cube per row); the dropout's flags are the
+//! dropout kernel's for the output's (contiguous) element index, its kept values `y · scale`.
+//! PyTorch scales `q` before the product instead; where the scale is a power of two (ACT's
+//! head size 64) the two agree exactly.
+
+use burn::tensor::DType;
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+
+use super::dropout::{dropped, hash_args};
+use super::softmax::cube_max;
+use super::{BLOCK, contiguous, cube_row, cube_sum, elem_cubes, empty, row_cubes};
+
+/// Output element `o` of `[parts·n, h, rows, hd]` (`(part, batch, head, row, e)`) is input
+/// element `(batch·rows + row, part·d + head·hd + e)` of `x` `[n·rows, width]` plus the bias
+/// at that column.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn heads_kernel<F: Float>(x: &Tensor<F>, b: &Tensor<F>, y: &mut Tensor<F>, total: u32, n: u32, heads: u32, rows: u32, hd: u32, width: u32, #[define(F)] _dtype: StorageType) {
+    let o = ABSOLUTE_POS;
+    if o >= total as usize {
+        terminate!();
+    }
+    let (n, heads, rows, hd) = (n as usize, heads as usize, rows as usize, hd as usize);
+    let e = o % hd;
+    let t = o / hd;
+    let row = t % rows;
+    let t = t / rows;
+    let head = t % heads;
+    let t = t / heads;
+    let batch = t % n;
+    let part = t / n;
+    let col = (part * heads + head) * hd + e;
+    y[o] = x[(batch * rows + row) * width as usize + col] + b[col];
+}
+
+/// Whether [`heads`] takes `x` `[n·rows, width]` and `b` `[width]` (one dtype) split into
+/// `parts` projections of `heads` heads: every count divides, at most `u32::MAX` elements.
+pub fn heads_handles(x_dims: &[usize], x_dtype: DType, b_dims: &[usize], b_dtype: DType, n: usize, heads: usize, parts: usize) -> bool {
+    let [rows, width] = x_dims else { return false };
+    let fits = n > 0 && heads > 0 && parts > 0 && rows % n == 0 && width % (parts * heads) == 0;
+    fits && *width > 0 && b_dims == [*width] && x_dtype == b_dtype && rows * width <= u32::MAX as usize
+}
+
+/// `x + b` split into heads ([`heads_handles`]): `[parts·n, heads, rows, hd]` contiguous, in
+/// `x`'s dtype, `rows = x.rows / n`, `hd = width / (parts · heads)`.
+pub fn heads<R: CubeRuntime>(x: CubeTensor<R>, b: CubeTensor<R>, n: usize, heads: usize, parts: usize) -> CubeTensor<R> {
+    let (x, b) = (contiguous(x), contiguous(b));
+    let [all_rows, width] = [x.meta.shape()[0], x.meta.shape()[1]];
+    let (rows, hd) = (all_rows / n, width / (parts * heads));
+    let y = empty(&x, vec![parts * n, heads, rows, hd], x.dtype);
+    let total = all_rows * width;
+    let client = x.client.clone();
+    let (count, dim) = elem_cubes(&client, total);
+    let dtype: StorageType = x.dtype.into();
+    heads_kernel::launch::<R>(&client, count, dim, x.into_tensor_arg(), b.into_tensor_arg(), y.clone().into_tensor_arg(), total as u32, n as u32, heads as u32, rows as u32, hd as u32, width as u32, dtype);
+    y
+}
+
+/// Score `i` of a row starting at `base`: `x · scale`, plus the mask's entry where `masked`.
+#[cube]
+fn score(x: &Tensor<f32>, mask: &Tensor<f32>, base: usize, mask_base: usize, i: usize, scale: f32, #[comptime] masked: bool) -> f32 {
+    let mut v = x[base + i] * scale;
+    if comptime![masked] {
+        v += mask[mask_base + i];
+    }
+    v
+}
+
+/// One cube per row of `x` `[rows, len]`: `y = softmax(scale · x + mask[row / mask_every])`
+/// (the mask read only where `masked`), and with `drop` `yd` its dropout (element `i` of the
+/// tensor dropped as the dropout kernel drops it, else `y · keep`; `yd` not written without).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_kernel(
+    x: &Tensor<f32>,
+    mask: &Tensor<f32>,
+    y: &mut Tensor<f32>,
+    yd: &mut Tensor<f32>,
+    rows: u32,
+    len: u32,
+    scale: f32,
+    mask_every: u32,
+    base_hi: u32,
+    base_lo: u32,
+    t_hi: u32,
+    t_lo: u32,
+    keep: f32,
+    #[comptime] masked: bool,
+    #[comptime] drop: bool,
+) {
+    let row = cube_row();
+    if row >= rows as usize {
+        terminate!();
+    }
+    let len = len as usize;
+    let base = row * len;
+    let mask_base = (row / mask_every as usize) * len;
+    let u = UNIT_POS_X as usize;
+    let mut shared = SharedMemory::<f32>::new(BLOCK);
+    let mut m = f32::min_value();
+    let mut i = u;
+    while i < len {
+        m = max(m, score(x, mask, base, mask_base, i, scale, masked));
+        i += BLOCK;
+    }
+    let m = cube_max(m, &mut shared);
+    let mut s = 0.0f32;
+    let mut j = u;
+    while j < len {
+        s += (score(x, mask, base, mask_base, j, scale, masked) - m).exp();
+        j += BLOCK;
+    }
+    let inv = 1.0f32 / cube_sum(s, &mut shared);
+    let mut k = u;
+    while k < len {
+        let v = (score(x, mask, base, mask_base, k, scale, masked) - m).exp() * inv;
+        y[base + k] = v;
+        if comptime![drop] {
+            yd[base + k] = select(dropped((base + k) as u32, base_hi, base_lo, t_hi, t_lo), 0.0f32, v * keep);
+        }
+        k += BLOCK;
+    }
+}
+
+/// Whether [`softmax`] takes the scores `x` (f32 `[n, h, l, s]`, at most `u32::MAX` elements)
+/// and the mask (f32 `[n, s]`).
+pub fn softmax_handles(x_dims: &[usize], x_dtype: DType, mask: Option<(&[usize], DType)>) -> bool {
+    let [n, _, _, s] = x_dims else { return false };
+    let total = x_dims.iter().product::<usize>();
+    let mask_fits = mask.is_none_or(|(dims, dtype)| dims == [*n, *s] && dtype == DType::F32);
+    x_dtype == DType::F32 && total > 0 && total <= u32::MAX as usize && mask_fits
+}
+
+/// `(softmax(scale · x + mask), its dropout)` along the last axis of `x` ([`softmax_handles`]),
+/// both contiguous f32; without `dropout` the second is the first. `dropout`: `(hash base,
+/// threshold, keep scale)`.
+pub fn softmax<R: CubeRuntime>(x: CubeTensor<R>, mask: Option<CubeTensor<R>>, scale: f32, dropout: Option<(u64, u64, f32)>) -> (CubeTensor<R>, CubeTensor<R>) {
+    let x = contiguous(x);
+    let dims = x.meta.shape().to_vec();
+    let (rows, len) = (dims.iter().product::<usize>() / dims[3], dims[3]);
+    let mask_every = dims[1] * dims[2];
+    let y = empty(&x, dims.clone(), DType::F32);
+    // Without a dropout `yd` is not written: a one-float stand-in (two writable bindings of one
+    // buffer are not allowed on wgpu); without a mask `x` stands in for it (read-only).
+    let yd = match dropout {
+        Some(_) => empty(&x, dims, DType::F32),
+        None => empty(&x, vec![1], DType::F32),
+    };
+    let masked = mask.is_some();
+    let mask = mask.map_or_else(|| x.clone(), contiguous);
+    let (base, threshold, keep) = dropout.unwrap_or((0, 0, 1.0));
+    let [base_hi, base_lo, t_hi, t_lo] = hash_args(base, threshold);
+    let (count, dim) = row_cubes(rows);
+    let client = x.client.clone();
+    softmax_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        x.into_tensor_arg(),
+        mask.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        yd.clone().into_tensor_arg(),
+        rows as u32,
+        len as u32,
+        scale,
+        mask_every as u32,
+        base_hi,
+        base_lo,
+        t_hi,
+        t_lo,
+        keep,
+        masked,
+        dropout.is_some(),
+    );
+    if dropout.is_some() { (y, yd) } else { (y.clone(), y) }
+}
