@@ -1,5 +1,5 @@
-//! Two launches of a multi-head attention's forward (`nn::lean`'s attention node on CubeCL),
-//! each in place of several:
+//! Launches of a multi-head attention (`nn::lean`'s attention node on CubeCL), each in place of
+//! several:
 //!
 //! - [`heads`]: a projection's product `[n·rows, parts·d]` plus its bias, split into heads,
 //!   written `[parts·n, h, rows, hd]` contiguous: the layout the products read without a copy.
@@ -10,6 +10,9 @@
 //!   the dropout of the result, in one launch with two outputs (the softmax, which the backward
 //!   keeps, and its dropout, which the product with `v` reads). Composed: a scaling of `q`, the
 //!   mask's add, the softmax and the dropout.
+//! - [`softmax_backward`]: the scores' gradient from the kept softmax and the gradient of its
+//!   dropout: the dropout's backward, the softmax's and the scale in one launch (composed:
+//!   three).
 //!
 //! The values are those of the composed ops in the same order: the bias added in the input's
 //! dtype, as Burn's add; the scale and mask applied to the f32 scores, then the softmax of
@@ -190,4 +193,98 @@ pub fn softmax<R: CubeRuntime>(x: CubeTensor<R>, mask: Option<CubeTensor<R>>, sc
         dropout.is_some(),
     );
     if dropout.is_some() { (y, yd) } else { (y.clone(), y) }
+}
+
+/// One cube per row of the softmax's output `y` `[rows, len]`: `dx = scale · y · (g − Σ g · y)`
+/// with `g` the output gradient `dy`, dropped where the forward dropped (with `drop`: element
+/// `i` of the tensor 0 where the dropout kernel drops it, else `dy · keep`), as the dropout's
+/// backward, the softmax's and the scale's launches would, in the same order.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_backward_kernel(
+    y: &Tensor<f32>,
+    dy: &Tensor<f32>,
+    dx: &mut Tensor<f32>,
+    rows: u32,
+    len: u32,
+    scale: f32,
+    base_hi: u32,
+    base_lo: u32,
+    t_hi: u32,
+    t_lo: u32,
+    keep: f32,
+    #[comptime] drop: bool,
+) {
+    let row = cube_row();
+    if row >= rows as usize {
+        terminate!();
+    }
+    let len = len as usize;
+    let base = row * len;
+    let u = UNIT_POS_X as usize;
+    let mut shared = SharedMemory::<f32>::new(BLOCK);
+    let mut s = 0.0f32;
+    let mut i = u;
+    while i < len {
+        s += grad(dy, base + i, base_hi, base_lo, t_hi, t_lo, keep, drop) * y[base + i];
+        i += BLOCK;
+    }
+    let dot = cube_sum(s, &mut shared);
+    let mut k = u;
+    while k < len {
+        dx[base + k] = y[base + k] * (grad(dy, base + k, base_hi, base_lo, t_hi, t_lo, keep, drop) - dot) * scale;
+        k += BLOCK;
+    }
+}
+
+/// `dy[i]`, dropped as the dropout kernel drops element `i` where `drop`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn grad(dy: &Tensor<f32>, i: usize, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, keep: f32, #[comptime] drop: bool) -> f32 {
+    let mut g = dy[i];
+    if comptime![drop] {
+        g = select(dropped(i as u32, base_hi, base_lo, t_hi, t_lo), 0.0f32, g * keep);
+    }
+    g
+}
+
+/// Whether [`softmax_backward`] takes the softmax's output and its gradient: both f32, of one
+/// shape, at most `u32::MAX` elements.
+pub fn softmax_backward_handles(y_dims: &[usize], y_dtype: DType, dy_dims: &[usize], dy_dtype: DType) -> bool {
+    let total = y_dims.iter().product::<usize>();
+    y_dims == dy_dims && !y_dims.is_empty() && y_dtype == DType::F32 && dy_dtype == DType::F32 && total > 0 && total <= u32::MAX as usize
+}
+
+/// The gradient of [`softmax`]'s scores from its kept output `y` and the gradient `dy` of its
+/// dropout (or of itself, without `dropout`): `scale · y · (g − Σ g · y)` along the last axis, `g`
+/// the dropout's backward of `dy`; contiguous f32 ([`softmax_backward_handles`]).
+pub fn softmax_backward<R: CubeRuntime>(y: CubeTensor<R>, dy: CubeTensor<R>, scale: f32, dropout: Option<(u64, u64, f32)>) -> CubeTensor<R> {
+    // The flags follow the logical element index: both read in contiguous order.
+    let (y, dy) = (contiguous(y), contiguous(dy));
+    let dims = y.meta.shape().to_vec();
+    let len = dims[dims.len() - 1];
+    let rows = dims.iter().product::<usize>() / len;
+    let dx = empty(&y, dims, DType::F32);
+    let (base, threshold, keep) = dropout.unwrap_or((0, 0, 1.0));
+    let [base_hi, base_lo, t_hi, t_lo] = hash_args(base, threshold);
+    let (count, dim) = row_cubes(rows);
+    let client = y.client.clone();
+    softmax_backward_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        y.into_tensor_arg(),
+        dy.into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
+        rows as u32,
+        len as u32,
+        scale,
+        base_hi,
+        base_lo,
+        t_hi,
+        t_lo,
+        keep,
+        dropout.is_some(),
+    );
+    dx
 }

@@ -202,11 +202,17 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
     let dout = cast(dy, dt).reshape([n, l, h, hd]).swap_dims(1, 2); // [n, h, l, hd]
     // out = cast(dropout(attn)) · v
     let dv = matmul(cast(drop(attn.clone()), dt).swap_dims(2, 3), dout.clone()); // [n, h, s, hd]
-    let dattn = drop(to_f32(matmul(dout, v.swap_dims(2, 3)))); // [n, h, l, s]
-    let dscores = t::<B, 4>(B::lean_softmax_backward(p(attn), p(dattn), 3));
+    let dattn = to_f32(matmul(dout, v.swap_dims(2, 3))); // [n, h, l, s]
     // scores = f32((q · hd^-1/2) · kᵀ), `q` and `k` kept unscaled: the scale goes on the
     // scores' gradient once, for both (a power of two at ACT's head size 64, so exact).
-    let ds = cast(dscores, dt) * (hd as f64).powf(-0.5);
+    let scale = (hd as f64).powf(-0.5);
+    let ds = if B::lean_attention_fuses() {
+        // The dropout's backward, the softmax's and the scale in one launch.
+        cast(t::<B, 4>(B::lean_attention_softmax_backward(p(attn), p(dattn), scale, args.dropout)), dt)
+    } else {
+        let dscores = t::<B, 4>(B::lean_softmax_backward(p(attn), p(drop(dattn)), 3));
+        cast(dscores, dt) * scale
+    };
     let dq = matmul(ds.clone(), k); // [n, h, l, hd]
     let dk = matmul(ds.swap_dims(2, 3), q); // [n, h, s, hd]
     let w = t::<B, 2>(w);

@@ -988,7 +988,8 @@ fn attention_node_gradients_match_the_composed_ops() {
 /// the permuted view (f32 and f16; one to three projections, ragged sizes); the scaled, masked
 /// softmax and its dropout against the scale, the mask's add, the softmax kernel and the
 /// dropout kernel run one after the other (with and without a mask and a dropout, rows longer
-/// than a cube, a mask hiding keys).
+/// than a cube, a mask hiding keys); its backward against the dropout's, the softmax's and the
+/// scale's kernels.
 #[test]
 fn attention_kernels_match_the_ops_they_replace() {
     use crate::nn::dropout::DropoutCtx;
@@ -1028,6 +1029,13 @@ fn attention_kernels_match_the_ops_they_replace() {
         if dropout {
             assert!(kd.iter().zip(&ky).any(|(d, y)| *d == 0.0 && *y > 0.0), "{at}: some weights dropped");
         }
+        // The backward from the kernel's softmax: the dropout's backward, the softmax's and the
+        // scale against the three kernels one after the other.
+        let y = cube_kernels::attention_softmax::<W>(p(random::<W, 4>(dims, 80) * 3.0), None, scale, None).0;
+        let dy = p(random::<W, 4>(dims, 81));
+        let kx = cube_kernels::attention_softmax_backward::<W>(y.clone(), dy.clone(), scale, drop);
+        let cx = super::attention_softmax_backward_composed::<W>(y, dy, scale, drop, cube_kernels::softmax_backward::<W>, cube_kernels::dropout::<W>);
+        assert_eq!(v(kx), v(cx), "{at}: the backward");
     }
 }
 

@@ -137,6 +137,12 @@ pub trait LeanBackend: Backend {
     fn lean_attention_softmax(x: Prim<Self>, mask: Option<Prim<Self>>, scale: f64, dropout: Option<(u64, u64, f64)>) -> (Prim<Self>, Prim<Self>) {
         burn_kernels::attention_softmax::<Self>(x, mask, scale, dropout)
     }
+    /// The scores' gradient from [`LeanBackend::lean_attention_softmax`]'s kept softmax `y`
+    /// and the gradient `dy` of its dropout (of the softmax itself without `dropout`):
+    /// `scale · y · (g − Σ g · y)` along the last axis, `g` the dropout's backward of `dy`; f32.
+    fn lean_attention_softmax_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64, dropout: Option<(u64, u64, f64)>) -> Prim<Self> {
+        burn_kernels::attention_softmax_backward::<Self>(y, dy, scale, dropout)
+    }
     /// `lhs @ rhs` over the last two axes, the leading axes equal (no broadcast: [`matmul`]).
     /// On CubeCL one fixed kernel (`nn::cube::matmul`) unless
     /// [`matmul_autotune`](crate::nn::cube::matmul_autotune); elsewhere Burn's `float_matmul`.
@@ -456,6 +462,9 @@ mod burn_kernels {
     }
     pub fn attention_softmax<B: Backend>(x: Prim<B>, mask: Option<Prim<B>>, scale: f64, drop: Option<(u64, u64, f64)>) -> (Prim<B>, Prim<B>) {
         super::attention_softmax_composed::<B>(x, mask, scale, drop, softmax::<B>, dropout::<B>)
+    }
+    pub fn attention_softmax_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, scale: f64, drop: Option<(u64, u64, f64)>) -> Prim<B> {
+        super::attention_softmax_backward_composed::<B>(y, dy, scale, drop, softmax_backward::<B>, dropout::<B>)
     }
     pub fn softmax_backward<B: Backend>(y: Prim<B>, dy: Prim<B>, dim: usize) -> Prim<B> {
         softmax_backward_composed::<B>(y, dy, dim)
@@ -1072,6 +1081,18 @@ mod cube_kernels {
             }
         }
     }
+    /// The dropout's backward, the softmax's and the scale in one launch
+    /// ([`cube::attention::softmax_backward`]).
+    pub fn attention_softmax_backward<B: CubeLaunch>(y: Prim<B>, dy: Prim<B>, scale: f64, drop: Option<(u64, u64, f64)>) -> Prim<B> {
+        let (yd, gd) = (dims_of::<B>(&y), dims_of::<B>(&dy));
+        if cube::composed() || !cube::attention::softmax_backward_handles(&yd, y.dtype(), &gd, dy.dtype()) {
+            return super::attention_softmax_backward_composed::<B>(y, dy, scale, drop, softmax_backward::<B>, dropout::<B>);
+        }
+        let scale = scale as f32;
+        let keep = drop.map(|(base, threshold, keep)| (base, threshold, keep as f32));
+        let [dx] = B::cube_op("vramlab.attention_softmax_backward", [y, dy], [OutSpec::f32(yd)], move |[y, dy]| [cube::attention::softmax_backward(y, dy, scale, keep)]);
+        dx
+    }
     pub fn group_norm<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, b: Prim<B>, groups: usize, eps: f64, act: NormAct) -> (Prim<B>, Prim<B>, Prim<B>) {
         if cube::composed() {
             return burn_kernels::group_norm::<B>(x, w, b, groups, eps, act);
@@ -1152,7 +1173,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{attention_heads, attention_softmax, bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward};
+    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1386,6 +1407,9 @@ macro_rules! inner_lean_backend {
             fn lean_attention_softmax(x: Prim<Self>, mask: Option<Prim<Self>>, scale: f64, dropout: Option<(u64, u64, f64)>) -> (Prim<Self>, Prim<Self>) {
                 $kernels::attention_softmax::<Self>(x, mask, scale, dropout)
             }
+            fn lean_attention_softmax_backward(y: Prim<Self>, dy: Prim<Self>, scale: f64, dropout: Option<(u64, u64, f64)>) -> Prim<Self> {
+                $kernels::attention_softmax_backward::<Self>(y, dy, scale, dropout)
+            }
             fn lean_group_norm(x: Prim<Self>, weight: Prim<Self>, bias: Prim<Self>, groups: usize, eps: f64, act: NormAct) -> Prim<Self> {
                 Self::lean_group_norm_stats(x, weight, bias, groups, eps, act).0
             }
@@ -1467,6 +1491,23 @@ fn attention_softmax_composed<B: Backend>(
         None => y.clone(),
     };
     (y, yd)
+}
+
+/// [`LeanBackend::lean_attention_softmax_backward`] composed: the dropout's backward (the
+/// dropout of `dy`), the softmax's backward, then the scale.
+fn attention_softmax_backward_composed<B: Backend>(
+    y: Prim<B>,
+    dy: Prim<B>,
+    scale: f64,
+    drop: Option<(u64, u64, f64)>,
+    softmax_backward: fn(Prim<B>, Prim<B>, usize) -> Prim<B>,
+    dropout: fn(Prim<B>, u64, u64, f64) -> Prim<B>,
+) -> Prim<B> {
+    let g = match drop {
+        Some((base, threshold, keep)) => dropout(dy, base, threshold, keep),
+        None => dy,
+    };
+    B::float_mul_scalar(softmax_backward(y, g, 3), scale.into())
 }
 
 fn t<B: Backend, const D: usize>(p: Prim<B>) -> Tensor<B, D> {
