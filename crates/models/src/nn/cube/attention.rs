@@ -136,7 +136,7 @@ fn softmax_kernel(
         let v = (score(x, mask, base, mask_base, k, scale, masked) - m).exp() * inv;
         y[base + k] = v;
         if comptime![drop] {
-            yd[base + k] = select(dropped((base + k) as u32, base_hi, base_lo, t_hi, t_lo), 0.0f32, v * keep);
+            yd[base + k] = drop_at(v, base + k, base_hi, base_lo, t_hi, t_lo, keep);
         }
         k += BLOCK;
     }
@@ -168,8 +168,7 @@ pub fn softmax<R: CubeRuntime>(x: CubeTensor<R>, mask: Option<CubeTensor<R>>, sc
     };
     let masked = mask.is_some();
     let mask = mask.map_or_else(|| x.clone(), contiguous);
-    let (base, threshold, keep) = dropout.unwrap_or((0, 0, 1.0));
-    let [base_hi, base_lo, t_hi, t_lo] = hash_args(base, threshold);
+    let ([base_hi, base_lo, t_hi, t_lo], keep) = drop_args(dropout);
     let (count, dim) = row_cubes(rows);
     let client = x.client.clone();
     softmax_kernel::launch::<R>(
@@ -243,9 +242,23 @@ fn softmax_backward_kernel(
 fn grad(dy: &Tensor<f32>, i: usize, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, keep: f32, #[comptime] drop: bool) -> f32 {
     let mut g = dy[i];
     if comptime![drop] {
-        g = select(dropped(i as u32, base_hi, base_lo, t_hi, t_lo), 0.0f32, g * keep);
+        g = drop_at(g, i, base_hi, base_lo, t_hi, t_lo, keep);
     }
     g
+}
+
+/// Element `i` of value `v` after the dropout: 0 where the dropout kernel drops element `i`,
+/// else `v · keep` (the forward's weights and the backward's gradient alike).
+#[cube]
+fn drop_at(v: f32, i: usize, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32, keep: f32) -> f32 {
+    select(dropped(i as u32, base_hi, base_lo, t_hi, t_lo), 0.0f32, v * keep)
+}
+
+/// A launch's dropout scalars: the hash halves ([`hash_args`]) and the keep scale; zeros and 1
+/// without a dropout (the kernels do not read them then).
+fn drop_args(dropout: Option<(u64, u64, f32)>) -> ([u32; 4], f32) {
+    let (base, threshold, keep) = dropout.unwrap_or((0, 0, 1.0));
+    (hash_args(base, threshold), keep)
 }
 
 /// Whether [`softmax_backward`] takes the softmax's output and its gradient: both f32, of one
@@ -265,8 +278,7 @@ pub fn softmax_backward<R: CubeRuntime>(y: CubeTensor<R>, dy: CubeTensor<R>, sca
     let len = dims[dims.len() - 1];
     let rows = dims.iter().product::<usize>() / len;
     let dx = empty(&y, dims, DType::F32);
-    let (base, threshold, keep) = dropout.unwrap_or((0, 0, 1.0));
-    let [base_hi, base_lo, t_hi, t_lo] = hash_args(base, threshold);
+    let ([base_hi, base_lo, t_hi, t_lo], keep) = drop_args(dropout);
     let (count, dim) = row_cubes(rows);
     let client = y.client.clone();
     softmax_backward_kernel::launch::<R>(
