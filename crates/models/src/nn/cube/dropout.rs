@@ -29,8 +29,8 @@ fn mul_hi64(hi: u32, lo: u32, ch: u32, cl: u32) -> u32 {
 }
 
 /// Whether element `i` is dropped: `splitmix64(base + i) < t` in (high, low) 32-bit halves
-/// (see [`dropout_kernel`]). Shared with the attention's softmax (`super::attention`), which
-/// drops its output's elements as this kernel would.
+/// (see [`dropout_kernel`]). Shared with the softmax kernels (`super::softmax`), whose dropout
+/// option drops their output's elements as this kernel would.
 #[cube]
 pub(super) fn dropped(i: u32, base_hi: u32, base_lo: u32, t_hi: u32, t_lo: u32) -> bool {
     // z = base + i, then splitmix64(z).

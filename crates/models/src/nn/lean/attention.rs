@@ -200,6 +200,9 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
         None => x,
     };
     let dout = cast(dy, dt).reshape([n, l, h, hd]).swap_dims(1, 2); // [n, h, l, hd]
+    // Both products read `dout`. On CubeCL a product copies a head view (rows `h·hd` apart)
+    // before it reads it: there the copy is made once, for both.
+    let dout = if B::lean_attention_fuses() { dout.reshape([n * h, l, hd]).reshape([n, h, l, hd]) } else { dout };
     // out = cast(dropout(attn)) · v
     let dv = matmul(cast(drop(attn.clone()), dt).swap_dims(2, 3), dout.clone()); // [n, h, s, hd]
     let dattn = to_f32(matmul(dout, v.swap_dims(2, 3))); // [n, h, l, s]

@@ -1021,8 +1021,18 @@ fn attention_kernels_match_the_ops_they_replace() {
         let (cy, cd) = super::attention_softmax_composed::<W>(x, mask, scale, drop, cube_kernels::softmax::<W>, cube_kernels::dropout::<W>);
         let at = format!("softmax {dims:?} masked {masked} dropout {dropout} scale {scale}");
         let (ky, kd) = (v(ky), v(kd));
-        assert_eq!(ky, v(cy), "{at}: softmax");
-        assert_eq!(kd, v(cd), "{at}: its dropout");
+        if scale.log2().fract() == 0.0 {
+            assert_eq!(ky, v(cy), "{at}: softmax");
+            assert_eq!(kd, v(cd), "{at}: its dropout");
+        } else {
+            // `scale · x − max`: a GPU compiler may contract the two into one rounding (NVRTC
+            // does by default) where the composed ops store `scale · x` first; a power of two
+            // is exact either way.
+            let (cy, cd) = (v(cy), v(cd));
+            let (ey, ed) = (rel(&ky, &cy), rel(&kd, &cd));
+            assert!(ey <= 1e-6 && ed <= 1e-6, "{at}: softmax, its dropout: relative errors {ey:e}, {ed:e}");
+            assert!(kd.iter().zip(&cd).all(|(k, c)| (*k == 0.0) == (*c == 0.0)), "{at}: the same weights dropped");
+        }
         if masked {
             assert!(ky.iter().skip(s - 1).step_by(s).all(|y| *y == 0.0), "{at}: a hidden key weighs 0");
         }

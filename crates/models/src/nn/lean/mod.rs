@@ -123,6 +123,8 @@ pub trait LeanBackend: Backend {
     /// Whether the attention's forward runs [`LeanBackend::lean_attention_heads`] and
     /// [`LeanBackend::lean_attention_softmax`] (on CubeCL one launch each), with the scale on
     /// the f32 scores; elsewhere it scales `q` before the product, as PyTorch, and composes.
+    /// Where it does, the backward also copies the output's gradient into contiguous heads once
+    /// (CubeCL's products copy a strided head view themselves, each product its own copy).
     fn lean_attention_fuses() -> bool {
         false
     }
