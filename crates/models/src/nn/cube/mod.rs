@@ -72,7 +72,7 @@ pub mod weight;
 pub mod weight_grad;
 
 /// Units per cube of the reducing kernels (one cube per group / channel / row).
-pub(crate) const BLOCK: usize = 256; // `cube_sum` and `softmax::cube_max` halve it eight times
+pub(crate) const BLOCK: usize = 256; // `cube_sum` and `cube_max` halve it eight times
 
 /// Float primitive of backend `B`.
 pub type Float<B> = <B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive;
@@ -203,27 +203,44 @@ pub fn matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTen
 /// [`BLOCK`] f32; all units must call it (it synchronises the cube).
 #[cube]
 pub(crate) fn cube_sum(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
+    cube_fold(v, shared, false)
+}
+
+/// The maximum of every unit's `v` over the cube, in every unit (as [`cube_sum`]).
+#[cube]
+pub(crate) fn cube_max(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
+    cube_fold(v, shared, true)
+}
+
+/// [`cube_sum`] or, with `is_max`, [`cube_max`]: a tree over `shared`, halved eight times
+/// ([`BLOCK`] = 256 = 2⁸ units).
+#[cube]
+fn cube_fold(v: f32, shared: &mut SharedMemory<f32>, #[comptime] is_max: bool) -> f32 {
     let u = UNIT_POS_X as usize;
     shared[u] = v;
     sync_cube();
-    sum_step(shared, u, 128usize);
-    sum_step(shared, u, 64usize);
-    sum_step(shared, u, 32usize);
-    sum_step(shared, u, 16usize);
-    sum_step(shared, u, 8usize);
-    sum_step(shared, u, 4usize);
-    sum_step(shared, u, 2usize);
-    sum_step(shared, u, 1usize);
+    fold_step(shared, u, 128usize, is_max);
+    fold_step(shared, u, 64usize, is_max);
+    fold_step(shared, u, 32usize, is_max);
+    fold_step(shared, u, 16usize, is_max);
+    fold_step(shared, u, 8usize, is_max);
+    fold_step(shared, u, 4usize, is_max);
+    fold_step(shared, u, 2usize, is_max);
+    fold_step(shared, u, 1usize, is_max);
     let total = shared[0];
     sync_cube();
     total
 }
 
-/// One halving step of [`cube_sum`]'s tree ([`BLOCK`] = 256 = 2⁸ units, eight steps).
+/// One halving step of [`cube_fold`]'s tree.
 #[cube]
-fn sum_step(shared: &mut SharedMemory<f32>, u: usize, #[comptime] stride: usize) {
+fn fold_step(shared: &mut SharedMemory<f32>, u: usize, #[comptime] stride: usize, #[comptime] is_max: bool) {
     if u < stride {
-        shared[u] = shared[u] + shared[u + stride];
+        if comptime![is_max] {
+            shared[u] = max(shared[u], shared[u + stride]);
+        } else {
+            shared[u] = shared[u] + shared[u + stride];
+        }
     }
     sync_cube();
 }

@@ -15,34 +15,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::dropout::{dropped, hash_args};
-use super::{BLOCK, contiguous, cube_row, cube_sum, empty, row_cubes};
-
-/// The maximum of every unit's `v` over the cube, in every unit (as [`super::cube_sum`]).
-#[cube]
-fn cube_max(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
-    let u = UNIT_POS_X as usize;
-    shared[u] = v;
-    sync_cube();
-    max_step(shared, u, 128usize);
-    max_step(shared, u, 64usize);
-    max_step(shared, u, 32usize);
-    max_step(shared, u, 16usize);
-    max_step(shared, u, 8usize);
-    max_step(shared, u, 4usize);
-    max_step(shared, u, 2usize);
-    max_step(shared, u, 1usize);
-    let total = shared[0];
-    sync_cube();
-    total
-}
-
-#[cube]
-fn max_step(shared: &mut SharedMemory<f32>, u: usize, #[comptime] stride: usize) {
-    if u < stride {
-        shared[u] = max(shared[u], shared[u + stride]);
-    }
-    sync_cube();
-}
+use super::{BLOCK, contiguous, cube_max, cube_row, cube_sum, empty, row_cubes};
 
 /// Element `i` of a row starting at `base`: `x · scale`, plus the mask's entry where `masked`.
 #[cube]
