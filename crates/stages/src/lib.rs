@@ -80,7 +80,7 @@ pub trait TensorMapper<B: Backend> {
 }
 
 /// A value holding float tensors of any rank, visited and mapped in one fixed order (field
-/// order, then element order); cloning it clones tensor handles, not data. Implemented for tensors, `Option`, `Vec`, `()`, and by
+/// order, then element order); cloning it clones tensor handles, not data. Implemented for tensors, `Option`, `Vec`, `()`, [`Constant`] (nothing visited), and by
 /// [`tensor_bundle!`] for a model's state types.
 pub trait TensorBundle<B: Backend>: Sized + Clone {
     fn visit<V: TensorVisitor<B>>(&self, visitor: &mut V);
@@ -119,6 +119,20 @@ impl<B: Backend, T: TensorBundle<B>> TensorBundle<B> for Vec<T> {
 impl<B: Backend> TensorBundle<B> for () {
     fn visit<V: TensorVisitor<B>>(&self, _visitor: &mut V) {}
     fn map<M: TensorMapper<B>>(self, _mapper: &mut M) -> Self {}
+}
+
+/// A value a state carries from stage to stage that is not part of the graph: built from the
+/// input once, read by later stages, never differentiated (a mask, say). Its tensors are not
+/// visited nor mapped: block checkpointing neither tracks nor detaches them, and they get no
+/// gradient.
+#[derive(Clone, Debug)]
+pub struct Constant<T>(pub T);
+
+impl<B: Backend, T: Clone> TensorBundle<B> for Constant<T> {
+    fn visit<V: TensorVisitor<B>>(&self, _visitor: &mut V) {}
+    fn map<M: TensorMapper<B>>(self, _mapper: &mut M) -> Self {
+        self
+    }
 }
 
 /// Implement [`TensorBundle`] for a struct or enum generic over `B: Backend` whose fields are
@@ -348,5 +362,33 @@ mod tests {
         assert!(x.is_require_grad());
         let one = detach(Phase::<A>::One { x });
         assert_eq!(StateGrads::zeros(&one).dot(&one).unwrap().into_scalar(), 0.0);
+    }
+
+    #[derive(Clone, Debug)]
+    struct Masked<B: Backend> {
+        x: Tensor<B, 2>,
+        mask: Constant<Tensor<B, 2>>,
+    }
+    tensor_bundle!(struct Masked { x, mask });
+
+    #[test]
+    fn a_constant_is_neither_visited_nor_tracked() {
+        let dev = Default::default();
+        let m = leaves(Masked::<A> { x: Tensor::ones([2, 2], &dev), mask: Constant(Tensor::ones([2, 3], &dev) * 4.0) });
+        assert!(m.x.is_require_grad());
+        assert!(!m.mask.0.is_require_grad(), "leaves() tracks no constant");
+        // The loss reads the constant; only `x` has a gradient in the state's.
+        let loss = (m.x.clone().sum() * m.mask.0.clone().sum()).sum();
+        let grads = StateGrads::<A>::of(&m, &loss.backward());
+        assert_eq!(grads.dot(&m).unwrap().into_scalar(), 4.0 * 24.0);
+        let mut n = 0;
+        struct Count<'a>(&'a mut usize);
+        impl<B: Backend> TensorVisitor<B> for Count<'_> {
+            fn visit<const D: usize>(&mut self, _: &Tensor<B, D>) {
+                *self.0 += 1;
+            }
+        }
+        m.visit(&mut Count(&mut n));
+        assert_eq!(n, 1, "only `x` is visited");
     }
 }

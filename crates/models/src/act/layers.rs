@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::prelude::*;
 
 use super::config::ActConfig;
-use crate::nn::{Activation, DropoutCtx, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, relu_dropout, residual_dropout, to_f32};
+use crate::nn::{Activation, DropoutCtx, KeyPaddingMask, LayerNorm, LeanBackend, Linear, MultiheadAttention, Precision, dropout, relu_dropout, residual_dropout, to_f32};
 
 /// Dropout block numbers of [`DropoutCtx::site`].
 pub(super) const BLOCK_VAE: u64 = 0;
@@ -103,7 +103,7 @@ impl<B: LeanBackend> ActEncoderLayer<B> {
     /// # Shapes
     /// - x: `[b, s, d]` (any dtype; the stream is f32); pos: `[1 or b, s, d]`; mask: `[b, s]`
     /// - returns `[b, s, d]` f32
-    pub fn forward(&self, x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>, key_padding_mask: Option<&Tensor<B, 2, Bool>>, lc: &LayerCtx) -> Tensor<B, 3> {
+    pub fn forward(&self, x: Tensor<B, 3>, pos: Option<&Tensor<B, 3>>, key_padding_mask: Option<&KeyPaddingMask<B>>, lc: &LayerCtx) -> Tensor<B, 3> {
         let p = lc.precision;
         let x = to_f32(x);
         let skip = x.clone();

@@ -29,8 +29,8 @@
 //!
 //! | stage ([`ActStage`]) | computes | state after ([`ActState`]) |
 //! |---|---|---|
-//! | `VaeInput` (VAE pass only) | cls, robot-state and action projections | `Vae`: tokens `[b, 2+chunk, d]` f32 |
-//! | `VaeLayer(i)` | VAE encoder layer `i` (key padding from `action_is_pad`) | `Vae` |
+//! | `VaeInput` (VAE pass only) | cls, robot-state and action projections; the key padding mask from `action_is_pad` | `Vae`: tokens `[b, 2+chunk, d]` f32, the mask (a [`Constant`]: built once, not differentiated) |
+//! | `VaeLayer(i)` | VAE encoder layer `i` | `Vae` |
 //! | `VaePosterior` | final norm (`pre_norm`), cls token, `vae_encoder_latent_output_proj` | `Backbone`: no maps yet, [`Posterior`] `mu`, `log_sigma_x2` `[b, latent]` |
 //! | `Backbone(s)` (cameras only) | the [`ResNet`] stage `s` on every camera (the stem reads the batch's images) | `Backbone`: maps `[b, c, h, w]` |
 //! | `EncoderInput` | `z` (posterior sample, or 0), input projections, 1×1 image projection, positions | `Encoder`: tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
@@ -54,9 +54,9 @@ use super::config::{ActConfig, PolicyFeatures};
 use super::layers::{
     ActDecoder, ActDecoderLayer, ActEncoder, BLOCK_DECODER, BLOCK_ENCODER, BLOCK_VAE, LayerCtx, sinusoidal_pos_embedding_1d, sinusoidal_pos_embedding_2d,
 };
-use crate::nn::{DropoutCtx, Embedding, LayerNorm, Linear, Precision, conv2d_p, to_f32};
+use crate::nn::{DropoutCtx, Embedding, KeyPaddingMask, LayerNorm, Linear, Precision, conv2d_p, to_f32};
 use crate::resnet::{FROZEN_BN_CONTAINER, OUT_CHANNELS, ResNet, ResNetStage, count_params_and_buffers, set_trainable};
-use crate::stages::Staged;
+use crate::stages::{Constant, Staged};
 
 /// How the forward runs: precision, training mode, the VAE noise and dropout masks.
 #[derive(Clone, Debug)]
@@ -166,8 +166,9 @@ vramlab_stages::tensor_bundle!(struct Posterior { mu, log_sigma_x2 });
 pub enum ActState<B: Backend> {
     /// Nothing computed yet (every input comes from the batch).
     Start {},
-    /// VAE encoder tokens `[b, 2+chunk, d]` f32.
-    Vae { tokens: Tensor<B, 3> },
+    /// VAE encoder tokens `[b, 2+chunk, d]` f32 and their key padding mask (from
+    /// `action_is_pad`; built once for the encoder's layers, not differentiated).
+    Vae { tokens: Tensor<B, 3>, key_padding_mask: Constant<KeyPaddingMask<B>> },
     /// Per-camera backbone maps so far (empty before the stem, which reads the batch's images).
     Backbone { features: Vec<Tensor<B, 4>>, posterior: Option<Posterior<B>> },
     /// Encoder tokens `[b, s, d]` f32 and their positions `[1, s, d]` (which depend on a
@@ -180,7 +181,7 @@ pub enum ActState<B: Backend> {
 }
 vramlab_stages::tensor_bundle!(enum ActState {
     Start {},
-    Vae { tokens },
+    Vae { tokens, key_padding_mask },
     Backbone { features, posterior },
     Encoder { tokens, pos, posterior },
     Decoder { queries, memory, pos, posterior },
@@ -342,19 +343,18 @@ impl<B: LeanBackend> Act<B> {
     }
 
     /// `[False (cls), False (state), action_is_pad…]` as `[b, 2+chunk]` (`true` = ignore).
-    fn vae_key_padding_mask(&self, batch_size: usize, action_is_pad: Option<Tensor<B, 2, Bool>>, device: &B::Device) -> Tensor<B, 2, Bool> {
+    fn vae_key_padding_mask(&self, batch_size: usize, action_is_pad: Option<Tensor<B, 2, Bool>>, device: &B::Device) -> KeyPaddingMask<B> {
         let lead = self.config.vae_seq_len() - self.config.chunk_size;
         let pad = action_is_pad.unwrap_or_else(|| Tensor::<B, 2, Bool>::zeros([batch_size, self.config.chunk_size], device));
         let head = Tensor::<B, 2, Bool>::zeros([batch_size, lead], device);
-        Tensor::cat(vec![head, pad], 1)
+        KeyPaddingMask::new(Tensor::cat(vec![head, pad], 1))
     }
 
     /// VAE encoder layer `i` (positions: the `vae_encoder_pos_enc` buffer).
-    fn vae_encoder_layer(&self, i: usize, x: Tensor<B, 3>, input: &ActInput<B>) -> Tensor<B, 3> {
+    fn vae_encoder_layer(&self, i: usize, x: Tensor<B, 3>, mask: &KeyPaddingMask<B>, ctx: &ActCtx<B>) -> Tensor<B, 3> {
         let enc = self.vae_encoder.as_ref().expect("use_vae");
         let pos = self.vae_encoder_pos_enc.as_ref().expect("use_vae").val();
-        let mask = self.vae_key_padding_mask(x.dims()[0], input.batch.action_is_pad.clone(), &x.device());
-        enc.layers[i].forward(x, Some(&pos), Some(&mask), &self.layer_ctx(&input.ctx, BLOCK_VAE, i))
+        enc.layers[i].forward(x, Some(&pos), Some(mask), &self.layer_ctx(ctx, BLOCK_VAE, i))
     }
 
     /// The posterior from the VAE encoder's last layer output: the encoder's final norm
@@ -507,10 +507,15 @@ impl<B: LeanBackend> Staged<B> for Act<B> {
         match (stage, state) {
             (ActStage::VaeInput, ActState::Start {}) => {
                 let action = batch.action.clone().expect("the VAE encoder runs only with actions");
-                ActState::Vae { tokens: self.vae_encoder_input(batch.state.clone(), action, p) }
+                let tokens = self.vae_encoder_input(batch.state.clone(), action, p);
+                let mask = self.vae_key_padding_mask(tokens.dims()[0], batch.action_is_pad.clone(), &tokens.device());
+                ActState::Vae { tokens, key_padding_mask: Constant(mask) }
             }
-            (ActStage::VaeLayer(i), ActState::Vae { tokens }) => ActState::Vae { tokens: self.vae_encoder_layer(i, tokens, input) },
-            (ActStage::VaePosterior, ActState::Vae { tokens }) => {
+            (ActStage::VaeLayer(i), ActState::Vae { tokens, key_padding_mask }) => {
+                let tokens = self.vae_encoder_layer(i, tokens, &key_padding_mask.0, ctx);
+                ActState::Vae { tokens, key_padding_mask }
+            }
+            (ActStage::VaePosterior, ActState::Vae { tokens, .. }) => {
                 ActState::Backbone { features: Vec::new(), posterior: Some(self.vae_posterior(tokens, p)) }
             }
             (ActStage::Backbone(s), state @ (ActState::Start {} | ActState::Backbone { .. })) => {

@@ -7,6 +7,28 @@ use burn::tensor::TensorPrimitive;
 use super::lean::AttnArgs;
 use super::{DropoutCtx, Linear, Precision, xavier_uniform};
 
+/// A key padding mask (PyTorch's `key_padding_mask` `[batch, keys]`, `true` hides a key) as the
+/// attention adds it to its scores: f32, 0 where a key is seen, −∞ where it is hidden (PyTorch
+/// converts it so in every call, `_canonical_mask`). Built once, it serves every attention that
+/// shares it (ACT's VAE encoder: one per forward for its 4 layers).
+#[derive(Clone, Debug)]
+pub struct KeyPaddingMask<B: Backend> {
+    bias: Tensor<B, 2>,
+}
+
+impl<B: Backend> KeyPaddingMask<B> {
+    /// From the boolean mask `[batch, keys]` (`true` = hidden).
+    pub fn new(mask: Tensor<B, 2, Bool>) -> Self {
+        let bias = Tensor::<B, 2>::zeros(mask.dims(), &mask.device()).mask_fill(mask, f32::NEG_INFINITY);
+        Self { bias }
+    }
+
+    /// `[batch, keys]`.
+    pub fn dims(&self) -> [usize; 2] {
+        self.bias.dims()
+    }
+}
+
 /// `nn.MultiheadAttention(d, heads)` (batch_first = False in PyTorch; here tensors are
 /// batch-first `[batch, seq, d]`, which changes nothing numerically). Names: `in_proj_weight`
 /// `[3d, d]` (rows: q, k, v), `in_proj_bias` `[3d]`, `out_proj.weight` `[d, d]`,
@@ -37,7 +59,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
     /// PyTorch's `multi_head_attention_forward` (the `need_weights` path): project, split heads,
     /// `softmax((q / √hd) kᵀ + mask)` in f32, (dropout on the weights), `· v`, merge heads
     /// (all that one lean node: [`LeanBackend::lean_attention`](super::lean::LeanBackend::lean_attention)),
-    /// `out_proj`. `key_padding_mask[b, s] = true` hides key `s` (added as −∞).
+    /// `out_proj`. `key_padding_mask` ([`KeyPaddingMask`]) hides keys (added as −∞).
     /// `attn_dropout`: dropout context and site for the attention weights.
     ///
     /// # Shapes
@@ -49,7 +71,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         query: Tensor<B, 3>,
         key: Tensor<B, 3>,
         value: Tensor<B, 3>,
-        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        key_padding_mask: Option<&KeyPaddingMask<B>>,
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> Tensor<B, 3> {
@@ -66,7 +88,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         query: Tensor<B, 3>,
         key: Tensor<B, 3>,
         value: Tensor<B, 3>,
-        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        key_padding_mask: Option<&KeyPaddingMask<B>>,
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
@@ -85,7 +107,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         &self,
         qk: Tensor<B, 3>,
         value: Tensor<B, 3>,
-        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        key_padding_mask: Option<&KeyPaddingMask<B>>,
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
@@ -96,7 +118,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         &self,
         [query, key, value]: [Tensor<B, 3>; 3],
         shared_qk: bool,
-        key_padding_mask: Option<&Tensor<B, 2, Bool>>,
+        key_padding_mask: Option<&KeyPaddingMask<B>>,
         attn_dropout: Option<(&DropoutCtx, u64, f64)>,
         p: Precision,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 1>>) {
@@ -104,7 +126,7 @@ impl<B: super::lean::LeanBackend> MultiheadAttention<B> {
         let s = key.dims()[1];
         let mask_bias = key_padding_mask.map(|mask| {
             assert_eq!(mask.dims(), [b, s], "key_padding_mask must be [batch, keys]");
-            Tensor::<B, 2>::zeros([b, s], &query.device()).mask_fill(mask.clone(), f32::NEG_INFINITY)
+            mask.bias.clone()
         });
         let dropout = attn_dropout.filter(|&(_, _, rate)| rate > 0.0).map(|(ctx, site, rate)| {
             let (base, threshold) = ctx.base_threshold(site, rate);
@@ -137,7 +159,7 @@ mod tests {
         mha.out_proj.weight = Param::from_tensor(eye);
         let x = Tensor::<Tb, 3>::random([1, 3, d], Distribution::Normal(0.0, 1.0), &dev);
         let mask = Tensor::<Tb, 2, Bool>::from_data(TensorData::new(vec![false, false, true], [1, 3]), &dev);
-        let y = super::super::tests::vals(mha.forward(x.clone(), x.clone(), x.clone(), Some(&mask), None, Precision::F32));
+        let y = super::super::tests::vals(mha.forward(x.clone(), x.clone(), x.clone(), Some(&KeyPaddingMask::new(mask)), None, Precision::F32));
         let xv = super::super::tests::vals(x);
         // Head h uses channels 2h..2h+2; key 2 is hidden.
         for l in 0..3 {

@@ -31,7 +31,7 @@ pub mod lean;
 mod linear;
 mod norm;
 
-pub use attention::MultiheadAttention;
+pub use attention::{KeyPaddingMask, MultiheadAttention};
 pub use conv::{conv_transpose1d_p, conv1d_p, conv2d_p, conv3d_p};
 pub use dropout::{DropoutCtx, dropout, relu_dropout, residual_dropout};
 pub use linear::{Activation, Embedding, Linear, xavier_uniform};
