@@ -4,7 +4,10 @@
 # fixture, lerobot 0.4.4's pure-Python wheels. Then one call runs benches/gpu_vs_pytorch.sh
 # under a budget; the command is printed at the end.
 #
-#   bash benches/gpu_prepare.sh [DIR]       # default DIR: .gpu (git-ignored); ~7 min on 2 cores
+#   bash benches/gpu_prepare.sh [DIR]       # default DIR: .gpu (git-ignored); all four builds ~70 min
+#                                           # on 2 cores (the main one alone ~7 min incremental);
+#                                           # a DIR built from the same crates/ and Cargo files
+#                                           # is reused as it is (REUSE=0 rebuilds)
 #   SKIP_BUILD=1 bash benches/gpu_prepare.sh   # reuse target/cuda/release/vramlab
 #   UNTUNED=0 bash benches/gpu_prepare.sh       # without the autotune-off build (vramlab-untuned.xz,
 #                                               # ~1/5 of the binary's size; built first: a second
@@ -29,6 +32,26 @@ limit_mib=${CARRY_LIMIT_MIB:-64}
 untuned=${UNTUNED:-1}
 fusion=${FUSION:-1}
 tests=${TESTS:-1}
+# A folder this script filled earlier from the same source is kept as it is (REUSE=0 rebuilds):
+# its builds are of the commit its built_from.txt names, with nothing uncommitted under crates/,
+# Cargo.toml or Cargo.lock then or now, and those paths unchanged since. A session that is lent
+# a GPU then starts its run at once instead of after the builds (about an hour on 2 cores).
+built_source_unchanged() {
+  local stamp=$1/built_from.txt commit
+  [ -f "$stamp" ] && [ -f "$1/vramlab.xz" ] || return 1
+  commit=$(head -1 "$stamp")
+  [ "$(wc -l <"$stamp")" -eq 1 ] || return 1
+  git cat-file -e "$commit^{commit}" 2>/dev/null || return 1
+  git diff --quiet "$commit" -- crates Cargo.toml Cargo.lock || return 1
+  [ -z "$(git status --porcelain -- crates Cargo.toml Cargo.lock)" ]
+}
+if [ "${REUSE:-1}" = 1 ] && built_source_unchanged "$dir"; then
+  echo "gpu_prepare: reusing $dir, built from $(head -1 "$dir/built_from.txt" | cut -c1-10) (crates/, Cargo.toml and Cargo.lock unchanged since; REUSE=0 rebuilds): $(cd "$dir" && ls -d -- * | tr '\n' ' ')"
+  reused=1
+else
+  reused=0
+fi
+if [ "$reused" = 0 ]; then
 rm -rf "$dir"
 mkdir -p "$dir/oracle" "$dir/wheels"
 if [ "$tests" = 1 ] && [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -83,8 +106,10 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "
   -d "$dir/wheels" $VP_LEROBOT_WHEELS \
   || echo "gpu_prepare: pip download failed: the run needs lerobot importable on the device (WHEELS_DIR)" >&2
 # Which source the builds are of, so a later session can tell whether they are stale.
-{ git rev-parse HEAD; git status --porcelain -- crates Cargo.toml Cargo.lock; } >"$dir/built_from.txt"
+{ git rev-parse HEAD; git status --porcelain -- crates Cargo.toml Cargo.lock
+  [ "${SKIP_BUILD:-0}" != 1 ] || echo "SKIP_BUILD=1: target/cuda/release/vramlab as it was, of whatever source"; } >"$dir/built_from.txt"
 [ -d "$dir/tests" ] && cp "$dir/built_from.txt" "$dir/tests/"
+fi
 size=$(du -sm "$dir" | cut -f1)
 if [ "$size" -gt "$limit_mib" ] && [ -d "$dir/tests" ]; then
   # The kernel tests leave first: the rows, parity and the other builds come before them.
