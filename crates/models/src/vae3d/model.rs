@@ -29,6 +29,7 @@ use burn::nn::PaddingConfig3d;
 use burn::nn::conv::{Conv3d, Conv3dConfig};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
+use crate::nn::lean::VoxelLossArgs;
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
@@ -549,9 +550,25 @@ impl<B: LeanBackend> Vae3d<B> {
     }
 
     fn loss_terms(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>) -> Vae3dLoss<B> {
+        self.loss_terms_with(x, recon, mean, logvar, B::lean_voxel_loss_node())
+    }
+
+    /// The loss as one node ([`crate::nn::lean::voxel_loss`]: on CubeCL two launches forward and
+    /// one backward) where `node` and the reference loss is asked for and `x` takes no gradient,
+    /// else composed of tensor ops (flex; their values and gradients agree within f32 rounding,
+    /// `tests::the_loss_node_equals_the_composed_loss`).
+    fn loss_terms_with(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>, node: bool) -> Vae3dLoss<B> {
         let cfg = &self.config;
         let (x, recon) = (to_f32(x), to_f32(recon)); // [b, c, d, h, w]
         assert_eq!(x.dims(), recon.dims(), "Vae3d loss: input and reconstruction shapes differ");
+        if node && matches!(cfg.loss, Vae3dLossKind::Reference) && !x.is_require_grad() {
+            let c = x.dims()[1];
+            let cw = cfg.channel_weights.as_ref().filter(|cw| cw.len() == c);
+            let args = VoxelLossArgs::new(cfg.occupied_weight, cfg.empty_weight, cw.map(|w| w.as_slice()), cfg.false_positive_weight, cfg.occupancy_mass_weight, cfg.kl_weight);
+            let cw = cw.map(|w| Tensor::<B, 1>::from_data(TensorData::new(w.clone(), [c]), &x.device()));
+            let (loss, recon_loss, kl_loss) = crate::nn::lean::voxel_loss(x, recon, mean, logvar, cw, &args);
+            return Vae3dLoss { loss, recon_loss, kl_loss };
+        }
         let recon_loss = match cfg.loss {
             Vae3dLossKind::Mse => mean_all((recon - x).square()),
             Vae3dLossKind::Reference => self.reference_recon_loss(x, recon),
@@ -726,5 +743,61 @@ mod tests {
         let rel = rms(half.recon - out.recon.clone()) / rms(out.recon);
         println!("seed {seed}: bf16 recon relative RMS error {:.3} %", 100.0 * rel);
         assert!(rel <= 0.08, "bf16 recon relative RMS error {rel}");
+    }
+
+    /// Values drawn on the host from `seed` (an LCG, uniform in `[lo, lo + span)`): the same
+    /// tensor whatever other tests do with the device's generator meanwhile.
+    fn host_random<B: Backend, const D: usize>(dims: [usize; D], seed: u64, lo: f32, span: f32) -> Tensor<B, D> {
+        let mut state = seed ^ 0x2545_F491_4F6C_DD1D;
+        let values: Vec<f32> = (0..dims.iter().product::<usize>())
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                lo + span * ((state >> 40) as f32 / (1u64 << 24) as f32)
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(values, dims), &Default::default())
+    }
+
+    /// The loss node ([`crate::nn::lean::voxel_loss`], here with its composed inner ops, as
+    /// `VRAMLAB_COMPOSED_KERNELS=1` or a backend without the kernels runs it) against the
+    /// model's composed loss on autodiff: the loss, its two terms, and the gradients of the
+    /// reconstruction and of the moments (through `split_moments`'s slices and clamp), with the
+    /// presets' weights (channel weights, false-positive and mass terms), the constructor's
+    /// (neither term) and a KL weight that makes the KL's gradients count.
+    #[test]
+    fn the_loss_node_equals_the_composed_loss() {
+        type A = burn::backend::Autodiff<Tb>;
+        let dev = Default::default();
+        let preset = Vae3dConfig::preset("ultra_lightweight").expect("preset");
+        let configs = [
+            ("preset", preset.clone()),
+            ("constructor", Vae3dConfig { channel_weights: None, false_positive_weight: 0.0, occupancy_mass_weight: 0.0, ..preset.clone() }),
+            ("kl 0.5", Vae3dConfig { kl_weight: 0.5, channel_weights: Some(vec![1.0, 2.0, 0.5, 3.0]), ..preset }),
+        ];
+        for (name, cfg) in configs {
+            let model = cfg.init::<A>(&dev);
+            let c = cfg.in_channels;
+            let x: Tensor<A, 5> = host_random([2, c, 3, 5, 6], 1, -1.0, 2.0);
+            let recon0: Tensor<Tb, 5> = host_random([2, c, 3, 5, 6], 2, -1.2, 2.5);
+            let moments0: Tensor<Tb, 5> = host_random([2, 8, 2, 3, 3], 3, -2.0, 4.0);
+            let run = |node: bool| {
+                let recon = Tensor::<A, 5>::from_inner(recon0.clone()).require_grad();
+                let moments = Tensor::<A, 5>::from_inner(moments0.clone()).require_grad();
+                let (mean, logvar) = split_moments(moments.clone());
+                let l = model.loss_terms_with(x.clone(), recon.clone(), mean, logvar, node);
+                let parts = [l.loss.clone(), l.recon_loss, l.kl_loss].map(|t| t.into_scalar());
+                let grads = l.loss.backward();
+                let g = |t: &Tensor<A, 5>| values(t.grad(&grads).expect("takes a gradient"));
+                (parts, g(&recon), g(&moments))
+            };
+            let (composed, node) = (run(false), run(true));
+            for (k, (a, b)) in node.0.iter().zip(composed.0).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-6), "{name}: part {k}: node {a} vs composed {b}");
+            }
+            for (what, a, b) in [("drecon", &node.1, &composed.1), ("dmoments", &node.2, &composed.2)] {
+                let e = vramlab_testkit::diff(name, a, b).rel;
+                assert!(e <= 1e-5 && a.iter().any(|v| *v != 0.0), "{name}: {what}: relative error {e:e}");
+            }
+        }
     }
 }

@@ -25,6 +25,8 @@
 //!   `[b, 2c]` embedding), one launch forward and two backward, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
 //!   forward and backward one launch each, in the input's dense layout;
+//! - [`voxel_loss`]: the 4D-Radar VAE's loss (the reference's sparse-voxel reconstruction
+//!   loss plus the KL term), two launches forward and one backward;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
 //!   (as the convolution reads it) in one launch;
 //! - [`conv`]: Burn's convolutions (forward, weight gradient) with a short search over the
@@ -68,6 +70,7 @@ pub mod relu;
 pub mod softmax;
 pub mod unit_matmul;
 pub mod upsample;
+pub mod voxel_loss;
 pub mod weight;
 pub mod weight_grad;
 

@@ -1435,3 +1435,54 @@ fn cat3_kernel_equals_burns_cat() {
         assert_eq!(vals_of(<W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32)), vals_of(<W as FloatTensorOps<W>>::float_cast(c, FloatDType::F32)), "{at}");
     }
 }
+
+/// The VAE loss's kernels (`nn::cube::voxel_loss`) against the composed statistics and backward
+/// (`burn_kernels`, what `VRAMLAB_COMPOSED_KERNELS=1` takes): with and without the channel
+/// weights, the false-positive and the mass terms; `mean` a slice of the moments (read through
+/// its batch stride, not copied); sizes ragged against the 256-unit cubes, and one with more
+/// voxels than a launch has units (each unit loops). Each statistic within 1e-5 of its own
+/// size, the gradients within 1e-5 relative.
+#[test]
+fn voxel_loss_kernels_match_the_composed_ops() {
+    use super::VoxelLossArgs;
+    let cases: [([usize; 5], [usize; 5]); 3] = [([2, 4, 8, 32, 32], [2, 4, 2, 8, 8]), ([3, 2, 5, 7, 9], [3, 3, 1, 2, 3]), ([1, 1, 70, 40, 30], [1, 2, 5, 4, 3])];
+    for (i, (dims, ldims)) in cases.into_iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let x: Tensor<W, 5> = random(dims, seed);
+        let r: Tensor<W, 5> = random(dims, seed + 1);
+        let l = ldims[1];
+        let moments: Tensor<W, 5> = random([ldims[0], 2 * l, ldims[2], ldims[3], ldims[4]], seed + 2);
+        let mean = moments.clone().narrow(1, 0, l);
+        let logvar = moments.narrow(1, l, l).clamp(-30.0, 20.0);
+        let dloss: Tensor<W, 1> = random([1], seed + 3);
+        let c = dims[1];
+        let cw_values: Vec<f32> = (0..c).map(|k| 0.2 + 0.9 * k as f32).collect();
+        for (weighted, fp, mass) in [(true, 4.0, 1.0), (false, 0.0, 0.0), (true, 0.0, 1.0), (false, 4.0, 0.0)] {
+            let cw = weighted.then_some(cw_values.as_slice());
+            let args = VoxelLossArgs::new(8.0, 1.0, cw, fp, mass, 0.01);
+            let cwt = cw.map(|w| p(Tensor::<W, 1>::from_data(burn::tensor::TensorData::new(w.to_vec(), [c]), &x.device())));
+            let case = format!("{dims:?} weighted {weighted} fp {fp} mass {mass}");
+            let inputs = || (p(x.clone()), p(r.clone()), p(mean.clone()), p(logvar.clone()), cwt.clone());
+            let spec = |t: &Tensor<W, 5>| (t.dims().to_vec(), t.dtype());
+            let (sx, sm) = (spec(&x), spec(&mean));
+            let cw_spec = cw.map(|_| ([c], burn::tensor::DType::F32));
+            let kernels = crate::nn::cube::voxel_loss::handles((&sx.0, sx.1), (&sx.0, sx.1), (&sm.0, sm.1), (&sm.0, sm.1), cw_spec.as_ref().map(|(d, t)| (d.as_slice(), *t)));
+            assert!(kernels && !crate::nn::cube::composed(), "{case}: the kernels take it");
+            let (xa, ra, ma, la, wa) = inputs();
+            let s = cube_kernels::voxel_loss::<W>(xa, ra, ma, la, wa, &args);
+            let (xb, rb, mb, lb, wb) = inputs();
+            let s_ref = burn_kernels::voxel_loss::<W>(xb, rb, mb, lb, wb, &args);
+            let v = |t: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
+            for (k, (a, b)) in v(s.clone()).into_iter().zip(v(s_ref.clone())).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-12), "{case}: statistic {k}: kernels {a} vs composed {b}");
+            }
+            let (xa, ra, ma, la, wa) = inputs();
+            let d = cube_kernels::voxel_loss_backward::<W>(xa, ra, ma, la, wa, s, p(dloss.clone()), &args);
+            let (xb, rb, mb, lb, wb) = inputs();
+            let d_ref = burn_kernels::voxel_loss_backward::<W>(xb, rb, mb, lb, wb, s_ref, p(dloss.clone()), &args);
+            for (name, (a, b)) in ["drecon", "dmean", "dlogvar"].into_iter().zip(d.into_iter().zip(d_ref)) {
+                close(&format!("{case}: {name}"), a, b, 1e-5);
+            }
+        }
+    }
+}
