@@ -3,12 +3,12 @@
 //! one backward. Composed of Burn ops it is 89 launches forward and backward, and the KL term's
 //! backward 14 more (VAE ultra b2 on lavapipe, `benches/results/kernels/wgpu/launch_trims.md`).
 //!
-//! - [`stats`]: [`partials_kernel`] sums, per cube, the six totals the loss is made of (the
-//!   weighted squared error, the occupancy weights, the false positives, the two occupancy
-//!   masses, the KL summand) over the voxels and the latent elements; [`finish_kernel`] (one
-//!   cube) adds the cubes' partial sums and writes the `[8]` statistics of
-//!   [`crate::nn::lean::voxel_loss::Stat`]: the loss, its two terms, and the coefficients of the
-//!   backward;
+//! - [`stats`]: [`voxel_loss_partials_kernel`] sums, per cube, the six totals the loss is made
+//!   of (the weighted squared error, the occupancy weights, the false positives, the two
+//!   occupancy masses, the KL summand) over the voxels and the latent elements;
+//!   [`voxel_loss_finish_kernel`] (one cube) adds the cubes' partial sums and writes the `[8]`
+//!   statistics (`stat` in `nn::lean::voxel_loss`): the loss, its two terms, and the
+//!   coefficients of the backward;
 //! - [`backward`]: one unit per element of the reconstruction and of the latent: `drecon`,
 //!   `dmean` and `dlogvar` from those coefficients and the loss's gradient, read on the device.
 //!
@@ -24,11 +24,12 @@ use cubecl::prelude::*;
 use super::{BLOCK, contiguous, cube_sum, elem_cubes, empty};
 use crate::nn::lean::VoxelLossArgs;
 
-/// The totals one cube of [`partials_kernel`] writes, in this order: `Σ (r − x)²·w·cw`, `Σ w`,
-/// `Σ relu(r₀ − x₀)²·[x₀ ≤ 0]`, `Σ relu(r₀)`, `Σ relu(x₀)`, `Σ (lv + 1 − m² − exp(lv))`.
+/// The totals one cube of [`voxel_loss_partials_kernel`] writes, in this order: `Σ (r −
+/// x)²·w·cw`, `Σ w`, `Σ relu(r₀ − x₀)²·[x₀ ≤ 0]`, `Σ relu(r₀)`, `Σ relu(x₀)`, `Σ (lv + 1 − m² −
+/// exp(lv))`.
 const SUMS: usize = 6;
-/// [`partials_kernel`]'s cubes at most (units loop over larger inputs); [`finish_kernel`]'s one
-/// cube reads `SUMS` values of each.
+/// [`voxel_loss_partials_kernel`]'s cubes at most (units loop over larger inputs);
+/// [`voxel_loss_finish_kernel`]'s one cube reads `SUMS` values of each.
 const PARTIAL_CUBES: usize = 256;
 
 /// Unit `u` of `cubes · BLOCK`: the six sums over voxels `u, u + stride, …` (each voxel's
@@ -37,7 +38,7 @@ const PARTIAL_CUBES: usize = 256;
 /// apart); each cube's totals into `partial[cube · SUMS + k]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn partials_kernel(
+fn voxel_loss_partials_kernel(
     x: &Tensor<f32>,
     r: &Tensor<f32>,
     cw: &Tensor<f32>,
@@ -124,7 +125,7 @@ fn partials_kernel(
 /// `cw_scale`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn finish_kernel(
+fn voxel_loss_finish_kernel(
     partial: &Tensor<f32>,
     stats: &mut Tensor<f32>,
     cubes: u32,
@@ -172,7 +173,7 @@ fn finish_kernel(
     }
 }
 
-/// Total `k` of [`partials_kernel`]'s `cubes` rows, in every unit of the cube.
+/// Total `k` of [`voxel_loss_partials_kernel`]'s `cubes` rows, in every unit of the cube.
 #[cube]
 fn total_of(partial: &Tensor<f32>, #[comptime] k: usize, cubes: u32, shared: &mut SharedMemory<f32>) -> f32 {
     let mut s = 0.0f32;
@@ -186,10 +187,10 @@ fn total_of(partial: &Tensor<f32>, #[comptime] k: usize, cubes: u32, shared: &mu
 
 /// Unit `i`: `drecon[i]` (for `i < elems`, `[n, channels, spatial]` contiguous) and `dmean`,
 /// `dlogvar` at latent element `i` (for `i < latent`; written contiguous, read as in
-/// [`partials_kernel`]), each times the loss's gradient `g[0]`.
+/// [`voxel_loss_partials_kernel`]), each times the loss's gradient `g[0]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_kernel(
+fn voxel_loss_backward_kernel(
     x: &Tensor<f32>,
     r: &Tensor<f32>,
     cw: &Tensor<f32>,
@@ -325,8 +326,9 @@ fn operands<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeTe
     }
 }
 
-/// The loss's `[8]` f32 statistics (see [`finish_kernel`]) of the reconstruction `recon` of `x`
-/// and the posterior `(mean, logvar)`, with the channel weights `cw` (`[c]`) if given.
+/// The loss's `[8]` f32 statistics (see [`voxel_loss_finish_kernel`]) of the reconstruction
+/// `recon` of `x` and the posterior `(mean, logvar)`, with the channel weights `cw` (`[c]`) if
+/// given.
 pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeTensor<R>, logvar: CubeTensor<R>, cw: Option<CubeTensor<R>>, s: VoxelLossArgs) -> CubeTensor<R> {
     let o = operands(x, recon, mean, logvar);
     let client = o.x.client.clone();
@@ -338,7 +340,7 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeT
     let weighted = cw.is_some();
     let cw = cw.map(contiguous).unwrap_or_else(|| o.x.clone());
     let (fp, mass) = (s.fp_weight > 0.0, s.mass_weight > 0.0);
-    partials_kernel::launch::<R>(
+    voxel_loss_partials_kernel::launch::<R>(
         &client,
         CubeCount::Static(cubes as u32, 1, 1),
         CubeDim::new_1d(BLOCK as u32),
@@ -361,7 +363,7 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeT
         fp,
         mass,
     );
-    finish_kernel::launch::<R>(
+    voxel_loss_finish_kernel::launch::<R>(
         &client,
         CubeCount::Static(1, 1, 1),
         CubeDim::new_1d(BLOCK as u32),
@@ -395,7 +397,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: Cu
     let weighted = cw.is_some();
     let cw = cw.map(contiguous).unwrap_or_else(|| o.x.clone());
     let (count, dim) = elem_cubes(&client, elems.max(o.latent));
-    backward_kernel::launch::<R>(
+    voxel_loss_backward_kernel::launch::<R>(
         &client,
         count,
         dim,
