@@ -27,7 +27,8 @@
 # with VRAMLAB_COMPOSED_KERNELS=1 (fusion, composed ops), the main build with CubeCL's pages and
 # with VRAMLAB_KERNEL_ACCOUNTING=off (what counting launches costs); between the first fusion row and the
 # next, KERNEL_TESTS_DIR=<gpu_prepare.sh's tests folder>: the #[cube] kernels' tests on this GPU
-# (benches/gpu_kernel_tests.sh, kernel_tests.txt). Then the other rows.
+# (benches/gpu_kernel_tests.sh, kernel_tests.txt); then the main build with each kernel timed
+# (VRAMLAB_KERNEL_ACCOUNTING=time: the costliest kernels in the row's note). Then the other rows.
 # Parity on the same GPU: `vramlab predict` on the fixtures in FIXTURE_DIR (default
 # ../shared/oracle; vae3d_ultra right after the first row, which leaves it PARITY_RESERVE_S
 # (30 s) of the budget; act_small and diffusion_small at the end while the budget lasts),
@@ -232,6 +233,9 @@ vp_run_rows "$mode" "$out" "${rows[@]:1:2}"
 # Burn's fusion (issue 24): with our #[cube] kernels as custom ops, then with the composed ops.
 kernels_row "${BIN_FUSION:-}" "fusion + custom kernels (cuda,fusion build)"
 kernel_tests
+# Where the VAE's steady step goes on this GPU, kernel by kernel (CubeCL times each kernel alone,
+# so the row's steps are slower than untimed ones; its note lists the costliest kernels).
+kernels_row "$VP_BIN" "kernels timed (main build, VRAMLAB_KERNEL_ACCOUNTING=time)" VRAMLAB_KERNEL_ACCOUNTING=time
 kernels_row "$VP_BIN" "autotune minimal (main build, --autotune=minimal)" EXTRA=--autotune=minimal
 # Matrix products autotuned as Burn's instead of the fixed kernel (the default since 2026-11-28):
 # what the fixed kernel costs the steady step, what the search costs step 1.

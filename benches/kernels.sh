@@ -114,6 +114,16 @@ if recs:
         ls = [x["kernel_launches"] for x in steady if x.get("kernel_launches") is not None]
         r["launches_per_step"] = statistics.median(ls) if ls else None
         r["compiled_after_step1"] = sum(x.get("kernels_compiled") or 0 for x in steady)
+        # VRAMLAB_KERNEL_ACCOUNTING=time: each kernel timed alone (slower steps); where the
+        # steady steps' kernel time goes, mean seconds a step by kernel (each step's top 20).
+        timed = [x for x in steady if x.get("kernel_time_s") is not None]
+        if timed:
+            r["kernel_time_s"] = statistics.median(x["kernel_time_s"] for x in timed)
+            by = {}
+            for x in timed:
+                for name, t in x.get("top_kernel_time", []):
+                    by[name] = by.get(name, 0.0) + t / len(timed)
+            r["top_kernel_time"] = sorted(([k, round(v, 6)] for k, v in by.items()), key=lambda kv: -kv[1])[:10]
     r["peak_reserved_bytes"] = max(x["peak_reserved_bytes"] for x in recs)
 if wrecs:
     r["step1_warm_s"] = wrecs[0]["step_time_s"]
@@ -159,11 +169,17 @@ out = [f"# Kernels per step on {backend}: launches, compilations, cold and warm 
        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 for r in recs:
     res = r.get("peak_reserved_bytes")
+    note = r.get("note", "")
+    if r.get("kernel_time_s") is not None:
+        # Names without their runtime part, whose `|` would split the table's cell.
+        name = lambda k: " ".join(p for p in k.split(" | ") if not p.endswith("Runtime")).replace("|", "/")
+        top = ", ".join(f"{name(k)} {v * 1e3:.2f}" for k, v in r.get("top_kernel_time", []))
+        note = (note + "; " if note else "") + f"kernels timed one by one: {r['kernel_time_s'] * 1e3:.1f} ms of kernel time a steady step; most, ms a step: {top}"
     out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
         r["label"], r["variant"], f(r.get("launches_per_step"), "{:.0f}"), f(r.get("launches_step1"), "{}"),
         f(r.get("compiled_step1"), "{}"), f(r.get("step1_cold_s"), "{:.2f}"), f(r.get("autotune_step1_s"), "{:.2f}"),
         f(r.get("step1_warm_s"), "{:.2f}"), f(r.get("steady_step_s"), "{:.3f}"),
-        f(None if res is None else res / 2**20, "{:.1f}"), r.get("note", "")))
+        f(None if res is None else res / 2**20, "{:.1f}"), note))
 open(table, "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 EOF

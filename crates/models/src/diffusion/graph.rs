@@ -42,7 +42,8 @@ impl Unet<'_> {
         let emb = self.g.linear(mc, self.b, self.cond_dim, cc, true, true, self.p);
         let n = self.g.bytes(out);
         // FiLM as flex runs it: the composed multiply (keeping `out` and the scale) and add. On
-        // CubeCL it is one node (`nn::lean::film`) keeping `out` and `emb`, without `s`.
+        // CubeCL it is one node (`nn::lean::film`, the linear layer's bias added inside)
+        // keeping `out`, `emb` (without the bias) and the bias, without `s`.
         let out = if self.film_scale {
             let scale = self.g.elementwise(&[emb], (self.b * cout) as u64 * self.w);
             let bias = self.g.elementwise(&[emb], (self.b * cout) as u64 * self.w);

@@ -118,12 +118,13 @@ impl<B: LeanBackend> ConditionalResidualBlock1d<B> {
     /// - x: `[b, in, t]` (any dtype); mish_cond: `[b, cond_dim]` → `[b, out, t]` (compute dtype)
     pub fn forward(&self, x: Tensor<B, 3>, mish_cond: Tensor<B, 2>, p: Precision) -> Tensor<B, 3> {
         let out = self.conv1.forward(x.clone(), p);
-        let embed = self.cond_linear().forward(mish_cond, p); // [b, c·(2|1)]
         let out = if self.use_film_scale_modulation {
-            // scale · out + bias, the halves of `embed` broadcast along t (one node on CubeCL).
-            crate::nn::lean::film(out, embed)
+            // scale · out + bias, the halves of `embed` broadcast along t: one node on CubeCL,
+            // which adds the linear layer's bias too; flex adds it by its own node first.
+            let (embed, bias) = self.cond_linear().forward_parts(mish_cond, p); // [b, 2c], [2c]
+            crate::nn::lean::film(out, embed, bias)
         } else {
-            out + embed.unsqueeze_dim::<3>(2)
+            out + self.cond_linear().forward(mish_cond, p).unsqueeze_dim::<3>(2) // [b, c, 1]
         };
         let out = self.conv2.forward(out, p);
         let residual = match &self.residual_conv {

@@ -22,7 +22,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::{BLOCK, contiguous, cube_sum, elem_cubes, empty};
-use crate::nn::lean::VoxelLossArgs;
+use crate::nn::lean::{VoxelLossArgs, voxel_loss_stat as stat};
 
 /// The totals one cube of [`voxel_loss_partials_kernel`] writes, in this order: `Σ (r −
 /// x)²·w·cw`, `Σ w`, `Σ relu(r₀ − x₀)²·[x₀ ≤ 0]`, `Σ relu(r₀)`, `Σ relu(x₀)`, `Σ (lv + 1 − m² −
@@ -72,7 +72,7 @@ fn voxel_loss_partials_kernel(
         let base = n * channels * spatial + (i - n * spatial);
         let xp = x[base];
         let rp = r[base];
-        let w = select(xp > 0.0f32, w_occupied, w_empty);
+        let w = spatial_weight(xp, w_occupied, w_empty);
         s_w += w;
         for c in 0..channels {
             let d = r[base + c * spatial] - x[base + c * spatial];
@@ -94,10 +94,7 @@ fn voxel_loss_partials_kernel(
     }
     let mut j = ABSOLUTE_POS;
     while j < latent as usize {
-        let row = j / lat_inner as usize;
-        let k = j - row * lat_inner as usize;
-        let m = mean[row * m_batch as usize + k];
-        let lv = logvar[row * l_batch as usize + k];
+        let (m, lv) = latent_at(mean, logvar, j, lat_inner, m_batch, l_batch);
         s_kl += lv + 1.0f32 - m * m - lv.exp();
         j += stride;
     }
@@ -119,7 +116,7 @@ fn voxel_loss_partials_kernel(
     }
 }
 
-/// One cube: the `cubes` rows of `partial` added, then the statistics (`Stat`'s order): the
+/// One cube: the `cubes` rows of `partial` added, then the statistics ([`stat`]'s order): the
 /// loss, the reconstruction and KL terms, `1 / (n_all · denom)`, the false-positive term's and
 /// the mass term's coefficients, the KL's, and `denom` (the weights' mean, at least 1e-6, times
 /// `cw_scale`).
@@ -162,15 +159,30 @@ fn voxel_loss_finish_kernel(
             mass_coef = mass_weight * sign / n_voxels;
         }
         let kl = t_kl / n_latent * -0.5f32;
-        stats[0] = recon + kl * kl_weight;
-        stats[1] = recon;
-        stats[2] = kl;
-        stats[3] = 1.0f32 / n_all / denom;
-        stats[4] = fp_coef;
-        stats[5] = mass_coef;
-        stats[6] = kl_weight * -0.5f32 / n_latent;
-        stats[7] = denom;
+        stats[stat::LOSS] = recon + kl * kl_weight;
+        stats[stat::RECON] = recon;
+        stats[stat::KL] = kl;
+        stats[stat::SQ_COEF] = 1.0f32 / n_all / denom;
+        stats[stat::FP_COEF] = fp_coef;
+        stats[stat::MASS_COEF] = mass_coef;
+        stats[stat::KL_COEF] = kl_weight * -0.5f32 / n_latent;
+        stats[stat::DENOM] = denom;
     }
+}
+
+/// The reference's spatial weight of a voxel whose occupancy channel holds `x0`.
+#[cube]
+fn spatial_weight(x0: f32, w_occupied: f32, w_empty: f32) -> f32 {
+    select(x0 > 0.0f32, w_occupied, w_empty)
+}
+
+/// `(mean, logvar)` at latent element `j`: rows of `lat_inner` elements, `m_batch` and
+/// `l_batch` apart.
+#[cube]
+fn latent_at(mean: &Tensor<f32>, logvar: &Tensor<f32>, j: usize, lat_inner: u32, m_batch: u32, l_batch: u32) -> (f32, f32) {
+    let row = j / lat_inner as usize;
+    let k = j - row * lat_inner as usize;
+    (mean[row * m_batch as usize + k], logvar[row * l_batch as usize + k])
 }
 
 /// Total `k` of [`voxel_loss_partials_kernel`]'s `cubes` rows, in every unit of the cube.
@@ -222,30 +234,27 @@ fn voxel_loss_backward_kernel(
         let n = i / plane;
         let c = (i - n * plane) / spatial;
         let x0 = x[i - c * spatial];
-        let w = select(x0 > 0.0f32, w_occupied, w_empty);
+        let w = spatial_weight(x0, w_occupied, w_empty);
         let ri = r[i];
         let mut v = (ri - x[i]) * 2.0f32 * w;
         if comptime![weighted] {
             v *= cw[c];
         }
-        v *= stats[3];
+        v *= stats[stat::SQ_COEF];
         if c == 0 {
             if comptime![fp] {
                 let u = max(ri - x0, 0.0f32);
-                v += select(x0 <= 0.0f32, u * 2.0f32 * stats[4], 0.0f32);
+                v += select(x0 <= 0.0f32, u * 2.0f32 * stats[stat::FP_COEF], 0.0f32);
             }
             if comptime![mass] {
-                v += select(ri > 0.0f32, stats[5], 0.0f32);
+                v += select(ri > 0.0f32, stats[stat::MASS_COEF], 0.0f32);
             }
         }
         dr[i] = v * gs;
     }
     if i < latent as usize {
-        let row = i / lat_inner as usize;
-        let k = i - row * lat_inner as usize;
-        let m = mean[row * m_batch as usize + k];
-        let lv = logvar[row * l_batch as usize + k];
-        let kc = stats[6] * gs;
+        let (m, lv) = latent_at(mean, logvar, i, lat_inner, m_batch, l_batch);
+        let kc = stats[stat::KL_COEF] * gs;
         dm[i] = m * -2.0f32 * kc;
         dl[i] = (1.0f32 - lv.exp()) * kc;
     }
@@ -336,7 +345,7 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeT
     let (n_voxels, n_latent) = (o.voxels as f32, o.latent as f32);
     let cubes = o.voxels.max(o.latent).div_ceil(BLOCK).clamp(1, PARTIAL_CUBES);
     let partial = empty(&o.x, vec![cubes * SUMS], DType::F32);
-    let stats = empty(&o.x, vec![8], DType::F32);
+    let stats = empty(&o.x, vec![stat::LEN], DType::F32);
     let weighted = cw.is_some();
     let cw = cw.map(contiguous).unwrap_or_else(|| o.x.clone());
     let (fp, mass) = (s.fp_weight > 0.0, s.mass_weight > 0.0);

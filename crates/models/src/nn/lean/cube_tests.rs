@@ -1352,9 +1352,12 @@ fn wide_unit_matmul_matches_burns_matmul() {
 /// for `x` stored channels first, channels last (the result keeping its layout), not dense
 /// (copied first) and alone (in place); the input gradient likewise; the embedding's gradient
 /// from `x` and `dy` in every pairing of those layouts; f32 within 1e-6 relative (each element
-/// one product and one sum, or `t` of them in order), f16 within its rounding; then the node on
-/// `Autodiff<Wgpu>` (what Diffusion's residual blocks take) against autodiff of the composed
-/// ops, `x` channels last as a convolution's output lies: output, `dx`, `dembed` within 1e-5.
+/// one product and one sum, or `t` of them in order), f16 within its rounding; each without and
+/// with the conditioning linear layer's bias (read by the kernels; its gradient, the embedding's
+/// summed over the batch, in the same launch); then the node on `Autodiff<Wgpu>` (what
+/// Diffusion's residual blocks take) against autodiff of the composed ops (the bias through its
+/// own node), `x` channels last as a convolution's output lies: output, `dx`, `dembed`, `dbias`
+/// within 1e-5.
 #[test]
 fn film_kernels_and_node_match_the_composed_ops() {
     use super::t;
@@ -1365,45 +1368,68 @@ fn film_kernels_and_node_match_the_composed_ops() {
     let e0 = p(random::<W, 2>([b, 2 * c], 92));
     let dy0 = p(random::<W, 3>(dims, 93));
     let narrow = random::<W, 3>([b, c, 1], 94);
+    let bias0 = p(random::<W, 1>([2 * c], 95));
     let not_dense = || p(narrow.clone().expand(dims));
-    let y_ref = burn_kernels::film::<W>(x0.clone(), e0.clone());
-    for (name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
-        let y = cube_kernels::film::<W>(x.clone(), e0.clone());
-        assert_eq!(is_channels_last(&y), is_channels_last(&x), "forward, x channels {name}: layout kept");
-        close(&format!("forward, x channels {name}"), y, y_ref.clone(), 1e-6);
-        close(&format!("forward, x channels {name}: input untouched"), x, x0.clone(), 0.0);
-    }
-    let alone = p(t::<W, 3>(x0.clone()) * 1.0);
-    close("forward in place", cube_kernels::film::<W>(alone, e0.clone()), y_ref.clone(), 1e-6);
-    close("forward, not dense", cube_kernels::film::<W>(not_dense(), e0.clone()), burn_kernels::film::<W>(not_dense(), e0.clone()), 1e-6);
-    let dx_ref = burn_kernels::film_x_backward::<W>(e0.clone(), dy0.clone());
-    let de_ref = burn_kernels::film_embed_backward::<W>(x0.clone(), dy0.clone());
-    for (name, dy) in [("first", dy0.clone()), ("last", channels_last(dy0.clone()))] {
-        let dx = cube_kernels::film_x_backward::<W>(e0.clone(), dy.clone());
-        assert_eq!(is_channels_last(&dx), is_channels_last(&dy), "dx, dy channels {name}: layout kept");
-        close(&format!("dx, dy channels {name}"), dx, dx_ref.clone(), 1e-6);
-        for (x_name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
-            close(&format!("dembed, x channels {x_name}, dy channels {name}"), cube_kernels::film_embed_backward::<W>(x, dy.clone()), de_ref.clone(), 1e-6);
+    // Without the linear layer's bias, and with it (read by the kernels, added first by the
+    // composed ops).
+    for bias in [None, Some(bias0.clone())] {
+        let with = if bias.is_some() { "with the bias" } else { "without a bias" };
+        let y_ref = burn_kernels::film::<W>(x0.clone(), e0.clone(), bias.clone());
+        for (name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
+            let y = cube_kernels::film::<W>(x.clone(), e0.clone(), bias.clone());
+            assert_eq!(is_channels_last(&y), is_channels_last(&x), "forward, x channels {name}, {with}: layout kept");
+            close(&format!("forward, x channels {name}, {with}"), y, y_ref.clone(), 1e-6);
+            close(&format!("forward, x channels {name}, {with}: input untouched"), x, x0.clone(), 0.0);
+        }
+        let alone = p(t::<W, 3>(x0.clone()) * 1.0);
+        close(&format!("forward in place, {with}"), cube_kernels::film::<W>(alone, e0.clone(), bias.clone()), y_ref.clone(), 1e-6);
+        close(&format!("forward, not dense, {with}"), cube_kernels::film::<W>(not_dense(), e0.clone(), bias.clone()), burn_kernels::film::<W>(not_dense(), e0.clone(), bias.clone()), 1e-6);
+        let dx_ref = burn_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), dy0.clone());
+        let bias_grad = bias.is_some();
+        let (de_ref, db_ref) = burn_kernels::film_embed_backward::<W>(x0.clone(), dy0.clone(), bias_grad);
+        assert_eq!(db_ref.is_some(), bias_grad, "the composed ops give the bias's gradient when asked");
+        for (name, dy) in [("first", dy0.clone()), ("last", channels_last(dy0.clone()))] {
+            let dx = cube_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), dy.clone());
+            assert_eq!(is_channels_last(&dx), is_channels_last(&dy), "dx, dy channels {name}, {with}: layout kept");
+            close(&format!("dx, dy channels {name}, {with}"), dx, dx_ref.clone(), 1e-6);
+            for (x_name, x) in [("first", x0.clone()), ("last", channels_last(x0.clone()))] {
+                let (de, db) = cube_kernels::film_embed_backward::<W>(x, dy.clone(), bias_grad);
+                close(&format!("dembed, x channels {x_name}, dy channels {name}, {with}"), de, de_ref.clone(), 1e-6);
+                assert_eq!(db.is_some(), bias_grad, "the kernel gives the bias's gradient when asked");
+                if let (Some(db), Some(db_ref)) = (db, db_ref.clone()) {
+                    close(&format!("dbias, x channels {x_name}, dy channels {name}"), db, db_ref, 1e-6);
+                }
+            }
+        }
+        close(&format!("dx, not dense, {with}"), cube_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), not_dense()), burn_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), not_dense()), 1e-6);
+        close(&format!("dembed, not dense, {with}"), cube_kernels::film_embed_backward::<W>(not_dense(), not_dense(), bias_grad).0, burn_kernels::film_embed_backward::<W>(not_dense(), not_dense(), bias_grad).0, 1e-6);
+        // f16: the kernels compute in f32 and round once (the embedding and bias's sum rounded
+        // first, as the bias add); the composed ops round after each op.
+        let h = |x: Prim<W>| p(t::<W, 3>(x).cast(FloatDType::F16));
+        let eh = p(t::<W, 2>(e0.clone()).cast(FloatDType::F16));
+        let bh = bias.clone().map(|b| p(t::<W, 1>(b).cast(FloatDType::F16)));
+        let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
+        let yh = cube_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone());
+        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
+        close(&format!("f16 forward, {with}"), yh, burn_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone()), 2e-3);
+        close(&format!("f16 dx, {with}"), cube_kernels::film_x_backward::<W>(eh.clone(), bh.clone(), dyh.clone()), burn_kernels::film_x_backward::<W>(eh, bh, dyh.clone()), 2e-3);
+        let (de_h, db_h) = cube_kernels::film_embed_backward::<W>(xh.clone(), dyh.clone(), bias_grad);
+        let (de_h_ref, db_h_ref) = burn_kernels::film_embed_backward::<W>(xh, dyh, bias_grad);
+        close(&format!("f16 dembed, {with}"), de_h, de_h_ref, 4e-3);
+        if let (Some(db), Some(db_ref)) = (db_h, db_h_ref) {
+            close("f16 dbias", db, db_ref, 4e-3);
         }
     }
-    close("dx, not dense", cube_kernels::film_x_backward::<W>(e0.clone(), not_dense()), burn_kernels::film_x_backward::<W>(e0.clone(), not_dense()), 1e-6);
-    close("dembed, not dense", cube_kernels::film_embed_backward::<W>(not_dense(), not_dense()), burn_kernels::film_embed_backward::<W>(not_dense(), not_dense()), 1e-6);
-    // f16: the kernels compute in f32 and round once; the composed ops round after each op.
-    let h = |x: Prim<W>| p(t::<W, 3>(x).cast(FloatDType::F16));
-    let eh = p(t::<W, 2>(e0.clone()).cast(FloatDType::F16));
-    let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
-    let yh = cube_kernels::film::<W>(xh.clone(), eh.clone());
-    assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
-    close("f16 forward", yh, burn_kernels::film::<W>(xh.clone(), eh.clone()), 2e-3);
-    close("f16 dx", cube_kernels::film_x_backward::<W>(eh.clone(), dyh.clone()), burn_kernels::film_x_backward::<W>(eh, dyh.clone()), 2e-3);
-    close("f16 dembed", cube_kernels::film_embed_backward::<W>(xh.clone(), dyh.clone()), burn_kernels::film_embed_backward::<W>(xh, dyh), 4e-3);
     // The node, as `lean_film` takes it on this backend, against the composed ops' autodiff.
     assert!(<A as super::LeanBackend>::lean_film_node(), "CubeCL's lean_film is the node");
     for (i, dims) in [[3, 5, 7], [2, 300, 16], [2, 9, 1]].into_iter().enumerate() {
-        let seed = 100 + 10 * i as u64;
-        let lean = super::pointwise::film_grads::<W>(dims, seed, true, channels_last);
-        let plain = super::pointwise::film_grads::<W>(dims, seed, false, channels_last);
-        super::tests::all_close(&format!("node {dims:?}"), lean, plain, 1e-5);
+        for bias in [false, true] {
+            let seed = 100 + 10 * i as u64;
+            let lean = super::pointwise::film_grads::<W>(dims, seed, true, bias, channels_last);
+            let plain = super::pointwise::film_grads::<W>(dims, seed, false, bias, channels_last);
+            assert_eq!(lean.len(), 3 + bias as usize, "the node gives the bias's gradient");
+            super::tests::all_close(&format!("node {dims:?} bias {bias}"), lean, plain, 1e-5);
+        }
     }
 }
 

@@ -54,7 +54,7 @@ pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
 pub(crate) use norm::{group_norm, group_norm_add_relu, group_norm_add_relu_fuses, layer_norm};
-pub use voxel_loss::{VoxelLossArgs, voxel_loss};
+pub use voxel_loss::{VoxelLossArgs, stat as voxel_loss_stat, voxel_loss};
 pub use pointwise::{bias_add, channel_affine, channel_affine_relu, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
@@ -209,25 +209,26 @@ pub trait LeanBackend: Backend {
     /// ([`crate::nn::cube::affine`]); on autodiff the composed ops (tracked) unless every buffer
     /// is a constant.
     fn lean_frozen_scale_shift(weight: Prim<Self>, bias: Prim<Self>, mean: Prim<Self>, var: Prim<Self>, eps: f64) -> (Prim<Self>, Prim<Self>);
-    /// FiLM with scale modulation (Diffusion's residual blocks): `x · embed[:, :c, None] +
-    /// embed[:, c:, None]` for `x: [b, c, t]` and `embed: [b, 2c]` in `x`'s dtype. Composed Burn
-    /// ops (a multiply and an add of the two halves' broadcast views), one kernel on CubeCL
-    /// ([`crate::nn::cube::film`]). On autodiff one node keeping `x` and `embed` (what the
-    /// composed multiply keeps) where [`LeanBackend::lean_film_node`] says so, else the
-    /// composed ops, tracked.
-    fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self>;
+    /// FiLM with scale modulation (Diffusion's residual blocks): `x · e[:, :c, None] + e[:, c:,
+    /// None]` for `x: [b, c, t]` and `e = embed + bias` (`embed: [b, 2c]`; `bias: [2c]`, the
+    /// conditioning linear layer's, where given) in `x`'s dtype. Composed Burn ops (the bias
+    /// add, a multiply and an add of the two halves' broadcast views), one kernel on CubeCL
+    /// ([`crate::nn::cube::film`]). On autodiff one node keeping `x`, `embed` and the bias
+    /// (what the composed multiply keeps, and the bias) where [`LeanBackend::lean_film_node`]
+    /// says so, else the composed ops, tracked.
+    fn lean_film(x: Prim<Self>, embed: Prim<Self>, bias: Option<Prim<Self>>) -> Prim<Self>;
     /// Whether [`LeanBackend::lean_film`] on autodiff is one node (CubeCL: eleven composed
     /// launches a block become three) rather than the composed ops (flex, whose measured peaks
     /// and estimate graph are those of the composed ops).
     fn lean_film_node() -> bool {
         false
     }
-    /// [`LeanBackend::lean_film`]'s input gradient: `dy · embed[:, :c, None]`, in `dy`'s dims and
-    /// dtype.
-    fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_film`]'s input gradient: `dy · (embed + bias)[:, :c, None]`, in `dy`'s
+    /// dims and dtype.
+    fn lean_film_x_backward(embed: Prim<Self>, bias: Option<Prim<Self>>, dy: Prim<Self>) -> Prim<Self>;
     /// [`LeanBackend::lean_film`]'s `embed` gradient: `[Σ_t dy · x, Σ_t dy]` along the channels,
-    /// `[b, 2c]` in `dy`'s dtype.
-    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self>;
+    /// `[b, 2c]` in `dy`'s dtype; with `bias_grad` also the bias's, its sum over the batch, `[2c]`.
+    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>, bias_grad: bool) -> (Prim<Self>, Option<Prim<Self>>);
     /// `w: [cout, cin, k…]` → `[cin, cout, k…]` flipped along every kernel axis (the kernel of a
     /// convolution's input gradient, [`flipped_padding`]); contiguous on flex.
     fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self>;
@@ -533,25 +534,32 @@ mod burn_kernels {
         let shift = B::float_sub(b, B::float_mul(mean, scale.clone()));
         (scale, shift)
     }
-    /// The two halves of `embed` (`[b, 2c]`) as `[b, c, 1]` views.
-    fn film_halves<B: Backend>(embed: Prim<B>, c: usize) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    /// The two halves of `embed + bias` (`[b, 2c]`; the bias `[2c]`, where given, added as the
+    /// linear layer's bias node adds it) as `[b, c, 1]` views.
+    fn film_halves<B: Backend>(embed: Prim<B>, bias: Option<Prim<B>>, c: usize) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let embed = match bias {
+            Some(b) => bias_add::<B>(embed, b),
+            None => embed,
+        };
         let e = t::<B, 2>(embed).unsqueeze_dim::<3>(2);
         (e.clone().narrow(1, 0, c), e.narrow(1, c, c))
     }
     /// `scale · x + bias`, as `DiffusionConditionalResidualBlock1d.forward` writes it.
-    pub fn film<B: Backend>(x: Prim<B>, embed: Prim<B>) -> Prim<B> {
+    pub fn film<B: Backend>(x: Prim<B>, embed: Prim<B>, bias: Option<Prim<B>>) -> Prim<B> {
         let c = x.shape()[1];
-        let (scale, bias) = film_halves::<B>(embed, c);
-        p(scale * t::<B, 3>(x) + bias)
+        let (scale, shift) = film_halves::<B>(embed, bias, c);
+        p(scale * t::<B, 3>(x) + shift)
     }
-    pub fn film_x_backward<B: Backend>(embed: Prim<B>, dy: Prim<B>) -> Prim<B> {
+    pub fn film_x_backward<B: Backend>(embed: Prim<B>, bias: Option<Prim<B>>, dy: Prim<B>) -> Prim<B> {
         let c = dy.shape()[1];
-        p(t::<B, 3>(dy) * film_halves::<B>(embed, c).0)
+        p(t::<B, 3>(dy) * film_halves::<B>(embed, bias, c).0)
     }
-    pub fn film_embed_backward<B: Backend>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+    pub fn film_embed_backward<B: Backend>(x: Prim<B>, dy: Prim<B>, bias_grad: bool) -> (Prim<B>, Option<Prim<B>>) {
         let dy = t::<B, 3>(dy);
         let dscale = (dy.clone() * t::<B, 3>(x)).sum_dim(2);
-        p(Tensor::cat(vec![dscale, dy.sum_dim(2)], 1).squeeze_dim::<2>(2))
+        let de = Tensor::cat(vec![dscale, dy.sum_dim(2)], 1).squeeze_dim::<2>(2);
+        let db = bias_grad.then(|| p(de.clone().sum_dim(0).squeeze_dim::<1>(0)));
+        (p(de), db)
     }
     pub fn forward<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<1>) -> Prim<B> {
         B::conv1d(x, w, b, o)
@@ -695,8 +703,9 @@ mod cube_kernels {
         (scale, shift)
     }
     /// Whether the FiLM kernels take these operands ([`cube::film::handles`]).
-    fn film_handles<B: CubeLaunch>(x: &Prim<B>, embed: &Prim<B>) -> bool {
-        !cube::composed() && cube::film::handles(&dims_of::<B>(x), &dims_of::<B>(embed), x.dtype(), embed.dtype())
+    fn film_handles<B: CubeLaunch>(x: &Prim<B>, embed: &Prim<B>, bias: Option<&Prim<B>>) -> bool {
+        let bias_dims = bias.map(|b| dims_of::<B>(b));
+        !cube::composed() && cube::film::handles(&dims_of::<B>(x), &dims_of::<B>(embed), bias_dims.as_deref(), x.dtype(), embed.dtype(), bias.map(|b| b.dtype()))
     }
     pub fn film_node() -> bool {
         !cube::composed()
@@ -757,34 +766,60 @@ mod cube_kernels {
             NormAct::Relu => Activation::Relu,
         }
     }
-    /// FiLM in one launch ([`cube::film::film`]), in `x`'s layout.
-    pub fn film<B: CubeLaunch>(x: Prim<B>, embed: Prim<B>) -> Prim<B> {
-        if !film_handles::<B>(&x, &embed) {
-            return burn_kernels::film::<B>(x, embed);
+    /// FiLM in one launch ([`cube::film::film`]), in `x`'s layout, the bias read there.
+    pub fn film<B: CubeLaunch>(x: Prim<B>, embed: Prim<B>, bias: Option<Prim<B>>) -> Prim<B> {
+        if !film_handles::<B>(&x, &embed, bias.as_ref()) {
+            return burn_kernels::film::<B>(x, embed, bias);
         }
         let out = OutSpec::new(dims_of::<B>(&x), x.dtype());
-        let [y] = B::cube_op("vramlab.film", [x, embed], [out], |[x, e]| [cube::film::film(x, e, true)]);
-        y
+        match bias {
+            Some(b) => {
+                let [y] = B::cube_op("vramlab.film_bias", [x, embed, b], [out], |[x, e, b]| [cube::film::film(x, e, Some(b), true)]);
+                y
+            }
+            None => {
+                let [y] = B::cube_op("vramlab.film", [x, embed], [out], |[x, e]| [cube::film::film(x, e, None, true)]);
+                y
+            }
+        }
     }
     /// FiLM's input gradient in one launch, in `dy`'s layout.
-    pub fn film_x_backward<B: CubeLaunch>(embed: Prim<B>, dy: Prim<B>) -> Prim<B> {
-        if !film_handles::<B>(&dy, &embed) {
-            return burn_kernels::film_x_backward::<B>(embed, dy);
+    pub fn film_x_backward<B: CubeLaunch>(embed: Prim<B>, bias: Option<Prim<B>>, dy: Prim<B>) -> Prim<B> {
+        if !film_handles::<B>(&dy, &embed, bias.as_ref()) {
+            return burn_kernels::film_x_backward::<B>(embed, bias, dy);
         }
         let out = OutSpec::new(dims_of::<B>(&dy), dy.dtype());
-        let [dx] = B::cube_op("vramlab.film_x_backward", [dy, embed], [out], |[dy, e]| [cube::film::film(dy, e, false)]);
-        dx
+        match bias {
+            Some(b) => {
+                let [dx] = B::cube_op("vramlab.film_bias_x_backward", [dy, embed, b], [out], |[dy, e, b]| [cube::film::film(dy, e, Some(b), false)]);
+                dx
+            }
+            None => {
+                let [dx] = B::cube_op("vramlab.film_x_backward", [dy, embed], [out], |[dy, e]| [cube::film::film(dy, e, None, false)]);
+                dx
+            }
+        }
     }
-    /// FiLM's `embed` gradient in one launch ([`cube::film::embed_grad`]).
-    pub fn film_embed_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>) -> Prim<B> {
+    /// FiLM's `embed` gradient, and the bias's with `bias_grad`, in one launch
+    /// ([`cube::film::embed_grad`]).
+    pub fn film_embed_backward<B: CubeLaunch>(x: Prim<B>, dy: Prim<B>, bias_grad: bool) -> (Prim<B>, Option<Prim<B>>) {
         let dims = dims_of::<B>(&dy);
         let n = dims.iter().product::<usize>();
         if cube::composed() || dims.len() != 3 || n == 0 || n > u32::MAX as usize || dims_of::<B>(&x) != dims || x.dtype() != dy.dtype() {
-            return burn_kernels::film_embed_backward::<B>(x, dy);
+            return burn_kernels::film_embed_backward::<B>(x, dy, bias_grad);
         }
-        let out = OutSpec::new(vec![dims[0], 2 * dims[1]], dy.dtype());
-        let [de] = B::cube_op("vramlab.film_embed_backward", [x, dy], [out], |[x, dy]| [cube::film::embed_grad(x, dy)]);
-        de
+        let de_out = OutSpec::new(vec![dims[0], 2 * dims[1]], dy.dtype());
+        if bias_grad {
+            let db_out = OutSpec::new(vec![2 * dims[1]], dy.dtype());
+            let [de, db] = B::cube_op("vramlab.film_embed_bias_backward", [x, dy], [de_out, db_out], |[x, dy]| {
+                let (de, db) = cube::film::embed_grad(x, dy, true);
+                [de, db.expect("embed_grad writes the bias's gradient when asked")]
+            });
+            (de, Some(db))
+        } else {
+            let [de] = B::cube_op("vramlab.film_embed_backward", [x, dy], [de_out], |[x, dy]| [cube::film::embed_grad(x, dy, false).0]);
+            (de, None)
+        }
     }
     /// Linear upsampling along `dim` ([`cube::upsample`]), in `x`'s layout.
     pub fn upsample_linear<B: CubeLaunch>(x: Prim<B>, dim: usize, scale: usize) -> Prim<B> {
@@ -1376,8 +1411,8 @@ macro_rules! inner_lean_backend {
             fn lean_affine_relu_fuses() -> bool {
                 $kernels::affine_relu_fuses()
             }
-            fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self> {
-                $kernels::film::<Self>(x, embed)
+            fn lean_film(x: Prim<Self>, embed: Prim<Self>, bias: Option<Prim<Self>>) -> Prim<Self> {
+                $kernels::film::<Self>(x, embed, bias)
             }
             fn lean_film_node() -> bool {
                 $kernels::film_node()
@@ -1385,11 +1420,11 @@ macro_rules! inner_lean_backend {
             fn lean_group_norm_fuses(act: NormAct) -> bool {
                 $kernels::group_norm_fuses(act)
             }
-            fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-                $kernels::film_x_backward::<Self>(embed, dy)
+            fn lean_film_x_backward(embed: Prim<Self>, bias: Option<Prim<Self>>, dy: Prim<Self>) -> Prim<Self> {
+                $kernels::film_x_backward::<Self>(embed, bias, dy)
             }
-            fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-                $kernels::film_embed_backward::<Self>(x, dy)
+            fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>, bias_grad: bool) -> (Prim<Self>, Option<Prim<Self>>) {
+                $kernels::film_embed_backward::<Self>(x, dy, bias_grad)
             }
             fn lean_flipped_weight(w: Prim<Self>) -> Prim<Self> {
                 $kernels::flipped_weight::<Self>(w)
@@ -1754,11 +1789,16 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         (<Self as AutodiffBackend>::from_inner(scale), <Self as AutodiffBackend>::from_inner(shift))
     }
 
-    fn lean_film(x: Prim<Self>, embed: Prim<Self>) -> Prim<Self> {
+    fn lean_film(x: Prim<Self>, embed: Prim<Self>, bias: Option<Prim<Self>>) -> Prim<Self> {
         if !B::lean_film_node() {
-            return burn_kernels::film::<Self>(x, embed);
+            // The bias through its own node (`bias_add` on this backend), as the linear layer's.
+            let embed = match bias {
+                Some(b) => Self::lean_bias_add(embed, b),
+                None => embed,
+            };
+            return burn_kernels::film::<Self>(x, embed, None);
         }
-        pointwise::film_node::<B, C>(x, embed)
+        pointwise::film_node::<B, C>(x, embed, bias)
     }
     fn lean_film_node() -> bool {
         B::lean_film_node()
@@ -1766,11 +1806,12 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_group_norm_fuses(act: NormAct) -> bool {
         B::lean_group_norm_fuses(act)
     }
-    fn lean_film_x_backward(embed: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-        <Self as AutodiffBackend>::from_inner(B::lean_film_x_backward(embed.primitive, dy.primitive))
+    fn lean_film_x_backward(embed: Prim<Self>, bias: Option<Prim<Self>>, dy: Prim<Self>) -> Prim<Self> {
+        <Self as AutodiffBackend>::from_inner(B::lean_film_x_backward(embed.primitive, bias.map(|b| b.primitive), dy.primitive))
     }
-    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>) -> Prim<Self> {
-        <Self as AutodiffBackend>::from_inner(B::lean_film_embed_backward(x.primitive, dy.primitive))
+    fn lean_film_embed_backward(x: Prim<Self>, dy: Prim<Self>, bias_grad: bool) -> (Prim<Self>, Option<Prim<Self>>) {
+        let (de, db) = B::lean_film_embed_backward(x.primitive, dy.primitive, bias_grad);
+        (<Self as AutodiffBackend>::from_inner(de), db.map(<Self as AutodiffBackend>::from_inner))
     }
 
     fn lean_conv2d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<2>) -> Prim<Self> {

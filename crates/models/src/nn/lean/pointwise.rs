@@ -280,37 +280,54 @@ fn affine_relu_finish<B: LeanBackend, C: CheckpointStrategy, BO: Backward<B, N, 
     }
 }
 
-/// FiLM, `y = x · scale + bias` with `(scale, bias)` the halves of `embed`: `dx = dy · scale`,
-/// `dembed = [Σ_t dy · x, Σ_t dy]`. Keeps `embed` (for `dx`) and `x` only where `embed` takes
-/// a gradient: what Burn's multiply node keeps of the composed ops.
+/// FiLM, `y = x · scale + shift` with `(scale, shift)` the halves of `embed (+ bias)`, parents
+/// `[x, embed]` or `[x, embed, bias]`: `dx = dy · scale`, `dembed = [Σ_t dy · x, Σ_t dy]`,
+/// `dbias = Σ_b dembed`. Keeps `embed` and the bias (for `dx`) and `x` only where `embed` or the
+/// bias takes a gradient: what Burn's multiply node keeps of the composed ops.
 #[derive(Debug)]
-struct FilmBackward;
+struct FilmBackward<const N: usize>;
 
-impl<B: LeanBackend> Backward<B, 2> for FilmBackward {
-    type State = (Option<Prim<B>>, Prim<B>);
+impl<B: LeanBackend, const N: usize> Backward<B, N> for FilmBackward<N> {
+    type State = (Option<Prim<B>>, Prim<B>, Option<Prim<B>>);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
-        let (x, embed) = ops.state;
-        let [node_x, node_e] = ops.parents;
-        if let (Some(node), Some(x)) = (node_e, x) {
-            grads.register::<B>(node.id, B::lean_film_embed_backward(x, dy.clone()));
+        let (x, embed, bias) = ops.state;
+        let ids = ops.parents.map(|n| n.map(|n| n.id));
+        let (node_x, node_e, node_b) = (ids[0], ids[1], ids.get(2).copied().flatten());
+        if let (true, Some(x)) = (node_e.is_some() || node_b.is_some(), x) {
+            let (de, db) = B::lean_film_embed_backward(x, dy.clone(), node_b.is_some());
+            if let Some(id) = node_e {
+                grads.register::<B>(id, de);
+            }
+            if let (Some(id), Some(db)) = (node_b, db) {
+                grads.register::<B>(id, db);
+            }
         }
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, B::lean_film_x_backward(embed, dy));
+        if let Some(id) = node_x {
+            grads.register::<B>(id, B::lean_film_x_backward(embed, bias, dy));
         }
     }
 }
 
 /// [`LeanBackend::lean_film`] on `Autodiff<B, C>` as one node ([`FilmBackward`]).
-pub(super) fn film_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, embed: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
-    let embed_tracked = !embed.node.requirement.is_none();
-    match FilmBackward.prepare::<C>([x.node.clone(), embed.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let y = B::lean_film(x.primitive.clone(), embed.primitive.clone());
-            prep.finish((embed_tracked.then_some(x.primitive), embed.primitive), y)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(B::lean_film(x.primitive, embed.primitive)),
+pub(super) fn film_node<B: LeanBackend, C: CheckpointStrategy>(x: Prim<Autodiff<B, C>>, embed: Prim<Autodiff<B, C>>, bias: Option<Prim<Autodiff<B, C>>>) -> Prim<Autodiff<B, C>> {
+    let grads_from_x = !embed.node.requirement.is_none() || bias.as_ref().is_some_and(|b| !b.node.requirement.is_none());
+    match bias {
+        None => match FilmBackward::<2>.prepare::<C>([x.node.clone(), embed.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_film(x.primitive.clone(), embed.primitive.clone(), None);
+                prep.finish((grads_from_x.then_some(x.primitive), embed.primitive, None), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_film(x.primitive, embed.primitive, None)),
+        },
+        Some(b) => match FilmBackward::<3>.prepare::<C>([x.node.clone(), embed.node.clone(), b.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::lean_film(x.primitive.clone(), embed.primitive.clone(), Some(b.primitive.clone()));
+                prep.finish((grads_from_x.then_some(x.primitive), embed.primitive, Some(b.primitive)), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::lean_film(x.primitive, embed.primitive, Some(b.primitive))),
+        },
     }
 }
 
@@ -602,10 +619,12 @@ pub fn channel_affine_relu<B: LeanBackend, const D: usize>(x: Tensor<B, D>, scal
     t(B::lean_channel_affine_relu(p(x), p(scale), p(shift), residual.map(p)))
 }
 
-/// [`LeanBackend::lean_film`] on tensors: `x · embed[:, :c, None] + embed[:, c:, None]` for
-/// `x: [b, c, t]`, `embed: [b, 2c]`.
-pub fn film<B: LeanBackend>(x: Tensor<B, 3>, embed: Tensor<B, 2>) -> Tensor<B, 3> {
-    t(B::lean_film(p(x), p(embed)))
+/// [`LeanBackend::lean_film`] on tensors: `x · e[:, :c, None] + e[:, c:, None]` for `x: [b, c,
+/// t]`, `e = embed + bias`, `embed: [b, 2c]` and the bias `[2c]` of the linear layer that made
+/// `embed` ([`crate::nn::Linear::forward_parts`]), where it has one. Where FiLM is one node
+/// (CubeCL) the bias joins it; else it is added by its own node first, as the layer would.
+pub fn film<B: LeanBackend>(x: Tensor<B, 3>, embed: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Tensor<B, 3> {
+    t(B::lean_film(p(x), p(embed), bias.map(p)))
 }
 
 /// [`LeanBackend::lean_frozen_scale_shift`] on tensors: `(scale, shift)`.
@@ -629,22 +648,37 @@ pub fn mish<B: LeanBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     t(B::lean_mish(p(x)))
 }
 
-/// FiLM on `Autodiff<B>` through [`film_node`] (`node`) or the composed ops, whichever
-/// [`LeanBackend::lean_film_node`] says: the output, `dx` and `dembed` of `sum(film(x, embed) ·
-/// r)` for `x: dims` (`x_layout` applied to the inner `x` first, so a test can store it channels
-/// last) and `embed: [b, 2c]`, drawn from `seed`.
+/// FiLM on `Autodiff<B>` through [`film_node`] (`node`) or the composed ops (the bias through
+/// its own node first, as the linear layer adds it), whichever: the output, `dx`, `dembed` and
+/// (`bias`) `dbias` of `sum(film(x, embed, bias) · r)` for `x: dims` (`x_layout` applied to the
+/// inner `x` first, so a test can store it channels last), `embed: [b, 2c]` and the bias `[2c]`,
+/// drawn from `seed`.
 #[cfg(test)]
-pub(super) fn film_grads<B: LeanBackend>(dims: [usize; 3], seed: u64, node: bool, x_layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
+pub(super) fn film_grads<B: LeanBackend>(dims: [usize; 3], seed: u64, node: bool, bias: bool, x_layout: impl Fn(Prim<B>) -> Prim<B>) -> Vec<(&'static str, Vec<f32>)> {
     use super::tests::{random, vals};
     let x0: Tensor<B, 3> = random(dims, seed);
     let e0: Tensor<B, 2> = random([dims[0], 2 * dims[1]], seed + 1);
     let r: Tensor<Autodiff<B>, 3> = random(dims, seed + 2);
+    let b0: Tensor<B, 1> = random([2 * dims[1]], seed + 3);
     let x = Tensor::<Autodiff<B>, 3>::from_inner(t(x_layout(p(x0)))).require_grad();
     let e = Tensor::<Autodiff<B>, 2>::from_inner(e0).require_grad();
-    let y: Tensor<Autodiff<B>, 3> = if node { t(film_node::<B, burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>(p(x.clone()), p(e.clone()))) } else { t(burn_kernels::film::<Autodiff<B>>(p(x.clone()), p(e.clone()))) };
+    let b = bias.then(|| Tensor::<Autodiff<B>, 1>::from_inner(b0).require_grad());
+    let y: Tensor<Autodiff<B>, 3> = if node {
+        t(film_node::<B, burn::backend::autodiff::checkpoint::strategy::NoCheckpointing>(p(x.clone()), p(e.clone()), b.clone().map(p)))
+    } else {
+        let e = match b.clone() {
+            Some(b) => bias_add(e.clone(), b),
+            None => e.clone(),
+        };
+        t(burn_kernels::film::<Autodiff<B>>(p(x.clone()), p(e), None))
+    };
     let out = vals(y.clone());
     let g = (y * r).sum().backward();
-    vec![("output", out), ("dx", vals(x.grad(&g).expect("x takes a gradient"))), ("dembed", vals(e.grad(&g).expect("embed takes a gradient")))]
+    let mut got = vec![("output", out), ("dx", vals(x.grad(&g).expect("x takes a gradient"))), ("dembed", vals(e.grad(&g).expect("embed takes a gradient")))];
+    if let Some(b) = b {
+        got.push(("dbias", vals(b.grad(&g).expect("the bias takes a gradient"))));
+    }
+    got
 }
 
 /// The frozen batch norm + ReLU (+ residual) on `Autodiff<B>` through [`channel_affine_relu_node`]
@@ -822,21 +856,28 @@ mod tests {
     }
 
     /// The FiLM node (what CubeCL backends take on autodiff; flex keeps the composed ops, which
-    /// `lean_film` on `A` must equal exactly) against autodiff of the composed ops: output, `dx`
-    /// and the `[b, 2c]` embedding's gradient, on ragged shapes.
+    /// `lean_film` on `A` must equal exactly) against autodiff of the composed ops: output, `dx`,
+    /// the `[b, 2c]` embedding's gradient and, with the linear layer's bias in the node, the
+    /// bias's, on ragged shapes.
     #[test]
     fn film_node_equals_autodiff_of_the_composed_ops() {
         use super::super::tests::all_close;
         use burn::backend::Flex;
         for (i, dims) in [[3, 5, 7], [1, 4, 16], [2, 9, 1]].into_iter().enumerate() {
             let seed = 10 * i as u64;
-            let plain = super::film_grads::<Flex>(dims, seed, false, |x| x);
-            all_close(&format!("node {dims:?}"), super::film_grads::<Flex>(dims, seed, true, |x| x), plain.clone(), 1e-6);
-            // flex takes the composed ops, the very ones.
+            for bias in [false, true] {
+                let plain = super::film_grads::<Flex>(dims, seed, false, bias, |x| x);
+                all_close(&format!("node {dims:?} bias {bias}"), super::film_grads::<Flex>(dims, seed, true, bias, |x| x), plain, 1e-6);
+            }
+            // flex takes the composed ops, the very ones: the bias's node, the multiply, the add.
             let x: Tensor<A, 3> = random(dims, seed);
             let e: Tensor<A, 2> = random([dims[0], 2 * dims[1]], seed + 1);
-            let (s, b) = (e.clone().unsqueeze_dim::<3>(2).narrow(1, 0, dims[1]), e.clone().unsqueeze_dim::<3>(2).narrow(1, dims[1], dims[1]));
-            assert_eq!(vals(super::film(x.clone(), e)), vals(s * x + b), "{dims:?}: flex's lean_film is the composed ops");
+            let bias: Tensor<A, 1> = random([2 * dims[1]], seed + 3);
+            let halves = |e: Tensor<A, 2>| (e.clone().unsqueeze_dim::<3>(2).narrow(1, 0, dims[1]), e.unsqueeze_dim::<3>(2).narrow(1, dims[1], dims[1]));
+            let (s, b) = halves(e.clone());
+            assert_eq!(vals(super::film(x.clone(), e.clone(), None)), vals(s * x.clone() + b), "{dims:?}: flex's lean_film is the composed ops");
+            let (s, b) = halves(super::bias_add(e.clone(), bias.clone()));
+            assert_eq!(vals(super::film(x.clone(), e, Some(bias))), vals(s * x + b), "{dims:?}: with the bias, flex adds it by its node first");
         }
     }
 

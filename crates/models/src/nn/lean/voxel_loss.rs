@@ -43,7 +43,10 @@ pub mod stat {
     pub const MASS_COEF: usize = 5;
     /// `−½ · kl_weight / n_latent`.
     pub const KL_COEF: usize = 6;
-    // 7: `max(mean(w), 1e-6) · cw_scale`, the squared error's divisor (read by neither pass).
+    /// `max(mean(w), 1e-6) · cw_scale`, the squared error's divisor (read by neither pass).
+    pub const DENOM: usize = 7;
+    /// How many there are.
+    pub const LEN: usize = 8;
 }
 
 /// The loss's weights as f32 scalars, as the composed ops take them.
