@@ -20,7 +20,8 @@
 //!   `x · scale + shift` (forward and backward), one launch each, in the input's dense layout;
 //! - [`act`]: SiLU and Mish forward and backward, one launch each, in the input's dense layout;
 //! - [`cat`]: three equal parts stacked along the first axis (the attention node's packed
-//!   parameter gradients), one launch;
+//!   parameter gradients), and a self-attention's `[dq | dk]` from the two gradients' heads, one
+//!   launch each;
 //! - [`film`]: Diffusion's FiLM (`x · scale + bias` per batch and channel from the conditioning's
 //!   `[b, 2c]` embedding), one launch forward and two backward, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),

@@ -12,7 +12,8 @@
 //! same hash, so the same elements).
 //!
 //! A self-attention whose query input is its key input ([`AttnArgs::shared_qk`], ACT's) projects
-//! both with one product and forms that input's gradient with one.
+//! both with one product and forms that input's gradient with one, from `[dq | dk]`
+//! ([`LeanBackend::lean_cat_heads`]: one launch on CubeCL).
 //!
 //! The forward is the composed one ([`attention_forward`], what inner backends run), so the
 //! values are those of the ops it replaced, op for op. On CubeCL it is fewer launches
@@ -233,8 +234,8 @@ fn attention_backward<B: LeanBackend>(st: AttentionState<B>, dy: Tensor<B, 3>) -
     let (dv_in, dw_v, db_v) = linear_grads(merge(dv, s), 2, 1, s);
     let three = |parts: [Tensor<B, 2>; 3]| B::lean_cat3(parts.map(p));
     let (dx, dw, db) = if args.shared_qk {
-        // [dq | dk] per row: [n, l, 2h, hd] → [n·l, 2d], the gradient of the one product.
-        let g = Tensor::cat(vec![dq.swap_dims(1, 2), dk.swap_dims(1, 2)], 2).reshape([n * l, 2 * d]);
+        // [dq | dk] per row: [n·l, 2d], the gradient of the one product (one launch on CubeCL).
+        let g = t::<B, 2>(B::lean_cat_heads([p(dq), p(dk)]));
         let (dqk_in, dw_qk, db_qk) = linear_grads(g, 0, 2, l);
         // The q and k rows as views (CubeCL slices at aligned offsets without a copy).
         let dw = three([dw_qk.clone().narrow(0, 0, d), dw_qk.narrow(0, d, d), dw_v]);

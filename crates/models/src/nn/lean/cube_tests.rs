@@ -1462,6 +1462,40 @@ fn cat3_kernel_equals_burns_cat() {
     }
 }
 
+/// The heads side by side (`cube::cat::cat_heads`, a self-attention's `[dq | dk]`) against
+/// Burn's `cat` of the swapped parts, value for value: contiguous parts, parts that are views
+/// (a head-merged product's layout and a transposed one), f16; parts that differ fall back to
+/// Burn's.
+#[test]
+fn cat_heads_kernel_equals_burns_cat() {
+    use burn::tensor::FloatDType;
+    use burn::tensor::TensorMetadata;
+    use burn::tensor::ops::FloatTensorOps;
+    let vals_of = |x: Prim<W>| {
+        let n = x.shape().num_elements();
+        vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(<W as FloatTensorOps<W>>::float_reshape(x, Shape::new([n])))))
+    };
+    // `[n, l, h, hd]` stored, seen as `[n, h, l, hd]`; and `[n, h, hd, l]` seen transposed.
+    let swapped = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, l, h, hd], seed).swap_dims(1, 2));
+    let transposed = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, h, hd, l], seed).swap_dims(2, 3));
+    let cases: Vec<(&str, [Prim<W>; 2])> = vec![
+        ("[2, 3, 5, 4]", [p(random::<W, 4>([2, 3, 5, 4], 1)), p(random::<W, 4>([2, 3, 5, 4], 2))]),
+        ("[1, 8, 7, 16], first part heads-swapped, second transposed", [swapped([1, 8, 7, 16], 3), transposed([1, 8, 7, 16], 4)]),
+        ("[3, 2, 33, 9] f16", [5, 6].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 4>([3, 2, 33, 9], s)), FloatDType::F16))),
+        ("[2, 3, 5, 4], [2, 2, 5, 4]: Burn's", [p(random::<W, 4>([2, 3, 5, 4], 7)), p(random::<W, 4>([2, 2, 5, 4], 8))]),
+    ];
+    for (at, parts) in cases {
+        let k = cube_kernels::cat_heads::<W>(parts.clone());
+        let c = burn_kernels::cat_heads::<W>(parts);
+        if at.ends_with("Burn's") {
+            assert_eq!(k.shape().dims::<2>(), [2 * 5, (3 + 2) * 4], "{at}: shape");
+        }
+        assert_eq!(k.shape(), c.shape(), "{at}: shape");
+        assert_eq!(k.dtype(), c.dtype(), "{at}: dtype");
+        assert_eq!(vals_of(<W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32)), vals_of(<W as FloatTensorOps<W>>::float_cast(c, FloatDType::F32)), "{at}");
+    }
+}
+
 /// The VAE loss's kernels (`nn::cube::voxel_loss`) against the composed statistics and backward
 /// (`burn_kernels`, what `VRAMLAB_COMPOSED_KERNELS=1` takes): with and without the channel
 /// weights, the false-positive and the mass terms; `mean` a slice of the moments (read through

@@ -317,6 +317,13 @@ pub trait LeanBackend: Backend {
     fn lean_cat3(parts: [Prim<Self>; 3]) -> Prim<Self> {
         burn_kernels::cat3::<Self>(parts)
     }
+    /// The heads of two `[n, h, l, hd]` tensors side by side per row: `[n·l, 2·h·hd]`, what
+    /// `cat([a.swap_dims(1, 2), b.swap_dims(1, 2)], 2)` reshaped holds (a self-attention's
+    /// `[dq | dk]`, the gradient of its one query-and-key product). Burn's `cat` (a slice
+    /// assignment a part), one kernel on CubeCL ([`crate::nn::cube::cat`]). Inner backends only.
+    fn lean_cat_heads(parts: [Prim<Self>; 2]) -> Prim<Self> {
+        burn_kernels::cat_heads::<Self>(parts)
+    }
     /// `x + bias` along the last axis of `x: [..., d]`, `bias: [d]` in `x`'s dtype (a linear
     /// layer's bias). On autodiff one node keeping nothing, whose bias gradient is
     /// [`LeanBackend::lean_channel_sum`] (Burn's linear node sums it with Burn's reductions).
@@ -568,6 +575,13 @@ mod burn_kernels {
     pub fn cat3<B: Backend>(parts: [Prim<B>; 3]) -> Prim<B> {
         B::float_cat(parts.into(), 0)
     }
+    /// Burn's `cat` of the two parts with heads and rows swapped (`[n, l, h_a + h_b, hd]`),
+    /// then the reshape to `[n·l, (h_a + h_b)·hd]`.
+    pub fn cat_heads<B: Backend>(parts: [Prim<B>; 2]) -> Prim<B> {
+        let y = B::float_cat(parts.map(|x| B::float_swap_dims(x, 1, 2)).into(), 2);
+        let dims = dims_of::<B>(&y);
+        B::float_reshape(y, Shape::from(vec![dims[0] * dims[1], dims[2..].iter().product()]))
+    }
     /// `sum_dim` over the axes after `axis`, then over those before (each skipped when empty).
     pub fn channel_sum<B: Backend>(x: Prim<B>, axis: usize) -> Prim<B> {
         let dims = dims_of::<B>(&x);
@@ -725,7 +739,7 @@ mod cube_kernels {
         if !voxel_loss_handles::<B>(&x, &recon, &mean, &logvar, cw.as_ref()) {
             return burn_kernels::voxel_loss::<B>(x, recon, mean, logvar, cw, args);
         }
-        let out = OutSpec::new(vec![8], DType::F32);
+        let out = OutSpec::new(vec![voxel_loss_stat::LEN], DType::F32);
         let a = *args;
         match cw {
             Some(cw) => {
@@ -922,6 +936,18 @@ mod cube_kernels {
         let out = OutSpec::new(vec![3 * rows, cols], dtypes[0]);
         let [y] = B::cube_op("vramlab.cat3", parts, [out], |[a, b, c]| [cube::cat::cat3(a, b, c)]);
         if rank1 { B::float_reshape(y, Shape::from(vec![3 * rows])) } else { y }
+    }
+    /// The two parts' heads side by side in one launch ([`cube::cat::cat_heads`]).
+    pub fn cat_heads<B: CubeLaunch>(parts: [Prim<B>; 2]) -> Prim<B> {
+        let dims = parts.each_ref().map(|x| dims_of::<B>(x));
+        let dtypes = parts.each_ref().map(|x| x.dtype());
+        if cube::composed() || !cube::cat::cat_heads_handles(dims.each_ref().map(|d| d.as_slice()), dtypes) {
+            return burn_kernels::cat_heads::<B>(parts);
+        }
+        let [n, h, l, hd] = [0, 1, 2, 3].map(|k| dims[0][k]);
+        let out = OutSpec::new(vec![n * l, 2 * h * hd], dtypes[0]);
+        let [y] = B::cube_op("vramlab.cat_heads", parts, [out], |[a, b]| [cube::cat::cat_heads(a, b)]);
+        y
     }
     pub fn channel_sum<B: CubeLaunch>(x: Prim<B>, axis: usize) -> Prim<B> {
         if cube::composed() {
@@ -1279,7 +1305,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, voxel_loss, voxel_loss_backward};
+    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, voxel_loss, voxel_loss_backward};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1480,6 +1506,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_cat3(parts: [Prim<Self>; 3]) -> Prim<Self> {
                 $kernels::cat3::<Self>(parts)
+            }
+            fn lean_cat_heads(parts: [Prim<Self>; 2]) -> Prim<Self> {
+                $kernels::cat_heads::<Self>(parts)
             }
             fn lean_bias_add(x: Prim<Self>, bias: Prim<Self>) -> Prim<Self> {
                 $kernels::bias_add::<Self>(x, bias)

@@ -295,7 +295,8 @@ impl<B: LeanBackend, const N: usize> Backward<B, N> for FilmBackward<N> {
         let (x, embed, bias) = ops.state;
         let ids = ops.parents.map(|n| n.map(|n| n.id));
         let (node_x, node_e, node_b) = (ids[0], ids[1], ids.get(2).copied().flatten());
-        if let (true, Some(x)) = (node_e.is_some() || node_b.is_some(), x) {
+        // `x` is kept only where the embedding or the bias takes a gradient (`film_node`).
+        if let Some(x) = x {
             let (de, db) = B::lean_film_embed_backward(x, dy.clone(), node_b.is_some());
             if let Some(id) = node_e {
                 grads.register::<B>(id, de);
