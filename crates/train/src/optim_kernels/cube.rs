@@ -381,18 +381,47 @@ impl<R: CubeRuntime> Held<R> {
 /// Updates held back by [`OptimKernels::adam_update_later`] on CubeCL: launched a group at a
 /// time, as soon as one fills, and the rest at [`OptimKernels::adam_flush`].
 pub struct Later<R: CubeRuntime> {
-    /// The open group: updates with one launch key ([`same_launch`]), in the order they came.
-    /// A change of key launches it. Where a model's weights (4-wide) and biases (1-wide)
-    /// alternate, that is a launch per parameter or two; one open group per key launched 22
-    /// times instead of 88 on ACT, but its update took 1.2–1.7 s a step on lavapipe against
-    /// 0.8–1.2 s (`benches/results/kernels/wgpu/act_lavapipe_profile.md`).
-    held: Vec<Held<R>>,
+    /// The open groups, each of updates with one launch key ([`same_launch`]), in the order they
+    /// came. With [`by_key`] false there is at most one, and a change of key launches it.
+    held: Vec<Vec<Held<R>>>,
 }
 
 impl<R: CubeRuntime> Default for Later<R> {
     fn default() -> Self {
         Self { held: Vec::new() }
     }
+}
+
+/// Whether held-back updates keep one open group per launch key (`true`) or one open group that
+/// a change of key launches (`false`): as `VRAMLAB_ADAM_GROUP_BY_KEY` says where it is set (`0`
+/// no, anything else yes), else yes on a device with matrix units or plane operations (a GPU)
+/// and no on a CPU's Vulkan (lavapipe).
+///
+/// Where a model's 4-wide weights and 1-wide biases alternate ([`vector_size`]), one open group
+/// launches once per parameter or two: ACT 85 update launches a step, 23 by key (Diffusion 55
+/// and 31). On lavapipe the update by key took 0.70 s a step against 0.57 s, cause unknown
+/// (`benches/results/kernels/wgpu/launch_trims.md`, 2026-12-07, second session). On a GPU the
+/// 62 launches saved on ACT are about 0.3–0.9 ms a step at 5–15 µs a launch (an estimate): not
+/// timed on one yet.
+fn by_key<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    #[cfg(test)]
+    if let Some(asked) = BY_KEY_FOR_TESTS.get() {
+        return asked;
+    }
+    static ASKED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let asked = *ASKED.get_or_init(|| std::env::var("VRAMLAB_ADAM_GROUP_BY_KEY").ok().filter(|v| !v.is_empty()).map(|v| v != "0"));
+    asked.unwrap_or_else(|| {
+        let f = &client.properties().features;
+        !f.matmul.cmma.is_empty() || f.plane.contains(cubecl::features::Plane::Ops)
+    })
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: the grouping [`by_key`] answers on this thread, whatever the device.
+    pub(super) static BY_KEY_FOR_TESTS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    /// Tests: [`adam_group`]'s launches on this thread.
+    pub(super) static ADAM_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Whether two updates can share a launch: the same scalars and the same comptime flags.
@@ -412,6 +441,8 @@ fn same_launch<R: CubeRuntime>(a: &Held<R>, b: &Held<R>) -> bool {
 /// Launches the updates of `group` (all with the same launch key, [`same_launch`]): one launch.
 fn adam_group<R: CubeRuntime>(group: Vec<Held<R>>) {
     let Some(head) = group.first() else { return };
+    #[cfg(test)]
+    ADAM_LAUNCHES.set(ADAM_LAUNCHES.get() + 1);
     let (h, vector) = (head.h, head.vector);
     let first = head.mv.is_none();
     let client = head.p.client.clone();
@@ -534,18 +565,26 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> OptimKerne
             adam_group(vec![held]);
             return output;
         }
-        if later.held.first().is_some_and(|x| !same_launch(x, &held)) {
-            adam_group(std::mem::take(&mut later.held));
-        }
-        later.held.push(held);
-        if later.held.len() >= group {
-            adam_group(std::mem::take(&mut later.held));
+        let open = later.held.iter().position(|g| same_launch(&g[0], &held));
+        let at = match open {
+            Some(at) => at,
+            None => {
+                if !by_key(&held.p.client) {
+                    later.held.drain(..).for_each(adam_group);
+                }
+                later.held.push(Vec::with_capacity(group));
+                later.held.len() - 1
+            }
+        };
+        later.held[at].push(held);
+        if later.held[at].len() >= group {
+            adam_group(later.held.remove(at));
         }
         output
     }
 
     fn adam_flush(later: Later<R>) {
-        adam_group(later.held);
+        later.held.into_iter().for_each(adam_group);
     }
 }
 

@@ -276,12 +276,27 @@ fn cube_grad_sq_sum_over_several_groups() {
 }
 
 /// Thirteen parameters (full groups and partial ones; ragged sizes, one past the capped cube
-/// count; two taking 4-wide loads, which cut the open group), one at another learning rate (so
+/// count; two taking 4-wide loads, another launch key), one at another learning rate (so
 /// groups also split on their hyper-parameters), four steps through `adam_update_later` and
 /// `adam_flush`: each equals the tensor update, in place. Sizes are this test's own (`IN_PLACE`
-/// is keyed by size).
+/// is keyed by size). One open group cut at every change of key launches 6 times a step; one per
+/// key 4 times (the 1-wide, 1e-2 group of ten fills once).
 #[test]
 fn cube_adam_updates_held_back_match_the_tensor_update() {
+    held_back_updates_match(false, 6);
+}
+
+#[test]
+fn cube_adam_updates_held_back_by_key_match_the_tensor_update() {
+    held_back_updates_match(true, 4);
+}
+
+fn held_back_updates_match(by_key: bool, launches: usize) {
+    super::cube::BY_KEY_FOR_TESTS.set(Some(by_key));
+    super::cube::ADAM_LAUNCHES.set(0);
+    // Fusion holds nothing back (its `Later` is `()`): the launches are not counted there.
+    #[cfg(feature = "fusion")]
+    let _ = launches;
     let shapes = [(1, 2), (3, 41), (5, 71), (521, 1033), (272, 256), (2, 3), (7, 13), (64, 65), (1, 301), (17, 23), (31, 70), (4, 5), (300, 232)];
     let (b1, b2) = (0.9f64, 0.999f64);
     let n = |j: usize| shapes[j].0 * shapes[j].1;
@@ -302,6 +317,8 @@ fn cube_adam_updates_held_back_match_the_tensor_update() {
             expected.push(adam_update_tensors::<W>(tensor(&p_t[j], [n(j)]), tensor(&g, [n(j)]), moments(&mom_t[j], n(j)), &h));
         }
         <W as OptimKernels>::adam_flush(later);
+        #[cfg(not(feature = "fusion"))]
+        assert_eq!(super::cube::ADAM_LAUNCHES.replace(0), launches, "step {t}: update launches, by key {by_key}");
         for (j, ((pk, mk, vk), (pt, mt, vt))) in outs.into_iter().zip(expected).enumerate() {
             let at = format!("parameter {j} {:?} step {t}", shapes[j]);
             assert_eq!(pk.dims(), [shapes[j].0, shapes[j].1], "{at}: shape");
@@ -383,6 +400,8 @@ fn cube_update_reads_permuted_gradients_in_place() {
             // With fusion the stream decides layouts (and the gradient comes back contiguous).
             #[cfg(not(feature = "fusion"))]
             let strides = g.clone().into_primitive().tensor().meta.strides().to_vec();
+            #[cfg(feature = "fusion")]
+            let _ = j;
             let g = <W as OptimKernels>::grad_sq_sum(g, &mut kernel);
             #[cfg(not(feature = "fusion"))]
             assert_eq!(g.clone().into_primitive().tensor().meta.strides().to_vec(), strides, "gradient {j} handed back in its own layout");

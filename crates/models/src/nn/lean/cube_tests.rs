@@ -68,6 +68,15 @@ fn gemm_tol() -> f32 {
     if matrix_units() { 5e-3 } else { 1e-5 }
 }
 
+/// `x`'s values in f32, flattened (any rank, any float dtype, any layout).
+fn f32_vals(x: Prim<W>) -> Vec<f32> {
+    use burn::tensor::ops::FloatTensorOps;
+    use burn::tensor::{FloatDType, TensorMetadata};
+    let x = <W as FloatTensorOps<W>>::float_cast(x, FloatDType::F32);
+    let n = x.shape().num_elements();
+    vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(<W as FloatTensorOps<W>>::float_reshape(x, Shape::new([n])))))
+}
+
 fn close(name: &str, a: Prim<W>, b: Prim<W>, tol: f32) {
     let v = |x: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(x)));
     let (a, b) = (v(a), v(b));
@@ -1441,10 +1450,6 @@ fn cat3_kernel_equals_burns_cat() {
     use burn::tensor::FloatDType;
     use burn::tensor::TensorMetadata;
     use burn::tensor::ops::FloatTensorOps;
-    let vals_of = |x: Prim<W>| {
-        let n = x.shape().num_elements();
-        vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(<W as FloatTensorOps<W>>::float_reshape(x, Shape::new([n])))))
-    };
     let transposed = |dims: [usize; 2], seed| p(random::<W, 2>([dims[1], dims[0]], seed).transpose());
     let cases: Vec<(&str, [Prim<W>; 3])> = vec![
         ("[5, 7]", [p(random::<W, 2>([5, 7], 1)), p(random::<W, 2>([5, 7], 2)), p(random::<W, 2>([5, 7], 3))]),
@@ -1458,7 +1463,7 @@ fn cat3_kernel_equals_burns_cat() {
         let c = burn_kernels::cat3::<W>(parts);
         assert_eq!(k.shape(), c.shape(), "{at}: shape");
         assert_eq!(k.dtype(), c.dtype(), "{at}: dtype");
-        assert_eq!(vals_of(<W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32)), vals_of(<W as FloatTensorOps<W>>::float_cast(c, FloatDType::F32)), "{at}");
+        assert_eq!(f32_vals(k), f32_vals(c), "{at}");
     }
 }
 
@@ -1471,10 +1476,6 @@ fn cat_heads_kernel_equals_burns_cat() {
     use burn::tensor::FloatDType;
     use burn::tensor::TensorMetadata;
     use burn::tensor::ops::FloatTensorOps;
-    let vals_of = |x: Prim<W>| {
-        let n = x.shape().num_elements();
-        vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(<W as FloatTensorOps<W>>::float_reshape(x, Shape::new([n])))))
-    };
     // `[n, l, h, hd]` stored, seen as `[n, h, l, hd]`; and `[n, h, hd, l]` seen transposed.
     let swapped = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, l, h, hd], seed).swap_dims(1, 2));
     let transposed = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, h, hd, l], seed).swap_dims(2, 3));
@@ -1492,7 +1493,7 @@ fn cat_heads_kernel_equals_burns_cat() {
         }
         assert_eq!(k.shape(), c.shape(), "{at}: shape");
         assert_eq!(k.dtype(), c.dtype(), "{at}: dtype");
-        assert_eq!(vals_of(<W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32)), vals_of(<W as FloatTensorOps<W>>::float_cast(c, FloatDType::F32)), "{at}");
+        assert_eq!(f32_vals(k), f32_vals(c), "{at}");
     }
 }
 
