@@ -123,6 +123,24 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
     permute_nhwc_to_nchw(weight_backward_nhwc(x, dy, shape, o))
 }
 
+/// [`weight_backward`] and the bias's gradient (`dy` summed over all but its channel axis,
+/// `[cout]`). On a device without matrix units, where the tile sums take the weight gradient
+/// ([`super::weight_grad`]), the bias's comes from the same launch; elsewhere from its own
+/// ([`super::channel_sum`]).
+pub fn weight_bias_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, weight_shape: Shape, o: ConvOptions<N>) -> (CubeTensor<R>, CubeTensor<R>) {
+    if !full_search() && o.groups == 1 && !matrix_units(&x) && columns_on() {
+        let (xl, dyl) = (permute_nchw_to_nhwc(x.clone()), permute_nchw_to_nhwc(dy.clone()));
+        let shape = permute_nchw_to_nhwc_shape(weight_shape.clone());
+        // The order `weight_backward_nhwc` tries its paths in: the columns first.
+        if !super::columns::handles(&xl, &shape, &o) && super::weight_grad::handles(&xl, &shape, &o) {
+            let (dw, db) = super::weight_grad::weight_bias_backward(xl, dyl, &shape, &o, super::weight_grad::CPU_LAUNCH_UNITS, true);
+            return (permute_nhwc_to_nchw(dw), db.expect("the bias's gradient was asked for"));
+        }
+    }
+    let db = super::channel_sum::channel_sum(dy.clone(), 1);
+    (weight_backward(x, dy, weight_shape, o), db)
+}
+
 fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R>, b: Option<CubeTensor<R>>, o: ConvOptions<N>) -> CubeTensor<R> {
     if full_search() {
         return conv_forward_nhwc::<R, N>(x, w, b, o, ConvStrategy::default()).expect("Burn's convolution");

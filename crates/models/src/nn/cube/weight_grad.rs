@@ -11,7 +11,9 @@
 //! 4-wide load of each per 16 multiply-adds), the cube adds its units' sums in shared memory and
 //! writes the tile. The output positions are walked row by row (batch, depth, height), each row's
 //! bounds checked once; the width's range inside the input is the same for every row of a tile.
-//! Sums are f32 whatever the dtype. Taken ([`handles`]) for 3-D convolutions whose channel counts
+//! Sums are f32 whatever the dtype. With a bias, `cout/4` more cubes of the same launch sum
+//! `dy[p, co..co + 4]` over every output position: the bias's gradient, which otherwise takes a
+//! launch of its own ([`super::channel_sum`]). Taken ([`handles`]) for 3-D convolutions whose channel counts
 //! are multiples of four; one compiled kernel per dtype serves every shape. On a device with
 //! matrix units it is one of [`super::conv`]'s search candidates instead, with each tile's sum
 //! split among more units ([`GPU_LAUNCH_UNITS`]).
@@ -40,24 +42,35 @@ type V4 = Vector<f32, Const<4>>;
 /// `dw[co + j, κ, ci + i] = Σ_p x[n, o·s + κ·dil − pad, ci + i] · dy[n, o, co + j]` over the output
 /// positions `p = (n, o)` whose input position lies inside `x` (zero padding). `x` is
 /// `[n, d, h, w, cin]`, `dy` `[n, o_d, o_h, o_w, cout]`, `dw` `[cout, k_d, k_h, k_w, cin]`, all
-/// contiguous, both channel counts multiples of 4.
+/// contiguous, both channel counts multiples of 4. Tiles `tiles..tiles + bias_tiles` (`bias_tiles`:
+/// 0, or `cout/4` with a bias) write `db[co..co + 4] = Σ_p dy[n, o, co..co + 4]` over every output
+/// position instead (`co = 4·(t − tiles)`); `db` is not written otherwise.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn weight_grad_kernel<F: Float>(
     x: &Tensor<Vector<F, Const<4>>>,
     dy: &Tensor<Vector<F, Const<4>>>,
     dw: &mut Tensor<F>,
+    db: &mut Tensor<F>,
     tiles: u32,
+    bias_tiles: u32,
     tile_units: u32,
     win: Window,
     #[define(F)] _dtype: StorageType,
 ) {
     let u = UNIT_POS_X as usize;
     let tu = tile_units as usize;
-    let t = cube_row() * (UNITS / tu) + u / tu;
+    let t_all = cube_row() * (UNITS / tu) + u / tu;
     let lu = u % tu;
     let base = u - lu;
-    let active = t < tiles as usize;
+    let active = t_all < (tiles + bias_tiles) as usize;
+    // A bias tile sums `dy` alone, over every output position: as the weight tile of a 1×1×1
+    // kernel without padding would, without reading `x`.
+    let bias_tile = t_all >= tiles as usize;
+    let mut t = t_all;
+    if bias_tile {
+        t = t_all - tiles as usize;
+    }
     let (cin, cout) = (x.shape(4), dy.shape(4));
     let (in_d, in_h, in_w) = (x.shape(1), x.shape(2), x.shape(3));
     let (out_d, out_h, out_w) = (dy.shape(1), dy.shape(2), dy.shape(3));
@@ -67,6 +80,7 @@ fn weight_grad_kernel<F: Float>(
     let (d_d, d_h, d_w) = (win.d_d as usize, win.d_h as usize, win.d_w as usize);
     let co_tiles = cout / 4usize;
     let ci_tiles = cin / 4usize;
+    // A bias tile's `t < cout/4`: its `ci` and `κ` are 0, unused.
     let co = (t % co_tiles) * 4usize;
     let ci = ((t / co_tiles) % ci_tiles) * 4usize;
     let kk = t / (co_tiles * ci_tiles);
@@ -96,6 +110,17 @@ fn weight_grad_kernel<F: Float>(
         rows = 0;
     }
     let mut r = lu;
+    while r < rows && bias_tile {
+        let dy_row = r * out_w * cout + co;
+        for ow in 0..out_w {
+            a0 += V4::cast_from(dy[(dy_row + ow * cout) / 4usize]);
+        }
+        r += tu;
+    }
+    if bias_tile {
+        rows = 0;
+    }
+    r = lu;
     while r < rows {
         let oh = r % out_h;
         let od = (r / out_h) % out_d;
@@ -137,7 +162,14 @@ fn weight_grad_kernel<F: Float>(
         sync_cube();
         stride /= 2;
     }
-    if active && lu == 0 {
+    if active && lu == 0 && bias_tile {
+        let v = shared[base];
+        #[unroll]
+        for j in 0..LANES {
+            db[co + j] = F::cast_from(v[j]);
+        }
+    }
+    if active && lu == 0 && !bias_tile {
         let kv = k_d * k_h * k_w;
         #[unroll]
         for i in 0..LANES {
@@ -186,6 +218,12 @@ pub fn handles<R: CubeRuntime, const N: usize>(x: &CubeTensor<R>, w_shape: &[usi
 /// (`shape`), where [`handles`] said yes. Each tile's sum is split among enough units for the
 /// launch to hold about `launch_units` ([`CPU_LAUNCH_UNITS`], [`GPU_LAUNCH_UNITS`]).
 pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: &[usize], o: &ConvOptions<N>, launch_units: usize) -> CubeTensor<R> {
+    weight_bias_backward(x, dy, shape, o, launch_units, false).0
+}
+
+/// [`weight_backward`], and with `bias` also the bias's gradient (`[cout]`, `dy` summed over
+/// every output position) from the same launch.
+pub fn weight_bias_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: &[usize], o: &ConvOptions<N>, launch_units: usize, bias: bool) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
     #[cfg(test)]
     RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     #[cfg(test)]
@@ -195,9 +233,12 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
     let x = rank5(contiguous(x));
     let dy = rank5(contiguous(dy));
     let dw = empty(&x, shape.to_vec(), x.dtype);
+    // Without a bias, an unwritten placeholder (wgpu binds no buffer twice as writable).
+    let db = empty(&x, vec![if bias { cout } else { LANES }], x.dtype);
     let tiles = g.kernel_positions() * (cin / LANES) * (cout / LANES);
-    let tile_units = tile_units(tiles, launch_units);
-    let cubes = tiles.div_ceil(UNITS / tile_units);
+    let bias_tiles = if bias { cout / LANES } else { 0 };
+    let tile_units = tile_units(tiles + bias_tiles, launch_units);
+    let cubes = (tiles + bias_tiles).div_ceil(UNITS / tile_units);
     let x_count = cubes.clamp(1, 65535);
     let count = CubeCount::Static(x_count as u32, cubes.div_ceil(x_count) as u32, 1);
     let u = |v: usize| v as u32;
@@ -210,10 +251,12 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
         x.into_tensor_arg(),
         dy.into_tensor_arg(),
         dw.clone().into_tensor_arg(),
+        db.clone().into_tensor_arg(),
         u(tiles),
+        u(bias_tiles),
         u(tile_units),
         g.window(),
         dtype,
     );
-    dw
+    (dw, bias.then_some(db))
 }

@@ -66,6 +66,11 @@ pub(super) fn conv_node<B: LeanBackend, C: CheckpointStrategy, O: ConvRank<B>>(
 pub(super) trait ConvRank<B: Backend>: Clone + Send + std::fmt::Debug + 'static {
     fn x_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B>;
+    /// The weight and bias gradients together where the backend computes them so (see
+    /// [`LeanBackend::lean_conv3d_weight_bias_backward`]); `None`: apart.
+    fn weight_bias_backward(_x: &Prim<B>, _w: &Prim<B>, _dy: &Prim<B>, _o: &Self) -> Option<(Prim<B>, Prim<B>)> {
+        None
+    }
 }
 
 impl<B: LeanBackend> ConvRank<B> for ConvOptions<1> {
@@ -107,6 +112,9 @@ impl<B: LeanBackend> ConvRank<B> for ConvOptions<3> {
     }
     fn weight_backward(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: Self) -> Prim<B> {
         B::lean_conv3d_weight_backward(x, w, dy, o)
+    }
+    fn weight_bias_backward(x: &Prim<B>, w: &Prim<B>, dy: &Prim<B>, o: &Self) -> Option<(Prim<B>, Prim<B>)> {
+        B::lean_conv3d_weight_bias_backward(x.clone(), w.clone(), dy.clone(), o.clone())
     }
 }
 
@@ -270,16 +278,25 @@ impl<B: LeanBackend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let ConvState { x, weight, options, has_bias, chunk_bytes } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
-        let [node_x, node_w, node_b] = ops.parents;
-        if let Some(node) = node_b.filter(|_| has_bias) {
+        let [node_x, mut node_w, node_b] = ops.parents;
+        let mut node_b = node_b.filter(|_| has_bias);
+        let batch = x.shape()[0];
+        let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
+        // No bound: one chunk, the whole batch.
+        let chunks = conv_chunks_within(batch, per_sample, chunk_bytes.unwrap_or(usize::MAX));
+        // Both gradients from one call where the backend has one (the whole batch at once).
+        if node_w.is_some() && node_b.is_some() && chunks.len() == 1 {
+            if let Some((dw, db)) = O::weight_bias_backward(&x, &weight, &dy, &options) {
+                grads.register::<B>(node_b.take().expect("tested above").id, db);
+                grads.register::<B>(node_w.take().expect("tested above").id, dw);
+            }
+        }
+        if let Some(node) = node_b {
             grads.register::<B>(node.id, B::lean_channel_sum(dy.clone(), 1));
         }
         if let Some(node) = node_w {
-            let batch = x.shape()[0];
-            let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
             let mut dw: Option<Prim<B>> = None;
-            // No bound: one chunk, the whole batch.
-            for r in conv_chunks_within(batch, per_sample, chunk_bytes.unwrap_or(usize::MAX)) {
+            for r in chunks {
                 let (xs, gs) = if r.len() == batch { (x.clone(), dy.clone()) } else { (batch_slice::<B>(&x, r.clone()), batch_slice::<B>(&dy, r)) };
                 let part = O::weight_backward(xs, weight.clone(), gs, options.clone());
                 dw = Some(match dw {

@@ -320,17 +320,26 @@ fn channel_sum_kernel_and_bias_gradients_match_burns() {
         let x = <W as FloatTensorOps<W>>::float_reshape(x, burn::tensor::Shape::from(dims.clone()));
         close(&format!("mean {dims:?}"), cube_kernels::mean_all::<W>(x.clone()), burn_kernels::mean_all::<W>(x), 1e-5);
     }
-    let (x0, w0, b0, r) = (random::<A, 5>([2, 3, 4, 9, 7], 72), random::<A, 5>([5, 3, 3, 3, 3], 73), random::<A, 1>([5], 74), random::<A, 5>([2, 5, 4, 9, 7], 75));
-    let o = || burn::tensor::ops::ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
-    let conv = |lean: bool| {
-        let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
-        let y = if lean { super::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) } else { burn::tensor::module::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) };
-        let g = (y * r.clone()).sum().backward();
-        [vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
-    };
-    for ((name, a), b) in ["conv dx", "conv dweight", "conv dbias"].into_iter().zip(conv(true)).zip(conv(false)) {
-        let e = rel(&a, &b);
-        assert!(e <= 1e-5, "{name}: relative error {e:e}");
+    // The convolution node's bias gradient: apart (3 and 5 channels), and from the weight
+    // gradient's launch (channels in fours: the tile sums, on a device without matrix units).
+    for (cin, cout, seed) in [(3, 5, 72), (4, 8, 82)] {
+        let (x0, w0, b0, r) = (random::<A, 5>([2, cin, 4, 9, 7], seed), random::<A, 5>([cout, cin, 3, 3, 3], seed + 1), random::<A, 1>([cout], seed + 2), random::<A, 5>([2, cout, 4, 9, 7], seed + 3));
+        let o = || burn::tensor::ops::ConvOptions::new([1, 1, 1], [1, 1, 1], [1, 1, 1], 1);
+        let conv = |lean: bool| {
+            let (x, w, b) = (x0.clone().require_grad(), w0.clone().require_grad(), b0.clone().require_grad());
+            let y = if lean { super::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) } else { burn::tensor::module::conv3d(x.clone(), w.clone(), Some(b.clone()), o()) };
+            let g = (y * r.clone()).sum().backward();
+            [vals(x.grad(&g).unwrap()), vals(w.grad(&g).unwrap()), vals(b.grad(&g).unwrap())]
+        };
+        let runs = crate::nn::cube::weight_grad::RUNS.load(std::sync::atomic::Ordering::Relaxed);
+        let lean = conv(true);
+        if cin % 4 == 0 && !matrix_units() {
+            assert!(crate::nn::cube::weight_grad::RUNS.load(std::sync::atomic::Ordering::Relaxed) > runs, "cin {cin}: the weight gradient did not take the tiles");
+        }
+        for ((name, a), b) in ["conv dx", "conv dweight", "conv dbias"].into_iter().zip(lean).zip(conv(false)) {
+            let e = rel(&a, &b);
+            assert!(e <= gemm_tol(), "{name}, {cin} → {cout} channels: relative error {e:e}");
+        }
     }
     let (x0, w0, b0, r) = (random::<A, 3>([8, 100, 32], 76), random::<A, 2>([32, 14], 77), random::<A, 1>([14], 78), random::<A, 3>([8, 100, 14], 79));
     let linear = |ours: bool| {
@@ -1169,7 +1178,8 @@ fn short_conv_search_matches_burns_convolutions() {
 /// uneven kernel with uneven strides and padding, more output rows than a cube has units, inputs
 /// stored channels last, each with lavapipe's split of a tile's sum and with a GPU's (the search
 /// candidate's, up to 64 units a tile), and f16 within its rounding (against f32 on the same
-/// rounded values).
+/// rounded values). Each also with the bias's gradient from the same launch, against the channel
+/// sum of `dy`.
 #[test]
 fn weight_grad_tiles_match_burns_weight_gradient() {
     use burn::tensor::ops::ConvOptions;
@@ -1194,11 +1204,22 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
             let dy = random::<W, 5>(y.shape().dims(), seed + 2);
             let before = runs();
             let (xs, dys) = (channels_last(p(xt.clone())), channels_last(p(dy.clone())));
-            let dw = cube_kernels::weight_backward_3d::<W>(xs, p(wt.clone()), dys, o.clone());
+            let dw = cube_kernels::weight_backward_3d::<W>(xs.clone(), p(wt.clone()), dys.clone(), o.clone());
             assert_eq!(dw.shape().to_vec(), w.to_vec(), "case {i}: weight gradient shape");
-            close(&format!("tiled weight gradient case {i}, launch units {split:?}"), dw, burn_kernels::weight_backward_3d::<W>(p(xt), p(wt), p(dy), o), gemm_tol());
+            let burns = burn_kernels::weight_backward_3d::<W>(p(xt), p(wt.clone()), p(dy.clone()), o.clone());
+            close(&format!("tiled weight gradient case {i}, launch units {split:?}"), dw, burns.clone(), gemm_tol());
             if !crate::nn::cube::conv::SEARCH_ANYWAY.get() && !matrix_units() {
                 assert!(runs() > before, "case {i}: the weight gradient did not take the tiles");
+            }
+            // With the bias's gradient from the same launch: the same weight gradient, and the
+            // bias's equal to the channel sum of `dy`.
+            let before = runs();
+            let (dw, db) = cube_kernels::weight_bias_backward_3d::<W>(xs, p(wt), dys, o).expect("the kernels take it");
+            assert_eq!(db.shape().to_vec(), vec![w[0]], "case {i}: bias gradient shape");
+            close(&format!("tiled weight gradient with the bias's, case {i}, launch units {split:?}"), dw, burns, gemm_tol());
+            close(&format!("bias gradient from the tiles, case {i}, launch units {split:?}"), db, burn_kernels::channel_sum::<W>(p(dy), 1), 1e-5);
+            if !crate::nn::cube::conv::SEARCH_ANYWAY.get() && !matrix_units() {
+                assert!(runs() > before, "case {i}: the weight and bias gradients did not take the tiles");
             }
         }
     }
@@ -1212,8 +1233,12 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
     let dw = cube_kernels::weight_backward_3d::<W>(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
     assert_eq!(dw.dtype(), burn::tensor::DType::F16);
     let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
-    let reference = burn_kernels::weight_backward_3d::<W>(f(xt), f(wt), f(dy), o);
-    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, gemm_tol().max(1e-3));
+    let reference = burn_kernels::weight_backward_3d::<W>(f(xt.clone()), f(wt.clone()), f(dy.clone()), o.clone());
+    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference.clone(), gemm_tol().max(1e-3));
+    let (dw, db) = cube_kernels::weight_bias_backward_3d::<W>(p(xt), p(wt), p(dy.clone()), o).expect("the kernels take it");
+    assert_eq!((dw.dtype(), db.dtype()), (burn::tensor::DType::F16, burn::tensor::DType::F16));
+    close("f16 tiled weight gradient with the bias's", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, gemm_tol().max(1e-3));
+    close("f16 bias gradient from the tiles", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(db, FloatDType::F32), burn_kernels::channel_sum::<W>(f(dy), 1), 1e-3);
 }
 
 /// 3-D convolutions through `nn::cube::forward_tiles` (a 4-position × 4-channel tile per unit, on

@@ -266,6 +266,15 @@ pub trait LeanBackend: Backend {
     fn lean_conv2d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<2>) -> Prim<Self>;
     /// The weight gradient of `conv3d`, as [`LeanBackend::lean_conv2d_weight_backward`].
     fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self>;
+    /// `conv3d`'s weight and bias gradients, `(dweight, dbias)` (the bias's: `dy` summed over all
+    /// but axis 1, in `dy`'s dtype), where the backend computes them together: on CubeCL one
+    /// operation, whose tile sums give the bias's gradient from the weight gradient's launch
+    /// ([`crate::nn::cube::weight_grad`], a device without matrix units). `None` (flex, and
+    /// every autodiff backend): [`LeanBackend::lean_conv3d_weight_backward`] and
+    /// [`LeanBackend::lean_channel_sum`] apart. Inner backends only.
+    fn lean_conv3d_weight_bias_backward(_x: Prim<Self>, _weight: Prim<Self>, _dy: Prim<Self>, _options: ConvOptions<3>) -> Option<(Prim<Self>, Prim<Self>)> {
+        None
+    }
     /// Linear interpolation of `x` along `dim` by an integer factor (PyTorch's, align_corners
     /// false: [`linear_source_indices`]). On autodiff the node keeps nothing (its backward is
     /// linear); flex: one pass per output row, the backward adds each output row into its two
@@ -504,6 +513,10 @@ mod burn_kernels {
     }
     pub fn weight_backward_3d<B: Backend>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
         B::conv3d_weight_backward(x, w, dy, o)
+    }
+    /// Apart: the node takes [`weight_backward_3d`] and [`channel_sum`].
+    pub fn weight_bias_backward_3d<B: Backend>(_x: Prim<B>, _w: Prim<B>, _dy: Prim<B>, _o: ConvOptions<3>) -> Option<(Prim<B>, Prim<B>)> {
+        None
     }
     pub fn conv2d<B: Backend>(x: Prim<B>, w: Prim<B>, b: Option<Prim<B>>, o: ConvOptions<2>) -> Prim<B> {
         B::conv2d(x, w, b, o)
@@ -884,6 +897,21 @@ mod cube_kernels {
     }
     pub fn weight_backward_3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Prim<B> {
         conv_weight_backward::<B, 3>(x, w, dy, o, burn_kernels::weight_backward_3d::<B>)
+    }
+    /// [`cube::conv::weight_bias_backward`] as one operation; `None` (apart) under
+    /// `--conv_full_autotune` or `VRAMLAB_COMPOSED_KERNELS=1`.
+    pub fn weight_bias_backward_3d<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<3>) -> Option<(Prim<B>, Prim<B>)> {
+        if cube::conv::full_search() || cube::composed() {
+            return burn_kernels::weight_bias_backward_3d::<B>(x, w, dy, o);
+        }
+        let shape = w.shape();
+        // The convolution's output, so `dy`, has `x`'s dtype: the kernels write both in it.
+        let outs = [OutSpec::new(shape.to_vec(), x.dtype()), OutSpec::new(vec![shape[0]], x.dtype())];
+        let [dw, db] = B::cube_op("vramlab.conv_weight_bias_backward", [x, dy], outs, move |[x, dy]| {
+            let (dw, db) = cube::conv::weight_bias_backward::<_, 3>(x, dy, shape.clone(), o.clone());
+            [dw, db]
+        });
+        Some((dw, db))
     }
     /// conv1d's weight gradient.
     pub fn weight_backward<B: CubeLaunch>(x: Prim<B>, w: Prim<B>, dy: Prim<B>, o: ConvOptions<1>) -> Prim<B> {
@@ -1305,7 +1333,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, voxel_loss, voxel_loss_backward};
+    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, voxel_loss, voxel_loss_backward, weight_bias_backward_3d};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1484,6 +1512,9 @@ macro_rules! inner_lean_backend {
             }
             fn lean_conv3d_weight_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Prim<Self> {
                 $kernels::weight_backward_3d::<Self>(x, weight, dy, options)
+            }
+            fn lean_conv3d_weight_bias_backward(x: Prim<Self>, weight: Prim<Self>, dy: Prim<Self>, options: ConvOptions<3>) -> Option<(Prim<Self>, Prim<Self>)> {
+                $kernels::weight_bias_backward_3d::<Self>(x, weight, dy, options)
             }
             fn lean_conv1d(x: Prim<Self>, weight: Prim<Self>, bias: Option<Prim<Self>>, options: ConvOptions<1>) -> Prim<Self> {
                 $kernels::forward::<Self>(x, weight, bias, options)
