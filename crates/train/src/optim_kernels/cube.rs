@@ -26,7 +26,14 @@ use super::{AdamUpdate, Decay, OptimKernels, SqAcc, adam_update_tensors, sq_sum_
 /// process; the same switch the models' lean nodes read).
 pub(super) fn composed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VRAMLAB_COMPOSED_KERNELS").is_ok_and(|v| !v.is_empty() && v != "0"))
+    *ON.get_or_init(|| env_choice("VRAMLAB_COMPOSED_KERNELS").unwrap_or(false))
+}
+
+/// What the environment variable `name` asks for: `None` where it is unset or empty, else on
+/// unless it is `0` (read as `vramlab_models::nn::cube` reads its switches: the models do not
+/// depend on this crate, nor it on them).
+fn env_choice(name: &str) -> Option<bool> {
+    std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| v != "0")
 }
 
 /// Units per cube of the update ([`adam_many_kernel`]): one size for every launch (the cube size
@@ -409,7 +416,7 @@ fn by_key<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
         return asked;
     }
     static ASKED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let asked = *ASKED.get_or_init(|| std::env::var("VRAMLAB_ADAM_GROUP_BY_KEY").ok().filter(|v| !v.is_empty()).map(|v| v != "0"));
+    let asked = *ASKED.get_or_init(|| env_choice("VRAMLAB_ADAM_GROUP_BY_KEY"));
     asked.unwrap_or_else(|| {
         let f = &client.properties().features;
         !f.matmul.cmma.is_empty() || f.plane.contains(cubecl::features::Plane::Ops)

@@ -114,13 +114,7 @@ pub fn forward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R
 /// The weight gradient of [`forward`] for NCHW `x` and output gradient `dy`, as Burn's
 /// `conv{N}d_weight_backward` returns it.
 pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, weight_shape: Shape, o: ConvOptions<N>) -> CubeTensor<R> {
-    if full_search() || o.groups != 1 {
-        let strategy = if full_search() { ConvStrategy::default() } else { ConvStrategy::Direct };
-        return burn_weight_backward::<R, N>(x, dy, weight_shape, o, strategy).expect("Burn's convolution weight gradient");
-    }
-    let (x, dy) = (permute_nchw_to_nhwc(x), permute_nchw_to_nhwc(dy));
-    let shape = permute_nchw_to_nhwc_shape(weight_shape);
-    permute_nhwc_to_nchw(weight_backward_nhwc(x, dy, shape, o))
+    weight_grads(x, dy, weight_shape, o, false).0
 }
 
 /// [`weight_backward`] and the bias's gradient (`dy` summed over all but its channel axis,
@@ -128,17 +122,21 @@ pub fn weight_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: Cub
 /// ([`super::weight_grad`]), the bias's comes from the same launch; elsewhere from its own
 /// ([`super::channel_sum`]).
 pub fn weight_bias_backward<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, weight_shape: Shape, o: ConvOptions<N>) -> (CubeTensor<R>, CubeTensor<R>) {
-    if !full_search() && o.groups == 1 && !matrix_units(&x) && columns_on() {
-        let (xl, dyl) = (permute_nchw_to_nhwc(x.clone()), permute_nchw_to_nhwc(dy.clone()));
-        let shape = permute_nchw_to_nhwc_shape(weight_shape.clone());
-        // The order `weight_backward_nhwc` tries its paths in: the columns first.
-        if !super::columns::handles(&xl, &shape, &o) && super::weight_grad::handles(&xl, &shape, &o) {
-            let (dw, db) = super::weight_grad::weight_bias_backward(xl, dyl, &shape, &o, super::weight_grad::CPU_LAUNCH_UNITS, true);
-            return (permute_nhwc_to_nchw(dw), db.expect("the bias's gradient was asked for"));
-        }
+    let (dw, db) = weight_grads(x, dy.clone(), weight_shape, o, true);
+    (dw, db.unwrap_or_else(|| super::channel_sum::channel_sum(dy, 1)))
+}
+
+/// The weight gradient, and where `bias` asks and its path sums it in the same launch, the bias's
+/// (else `None`).
+fn weight_grads<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, weight_shape: Shape, o: ConvOptions<N>, bias: bool) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
+    if full_search() || o.groups != 1 {
+        let strategy = if full_search() { ConvStrategy::default() } else { ConvStrategy::Direct };
+        return (burn_weight_backward::<R, N>(x, dy, weight_shape, o, strategy).expect("Burn's convolution weight gradient"), None);
     }
-    let db = super::channel_sum::channel_sum(dy.clone(), 1);
-    (weight_backward(x, dy, weight_shape, o), db)
+    let (x, dy) = (permute_nchw_to_nhwc(x), permute_nchw_to_nhwc(dy));
+    let shape = permute_nchw_to_nhwc_shape(weight_shape);
+    let (dw, db) = weight_backward_nhwc(x, dy, shape, o, bias);
+    (permute_nhwc_to_nchw(dw), db)
 }
 
 fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<R>, b: Option<CubeTensor<R>>, o: ConvOptions<N>) -> CubeTensor<R> {
@@ -162,22 +160,24 @@ fn forward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, w: CubeTensor<
     unreachable!()
 }
 
-fn weight_backward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: Shape, o: ConvOptions<N>) -> CubeTensor<R> {
+/// The weight gradient (NHWC) and, where `bias` asks and the tile sums take the gradient, the
+/// bias's from the same launch.
+fn weight_backward_nhwc<R: CubeRuntime, const N: usize>(x: CubeTensor<R>, dy: CubeTensor<R>, shape: Shape, o: ConvOptions<N>, bias: bool) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
     if !matrix_units(&x) {
         if columns_on() && super::columns::handles(&x, &shape, &o) {
             if let Some(dw) = super::columns::weight_backward(x.clone(), dy.clone(), &shape, &o) {
-                return dw;
+                return (dw, None);
             }
         }
         if columns_on() && super::weight_grad::handles(&x, &shape, &o) {
-            return super::weight_grad::weight_backward(x, dy, &shape, &o, super::weight_grad::CPU_LAUNCH_UNITS);
+            return super::weight_grad::weight_bias_backward(x, dy, &shape, &o, super::weight_grad::CPU_LAUNCH_UNITS, bias);
         }
-        return swapped_weight_backward(x, dy, shape, o);
+        return (swapped_weight_backward(x, dy, shape, o), None);
     }
     #[cfg(feature = "autotune")]
-    return tuned::weight_backward(x, dy, shape, o);
+    return (tuned::weight_backward(x, dy, shape, o), None);
     #[cfg(not(feature = "autotune"))]
-    swapped_weight_backward(x, dy, shape, o)
+    (swapped_weight_backward(x, dy, shape, o), None)
 }
 
 /// The weight gradient (NHWC, `groups == 1`) as a forward convolution over batch and channels

@@ -110,39 +110,38 @@ fn weight_grad_kernel<F: Float>(
         rows = 0;
     }
     let mut r = lu;
-    while r < rows && bias_tile {
-        let dy_row = r * out_w * cout + co;
-        for ow in 0..out_w {
-            a0 += V4::cast_from(dy[(dy_row + ow * cout) / 4usize]);
-        }
-        r += tu;
-    }
     if bias_tile {
-        rows = 0;
-    }
-    r = lu;
-    while r < rows {
-        let oh = r % out_h;
-        let od = (r / out_h) % out_d;
-        let n = r / (out_h * out_d);
-        let zd = od * s_d + off_d;
-        let zh = oh * s_h + off_h;
-        if zd >= p_d && zh >= p_h {
-            let (id, ih) = (zd - p_d, zh - p_h);
-            if id < in_d && ih < in_h {
-                let x_row = n * xs0 + id * xs1 + ih * xs2 + ci;
-                let dy_row = r * out_w * cout + co;
-                for ow in lo..hi {
-                    let xv = x[(x_row + (ow * s_w + off_w - p_w) * xs3) / 4usize];
-                    let g = V4::cast_from(dy[(dy_row + ow * cout) / 4usize]);
-                    a0 += V4::new(f32::cast_from(xv[0])) * g;
-                    a1 += V4::new(f32::cast_from(xv[1])) * g;
-                    a2 += V4::new(f32::cast_from(xv[2])) * g;
-                    a3 += V4::new(f32::cast_from(xv[3])) * g;
+        while r < rows {
+            let dy_row = r * out_w * cout + co;
+            for ow in 0..out_w {
+                a0 += V4::cast_from(dy[(dy_row + ow * cout) / 4usize]);
+            }
+            r += tu;
+        }
+    } else {
+        while r < rows {
+            let oh = r % out_h;
+            let od = (r / out_h) % out_d;
+            let n = r / (out_h * out_d);
+            let zd = od * s_d + off_d;
+            let zh = oh * s_h + off_h;
+            if zd >= p_d && zh >= p_h {
+                let (id, ih) = (zd - p_d, zh - p_h);
+                if id < in_d && ih < in_h {
+                    let x_row = n * xs0 + id * xs1 + ih * xs2 + ci;
+                    let dy_row = r * out_w * cout + co;
+                    for ow in lo..hi {
+                        let xv = x[(x_row + (ow * s_w + off_w - p_w) * xs3) / 4usize];
+                        let g = V4::cast_from(dy[(dy_row + ow * cout) / 4usize]);
+                        a0 += V4::new(f32::cast_from(xv[0])) * g;
+                        a1 += V4::new(f32::cast_from(xv[1])) * g;
+                        a2 += V4::new(f32::cast_from(xv[2])) * g;
+                        a3 += V4::new(f32::cast_from(xv[3])) * g;
+                    }
                 }
             }
+            r += tu;
         }
-        r += tu;
     }
     let mut shared = SharedMemory::<V4>::new(LANES * UNITS);
     shared[u] = a0;

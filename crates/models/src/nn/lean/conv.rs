@@ -278,19 +278,25 @@ impl<B: LeanBackend, O: ConvRank<B>> Backward<B, 3> for ConvBackward<O> {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let ConvState { x, weight, options, has_bias, chunk_bytes } = ops.state;
         let dy = grads.consume::<B>(&ops.node);
-        let [node_x, mut node_w, node_b] = ops.parents;
-        let mut node_b = node_b.filter(|_| has_bias);
+        let [node_x, node_w, node_b] = ops.parents;
+        let node_b = node_b.filter(|_| has_bias);
         let batch = x.shape()[0];
         let per_sample = (x.shape().num_elements() / batch.max(1)) * x.dtype().size() + (dy.shape().num_elements() / batch.max(1)) * dy.dtype().size();
         // No bound: one chunk, the whole batch.
         let chunks = conv_chunks_within(batch, per_sample, chunk_bytes.unwrap_or(usize::MAX));
-        // Both gradients from one call where the backend has one (the whole batch at once).
-        if node_w.is_some() && node_b.is_some() && chunks.len() == 1 {
-            if let Some((dw, db)) = O::weight_bias_backward(&x, &weight, &dy, &options) {
-                grads.register::<B>(node_b.take().expect("tested above").id, db);
-                grads.register::<B>(node_w.take().expect("tested above").id, dw);
-            }
-        }
+        // Both gradients from one call where the backend has one (the whole batch at once);
+        // what is left of the pair takes the calls below.
+        let (node_w, node_b) = match (node_w, node_b) {
+            (Some(w), Some(b)) if chunks.len() == 1 => match O::weight_bias_backward(&x, &weight, &dy, &options) {
+                Some((dw, db)) => {
+                    grads.register::<B>(b.id, db);
+                    grads.register::<B>(w.id, dw);
+                    (None, None)
+                }
+                None => (Some(w), Some(b)),
+            },
+            pair => pair,
+        };
         if let Some(node) = node_b {
             grads.register::<B>(node.id, B::lean_channel_sum(dy.clone(), 1));
         }
