@@ -5,7 +5,8 @@
 //! third pass, [`fused_forward`]), the backward
 //! in three (per `(sample, channel)` sums of `g` and `g · x̂`, one cube each; a small pass for
 //! the per-group means and the per-channel parameter gradients; one unit per element for
-//! `dx`). `g` is the gradient at the affine's output: `dy`, or with an activation
+//! `dx`), or on a GPU in two where the groups are of few channels (the `dx` units then compute
+//! the group's means from the sums themselves, [`finish_inline`]). `g` is the gradient at the affine's output: `dy`, or with an activation
 //! `dy · act'(z)` with `z` recomputed from the input and the kept statistics. The node's saved state is the one
 //! of `lean::norm` (input + per-group mean and 1/std); formulas in that file's header.
 //!
@@ -283,8 +284,22 @@ fn finish_kernel(sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, w: &Tensor<f32>, m1:
     }
 }
 
-/// One unit per element of `x` and `dx` (one layout): `dx = (g · w − m1 − x̂ · m2) · rstd`;
-/// `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`).
+/// `dx[i] = (g · w − m1 − x̂ · m2) · rstd` of element `i` of `x` (sample `n`, channel `ch`,
+/// position `sp`, group `grp`), `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dx_value<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, i: usize, n: usize, ch: usize, sp: usize, grp: usize, m1: f32, m2: f32, sample: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32) -> F {
+    let r = rstd[grp];
+    let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
+    let mut g = f32::cast_from(dy[n * sample as usize + ch * dy_c as usize + sp * dy_s as usize]);
+    if comptime![act != NONE] {
+        g = activation_grad(xh * w[ch] + b[ch], g, act);
+    }
+    F::cast_from((g * w[ch] - m1 - xh * m2) * r)
+}
+
+/// One unit per element of `x` and `dx` (one layout): `dx = (g · w − m1 − x̂ · m2) · rstd`
+/// ([`dx_value`]), the group's `m1`, `m2` from [`finish_kernel`].
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
@@ -296,13 +311,47 @@ fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f3
     let ch = (i / x_c as usize) % channels as usize;
     let sp = (i / x_s as usize) % spatial as usize;
     let grp = (n * channels as usize + ch) / cpg as usize;
-    let r = rstd[grp];
-    let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
-    let mut g = f32::cast_from(dy[n * sample as usize + ch * dy_c as usize + sp * dy_s as usize]);
-    if comptime![act != NONE] {
-        g = activation_grad(xh * w[ch] + b[ch], g, act);
+    dx[i] = dx_value(x, dy, mean, rstd, w, b, i, n, ch, sp, grp, m1[grp], m2[grp], sample, dy_c, dy_s, act);
+}
+
+/// [`dx_kernel`] and [`finish_kernel`]'s work in one launch, for groups of few channels
+/// ([`finish_inline`]): each unit sums its group's `cpg` per-channel sums into `m1`, `m2` itself
+/// (the same products in the same order as [`finish_kernel`]), and units `< channels` write
+/// `dweight`, `dbias`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn dx_finish_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, dx: &mut Tensor<F>, dweight: &mut Tensor<f32>, dbias: &mut Tensor<f32>, batch: u32, len: u32, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
+    let i = ABSOLUTE_POS;
+    if i >= dx.len() {
+        terminate!();
     }
-    dx[i] = F::cast_from((g * w[ch] - m1[grp] - xh * m2[grp]) * r);
+    let (channels, cpg) = (channels as usize, cpg as usize);
+    if i < channels {
+        let mut dw = 0.0f32;
+        let mut db = 0.0f32;
+        for n in 0..batch as usize {
+            dw += sum_gx[n * channels + i];
+            db += sum_g[n * channels + i];
+        }
+        dweight[i] = dw;
+        dbias[i] = db;
+    }
+    let n = i / sample as usize;
+    let ch = (i / x_c as usize) % channels;
+    let sp = (i / x_s as usize) % spatial as usize;
+    let grp = (n * channels + ch) / cpg;
+    // The group's first channel in `w` and in the `[n, c]` sums.
+    let (w0, first) = ((ch / cpg) * cpg, grp * cpg);
+    let mut a = 0.0f32;
+    let mut c = 0.0f32;
+    for k in 0..cpg {
+        let wk = w[w0 + k];
+        a += wk * sum_g[first + k];
+        c += wk * sum_gx[first + k];
+    }
+    let m1 = a / f32::cast_from(len);
+    let m2 = c / f32::cast_from(len);
+    dx[i] = dx_value(x, dy, mean, rstd, w, b, i, n, ch, sp, grp, m1, m2, sample, dy_c, dy_s, act);
 }
 
 /// `[n, c, S]` and the group size of `x`'s dims.
@@ -335,6 +384,31 @@ impl Dims {
 /// second pass over the map runs a unit per element instead of a cube per group.
 fn fused_forward(rows: usize, len: usize) -> bool {
     len <= 4096 || (len <= 32_768 && rows >= 128)
+}
+
+/// Whether the backward takes two launches rather than three: each `dx` unit sums its group's
+/// per-channel sums itself ([`dx_finish_kernel`], `2·cpg` more reads a unit, from cache) instead
+/// of reading the group's means from a launch of their own ([`finish_kernel`]). Taken on a GPU
+/// for groups of at most 4 channels: the VAE's GroupNorms (up to 32 groups: 1 channel a group
+/// in ultra_lightweight, up to 4 in base32, 8 in standard's widest) save a launch each (ultra
+/// b2: 28 of 438 a step). Not on lavapipe ([`super::cpu_vulkan`]), where the launch saved costs
+/// less than the reads: on the VAE ultra b2 row the `dx` pass took 74.6 instead of 52.5 ms a step
+/// and the 28 finishing launches under 9 ms (`benches/results/kernels/wgpu/launch_trims.md`,
+/// 2026-12-07, third session). Diffusion's ResNet-18 (16 channels a group) and UNet (64–256)
+/// keep the third launch everywhere.
+fn finish_inline<R: CubeRuntime>(client: &ComputeClient<R>, cpg: usize) -> bool {
+    #[cfg(test)]
+    if let Some(asked) = FINISH_INLINE_FOR_TESTS.get() {
+        return asked && cpg <= 4;
+    }
+    cpg <= 4 && !super::cpu_vulkan(&client.properties().features)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: whether [`finish_inline`] takes the two launches where the groups allow it, on
+    /// this thread, whatever the device.
+    pub(crate) static FINISH_INLINE_FOR_TESTS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// The forward: `(y, mean, rstd)`, `y` in `x`'s dims and dtype, `mean`/`rstd` f32
@@ -473,15 +547,53 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         masked,
         dtypes,
     );
-    let m1 = empty(&x, vec![d.n * groups], DType::F32);
-    let m2 = empty(&x, vec![d.n * groups], DType::F32);
     let dweight = empty(&x, vec![d.c], DType::F32);
     let dbias = empty(&x, vec![d.c], DType::F32);
-    let (count, dim) = elem_cubes(&client, (d.n * groups).max(d.c));
+    let dx = empty_in(&x, dims, x.dtype, xl);
+    let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
+    // With the mask, `dx` reads the masked `g` the first pass wrote (no activation left).
+    let (grad, act) = match &g {
+        Some(g) => (g.clone(), NONE),
+        None => (dy, act.code()),
+    };
+    if finish_inline(&client, d.cpg()) {
+        dx_finish_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            x.into_tensor_arg(),
+            grad.into_tensor_arg(),
+            mean.into_tensor_arg(),
+            rstd.into_tensor_arg(),
+            w.into_tensor_arg(),
+            b.into_tensor_arg(),
+            sum_g.into_tensor_arg(),
+            sum_gx.into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            dweight.clone().into_tensor_arg(),
+            dbias.clone().into_tensor_arg(),
+            d.n as u32,
+            d.len() as u32,
+            sample,
+            d.spatial as u32,
+            d.c as u32,
+            d.cpg() as u32,
+            xl.channel as u32,
+            xl.spatial as u32,
+            dyl.channel as u32,
+            dyl.spatial as u32,
+            act,
+            dtypes,
+        );
+        return (dx, dweight, dbias, g);
+    }
+    let m1 = empty(&x, vec![d.n * groups], DType::F32);
+    let m2 = empty(&x, vec![d.n * groups], DType::F32);
+    let (fcount, fdim) = elem_cubes(&client, (d.n * groups).max(d.c));
     finish_kernel::launch::<R>(
         &client,
-        count,
-        dim,
+        fcount,
+        fdim,
         sum_g.into_tensor_arg(),
         sum_gx.into_tensor_arg(),
         w.clone().into_tensor_arg(),
@@ -494,13 +606,6 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         groups as u32,
         d.len() as u32,
     );
-    let dx = empty_in(&x, dims, x.dtype, xl);
-    let (count, dim) = elem_cubes(&client, d.n * d.c * d.spatial);
-    // With the mask, `dx` reads the masked `g` the first pass wrote (no activation left).
-    let (grad, act) = match &g {
-        Some(g) => (g.clone(), NONE),
-        None => (dy, act.code()),
-    };
     dx_kernel::launch::<R>(
         &client,
         count,

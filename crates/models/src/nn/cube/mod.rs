@@ -153,6 +153,14 @@ pub(crate) fn env_choice(name: &str) -> Option<bool> {
     std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| v != "0")
 }
 
+/// Neither matrix units nor plane operations: how CubeCL's wgpu runtime describes a CPU's Vulkan
+/// (lavapipe; it leaves plane operations off on an adapter of type `Cpu`). Kernels choose by it
+/// where a CPU and a GPU weigh a launch against the work of the units differently
+/// ([`unit_matmul`], [`group_norm`]).
+pub(crate) fn cpu_vulkan(features: &cubecl::features::Features) -> bool {
+    features.matmul.cmma.is_empty() && !features.plane.contains(cubecl::features::Plane::Ops)
+}
+
 /// Whether the lean matmul ([`matmul`]) takes Burn's autotuned `float_matmul` (true) or
 /// CubeCL's fixed kernel (false, the default). Set once per process, before the first matmul
 /// ([`set_matmul_autotune`], from `--matmul_autotune`).

@@ -17,7 +17,9 @@ use burn::tensor::DType;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::matmul::{MatmulStrategy, init_matmul_output, matmul};
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::features::{Features, Plane};
+use cubecl::features::Features;
+
+use super::cpu_vulkan;
 use cubek::matmul::components::stage::PartitionBuffering;
 use cubek::matmul::components::tile::TileMatmulKind;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulProblem, MatmulSetupError, TilingBlueprint, TilingScheme};
@@ -74,11 +76,6 @@ fn wide_on(features: &Features) -> bool {
     static ASKED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let asked = *ASKED.get_or_init(|| super::env_choice("VRAMLAB_WIDE_UNIT_MATMUL"));
     asked.unwrap_or_else(|| cpu_vulkan(features))
-}
-
-/// Neither matrix units nor plane operations: what CubeCL's wgpu runtime reports for lavapipe.
-pub(crate) fn cpu_vulkan(features: &Features) -> bool {
-    features.matmul.cmma.is_empty() && !features.plane.contains(Plane::Ops)
 }
 
 /// Wide-block launches (tests assert the path was taken).

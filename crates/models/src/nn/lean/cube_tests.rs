@@ -128,10 +128,13 @@ fn group_norm_kernels_match<const D: usize>(dims: [usize; D], groups: usize) {
         let dy = p(random::<W, D>(dims, 14));
         let (cy, cm, cr) = burn_kernels::group_norm::<W>(x(), w(), b(), groups, 1e-5, act);
         let (cx, cw, cb) = burn_kernels::group_norm_backward::<W>(x(), cm.clone(), cr.clone(), w(), b(), dy.clone(), groups, act);
-        for (x_last, dy_last) in [(false, false), (true, false), (false, true), (true, true)] {
+        // The backward's group means from a launch of their own and, for groups of few channels,
+        // in the `dx` launch (a GPU's choice: `group_norm::finish_inline`).
+        for ((x_last, dy_last), inline) in [(false, false), (true, false), (false, true), (true, true)].into_iter().flat_map(|l| [(l, false), (l, true)]) {
+            crate::nn::cube::group_norm::FINISH_INLINE_FOR_TESTS.set(Some(inline));
             let xin = if x_last { channels_last(x()) } else { x() };
             let dyin = if dy_last { channels_last(dy.clone()) } else { dy.clone() };
-            let at = format!("{dims:?} groups {groups} {act:?} x channels {} dy channels {}", if x_last { "last" } else { "first" }, if dy_last { "last" } else { "first" });
+            let at = format!("{dims:?} groups {groups} {act:?} x channels {} dy channels {}, finish inline {inline}", if x_last { "last" } else { "first" }, if dy_last { "last" } else { "first" });
             let (ky, km, kr) = cube_kernels::group_norm::<W>(xin.clone(), w(), b(), groups, 1e-5, act);
             assert_eq!(is_channels_last(&ky), is_channels_last(&xin), "output layout {at}");
             close(&format!("output {at}"), ky, cy.clone(), 1e-5);
@@ -154,6 +157,7 @@ fn group_norm_kernels_match_the_composed_ops() {
     group_norm_kernels_match([1, 8, 1037], 1); // one group of 8296: the two-launch forward
     group_norm_kernels_match([128, 2, 48, 48], 1); // 128 groups of 4,608: one launch, as many groups
     group_norm_kernels_match([2, 10, 3], 5);
+    group_norm_kernels_match([2, 40, 3, 5], 4); // 10 channels a group: the three-launch backward
 }
 
 #[test]
@@ -180,6 +184,9 @@ fn group_norm_node_gradients_equal_autodiff_of_the_composed_forward() {
 #[test]
 fn group_norm_add_relu_kernels_and_node_match_the_composed_ops() {
     use super::t;
+    // The backward's group means in the `dx` launch where the groups allow it (3 groups of 4
+    // channels here; 16 elsewhere: a launch of their own), as on a GPU.
+    crate::nn::cube::group_norm::FINISH_INLINE_FOR_TESTS.set(Some(true));
     // [1, 16, 48, 50]: one group of 38,400 elements, the two-launch forward.
     for (dims, groups) in [([2, 32, 5, 7], 2), ([3, 12, 9, 4], 3), ([1, 16, 48, 50], 1)] {
         let c = dims[1];
@@ -1378,7 +1385,7 @@ fn wide_unit_matmul_matches_burns_matmul() {
     // lavapipe (CI's device) is what the blocks are on by default for.
     if std::env::var("VK_ICD_FILENAMES").is_ok_and(|f| f.contains("lvp")) {
         let features = p(random::<W, 2>([1, 1], 1)).client.properties().features.clone();
-        assert!(crate::nn::cube::unit_matmul::cpu_vulkan(&features), "lavapipe is not taken for a CPU's Vulkan: {:?}", features.plane);
+        assert!(crate::nn::cube::cpu_vulkan(&features), "lavapipe is not taken for a CPU's Vulkan: {:?}", features.plane);
     }
 }
 
