@@ -284,74 +284,58 @@ fn finish_kernel(sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, w: &Tensor<f32>, m1:
     }
 }
 
-/// `dx[i] = (g · w − m1 − x̂ · m2) · rstd` of element `i` of `x` (sample `n`, channel `ch`,
-/// position `sp`, group `grp`), `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`).
-#[cube]
+/// One unit per element of `x` and `dx` (one layout): `dx = (g · w − m1 − x̂ · m2) · rstd`,
+/// `dy` in its own layout (`n·sample + c·dy_c + s·dy_s`). Without `finish`, `s1`, `s2` are the
+/// group means `m1`, `m2` of [`finish_kernel`] (`[n · groups]`), which also wrote `dweight` and
+/// `dbias` (not touched here). With `finish` ([`finish_inline`]), they are the per-channel sums
+/// `sum_g`, `sum_gx` (`[n · c]`): each unit sums its group's into `m1`, `m2` itself (the same
+/// products in the same order as [`finish_kernel`]), and units `< channels` write `dweight`,
+/// `dbias`.
+#[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn dx_value<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, i: usize, n: usize, ch: usize, sp: usize, grp: usize, m1: f32, m2: f32, sample: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32) -> F {
+fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, s1: &Tensor<f32>, s2: &Tensor<f32>, dx: &mut Tensor<F>, dweight: &mut Tensor<f32>, dbias: &mut Tensor<f32>, batch: u32, len: u32, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[comptime] finish: bool, #[define(F, G)] _dtypes: [StorageType; 2]) {
+    let i = ABSOLUTE_POS;
+    if i >= dx.len() {
+        terminate!();
+    }
+    let (channels, cpg) = (channels as usize, cpg as usize);
+    let n = i / sample as usize;
+    let ch = (i / x_c as usize) % channels;
+    let sp = (i / x_s as usize) % spatial as usize;
+    let grp = (n * channels + ch) / cpg;
+    let mut m1 = 0.0f32;
+    let mut m2 = 0.0f32;
+    if comptime![finish] {
+        if i < channels {
+            let mut dw = 0.0f32;
+            let mut db = 0.0f32;
+            for k in 0..batch as usize {
+                dw += s2[k * channels + i];
+                db += s1[k * channels + i];
+            }
+            dweight[i] = dw;
+            dbias[i] = db;
+        }
+        // The group's first channel in `w` and in the `[n, c]` sums.
+        let (w0, first) = ((ch / cpg) * cpg, grp * cpg);
+        for k in 0..cpg {
+            let wk = w[w0 + k];
+            m1 += wk * s1[first + k];
+            m2 += wk * s2[first + k];
+        }
+        m1 /= f32::cast_from(len);
+        m2 /= f32::cast_from(len);
+    } else {
+        m1 = s1[grp];
+        m2 = s2[grp];
+    }
     let r = rstd[grp];
     let xh = (f32::cast_from(x[i]) - mean[grp]) * r;
     let mut g = f32::cast_from(dy[n * sample as usize + ch * dy_c as usize + sp * dy_s as usize]);
     if comptime![act != NONE] {
         g = activation_grad(xh * w[ch] + b[ch], g, act);
     }
-    F::cast_from((g * w[ch] - m1 - xh * m2) * r)
-}
-
-/// One unit per element of `x` and `dx` (one layout): `dx = (g · w − m1 − x̂ · m2) · rstd`
-/// ([`dx_value`]), the group's `m1`, `m2` from [`finish_kernel`].
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn dx_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, m1: &Tensor<f32>, m2: &Tensor<f32>, dx: &mut Tensor<F>, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
-    let i = ABSOLUTE_POS;
-    if i >= dx.len() {
-        terminate!();
-    }
-    let n = i / sample as usize;
-    let ch = (i / x_c as usize) % channels as usize;
-    let sp = (i / x_s as usize) % spatial as usize;
-    let grp = (n * channels as usize + ch) / cpg as usize;
-    dx[i] = dx_value(x, dy, mean, rstd, w, b, i, n, ch, sp, grp, m1[grp], m2[grp], sample, dy_c, dy_s, act);
-}
-
-/// [`dx_kernel`] and [`finish_kernel`]'s work in one launch, for groups of few channels
-/// ([`finish_inline`]): each unit sums its group's `cpg` per-channel sums into `m1`, `m2` itself
-/// (the same products in the same order as [`finish_kernel`]), and units `< channels` write
-/// `dweight`, `dbias`.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn dx_finish_kernel<F: Float, G: Float>(x: &Tensor<F>, dy: &Tensor<G>, mean: &Tensor<f32>, rstd: &Tensor<f32>, w: &Tensor<f32>, b: &Tensor<f32>, sum_g: &Tensor<f32>, sum_gx: &Tensor<f32>, dx: &mut Tensor<F>, dweight: &mut Tensor<f32>, dbias: &mut Tensor<f32>, batch: u32, len: u32, sample: u32, spatial: u32, channels: u32, cpg: u32, x_c: u32, x_s: u32, dy_c: u32, dy_s: u32, #[comptime] act: u32, #[define(F, G)] _dtypes: [StorageType; 2]) {
-    let i = ABSOLUTE_POS;
-    if i >= dx.len() {
-        terminate!();
-    }
-    let (channels, cpg) = (channels as usize, cpg as usize);
-    if i < channels {
-        let mut dw = 0.0f32;
-        let mut db = 0.0f32;
-        for n in 0..batch as usize {
-            dw += sum_gx[n * channels + i];
-            db += sum_g[n * channels + i];
-        }
-        dweight[i] = dw;
-        dbias[i] = db;
-    }
-    let n = i / sample as usize;
-    let ch = (i / x_c as usize) % channels;
-    let sp = (i / x_s as usize) % spatial as usize;
-    let grp = (n * channels + ch) / cpg;
-    // The group's first channel in `w` and in the `[n, c]` sums.
-    let (w0, first) = ((ch / cpg) * cpg, grp * cpg);
-    let mut a = 0.0f32;
-    let mut c = 0.0f32;
-    for k in 0..cpg {
-        let wk = w[w0 + k];
-        a += wk * sum_g[first + k];
-        c += wk * sum_gx[first + k];
-    }
-    let m1 = a / f32::cast_from(len);
-    let m2 = c / f32::cast_from(len);
-    dx[i] = dx_value(x, dy, mean, rstd, w, b, i, n, ch, sp, grp, m1, m2, sample, dy_c, dy_s, act);
+    dx[i] = F::cast_from((g * w[ch] - m1 - xh * m2) * r);
 }
 
 /// `[n, c, S]` and the group size of `x`'s dims.
@@ -387,7 +371,7 @@ fn fused_forward(rows: usize, len: usize) -> bool {
 }
 
 /// Whether the backward takes two launches rather than three: each `dx` unit sums its group's
-/// per-channel sums itself ([`dx_finish_kernel`], `2·cpg` more reads a unit, from cache) instead
+/// per-channel sums itself ([`dx_kernel`]'s `finish`, `2·cpg` more reads a unit, from cache) instead
 /// of reading the group's means from a launch of their own ([`finish_kernel`]). Taken on a GPU
 /// for groups of at most 4 channels: the VAE's GroupNorms (up to 32 groups: 1 channel a group
 /// in ultra_lightweight, up to 4 in base32, 8 in standard's widest) save a launch each (ultra
@@ -556,56 +540,32 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         Some(g) => (g.clone(), NONE),
         None => (dy, act.code()),
     };
-    if finish_inline(&client, d.cpg()) {
-        dx_finish_kernel::launch::<R>(
+    let finish = finish_inline(&client, d.cpg());
+    // The group means `m1`, `m2` from a launch of their own, or in the `dx` launch from the sums.
+    let (s1, s2) = if finish {
+        (sum_g, sum_gx)
+    } else {
+        let m1 = empty(&x, vec![d.n * groups], DType::F32);
+        let m2 = empty(&x, vec![d.n * groups], DType::F32);
+        let (count, dim) = elem_cubes(&client, (d.n * groups).max(d.c));
+        finish_kernel::launch::<R>(
             &client,
             count,
             dim,
-            x.into_tensor_arg(),
-            grad.into_tensor_arg(),
-            mean.into_tensor_arg(),
-            rstd.into_tensor_arg(),
-            w.into_tensor_arg(),
-            b.into_tensor_arg(),
             sum_g.into_tensor_arg(),
             sum_gx.into_tensor_arg(),
-            dx.clone().into_tensor_arg(),
+            w.clone().into_tensor_arg(),
+            m1.clone().into_tensor_arg(),
+            m2.clone().into_tensor_arg(),
             dweight.clone().into_tensor_arg(),
             dbias.clone().into_tensor_arg(),
             d.n as u32,
-            d.len() as u32,
-            sample,
-            d.spatial as u32,
             d.c as u32,
-            d.cpg() as u32,
-            xl.channel as u32,
-            xl.spatial as u32,
-            dyl.channel as u32,
-            dyl.spatial as u32,
-            act,
-            dtypes,
+            groups as u32,
+            d.len() as u32,
         );
-        return (dx, dweight, dbias, g);
-    }
-    let m1 = empty(&x, vec![d.n * groups], DType::F32);
-    let m2 = empty(&x, vec![d.n * groups], DType::F32);
-    let (fcount, fdim) = elem_cubes(&client, (d.n * groups).max(d.c));
-    finish_kernel::launch::<R>(
-        &client,
-        fcount,
-        fdim,
-        sum_g.into_tensor_arg(),
-        sum_gx.into_tensor_arg(),
-        w.clone().into_tensor_arg(),
-        m1.clone().into_tensor_arg(),
-        m2.clone().into_tensor_arg(),
-        dweight.clone().into_tensor_arg(),
-        dbias.clone().into_tensor_arg(),
-        d.n as u32,
-        d.c as u32,
-        groups as u32,
-        d.len() as u32,
-    );
+        (m1, m2)
+    };
     dx_kernel::launch::<R>(
         &client,
         count,
@@ -616,9 +576,13 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         rstd.into_tensor_arg(),
         w.into_tensor_arg(),
         b.into_tensor_arg(),
-        m1.into_tensor_arg(),
-        m2.into_tensor_arg(),
+        s1.into_tensor_arg(),
+        s2.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
+        dweight.clone().into_tensor_arg(),
+        dbias.clone().into_tensor_arg(),
+        d.n as u32,
+        d.len() as u32,
         sample,
         d.spatial as u32,
         d.c as u32,
@@ -628,6 +592,7 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, mean: CubeTensor<R>, rstd: Cub
         dyl.channel as u32,
         dyl.spatial as u32,
         act,
+        finish,
         dtypes,
     );
     (dx, dweight, dbias, g)
