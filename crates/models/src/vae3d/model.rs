@@ -29,7 +29,7 @@ use burn::nn::PaddingConfig3d;
 use burn::nn::conv::{Conv3d, Conv3dConfig};
 use burn::prelude::*;
 use crate::nn::LeanBackend;
-use crate::nn::lean::VoxelLossArgs;
+use crate::nn::lean::{LOGVAR_MAX, LOGVAR_MIN, VoxelLossArgs};
 use burn::tensor::TensorData;
 use burn::tensor::activation::relu;
 
@@ -41,9 +41,6 @@ use crate::stages::Staged;
 const NORM_EPS: f64 = 1e-5;
 /// The reference's `normalization()` asks for `min(32, C)` groups.
 const MAX_GROUPS: usize = 32;
-/// The reference clamps logvar to this range before sampling (and in the returned posterior).
-const LOGVAR_MIN: f64 = -30.0;
-const LOGVAR_MAX: f64 = 20.0;
 
 fn conv<B: LeanBackend>(cin: usize, cout: usize, kernel: usize, stride: [usize; 3], device: &B::Device) -> Conv3d<B> {
     let pad = kernel / 2; // "same" for odd kernels at stride 1, as the reference's padding=1 / 0
@@ -268,15 +265,27 @@ pub struct Vae3d<B: Backend> {
     pub config: Vae3dConfig,
 }
 
-/// What [`Vae3d::forward`] returns; all f32.
+/// What [`Vae3d::forward`] returns; all f32. The posterior is the encoder's moments, whose
+/// [`Vae3dOutput::mean`] and [`Vae3dOutput::logvar`] are the reference's: the loss reads the
+/// moments (on CubeCL without splitting them, see [`crate::nn::lean::voxel_loss`]).
 #[derive(Debug, Clone)]
 pub struct Vae3dOutput<B: Backend> {
     /// `[batch, out_channels, d, h, w]`
     pub recon: Tensor<B, 5>,
-    /// `[batch, latent_dim, d/f_d, h/f_h, w/f_w]`
-    pub mean: Tensor<B, 5>,
-    /// Clamped to `[-30, 20]`; same shape as `mean`.
-    pub logvar: Tensor<B, 5>,
+    /// `[batch, 2·latent_dim, d/f_d, h/f_h, w/f_w]`: the mean, then the logvar before the clamp.
+    pub moments: Tensor<B, 5>,
+}
+
+impl<B: LeanBackend> Vae3dOutput<B> {
+    /// The posterior's mean, `[batch, latent_dim, d/f_d, h/f_h, w/f_w]`.
+    pub fn mean(&self) -> Tensor<B, 5> {
+        split_moments(self.moments.clone()).0
+    }
+
+    /// The posterior's logvar clamped to `[-30, 20]`; the mean's shape.
+    pub fn logvar(&self) -> Tensor<B, 5> {
+        split_moments(self.moments.clone()).1
+    }
 }
 
 /// The loss and its parts, each `[1]` and f32.
@@ -440,6 +449,22 @@ pub fn split_moments<B: LeanBackend>(moments: Tensor<B, 5>) -> (Tensor<B, 5>, Te
     (mean, logvar)
 }
 
+/// The posterior sample `mean + exp(½·logvar)·eps` of the moments, as `VAE3D.encode` draws it:
+/// [`crate::nn::lean::posterior_sample`]'s node where `node` (on CubeCL two launches with its
+/// backward), else composed of tensor ops on [`split_moments`] (flex; they agree within f32
+/// rounding, `tests::the_sample_node_equals_the_composed_sample`).
+///
+/// # Shapes
+/// - moments: `[batch, 2·latent, d', h', w']`, eps: `[batch, latent, d', h', w']` (both f32) →
+///   `[batch, latent, d', h', w']`
+fn sample<B: LeanBackend>(moments: Tensor<B, 5>, eps: Tensor<B, 5>, node: bool) -> Tensor<B, 5> {
+    if node {
+        return crate::nn::lean::posterior_sample(moments, eps);
+    }
+    let (mean, logvar) = split_moments(moments);
+    mean + (logvar * 0.5).exp() * eps
+}
+
 impl<B: LeanBackend> Vae3d<B> {
     fn enc_levels(&self) -> usize {
         self.encoder.down_blocks.len()
@@ -471,12 +496,13 @@ impl<B: LeanBackend> Vae3d<B> {
                 Vae3dState::Moments { moments: to_f32(conv3d_p(&enc.conv_out, h, p)) } // [b, 2·latent, d', h', w']
             }
             (Vae3dStage::Latent, Vae3dState::Moments { moments }) => {
-                let (mean, logvar) = split_moments(moments.clone());
+                let latent = moments.dims()[1] / 2;
                 let z = match eps {
-                    None => mean,
+                    None => moments.clone().narrow(1, 0, latent),
                     Some(eps) => {
-                        assert_eq!(eps.dims(), mean.dims(), "Vae3d: eps must have the latent's shape");
-                        mean + (logvar * 0.5).exp() * to_f32(eps.clone())
+                        let [b, _, d, h, w] = moments.dims();
+                        assert_eq!(eps.dims(), [b, latent, d, h, w], "Vae3d: eps must have the latent's shape");
+                        sample(moments.clone(), to_f32(eps.clone()), B::lean_vae_nodes())
                     }
                 };
                 // The reference applies quant_conv to z *after* sampling (VAE3D.encode).
@@ -546,18 +572,14 @@ impl<B: LeanBackend> Vae3d<B> {
     /// The loss of [`Vae3dConfig::loss`] (the reference's `compute_loss(reduction="mean")` by
     /// default), computed in f32.
     pub fn compute_loss(&self, x: Tensor<B, 5>, out: &Vae3dOutput<B>) -> Vae3dLoss<B> {
-        self.loss_terms(x, out.recon.clone(), out.mean.clone(), out.logvar.clone())
-    }
-
-    fn loss_terms(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>) -> Vae3dLoss<B> {
-        self.loss_terms_with(x, recon, mean, logvar, B::lean_voxel_loss_node())
+        self.loss_terms_with(x, out.recon.clone(), out.moments.clone(), B::lean_vae_nodes())
     }
 
     /// The loss as one node ([`crate::nn::lean::voxel_loss`]: on CubeCL two launches forward and
-    /// one backward) where `node` and the reference loss is asked for and `x` takes no gradient,
-    /// else composed of tensor ops (flex; their values and gradients agree within f32 rounding,
-    /// `tests::the_loss_node_equals_the_composed_loss`).
-    fn loss_terms_with(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>, node: bool) -> Vae3dLoss<B> {
+    /// one backward, reading the moments) where `node` and the reference loss is asked for and
+    /// `x` takes no gradient, else composed of tensor ops on [`split_moments`] (flex; their values
+    /// and gradients agree within f32 rounding, `tests::the_loss_node_equals_the_composed_loss`).
+    fn loss_terms_with(&self, x: Tensor<B, 5>, recon: Tensor<B, 5>, moments: Tensor<B, 5>, node: bool) -> Vae3dLoss<B> {
         let cfg = &self.config;
         let (x, recon) = (to_f32(x), to_f32(recon)); // [b, c, d, h, w]
         assert_eq!(x.dims(), recon.dims(), "Vae3d loss: input and reconstruction shapes differ");
@@ -566,9 +588,10 @@ impl<B: LeanBackend> Vae3d<B> {
             let cw = cfg.channel_weights.as_ref().filter(|cw| cw.len() == c);
             let args = VoxelLossArgs::new(cfg.occupied_weight, cfg.empty_weight, cw.map(|w| w.as_slice()), cfg.false_positive_weight, cfg.occupancy_mass_weight, cfg.kl_weight);
             let cw = cw.map(|w| Tensor::<B, 1>::from_data(TensorData::new(w.clone(), [c]), &x.device()));
-            let (loss, recon_loss, kl_loss) = crate::nn::lean::voxel_loss(x, recon, mean, logvar, cw, &args);
+            let (loss, recon_loss, kl_loss) = crate::nn::lean::voxel_loss(x, recon, moments, cw, &args);
             return Vae3dLoss { loss, recon_loss, kl_loss };
         }
+        let (mean, logvar) = split_moments(moments);
         let recon_loss = match cfg.loss {
             Vae3dLossKind::Mse => mean_all((recon - x).square()),
             Vae3dLossKind::Reference => self.reference_recon_loss(x, recon),
@@ -637,8 +660,7 @@ impl<B: LeanBackend> Staged<B> for Vae3d<B> {
         let Vae3dState::Decoder { h: recon, moments: Some(moments) } = state else {
             panic!("Vae3d: the plan ends with the reconstruction and the moments (stage plan bug)")
         };
-        let (mean, logvar) = split_moments(moments);
-        Vae3dOutput { recon, mean, logvar }
+        Vae3dOutput { recon, moments }
     }
 }
 
@@ -727,7 +749,7 @@ mod tests {
         assert_eq!(model.num_params(), cfg.num_params());
         let x = Tensor::<Tb, 5>::random([1, 4, 2, 8, 8], burn::tensor::Distribution::Default, &dev);
         let out = model.forward(x.clone(), None, Precision::F32);
-        assert_eq!(out.mean.dims(), [1, 4, 2, 4, 4]);
+        assert_eq!(out.mean().dims(), [1, 4, 2, 4, 4]);
         assert_eq!(out.recon.dims(), [1, 4, 2, 8, 8]);
         let loss = model.compute_loss(x.clone(), &out).loss.into_scalar();
         assert!(loss.is_finite());
@@ -758,12 +780,24 @@ mod tests {
         Tensor::from_data(TensorData::new(values, dims), &Default::default())
     }
 
+    /// Moments `[2, 8, 2, 3, 3]`: the means in [-2, 2), the logvars in [-36, 26), some beyond
+    /// each of the clamp's bounds and two exactly at them (where the clamp passes the gradient).
+    fn moments_across_the_clamp() -> Tensor<Tb, 5> {
+        let dims = [2, 4, 2, 3, 3];
+        let mean: Tensor<Tb, 5> = host_random(dims, 3, -2.0, 4.0);
+        let mut lv = values(host_random(dims, 4, -36.0, 62.0));
+        (lv[0], lv[1]) = (LOGVAR_MIN, LOGVAR_MAX);
+        assert!(lv.iter().any(|v| *v < LOGVAR_MIN) && lv.iter().any(|v| *v > LOGVAR_MAX), "logvars beyond both bounds");
+        Tensor::cat(vec![mean, Tensor::from_data(TensorData::new(lv, dims), &Default::default())], 1)
+    }
+
     /// The loss node ([`crate::nn::lean::voxel_loss`], here with its composed inner ops, as
     /// `VRAMLAB_COMPOSED_KERNELS=1` or a backend without the kernels runs it) against the
     /// model's composed loss on autodiff: the loss, its two terms, and the gradients of the
-    /// reconstruction and of the moments (through `split_moments`'s slices and clamp), with the
-    /// presets' weights (channel weights, false-positive and mass terms), the constructor's
-    /// (neither term) and a KL weight that makes the KL's gradients count.
+    /// reconstruction and of the moments (through `split_moments`'s slices and clamp, logvars on
+    /// both sides of it), with the presets' weights (channel weights, false-positive and mass
+    /// terms), the constructor's (neither term) and a KL weight that makes the KL's gradients
+    /// count.
     #[test]
     fn the_loss_node_equals_the_composed_loss() {
         type A = burn::backend::Autodiff<Tb>;
@@ -779,12 +813,11 @@ mod tests {
             let c = cfg.in_channels;
             let x: Tensor<A, 5> = host_random([2, c, 3, 5, 6], 1, -1.0, 2.0);
             let recon0: Tensor<Tb, 5> = host_random([2, c, 3, 5, 6], 2, -1.2, 2.5);
-            let moments0: Tensor<Tb, 5> = host_random([2, 8, 2, 3, 3], 3, -2.0, 4.0);
+            let moments0 = moments_across_the_clamp();
             let run = |node: bool| {
                 let recon = Tensor::<A, 5>::from_inner(recon0.clone()).require_grad();
                 let moments = Tensor::<A, 5>::from_inner(moments0.clone()).require_grad();
-                let (mean, logvar) = split_moments(moments.clone());
-                let l = model.loss_terms_with(x.clone(), recon.clone(), mean, logvar, node);
+                let l = model.loss_terms_with(x.clone(), recon.clone(), moments.clone(), node);
                 let parts = [l.loss.clone(), l.recon_loss, l.kl_loss].map(|t| t.into_scalar());
                 let grads = l.loss.backward();
                 let g = |t: &Tensor<A, 5>| values(t.grad(&grads).expect("takes a gradient"));
@@ -799,5 +832,31 @@ mod tests {
                 assert!(e <= 1e-5 && a.iter().any(|v| *v != 0.0), "{name}: {what}: relative error {e:e}");
             }
         }
+    }
+
+    /// The sample node ([`crate::nn::lean::posterior_sample`], its composed inner ops) against
+    /// the model's composed sample on autodiff: the sample and the moments' gradient, logvars
+    /// on both sides of the clamp.
+    #[test]
+    fn the_sample_node_equals_the_composed_sample() {
+        type A = burn::backend::Autodiff<Tb>;
+        let dims = [2, 4, 2, 3, 3];
+        let moments0 = moments_across_the_clamp();
+        let eps: Tensor<A, 5> = host_random(dims, 5, -2.0, 4.0);
+        let w: Tensor<A, 5> = host_random(dims, 6, -1.0, 2.0);
+        let run = |node: bool| {
+            let moments = Tensor::<A, 5>::from_inner(moments0.clone()).require_grad();
+            let z = sample(moments.clone(), eps.clone(), node);
+            let zv = values(z.clone().inner());
+            let grads = (z * w.clone()).sum().backward();
+            (zv, values(moments.grad(&grads).expect("takes a gradient")))
+        };
+        let (composed, node) = (run(false), run(true));
+        for (what, a, b) in [("z", &node.0, &composed.0), ("dmoments", &node.1, &composed.1)] {
+            let e = vramlab_testkit::diff(what, a, b).rel;
+            assert!(e <= 1e-6, "{what}: relative error {e:e}");
+        }
+        let lv_grads = &node.1[dims.iter().product::<usize>()..];
+        assert!(lv_grads.iter().any(|v| *v == 0.0) && lv_grads.iter().any(|v| *v != 0.0), "the clamp masks some logvars' gradients, not all");
     }
 }

@@ -44,8 +44,8 @@ pub fn predict<B: LeanBackend>(dir: &Path, inputs: &mut Inputs, precision: Preci
     let out = model.forward(x.clone(), None, precision);
     let loss = model.compute_loss(x, &out);
     Ok(vec![
-        ("mean".into(), out.mean.into_data()),
-        ("logvar".into(), out.logvar.into_data()),
+        ("mean".into(), out.mean().into_data()),
+        ("logvar".into(), out.logvar().into_data()),
         ("recon".into(), out.recon.into_data()),
         ("loss".into(), loss.loss.into_data()),
         ("recon_loss".into(), loss.recon_loss.into_data()),

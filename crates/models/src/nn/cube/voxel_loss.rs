@@ -2,6 +2,8 @@
 //! sparse-voxel reconstruction loss plus the posterior's KL term, in two launches forward and
 //! one backward. Composed of Burn ops it is 89 launches forward and backward, and the KL term's
 //! backward 14 more (VAE ultra b2 on lavapipe, `benches/results/kernels/wgpu/launch_trims.md`).
+//! And its posterior sample ([`crate::nn::lean::posterior_sample`]) in one launch each way,
+//! where the moments' split, clamp and sampling composed are 35 launches with their backwards.
 //!
 //! - [`stats`]: [`voxel_loss_partials_kernel`] sums, per cube, the six totals the loss is made
 //!   of (the weighted squared error, the occupancy weights, the false positives, the two
@@ -9,20 +11,26 @@
 //!   [`voxel_loss_finish_kernel`] (one cube) adds the cubes' partial sums and writes the `[8]`
 //!   statistics (`stat` in `nn::lean::voxel_loss`): the loss, its two terms, and the
 //!   coefficients of the backward;
-//! - [`backward`]: one unit per element of the reconstruction and of the latent: `drecon`,
-//!   `dmean` and `dlogvar` from those coefficients and the loss's gradient, read on the device.
+//! - [`backward`]: one unit per element of the reconstruction and of the latent: `drecon`, and
+//!   `dmoments`' mean and logvar halves, from those coefficients and the loss's gradient, read
+//!   on the device;
+//! - [`sample`], [`sample_backward`]: one unit per latent element: `z = mean + exp(½·lv)·eps`;
+//!   `dmoments = [dz, dz·eps·½·exp(½·lv)]`.
 //!
 //! Everything is f32 (the model computes its loss in f32). `x` and `recon` are read contiguous
-//! (`[n, c, d, h, w]`); `mean` and `logvar` (`[n, l, d', h', w']`) through their batch stride,
-//! so `mean`, a slice of the encoder's moments, is not copied.
+//! (`[n, c, d, h, w]`); the moments (`[n, 2·l, d', h', w']`: the mean, then the logvar, clamped
+//! here to `LOGVAR_MIN..=LOGVAR_MAX` and its gradient masked where the clamp holds it), `eps`,
+//! `z` and their gradients in either [`ChannelLayout`] (channels last is what the encoder's
+//! last convolution returns), so none is copied. The moments' gradients and the sample are
+//! written in the moments' layout, both halves of the moments by the same launch.
 
 use burn::tensor::DType;
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{BLOCK, contiguous, cube_sum, elem_cubes, empty};
-use crate::nn::lean::{VoxelLossArgs, voxel_loss_stat as stat};
+use super::{BLOCK, ChannelLayout, channel_layout, contiguous, cube_sum, elem_cubes, empty, empty_in};
+use crate::nn::lean::{LOGVAR_MAX, LOGVAR_MIN, VoxelLossArgs, voxel_loss_stat as stat};
 
 /// The totals one cube of [`voxel_loss_partials_kernel`] writes, in this order: `Σ (r −
 /// x)²·w·cw`, `Σ w`, `Σ relu(r₀ − x₀)²·[x₀ ≤ 0]`, `Σ relu(r₀)`, `Σ relu(x₀)`, `Σ (lv + 1 − m² −
@@ -34,24 +42,24 @@ const PARTIAL_CUBES: usize = 256;
 
 /// Unit `u` of `cubes · BLOCK`: the six sums over voxels `u, u + stride, …` (each voxel's
 /// `channels` elements; `x` and `r` contiguous `[n, channels, spatial]`) and latent elements `u,
-/// u + stride, …` (`mean` and `logvar` read as `[n, lat_inner]` rows `m_batch` / `l_batch`
-/// apart); each cube's totals into `partial[cube · SUMS + k]`.
+/// u + stride, …` (read from `moments`' rows, see [`latent_at`]); each cube's totals into
+/// `partial[cube · SUMS + k]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn voxel_loss_partials_kernel(
     x: &Tensor<f32>,
     r: &Tensor<f32>,
     cw: &Tensor<f32>,
-    mean: &Tensor<f32>,
-    logvar: &Tensor<f32>,
+    moments: &Tensor<f32>,
     partial: &mut Tensor<f32>,
     voxels: u32,
     spatial: u32,
     channels: u32,
     latent: u32,
-    lat_inner: u32,
-    m_batch: u32,
-    l_batch: u32,
+    lat_ch: u32,
+    lat_spatial: u32,
+    m_ch: u32,
+    m_sp: u32,
     w_occupied: f32,
     w_empty: f32,
     #[comptime] weighted: bool,
@@ -94,7 +102,9 @@ fn voxel_loss_partials_kernel(
     }
     let mut j = ABSOLUTE_POS;
     while j < latent as usize {
-        let (m, lv) = latent_at(mean, logvar, j, lat_inner, m_batch, l_batch);
+        let (at_m, at_l) = moments_at(j, lat_ch, lat_spatial, m_ch, m_sp);
+        let lv = clamp_logvar(moments[at_l]);
+        let m = moments[at_m];
         s_kl += lv + 1.0f32 - m * m - lv.exp();
         j += stride;
     }
@@ -176,13 +186,44 @@ fn spatial_weight(x0: f32, w_occupied: f32, w_empty: f32) -> f32 {
     select(x0 > 0.0f32, w_occupied, w_empty)
 }
 
-/// `(mean, logvar)` at latent element `j`: rows of `lat_inner` elements, `m_batch` and
-/// `l_batch` apart.
+/// Latent element `j` (channels first, `[n, lat_ch, lat_spatial]`) as `(n, c, s)`.
 #[cube]
-fn latent_at(mean: &Tensor<f32>, logvar: &Tensor<f32>, j: usize, lat_inner: u32, m_batch: u32, l_batch: u32) -> (f32, f32) {
-    let row = j / lat_inner as usize;
-    let k = j - row * lat_inner as usize;
-    (mean[row * m_batch as usize + k], logvar[row * l_batch as usize + k])
+fn latent_coords(j: usize, lat_ch: u32, lat_spatial: u32) -> (usize, usize, usize) {
+    let s_n = lat_spatial as usize;
+    let plane = lat_ch as usize * s_n;
+    let n = j / plane;
+    let c = (j - n * plane) / s_n;
+    (n, c, j - n * plane - c * s_n)
+}
+
+/// Where latent element `j` (`[n, lat_ch, lat_spatial]`) lies in a dense tensor of its dims
+/// laid out with channel stride `ch` and spatial stride `sp` ([`ChannelLayout`]).
+#[cube]
+fn latent_at(j: usize, lat_ch: u32, lat_spatial: u32, ch: u32, sp: u32) -> usize {
+    let (n, c, s) = latent_coords(j, lat_ch, lat_spatial);
+    n * lat_ch as usize * lat_spatial as usize + c * ch as usize + s * sp as usize
+}
+
+/// Where latent element `j`'s mean and logvar lie in the moments (`[n, 2·lat_ch, lat_spatial]`,
+/// dense, channel stride `ch`, spatial stride `sp`).
+#[cube]
+fn moments_at(j: usize, lat_ch: u32, lat_spatial: u32, ch: u32, sp: u32) -> (usize, usize) {
+    let (n, c, s) = latent_coords(j, lat_ch, lat_spatial);
+    let at = n * 2 * lat_ch as usize * lat_spatial as usize + c * ch as usize + s * sp as usize;
+    (at, at + lat_ch as usize * ch as usize)
+}
+
+/// The logvar as `VAE3D.encode` clamps it.
+#[cube]
+fn clamp_logvar(raw: f32) -> f32 {
+    max(min(raw, LOGVAR_MAX), LOGVAR_MIN)
+}
+
+/// Whether the clamp passes the logvar's gradient (PyTorch's and Burn's clamp pass it at the
+/// bounds).
+#[cube]
+fn clamp_passes(raw: f32) -> bool {
+    raw >= LOGVAR_MIN && raw <= LOGVAR_MAX
 }
 
 /// Total `k` of [`voxel_loss_partials_kernel`]'s `cubes` rows, in every unit of the cube.
@@ -197,29 +238,28 @@ fn total_of(partial: &Tensor<f32>, #[comptime] k: usize, cubes: u32, shared: &mu
     cube_sum(s, shared)
 }
 
-/// Unit `i`: `drecon[i]` (for `i < elems`, `[n, channels, spatial]` contiguous) and `dmean`,
-/// `dlogvar` at latent element `i` (for `i < latent`; written contiguous, read as in
-/// [`voxel_loss_partials_kernel`]), each times the loss's gradient `g[0]`.
+/// Unit `i`: `drecon[i]` (for `i < elems`, `[n, channels, spatial]` contiguous) and the
+/// moments' gradient at latent element `i`'s mean and logvar (for `i < latent`; written
+/// contiguous, read as in [`voxel_loss_partials_kernel`]), each times the loss's gradient `g[0]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn voxel_loss_backward_kernel(
     x: &Tensor<f32>,
     r: &Tensor<f32>,
     cw: &Tensor<f32>,
-    mean: &Tensor<f32>,
-    logvar: &Tensor<f32>,
+    moments: &Tensor<f32>,
     stats: &Tensor<f32>,
     g: &Tensor<f32>,
     dr: &mut Tensor<f32>,
-    dm: &mut Tensor<f32>,
-    dl: &mut Tensor<f32>,
+    dmoments: &mut Tensor<f32>,
     elems: u32,
     spatial: u32,
     channels: u32,
     latent: u32,
-    lat_inner: u32,
-    m_batch: u32,
-    l_batch: u32,
+    lat_ch: u32,
+    lat_spatial: u32,
+    m_ch: u32,
+    m_sp: u32,
     w_occupied: f32,
     w_empty: f32,
     #[comptime] weighted: bool,
@@ -253,97 +293,103 @@ fn voxel_loss_backward_kernel(
         dr[i] = v * gs;
     }
     if i < latent as usize {
-        let (m, lv) = latent_at(mean, logvar, i, lat_inner, m_batch, l_batch);
+        let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
+        let raw = moments[at_l];
         let kc = stats[stat::KL_COEF] * gs;
-        dm[i] = m * -2.0f32 * kc;
-        dl[i] = (1.0f32 - lv.exp()) * kc;
+        dmoments[at_m] = moments[at_m] * -2.0f32 * kc;
+        dmoments[at_l] = select(clamp_passes(raw), (1.0f32 - clamp_logvar(raw).exp()) * kc, 0.0f32);
     }
 }
 
+/// f32, rank 5, every count within `u32`.
+fn f32_rank5((d, t): (&[usize], DType)) -> bool {
+    d.len() == 5 && t == DType::F32 && d.iter().product::<usize>() <= u32::MAX as usize
+}
+
+/// Whether `moments` is `[n, 2·l, …]` with `l > 0`.
+fn moments_shape(moments: &[usize]) -> bool {
+    moments.get(1).is_some_and(|c| *c > 0 && c % 2 == 0)
+}
+
 /// Whether [`stats`] and [`backward`] take these operands: `x` and `recon` f32 `[n, c, d, h, w]`
-/// alike, `mean` and `logvar` f32 `[n, l, …]` alike (rank 5), channel weights (if any) f32
-/// `[c]`, every count within `u32`.
-pub fn handles(x: (&[usize], DType), recon: (&[usize], DType), mean: (&[usize], DType), logvar: (&[usize], DType), cw: Option<(&[usize], DType)>) -> bool {
-    let f32_rank5 = |(d, t): (&[usize], DType)| d.len() == 5 && t == DType::F32 && d.iter().product::<usize>() <= u32::MAX as usize;
+/// alike, the moments f32 `[n, 2·l, …]` (rank 5), channel weights (if any) f32 `[c]`, every
+/// count within `u32`.
+pub fn handles(x: (&[usize], DType), recon: (&[usize], DType), moments: (&[usize], DType), cw: Option<(&[usize], DType)>) -> bool {
     let c = x.0.get(1).copied().unwrap_or(0);
-    [x, recon, mean, logvar].into_iter().all(f32_rank5)
+    [x, recon, moments].into_iter().all(f32_rank5)
         && x.0 == recon.0
-        && mean.0 == logvar.0
-        && x.0[0] == mean.0[0]
+        && moments_shape(moments.0)
+        && x.0[0] == moments.0[0]
         && c > 0
         && x.0.iter().product::<usize>() > 0
         && cw.is_none_or(|(d, t)| d == [c] && t == DType::F32)
 }
 
-/// `t` (`[n, …]`, rank 5) read as rows of its last four axes: `(t, row stride)`, copied
-/// contiguous first unless those axes are contiguous within each row.
-fn rows<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, usize) {
-    let dims = t.meta.shape().to_vec();
-    let strides = t.meta.strides().to_vec();
-    let mut expect = 1;
-    let mut inner_dense = true;
-    for d in (1..dims.len()).rev() {
-        if dims[d] > 1 && strides[d] != expect {
-            inner_dense = false;
-        }
-        expect *= dims[d];
-    }
-    if inner_dense {
-        let batch = if dims[0] > 1 { strides[0] } else { expect };
-        (t, batch)
-    } else {
-        (contiguous(t), expect)
-    }
+/// Whether [`sample`] and [`sample_backward`] take these operands: the moments f32
+/// `[n, 2·l, …]` (rank 5) and `eps` f32 `[n, l, …]` alike.
+pub fn sample_handles(moments: (&[usize], DType), eps: (&[usize], DType)) -> bool {
+    let half = |m: &[usize]| -> Vec<usize> { m.iter().enumerate().map(|(k, d)| if k == 1 { d / 2 } else { *d }).collect() };
+    f32_rank5(moments) && f32_rank5(eps) && moments_shape(moments.0) && eps.0 == half(moments.0).as_slice()
 }
 
-/// What both launches read: the contiguous `x` and `recon`, `mean` and `logvar` as rows and
-/// their strides, and the counts.
+/// What both launches read: the contiguous `x` and `recon`, the moments ([`Latent`]), and the
+/// counts.
 struct Operands<R: CubeRuntime> {
     x: CubeTensor<R>,
     r: CubeTensor<R>,
-    mean: CubeTensor<R>,
-    logvar: CubeTensor<R>,
-    m_batch: u32,
-    l_batch: u32,
-    /// Voxels (`n · spatial`), spatial positions, channels; latent elements and per row.
+    moments: Latent<R>,
+    /// Voxels (`n · spatial`), spatial positions, channels.
     voxels: usize,
     spatial: usize,
     channels: usize,
-    latent: usize,
-    lat_inner: usize,
 }
 
-fn operands<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeTensor<R>, logvar: CubeTensor<R>) -> Operands<R> {
-    let dims = x.meta.shape().to_vec();
-    let ldims = mean.meta.shape().to_vec();
-    let (mean, m_batch) = rows(mean);
-    let (logvar, l_batch) = rows(logvar);
-    let spatial = dims[2..].iter().product::<usize>();
-    let lat_inner = ldims[1..].iter().product::<usize>();
-    Operands {
-        x: contiguous(x),
-        r: contiguous(recon),
-        mean,
-        logvar,
-        m_batch: m_batch as u32,
-        l_batch: l_batch as u32,
-        voxels: dims[0] * spatial,
-        spatial,
-        channels: dims[1],
-        latent: ldims[0] * lat_inner,
-        lat_inner,
+/// The moments in a dense layout (as they are when in a [`ChannelLayout`], else copied), and
+/// the latent's counts.
+struct Latent<R: CubeRuntime> {
+    moments: CubeTensor<R>,
+    layout: ChannelLayout,
+    /// Latent elements (`n · l · S`), channels (`l`, half the moments'), spatial positions.
+    latent: usize,
+    channels: usize,
+    spatial: usize,
+}
+
+fn latent<R: CubeRuntime>(moments: CubeTensor<R>) -> Latent<R> {
+    let dims = moments.meta.shape().to_vec();
+    let (moments, layout) = channel_layout(moments);
+    let (channels, spatial) = (dims[1] / 2, dims[2..].iter().product::<usize>());
+    Latent { moments, layout, latent: dims[0] * channels * spatial, channels, spatial }
+}
+
+impl<R: CubeRuntime> Latent<R> {
+    /// The layout of an `l`-channel tensor like the moments' (the sample, the noise).
+    fn half_layout(&self) -> ChannelLayout {
+        if self.layout.is_last() { ChannelLayout { channel: 1, spatial: self.channels } } else { ChannelLayout { channel: self.spatial, spatial: 1 } }
     }
 }
 
+/// `t` (`[n, l, …]`) in one of the two [`ChannelLayout`]s and its strides as kernel scalars.
+fn strided<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, u32, u32) {
+    let (t, layout) = channel_layout(t);
+    (t, layout.channel as u32, layout.spatial as u32)
+}
+
+fn operands<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>) -> Operands<R> {
+    let dims = x.meta.shape().to_vec();
+    let spatial = dims[2..].iter().product::<usize>();
+    Operands { x: contiguous(x), r: contiguous(recon), moments: latent(moments), voxels: dims[0] * spatial, spatial, channels: dims[1] }
+}
+
 /// The loss's `[8]` f32 statistics (see [`voxel_loss_finish_kernel`]) of the reconstruction
-/// `recon` of `x` and the posterior `(mean, logvar)`, with the channel weights `cw` (`[c]`) if
-/// given.
-pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeTensor<R>, logvar: CubeTensor<R>, cw: Option<CubeTensor<R>>, s: VoxelLossArgs) -> CubeTensor<R> {
-    let o = operands(x, recon, mean, logvar);
+/// `recon` of `x` and the posterior in `moments`, with the channel weights `cw` (`[c]`) if given.
+pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>, cw: Option<CubeTensor<R>>, s: VoxelLossArgs) -> CubeTensor<R> {
+    let o = operands(x, recon, moments);
+    let l = o.moments;
     let client = o.x.client.clone();
     let n_all = (o.voxels * o.channels) as f32;
-    let (n_voxels, n_latent) = (o.voxels as f32, o.latent as f32);
-    let cubes = o.voxels.max(o.latent).div_ceil(BLOCK).clamp(1, PARTIAL_CUBES);
+    let (n_voxels, n_latent) = (o.voxels as f32, l.latent as f32);
+    let cubes = o.voxels.max(l.latent).div_ceil(BLOCK).clamp(1, PARTIAL_CUBES);
     let partial = empty(&o.x, vec![cubes * SUMS], DType::F32);
     let stats = empty(&o.x, vec![stat::LEN], DType::F32);
     let weighted = cw.is_some();
@@ -356,16 +402,16 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeT
         o.x.into_tensor_arg(),
         o.r.into_tensor_arg(),
         cw.into_tensor_arg(),
-        o.mean.into_tensor_arg(),
-        o.logvar.into_tensor_arg(),
+        l.moments.into_tensor_arg(),
         partial.clone().into_tensor_arg(),
         o.voxels as u32,
         o.spatial as u32,
         o.channels as u32,
-        o.latent as u32,
-        o.lat_inner as u32,
-        o.m_batch,
-        o.l_batch,
+        l.latent as u32,
+        l.channels as u32,
+        l.spatial as u32,
+        l.layout.channel as u32,
+        l.layout.spatial as u32,
         s.w_occupied,
         s.w_empty,
         weighted,
@@ -392,20 +438,19 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeT
     stats
 }
 
-/// The loss's gradients `(drecon, dmean, dlogvar)` (f32, contiguous, in `recon`'s and `mean`'s
-/// dims) for the loss gradient `dloss` (`[1]`) from [`stats`]' statistics.
-#[allow(clippy::too_many_arguments)]
-pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: CubeTensor<R>, logvar: CubeTensor<R>, cw: Option<CubeTensor<R>>, stats: CubeTensor<R>, dloss: CubeTensor<R>, s: VoxelLossArgs) -> [CubeTensor<R>; 3] {
-    let (rdims, ldims) = (recon.meta.shape().to_vec(), mean.meta.shape().to_vec());
-    let o = operands(x, recon, mean, logvar);
+/// The loss's gradients `[drecon, dmoments]` (f32, contiguous, in `recon`'s and `moments`' dims)
+/// for the loss gradient `dloss` (`[1]`) from [`stats`]' statistics.
+pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>, cw: Option<CubeTensor<R>>, stats: CubeTensor<R>, dloss: CubeTensor<R>, s: VoxelLossArgs) -> [CubeTensor<R>; 2] {
+    let (rdims, mdims) = (recon.meta.shape().to_vec(), moments.meta.shape().to_vec());
+    let o = operands(x, recon, moments);
+    let l = o.moments;
     let client = o.x.client.clone();
     let elems = o.voxels * o.channels;
     let dr = empty(&o.x, rdims, DType::F32);
-    let dm = empty(&o.x, ldims.clone(), DType::F32);
-    let dl = empty(&o.x, ldims, DType::F32);
+    let dmoments = empty_in(&o.x, mdims, DType::F32, l.layout);
     let weighted = cw.is_some();
     let cw = cw.map(contiguous).unwrap_or_else(|| o.x.clone());
-    let (count, dim) = elem_cubes(&client, elems.max(o.latent));
+    let (count, dim) = elem_cubes(&client, elems.max(l.latent));
     voxel_loss_backward_kernel::launch::<R>(
         &client,
         count,
@@ -413,25 +458,141 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, mean: Cu
         o.x.into_tensor_arg(),
         o.r.into_tensor_arg(),
         cw.into_tensor_arg(),
-        o.mean.into_tensor_arg(),
-        o.logvar.into_tensor_arg(),
+        l.moments.into_tensor_arg(),
         contiguous(stats).into_tensor_arg(),
         contiguous(dloss).into_tensor_arg(),
         dr.clone().into_tensor_arg(),
-        dm.clone().into_tensor_arg(),
-        dl.clone().into_tensor_arg(),
+        dmoments.clone().into_tensor_arg(),
         elems as u32,
         o.spatial as u32,
         o.channels as u32,
-        o.latent as u32,
-        o.lat_inner as u32,
-        o.m_batch,
-        o.l_batch,
+        l.latent as u32,
+        l.channels as u32,
+        l.spatial as u32,
+        l.layout.channel as u32,
+        l.layout.spatial as u32,
         s.w_occupied,
         s.w_empty,
         weighted,
         s.fp_weight > 0.0,
         s.mass_weight > 0.0,
     );
-    [dr, dm, dl]
+    [dr, dmoments]
+}
+
+/// Unit `i < latent`: the sample `mean + exp(½·clamp(logvar))·eps` at latent element `i`
+/// (`moments`, `eps` and `z` dense, each with its channel and spatial strides).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn posterior_sample_kernel(
+    moments: &Tensor<f32>,
+    eps: &Tensor<f32>,
+    z: &mut Tensor<f32>,
+    latent: u32,
+    lat_ch: u32,
+    lat_spatial: u32,
+    m_ch: u32,
+    m_sp: u32,
+    e_ch: u32,
+    e_sp: u32,
+    z_ch: u32,
+    z_sp: u32,
+) {
+    let i = ABSOLUTE_POS;
+    if i < latent as usize {
+        let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
+        let e = eps[latent_at(i, lat_ch, lat_spatial, e_ch, e_sp)];
+        z[latent_at(i, lat_ch, lat_spatial, z_ch, z_sp)] = moments[at_m] + (clamp_logvar(moments[at_l]) * 0.5f32).exp() * e;
+    }
+}
+
+/// Unit `i < latent`: the moments' gradient at latent element `i`'s mean (`dz`) and logvar
+/// (`dz·eps·½·exp(½·lv)` where the clamp passes it, else 0), in the moments' layout.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn posterior_sample_backward_kernel(
+    moments: &Tensor<f32>,
+    eps: &Tensor<f32>,
+    dz: &Tensor<f32>,
+    dmoments: &mut Tensor<f32>,
+    latent: u32,
+    lat_ch: u32,
+    lat_spatial: u32,
+    m_ch: u32,
+    m_sp: u32,
+    e_ch: u32,
+    e_sp: u32,
+    g_ch: u32,
+    g_sp: u32,
+) {
+    let i = ABSOLUTE_POS;
+    if i < latent as usize {
+        let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
+        let raw = moments[at_l];
+        let g = dz[latent_at(i, lat_ch, lat_spatial, g_ch, g_sp)];
+        let e = eps[latent_at(i, lat_ch, lat_spatial, e_ch, e_sp)];
+        dmoments[at_m] = g;
+        dmoments[at_l] = select(clamp_passes(raw), g * e * (clamp_logvar(raw) * 0.5f32).exp() * 0.5f32, 0.0f32);
+    }
+}
+
+/// The posterior sample (f32, `eps`' dims, in the moments' layout) of `moments` with the noise
+/// `eps`.
+pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> CubeTensor<R> {
+    let dims = eps.meta.shape().to_vec();
+    let l = latent(moments);
+    let (eps, e_ch, e_sp) = strided(eps);
+    let zl = l.half_layout();
+    let z = empty_in(&eps, dims, DType::F32, zl);
+    let client = eps.client.clone();
+    let (count, dim) = elem_cubes(&client, l.latent);
+    posterior_sample_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        l.moments.into_tensor_arg(),
+        eps.into_tensor_arg(),
+        z.clone().into_tensor_arg(),
+        l.latent as u32,
+        l.channels as u32,
+        l.spatial as u32,
+        l.layout.channel as u32,
+        l.layout.spatial as u32,
+        e_ch,
+        e_sp,
+        zl.channel as u32,
+        zl.spatial as u32,
+    );
+    z
+}
+
+/// [`sample`]'s backward for the sample's gradient `dz`: `dmoments` (f32, `moments`' dims, in
+/// their layout).
+pub fn sample_backward<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>, dz: CubeTensor<R>) -> CubeTensor<R> {
+    let mdims = moments.meta.shape().to_vec();
+    let l = latent(moments);
+    let (eps, e_ch, e_sp) = strided(eps);
+    let (dz, g_ch, g_sp) = strided(dz);
+    let d = empty_in(&eps, mdims, DType::F32, l.layout);
+    let client = eps.client.clone();
+    let (count, dim) = elem_cubes(&client, l.latent);
+    posterior_sample_backward_kernel::launch::<R>(
+        &client,
+        count,
+        dim,
+        l.moments.into_tensor_arg(),
+        eps.into_tensor_arg(),
+        dz.into_tensor_arg(),
+        d.clone().into_tensor_arg(),
+        l.latent as u32,
+        l.channels as u32,
+        l.spatial as u32,
+        l.layout.channel as u32,
+        l.layout.spatial as u32,
+        e_ch,
+        e_sp,
+        g_ch,
+        g_sp,
+    );
+    d
 }

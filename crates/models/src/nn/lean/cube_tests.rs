@@ -20,7 +20,7 @@ use burn::prelude::*;
 use burn::tensor::activation::silu as burn_silu;
 
 use super::tests::{check, random, rel, vals};
-use super::{NormAct, Prim, burn_kernels, cube_kernels, p};
+use super::{NormAct, Prim, burn_kernels, cube_kernels, p, t};
 use crate::nn::{GroupNorm, LayerNorm};
 use crate::nn::norm::composed;
 
@@ -1529,12 +1529,25 @@ fn cat_heads_kernel_equals_burns_cat() {
     }
 }
 
+/// Moments `[n, 2·l, …]` whose logvars lie on both sides of the clamp (normal, mean −5 and
+/// standard deviation 30), two exactly at its bounds.
+fn moments_across_the_clamp(ldims: [usize; 5], seed: u64) -> Tensor<W, 5> {
+    let [n, l, d, h, w] = ldims;
+    let mean: Tensor<W, 5> = random(ldims, seed);
+    let mut lv = vals(random::<W, 5>(ldims, seed + 1).mul_scalar(30.0).sub_scalar(5.0));
+    (lv[0], lv[1]) = (super::LOGVAR_MIN, super::LOGVAR_MAX);
+    let lv = Tensor::<W, 5>::from_data(burn::tensor::TensorData::new(lv, [n, l, d, h, w]), &mean.device());
+    Tensor::cat(vec![mean, lv], 1)
+}
+
+
 /// The VAE loss's kernels (`nn::cube::voxel_loss`) against the composed statistics and backward
 /// (`burn_kernels`, what `VRAMLAB_COMPOSED_KERNELS=1` takes): with and without the channel
-/// weights, the false-positive and the mass terms; `mean` a slice of the moments (read through
-/// its batch stride, not copied); sizes ragged against the 256-unit cubes, and one with more
-/// voxels than a launch has units (each unit loops). Each statistic within 1e-5 of its own
-/// size, the gradients within 1e-5 relative.
+/// weights, the false-positive and the mass terms; the moments' logvars on both sides of the
+/// clamp, the moments once channels last and once a slice of a larger tensor (copied);
+/// sizes ragged against the 256-unit cubes, and one with more voxels than a launch has units
+/// (each unit loops). Each statistic within 1e-5 of its own size, the gradients within 1e-5
+/// relative.
 #[test]
 fn voxel_loss_kernels_match_the_composed_ops() {
     use super::VoxelLossArgs;
@@ -1543,10 +1556,13 @@ fn voxel_loss_kernels_match_the_composed_ops() {
         let seed = 900 + 10 * i as u64;
         let x: Tensor<W, 5> = random(dims, seed);
         let r: Tensor<W, 5> = random(dims, seed + 1);
-        let l = ldims[1];
-        let moments: Tensor<W, 5> = random([ldims[0], 2 * l, ldims[2], ldims[3], ldims[4]], seed + 2);
-        let mean = moments.clone().narrow(1, 0, l);
-        let logvar = moments.narrow(1, l, l).clamp(-30.0, 20.0);
+        let mut moments = moments_across_the_clamp(ldims, seed + 2);
+        if i == 0 {
+            moments = t(channels_last(p(moments)));
+        } else if i == 1 {
+            let wider = Tensor::cat(vec![moments.clone(), random(ldims, seed + 4)], 1);
+            moments = wider.narrow(1, 0, 2 * ldims[1]);
+        }
         let dloss: Tensor<W, 1> = random([1], seed + 3);
         let c = dims[1];
         let cw_values: Vec<f32> = (0..c).map(|k| 0.2 + 0.9 * k as f32).collect();
@@ -1555,27 +1571,65 @@ fn voxel_loss_kernels_match_the_composed_ops() {
             let args = VoxelLossArgs::new(8.0, 1.0, cw, fp, mass, 0.01);
             let cwt = cw.map(|w| p(Tensor::<W, 1>::from_data(burn::tensor::TensorData::new(w.to_vec(), [c]), &x.device())));
             let case = format!("{dims:?} weighted {weighted} fp {fp} mass {mass}");
-            let inputs = || (p(x.clone()), p(r.clone()), p(mean.clone()), p(logvar.clone()), cwt.clone());
+            let inputs = || (p(x.clone()), p(r.clone()), p(moments.clone()), cwt.clone());
             let spec = |t: &Tensor<W, 5>| (t.dims().to_vec(), t.dtype());
-            let (sx, sm) = (spec(&x), spec(&mean));
+            let (sx, sm) = (spec(&x), spec(&moments));
             let cw_spec = cw.map(|_| ([c], burn::tensor::DType::F32));
-            let kernels = crate::nn::cube::voxel_loss::handles((&sx.0, sx.1), (&sx.0, sx.1), (&sm.0, sm.1), (&sm.0, sm.1), cw_spec.as_ref().map(|(d, t)| (d.as_slice(), *t)));
+            let kernels = crate::nn::cube::voxel_loss::handles((&sx.0, sx.1), (&sx.0, sx.1), (&sm.0, sm.1), cw_spec.as_ref().map(|(d, t)| (d.as_slice(), *t)));
             assert!(kernels && !crate::nn::cube::composed(), "{case}: the kernels take it");
-            let (xa, ra, ma, la, wa) = inputs();
-            let s = cube_kernels::voxel_loss::<W>(xa, ra, ma, la, wa, &args);
-            let (xb, rb, mb, lb, wb) = inputs();
-            let s_ref = burn_kernels::voxel_loss::<W>(xb, rb, mb, lb, wb, &args);
+            let (xa, ra, ma, wa) = inputs();
+            let s = cube_kernels::voxel_loss::<W>(xa, ra, ma, wa, &args);
+            let (xb, rb, mb, wb) = inputs();
+            let s_ref = burn_kernels::voxel_loss::<W>(xb, rb, mb, wb, &args);
             let v = |t: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
             for (k, (a, b)) in v(s.clone()).into_iter().zip(v(s_ref.clone())).enumerate() {
                 assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-12), "{case}: statistic {k}: kernels {a} vs composed {b}");
             }
-            let (xa, ra, ma, la, wa) = inputs();
-            let d = cube_kernels::voxel_loss_backward::<W>(xa, ra, ma, la, wa, s, p(dloss.clone()), &args);
-            let (xb, rb, mb, lb, wb) = inputs();
-            let d_ref = burn_kernels::voxel_loss_backward::<W>(xb, rb, mb, lb, wb, s_ref, p(dloss.clone()), &args);
-            for (name, (a, b)) in ["drecon", "dmean", "dlogvar"].into_iter().zip(d.into_iter().zip(d_ref)) {
+            let (xa, ra, ma, wa) = inputs();
+            let d = cube_kernels::voxel_loss_backward::<W>(xa, ra, ma, wa, s, p(dloss.clone()), &args);
+            assert_eq!(is_channels_last(&d[1]), is_channels_last(&p(moments.clone())), "{case}: dmoments in the moments' layout");
+            let (xb, rb, mb, wb) = inputs();
+            let d_ref = burn_kernels::voxel_loss_backward::<W>(xb, rb, mb, wb, s_ref, p(dloss.clone()), &args);
+            for (name, (a, b)) in ["drecon", "dmoments"].into_iter().zip(d.into_iter().zip(d_ref)) {
                 close(&format!("{case}: {name}"), a, b, 1e-5);
             }
         }
+    }
+}
+
+/// The VAE's posterior sample kernels (`nn::cube::voxel_loss::sample`, `sample_backward`)
+/// against the composed ops (`burn_kernels`): the sample and the moments' gradient, logvars on
+/// both sides of the clamp; the moments once a slice of a larger tensor, and once channels last
+/// with `eps` (the sample and the moments' gradient then channels last too); sizes ragged
+/// against the launch's cubes. Within 1e-6 relative.
+#[test]
+fn posterior_sample_kernels_match_the_composed_ops() {
+    let cases: [[usize; 5]; 3] = [[2, 4, 2, 8, 8], [3, 3, 1, 2, 3], [1, 2, 5, 40, 30]];
+    for (i, ldims) in cases.into_iter().enumerate() {
+        let seed = 950 + 10 * i as u64;
+        let mut moments = moments_across_the_clamp(ldims, seed);
+        let mut eps: Tensor<W, 5> = random(ldims, seed + 2);
+        if i == 1 {
+            let wider = Tensor::cat(vec![random(ldims, seed + 4), moments.clone()], 1);
+            moments = wider.narrow(1, ldims[1], 2 * ldims[1]);
+        } else if i == 0 {
+            (moments, eps) = (t(channels_last(p(moments))), t(channels_last(p(eps))));
+        }
+        let dz: Tensor<W, 5> = random(ldims, seed + 3);
+        let case = format!("{ldims:?}");
+        let spec = |t: &Tensor<W, 5>| (t.dims().to_vec(), t.dtype());
+        let (sm, se) = (spec(&moments), spec(&eps));
+        assert!(crate::nn::cube::voxel_loss::sample_handles((&sm.0, sm.1), (&se.0, se.1)) && !crate::nn::cube::composed(), "{case}: the kernels take it");
+        let z = cube_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()));
+        let m_last = is_channels_last(&p(moments.clone()));
+        assert_eq!(is_channels_last(&z), m_last, "{case}: the sample in the moments' layout");
+        let z_ref = burn_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()));
+        close(&format!("{case}: z"), z, z_ref, 1e-6);
+        let d = cube_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()));
+        let d_ref = burn_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()));
+        assert_eq!(is_channels_last(&d), m_last, "{case}: the moments' gradient in their layout");
+        let lv_grads: Vec<f32> = vals(t::<W, 5>(d.clone()).narrow(1, ldims[1], ldims[1]));
+        assert!(lv_grads.iter().any(|v| *v == 0.0) && lv_grads.iter().any(|v| *v != 0.0), "{case}: the clamp masks some logvars' gradients, not all");
+        close(&format!("{case}: dmoments"), d, d_ref, 1e-6);
     }
 }

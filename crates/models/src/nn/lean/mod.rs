@@ -20,8 +20,9 @@
 //!   (unless `--matmul_autotune=true`);
 //! - [`conv`]: 1-D, 2-D and 3-D convolutions, weight gradient over bounded batch chunks and a
 //!   stride-1 input gradient as a forward convolution;
-//! - [`voxel_loss`](mod@voxel_loss): the 4D-Radar VAE's loss (reconstruction and KL terms)
-//!   as one node on CubeCL (flex composes it in the model).
+//! - [`voxel_loss`](mod@voxel_loss): the 4D-Radar VAE's posterior sample and its loss
+//!   (reconstruction and KL terms), each one node on CubeCL reading the encoder's moments (flex
+//!   composes them in the model).
 //!
 //! Here: the trait, its `Autodiff<B, C>` implementation (each node is built beside its
 //! backward, in those files), the primitive <-> tensor helpers, and the inner (non-autodiff)
@@ -54,7 +55,7 @@ pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
 pub(crate) use norm::{group_norm, group_norm_add_relu, group_norm_add_relu_fuses, layer_norm};
-pub use voxel_loss::{VoxelLossArgs, stat as voxel_loss_stat, voxel_loss};
+pub use voxel_loss::{LOGVAR_MAX, LOGVAR_MIN, VoxelLossArgs, posterior_sample, stat as voxel_loss_stat, voxel_loss};
 pub use pointwise::{bias_add, channel_affine, channel_affine_relu, film, frozen_scale_shift, mean_all, mish, relu, silu, softmax, upsample_linear};
 
 use conv::flipped_weight;
@@ -343,22 +344,30 @@ pub trait LeanBackend: Backend {
     /// instead of one autotuned reduction per axis and shape. On autodiff one node keeping only
     /// the shape (Burn's `mean_dim` nodes each sum the gradient again in their backward).
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self>;
-    /// Whether the 4D-Radar VAE's loss is [`voxel_loss()`]'s one node (CubeCL, unless the
-    /// composed ops are asked for) rather than the model's composed ops (flex, whose measured
-    /// peaks and estimate graph are theirs).
-    fn lean_voxel_loss_node() -> bool {
+    /// Whether the 4D-Radar VAE's posterior sample and loss are [`posterior_sample()`]'s and
+    /// [`voxel_loss()`]'s nodes, reading the encoder's moments (CubeCL, unless the composed ops
+    /// are asked for), rather than the model's composed ops (flex, whose measured peaks and
+    /// estimate graph are theirs).
+    fn lean_vae_nodes() -> bool {
         false
     }
     /// The VAE's loss of the reconstruction `recon` of `x` (`[n, c, d, h, w]` f32) and the
-    /// posterior `(mean, logvar)` (`[n, l, …]` f32), channel weights `cw` (`[c]` f32) if given:
-    /// `(loss [1], statistics [8])`, both f32 (`voxel_loss::stat`). On autodiff the loss is one
-    /// node (gradients for `recon`, `mean`, `logvar`; `x` takes none) and the statistics are
-    /// untracked.
-    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>);
+    /// posterior in `moments` (`[n, 2·l, …]` f32: the mean, then the logvar before its clamp),
+    /// channel weights `cw` (`[c]` f32) if given: `(loss [1], statistics [8])`, both f32
+    /// (`voxel_loss::stat`). On autodiff the loss is one node (gradients for `recon` and
+    /// `moments`; `x` takes none) and the statistics are untracked.
+    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>);
     /// [`LeanBackend::lean_voxel_loss`]'s backward for the loss gradient `dloss` (`[1]`):
-    /// `[drecon, dmean, dlogvar]`, f32 in their inputs' dims.
+    /// `[drecon, dmoments]`, f32 in their inputs' dims.
     #[allow(clippy::too_many_arguments)]
-    fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 3];
+    fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2];
+    /// The VAE's posterior sample `mean + exp(½·clamp(logvar))·eps` (`[n, l, …]` f32) of
+    /// `moments` (as in [`LeanBackend::lean_voxel_loss`]) and the noise `eps` (f32, the sample's
+    /// dims). On autodiff one node keeping `moments` and `eps` (`eps` takes no gradient).
+    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self>;
+    /// [`LeanBackend::lean_posterior_sample`]'s backward for the sample's gradient `dz`:
+    /// `dmoments` (f32, `moments`' dims; the clamp's mask applied).
+    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self>;
     /// Whether [`LeanBackend::lean_dropout`] runs on the device (CubeCL: one kernel, the masks
     /// neither uploaded nor kept); otherwise [`crate::nn::dropout::DropoutCtx::apply`] draws the
     /// masks on the host and keeps a bool mask.
@@ -608,12 +617,17 @@ mod burn_kernels {
         }
         B::float_reshape(g, Shape::from(vec![c]))
     }
-    pub fn voxel_loss<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
-        voxel_loss::stats_composed::<B>(x, recon, mean, logvar, cw, args)
+    pub fn voxel_loss<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
+        voxel_loss::stats_composed::<B>(x, recon, moments, cw, args)
     }
-    #[allow(clippy::too_many_arguments)]
-    pub fn voxel_loss_backward<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 3] {
-        voxel_loss::backward_composed::<B>(x, recon, mean, logvar, cw, stats, dloss, args)
+    pub fn voxel_loss_backward<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 2] {
+        voxel_loss::backward_composed::<B>(x, recon, moments, cw, stats, dloss, args)
+    }
+    pub fn posterior_sample<B: Backend>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
+        voxel_loss::sample_composed::<B>(moments, eps)
+    }
+    pub fn posterior_sample_backward<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
+        voxel_loss::sample_backward_composed::<B>(moments, eps, dz)
     }
     /// `mean_dim` from the last axis to the first, then `[1]`.
     pub fn mean_all<B: Backend>(x: Prim<B>) -> Prim<B> {
@@ -737,47 +751,67 @@ mod cube_kernels {
     pub fn film_node() -> bool {
         !cube::composed()
     }
-    /// The VAE's loss as one node unless the composed ops are asked for.
-    pub fn voxel_loss_node() -> bool {
+    /// The VAE's posterior sample and loss as nodes unless the composed ops are asked for.
+    pub fn vae_nodes() -> bool {
         !cube::composed()
     }
-    /// Whether [`cube::voxel_loss`]'s kernels take these operands.
-    fn voxel_loss_handles<B: CubeLaunch>(x: &Prim<B>, recon: &Prim<B>, mean: &Prim<B>, logvar: &Prim<B>, cw: Option<&Prim<B>>) -> bool {
-        let dims: Vec<Vec<usize>> = [x, recon, mean, logvar].iter().map(|t| dims_of::<B>(t)).collect();
+    /// Whether [`cube::voxel_loss`]'s loss kernels take these operands.
+    fn voxel_loss_handles<B: CubeLaunch>(x: &Prim<B>, recon: &Prim<B>, moments: &Prim<B>, cw: Option<&Prim<B>>) -> bool {
+        let dims: Vec<Vec<usize>> = [x, recon, moments].iter().map(|t| dims_of::<B>(t)).collect();
         let cw_dims = cw.map(|w| (dims_of::<B>(w), w.dtype()));
-        cube::voxel_loss::handles((&dims[0], x.dtype()), (&dims[1], recon.dtype()), (&dims[2], mean.dtype()), (&dims[3], logvar.dtype()), cw_dims.as_ref().map(|(d, t)| (d.as_slice(), *t)))
+        cube::voxel_loss::handles((&dims[0], x.dtype()), (&dims[1], recon.dtype()), (&dims[2], moments.dtype()), cw_dims.as_ref().map(|(d, t)| (d.as_slice(), *t)))
     }
     /// The VAE loss's statistics in two launches ([`cube::voxel_loss::stats`]).
-    pub fn voxel_loss<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
-        if !voxel_loss_handles::<B>(&x, &recon, &mean, &logvar, cw.as_ref()) {
-            return burn_kernels::voxel_loss::<B>(x, recon, mean, logvar, cw, args);
+    pub fn voxel_loss<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
+        if !voxel_loss_handles::<B>(&x, &recon, &moments, cw.as_ref()) {
+            return burn_kernels::voxel_loss::<B>(x, recon, moments, cw, args);
         }
         let out = OutSpec::new(vec![voxel_loss_stat::LEN], DType::F32);
         let a = *args;
         match cw {
             Some(cw) => {
-                let [s] = B::cube_op("vramlab.voxel_loss_weighted", [x, recon, mean, logvar, cw], [out], move |[x, r, m, l, w]| [cube::voxel_loss::stats(x, r, m, l, Some(w), a)]);
+                let [s] = B::cube_op("vramlab.voxel_loss_weighted", [x, recon, moments, cw], [out], move |[x, r, m, w]| [cube::voxel_loss::stats(x, r, m, Some(w), a)]);
                 s
             }
             None => {
-                let [s] = B::cube_op("vramlab.voxel_loss", [x, recon, mean, logvar], [out], move |[x, r, m, l]| [cube::voxel_loss::stats(x, r, m, l, None, a)]);
+                let [s] = B::cube_op("vramlab.voxel_loss", [x, recon, moments], [out], move |[x, r, m]| [cube::voxel_loss::stats(x, r, m, None, a)]);
                 s
             }
         }
     }
     /// Its backward in one launch ([`cube::voxel_loss::backward`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn voxel_loss_backward<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 3] {
-        if !voxel_loss_handles::<B>(&x, &recon, &mean, &logvar, cw.as_ref()) {
-            return burn_kernels::voxel_loss_backward::<B>(x, recon, mean, logvar, cw, stats, dloss, args);
+    pub fn voxel_loss_backward<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 2] {
+        if !voxel_loss_handles::<B>(&x, &recon, &moments, cw.as_ref()) {
+            return burn_kernels::voxel_loss_backward::<B>(x, recon, moments, cw, stats, dloss, args);
         }
-        let (rdims, ldims) = (dims_of::<B>(&recon), dims_of::<B>(&mean));
-        let outs = [OutSpec::new(rdims, DType::F32), OutSpec::new(ldims.clone(), DType::F32), OutSpec::new(ldims, DType::F32)];
+        let outs = [OutSpec::new(dims_of::<B>(&recon), DType::F32), OutSpec::new(dims_of::<B>(&moments), DType::F32)];
         let a = *args;
         match cw {
-            Some(cw) => B::cube_op("vramlab.voxel_loss_weighted_backward", [x, recon, mean, logvar, cw, stats, dloss], outs, move |[x, r, m, l, w, s, g]| cube::voxel_loss::backward(x, r, m, l, Some(w), s, g, a)),
-            None => B::cube_op("vramlab.voxel_loss_backward", [x, recon, mean, logvar, stats, dloss], outs, move |[x, r, m, l, s, g]| cube::voxel_loss::backward(x, r, m, l, None, s, g, a)),
+            Some(cw) => B::cube_op("vramlab.voxel_loss_weighted_backward", [x, recon, moments, cw, stats, dloss], outs, move |[x, r, m, w, s, g]| cube::voxel_loss::backward(x, r, m, Some(w), s, g, a)),
+            None => B::cube_op("vramlab.voxel_loss_backward", [x, recon, moments, stats, dloss], outs, move |[x, r, m, s, g]| cube::voxel_loss::backward(x, r, m, None, s, g, a)),
         }
+    }
+    /// Whether [`cube::voxel_loss`]'s sample kernels take these operands.
+    fn sample_handles<B: CubeLaunch>(moments: &Prim<B>, eps: &Prim<B>) -> bool {
+        cube::voxel_loss::sample_handles((&dims_of::<B>(moments), moments.dtype()), (&dims_of::<B>(eps), eps.dtype()))
+    }
+    /// The VAE's posterior sample in one launch ([`cube::voxel_loss::sample`]).
+    pub fn posterior_sample<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
+        if !sample_handles::<B>(&moments, &eps) {
+            return burn_kernels::posterior_sample::<B>(moments, eps);
+        }
+        let out = OutSpec::new(dims_of::<B>(&eps), DType::F32);
+        let [z] = B::cube_op("vramlab.posterior_sample", [moments, eps], [out], |[m, e]| [cube::voxel_loss::sample(m, e)]);
+        z
+    }
+    /// Its backward in one launch ([`cube::voxel_loss::sample_backward`]).
+    pub fn posterior_sample_backward<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
+        if !sample_handles::<B>(&moments, &eps) || dims_of::<B>(&dz) != dims_of::<B>(&eps) || dz.dtype() != DType::F32 {
+            return burn_kernels::posterior_sample_backward::<B>(moments, eps, dz);
+        }
+        let out = OutSpec::new(dims_of::<B>(&moments), DType::F32);
+        let [d] = B::cube_op("vramlab.posterior_sample_backward", [moments, eps, dz], [out], |[m, e, g]| [cube::voxel_loss::sample_backward(m, e, g)]);
+        d
     }
     /// Mish and ReLU join GroupNorm's kernels unless the composed ops are asked for (see
     /// [`LeanBackend::lean_group_norm_fuses`]).
@@ -1333,7 +1367,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, voxel_loss, voxel_loss_backward, weight_bias_backward_3d};
+    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, posterior_sample, posterior_sample_backward, voxel_loss, voxel_loss_backward, weight_bias_backward_3d};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1365,8 +1399,8 @@ mod flex_kernels {
     pub fn film_node() -> bool {
         false
     }
-    /// flex keeps the VAE loss's composed ops (see [`LeanBackend::lean_voxel_loss_node`]).
-    pub fn voxel_loss_node() -> bool {
+    /// flex keeps the VAE posterior's and loss's composed ops (see [`LeanBackend::lean_vae_nodes`]).
+    pub fn vae_nodes() -> bool {
         false
     }
     /// flex keeps its two nodes for GroupNorm → Mish / ReLU (see
@@ -1547,15 +1581,21 @@ macro_rules! inner_lean_backend {
             fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
                 $kernels::mean_all::<Self>(x)
             }
-            fn lean_voxel_loss_node() -> bool {
-                $kernels::voxel_loss_node()
+            fn lean_vae_nodes() -> bool {
+                $kernels::vae_nodes()
             }
-            fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
-                let stats = $kernels::voxel_loss::<Self>(x, recon, mean, logvar, cw, args);
+            fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
+                let stats = $kernels::voxel_loss::<Self>(x, recon, moments, cw, args);
                 (voxel_loss::loss_of::<Self>(stats.clone()), stats)
             }
-            fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 3] {
-                $kernels::voxel_loss_backward::<Self>(x, recon, mean, logvar, cw, stats, dloss, args)
+            fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2] {
+                $kernels::voxel_loss_backward::<Self>(x, recon, moments, cw, stats, dloss, args)
+            }
+            fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self> {
+                $kernels::posterior_sample::<Self>(moments, eps)
+            }
+            fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self> {
+                $kernels::posterior_sample_backward::<Self>(moments, eps, dz)
             }
             fn lean_dropout_on_device() -> bool {
                 $kernels::dropout_on_device()
@@ -1898,15 +1938,22 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
         pointwise::mean_all_node::<B, C>(x)
     }
-    fn lean_voxel_loss_node() -> bool {
-        B::lean_voxel_loss_node()
+    fn lean_vae_nodes() -> bool {
+        B::lean_vae_nodes()
     }
-    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
-        voxel_loss::voxel_loss_node::<B, C>(x, recon, mean, logvar, cw, args)
+    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
+        voxel_loss::voxel_loss_node::<B, C>(x, recon, moments, cw, args)
     }
-    fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, mean: Prim<Self>, logvar: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 3] {
+    fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2] {
         let inner = |t: Prim<Self>| t.primitive;
-        B::lean_voxel_loss_backward(inner(x), inner(recon), inner(mean), inner(logvar), cw.map(inner), inner(stats), inner(dloss), args).map(<Self as AutodiffBackend>::from_inner)
+        B::lean_voxel_loss_backward(inner(x), inner(recon), inner(moments), cw.map(inner), inner(stats), inner(dloss), args).map(<Self as AutodiffBackend>::from_inner)
+    }
+    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self> {
+        voxel_loss::sample_node::<B, C>(moments, eps)
+    }
+    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self> {
+        let inner = |t: Prim<Self>| t.primitive;
+        <Self as AutodiffBackend>::from_inner(B::lean_posterior_sample_backward(inner(moments), inner(eps), inner(dz)))
     }
 
     fn lean_dropout_on_device() -> bool {

@@ -1,20 +1,30 @@
-//! The 4D-Radar VAE's training loss as one node: the reference's sparse-voxel reconstruction
-//! loss (`compute_loss(reduction="mean")`: the squared error weighted by occupancy and channel
-//! over the mean occupancy weight, a false-positive term and an occupancy-mass term, each where
-//! its weight is > 0) plus `kl_weight` times the posterior's KL term (`Vae3d::loss_terms`).
+//! The 4D-Radar VAE's posterior and training loss as nodes reading the encoder's moments
+//! (`[n, 2·latent, d', h', w']` f32: the mean, then the logvar before `VAE3D.encode`'s clamp to
+//! [`LOGVAR_MIN`]..=[`LOGVAR_MAX`]):
+//!
+//! - [`posterior_sample`]: `z = mean + exp(½·logvar)·eps`;
+//! - [`voxel_loss()`]: the reference's sparse-voxel reconstruction loss
+//!   (`compute_loss(reduction="mean")`: the squared error weighted by occupancy and channel over
+//!   the mean occupancy weight, a false-positive term and an occupancy-mass term, each where its
+//!   weight is > 0) plus `kl_weight` times the posterior's KL term (`Vae3d::loss_terms`).
 //!
 //! Composed of Burn ops the loss, the KL term and their backwards are about a hundred small
-//! launches a step (VAE ultra b2 on lavapipe: 89 for the loss, 14 for the KL's backward;
-//! `benches/results/kernels/wgpu/launch_trims.md`). On CubeCL the node runs
+//! launches a step, and the moments' split, clamp and sampling with their backwards 35 more (VAE
+//! ultra b2 on lavapipe: 89 for the loss, 14 for the KL's backward;
+//! `benches/results/kernels/wgpu/launch_trims.md`). On CubeCL the loss runs
 //! `nn::cube::voxel_loss`: two launches forward (per-cube partial sums, then one cube for the
-//! statistics) and one backward. It keeps `x`, `recon`, `mean`, `logvar` (what the composed ops
-//! keep, or less: they keep the differences and weights too) and its 8 f32 statistics
-//! ([`stat`]), whose coefficients make the backward one pass. `x` (the data) takes no gradient.
+//! statistics) and one backward; the sample one launch each way. Each backward writes the whole
+//! gradient of the moments (the clamp's mask applied), so the split is neither run nor undone.
+//! The loss keeps `x`, `recon`, the moments (what the composed ops keep, or less: they keep the
+//! differences and weights too) and its 8 f32 statistics ([`stat`]), whose coefficients make the
+//! backward one pass; the sample keeps the moments and `eps`. `x` and `eps` (data) take no
+//! gradient.
 //!
-//! flex keeps the model's composed ops ([`LeanBackend::lean_voxel_loss_node`]): its measured
-//! peaks and estimate graph are theirs. The inner backends' composed statistics and backward
-//! here ([`stats_composed`], [`backward_composed`]) are what the kernels are tested against;
-//! with them, the node on flex is tested against autodiff of the model's composed loss.
+//! flex keeps the model's composed ops ([`LeanBackend::lean_vae_nodes`]): its measured peaks and
+//! estimate graph are theirs. The inner backends' composed forms here ([`stats_composed`],
+//! [`backward_composed`], [`sample_composed`], [`sample_backward_composed`]) are what the kernels
+//! are tested against; with them, the nodes on flex are tested against autodiff of the model's
+//! composed ops.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -81,20 +91,43 @@ impl VoxelLossArgs {
     }
 }
 
+/// The clamp `VAE3D.encode` puts on the posterior's logvar.
+pub const LOGVAR_MIN: f32 = -30.0;
+pub const LOGVAR_MAX: f32 = 20.0;
+
 /// The loss `[1]` of the statistics (a slice of them).
 pub(super) fn loss_of<B: Backend>(stats: Prim<B>) -> Prim<B> {
     p(t::<B, 1>(stats).narrow(0, stat::LOSS, 1))
 }
 
 /// `(loss, recon_loss, kl_loss)`, each `[1]` f32, of the reconstruction `recon` of `x`
-/// (`[n, c, d, h, w]` f32) and the posterior `(mean, logvar)` (`[n, l, d', h', w']` f32), with
-/// the channel weights `cw` (`[c]`) if given: [`LeanBackend::lean_voxel_loss`]. Only `loss` takes
-/// a gradient; `x` must not need one.
-pub fn voxel_loss<B: LeanBackend>(x: Tensor<B, 5>, recon: Tensor<B, 5>, mean: Tensor<B, 5>, logvar: Tensor<B, 5>, cw: Option<Tensor<B, 1>>, args: &VoxelLossArgs) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
+/// (`[n, c, d, h, w]` f32) and the posterior in `moments` (`[n, 2·l, d', h', w']` f32, the
+/// logvar unclamped), with the channel weights `cw` (`[c]`) if given:
+/// [`LeanBackend::lean_voxel_loss`]. Only `loss` takes a gradient; `x` must not need one.
+pub fn voxel_loss<B: LeanBackend>(x: Tensor<B, 5>, recon: Tensor<B, 5>, moments: Tensor<B, 5>, cw: Option<Tensor<B, 1>>, args: &VoxelLossArgs) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
     debug_assert!(!x.is_require_grad(), "voxel_loss: x takes no gradient");
-    let (loss, stats) = B::lean_voxel_loss(p(x), p(recon), p(mean), p(logvar), cw.map(p), args);
+    let (loss, stats) = B::lean_voxel_loss(p(x), p(recon), p(moments), cw.map(p), args);
     let stats: Tensor<B, 1> = t(stats);
     (t(loss), stats.clone().narrow(0, stat::RECON, 1), stats.narrow(0, stat::KL, 1))
+}
+
+/// The posterior sample `mean + exp(½·logvar)·eps` (`[n, l, d', h', w']` f32) of `moments`
+/// (`[n, 2·l, d', h', w']` f32, the logvar unclamped): [`LeanBackend::lean_posterior_sample`].
+/// `eps` (f32, the sample's dims) must not need a gradient.
+pub fn posterior_sample<B: LeanBackend>(moments: Tensor<B, 5>, eps: Tensor<B, 5>) -> Tensor<B, 5> {
+    debug_assert!(!eps.is_require_grad(), "posterior_sample: eps takes no gradient");
+    t(B::lean_posterior_sample(p(moments), p(eps)))
+}
+
+/// `(mean, clamped logvar, [logvar within the clamp] as 0/1)` of `moments`, each
+/// `[n, l, d', h', w']`.
+fn split<B: Backend>(moments: Prim<B>) -> (Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>) {
+    let m: Tensor<B, 5> = t(moments);
+    let l = m.dims()[1] / 2;
+    let raw = m.clone().narrow(1, l, l);
+    let lv = raw.clone().clamp(LOGVAR_MIN, LOGVAR_MAX);
+    let kept = lv.clone().equal(raw).float();
+    (m.narrow(1, 0, l), lv, kept)
 }
 
 /// The spatial weight `[n, 1, …]` of `x`'s voxels: `w_occupied` where `x[:, 0] > 0`, else
@@ -105,8 +138,9 @@ fn spatial_weight<B: Backend>(x: &Tensor<B, 5>, a: &VoxelLossArgs) -> Tensor<B, 
 }
 
 /// [`LeanBackend::lean_voxel_loss`]'s statistics composed of Burn ops (see [`stat`]).
-pub(super) fn stats_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, a: &VoxelLossArgs) -> Prim<B> {
-    let (x, r, m, lv): (Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>) = (t(x), t(recon), t(mean), t(logvar));
+pub(super) fn stats_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, a: &VoxelLossArgs) -> Prim<B> {
+    let (x, r): (Tensor<B, 5>, Tensor<B, 5>) = (t(x), t(recon));
+    let (m, lv, _) = split(moments);
     let c = x.dims()[1];
     let n_all = x.shape().num_elements() as f32;
     let n_voxels = n_all / c as f32;
@@ -147,10 +181,11 @@ pub(super) fn stats_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Prim<
     ))
 }
 
-/// [`LeanBackend::lean_voxel_loss_backward`] composed of Burn ops: `(drecon, dmean, dlogvar)`.
+/// [`LeanBackend::lean_voxel_loss_backward`] composed of Burn ops: `[drecon, dmoments]`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn backward_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Prim<B>, logvar: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, a: &VoxelLossArgs) -> [Prim<B>; 3] {
-    let (x, r, m, lv): (Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>, Tensor<B, 5>) = (t(x), t(recon), t(mean), t(logvar));
+pub(super) fn backward_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, a: &VoxelLossArgs) -> [Prim<B>; 2] {
+    let (x, r): (Tensor<B, 5>, Tensor<B, 5>) = (t(x), t(recon));
+    let (m, lv, kept) = split(moments);
     let dims = r.dims();
     let c = dims[1];
     let s: Tensor<B, 1> = t(stats);
@@ -175,25 +210,39 @@ pub(super) fn backward_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, mean: Pr
     dr = dr.slice_assign([0..dims[0], 0..1, 0..dims[2], 0..dims[3], 0..dims[4]], first);
     let kc = at(stat::KL_COEF) * g.clone();
     let dm = m * -2.0 * kc.clone();
-    let dl = (lv.exp().neg() + 1.0) * kc;
-    [p(dr * g), p(dm), p(dl)]
+    let dl = (lv.exp().neg() + 1.0) * kc * kept;
+    [p(dr * g), p(Tensor::cat(vec![dm, dl], 1))]
 }
 
-/// The loss node: gradients for `recon`, `mean` and `logvar` from the kept inputs and statistics.
+/// [`LeanBackend::lean_posterior_sample`] composed of Burn ops.
+pub(super) fn sample_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
+    let (m, lv, _) = split(moments);
+    p(m + (lv * 0.5).exp() * t::<B, 5>(eps))
+}
+
+/// [`LeanBackend::lean_posterior_sample_backward`] composed of Burn ops: `dmoments`.
+pub(super) fn sample_backward_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
+    let (_, lv, kept) = split(moments);
+    let dz: Tensor<B, 5> = t(dz);
+    let dl = dz.clone() * t::<B, 5>(eps) * (lv * 0.5).exp() * 0.5 * kept;
+    p(Tensor::cat(vec![dz, dl], 1))
+}
+
+/// The loss node: gradients for `recon` and the moments from the kept inputs and statistics.
 #[derive(Debug)]
 struct VoxelLossBackward {
     args: VoxelLossArgs,
 }
 
-impl<B: LeanBackend> Backward<B, 3> for VoxelLossBackward {
-    /// `x`, `recon`, `mean`, `logvar`, the channel weights, the statistics.
-    type State = (Prim<B>, Prim<B>, Prim<B>, Prim<B>, Option<Prim<B>>, Prim<B>);
+impl<B: LeanBackend> Backward<B, 2> for VoxelLossBackward {
+    /// `x`, `recon`, the moments, the channel weights, the statistics.
+    type State = (Prim<B>, Prim<B>, Prim<B>, Option<Prim<B>>, Prim<B>);
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dloss = grads.consume::<B>(&ops.node);
-        let (x, recon, mean, logvar, cw, stats) = ops.state;
-        let d = B::lean_voxel_loss_backward(x, recon, mean, logvar, cw, stats, dloss, &self.args);
-        register_parents::<B, 3>(grads, ops.parents.map(|n| n.map(|n| n.id)), d);
+        let (x, recon, moments, cw, stats) = ops.state;
+        let d = B::lean_voxel_loss_backward(x, recon, moments, cw, stats, dloss, &self.args);
+        register_parents::<B, 2>(grads, ops.parents.map(|n| n.map(|n| n.id)), d);
     }
 }
 
@@ -202,18 +251,43 @@ impl<B: LeanBackend> Backward<B, 3> for VoxelLossBackward {
 pub(super) fn voxel_loss_node<B: LeanBackend, C: CheckpointStrategy>(
     x: Prim<Autodiff<B, C>>,
     recon: Prim<Autodiff<B, C>>,
-    mean: Prim<Autodiff<B, C>>,
-    logvar: Prim<Autodiff<B, C>>,
+    moments: Prim<Autodiff<B, C>>,
     cw: Option<Prim<Autodiff<B, C>>>,
     args: &VoxelLossArgs,
 ) -> (Prim<Autodiff<B, C>>, Prim<Autodiff<B, C>>) {
-    let parents = [recon.node.clone(), mean.node.clone(), logvar.node.clone()];
-    let (x, recon, mean, logvar, cw) = (x.primitive, recon.primitive, mean.primitive, logvar.primitive, cw.map(|w| w.primitive));
-    let (loss, stats) = B::lean_voxel_loss(x.clone(), recon.clone(), mean.clone(), logvar.clone(), cw.clone(), args);
+    let parents = [recon.node.clone(), moments.node.clone()];
+    let (x, recon, moments, cw) = (x.primitive, recon.primitive, moments.primitive, cw.map(|w| w.primitive));
+    let (loss, stats) = B::lean_voxel_loss(x.clone(), recon.clone(), moments.clone(), cw.clone(), args);
     let stats_out = <Autodiff<B, C> as AutodiffBackend>::from_inner(stats.clone());
     let loss = match (VoxelLossBackward { args: *args }).prepare::<C>(parents).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((x, recon, mean, logvar, cw, stats), loss),
+        OpsKind::Tracked(prep) => prep.finish((x, recon, moments, cw, stats), loss),
         OpsKind::UnTracked(prep) => prep.finish(loss),
     };
     (loss, stats_out)
+}
+
+/// The sample's node: the moments' gradient from the kept moments and noise.
+#[derive(Debug)]
+struct SampleBackward;
+
+impl<B: LeanBackend> Backward<B, 1> for SampleBackward {
+    /// The moments, `eps`.
+    type State = (Prim<B>, Prim<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dz = grads.consume::<B>(&ops.node);
+        let (moments, eps) = ops.state;
+        register_parents::<B, 1>(grads, ops.parents.map(|n| n.map(|n| n.id)), [B::lean_posterior_sample_backward(moments, eps, dz)]);
+    }
+}
+
+/// [`LeanBackend::lean_posterior_sample`] on `Autodiff<B, C>`: one node ([`SampleBackward`]).
+pub(super) fn sample_node<B: LeanBackend, C: CheckpointStrategy>(moments: Prim<Autodiff<B, C>>, eps: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+    let parents = [moments.node.clone()];
+    let (moments, eps) = (moments.primitive, eps.primitive);
+    let z = B::lean_posterior_sample(moments.clone(), eps.clone());
+    match SampleBackward.prepare::<C>(parents).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((moments, eps), z),
+        OpsKind::UnTracked(prep) => prep.finish(z),
+    }
 }
