@@ -382,10 +382,10 @@ fn fused_forward(rows: usize, len: usize) -> bool {
 /// keep the third launch everywhere.
 fn finish_inline<R: CubeRuntime>(client: &ComputeClient<R>, cpg: usize) -> bool {
     #[cfg(test)]
-    if let Some(asked) = FINISH_INLINE_FOR_TESTS.get() {
-        return asked && cpg <= 4;
-    }
-    cpg <= 4 && !super::cpu_vulkan(&client.properties().features)
+    let asked = FINISH_INLINE_FOR_TESTS.get();
+    #[cfg(not(test))]
+    let asked: Option<bool> = None;
+    cpg <= 4 && asked.unwrap_or_else(|| !super::cpu_vulkan(&client.properties().features))
 }
 
 #[cfg(test)]

@@ -161,21 +161,22 @@ fn weight_grad_kernel<F: Float>(
         sync_cube();
         stride /= 2;
     }
-    if active && lu == 0 && bias_tile {
-        let v = shared[base];
-        #[unroll]
-        for j in 0..LANES {
-            db[co + j] = F::cast_from(v[j]);
-        }
-    }
-    if active && lu == 0 && !bias_tile {
-        let kv = k_d * k_h * k_w;
-        #[unroll]
-        for i in 0..LANES {
-            let v = shared[i * UNITS + base];
+    if active && lu == 0 {
+        if bias_tile {
+            let v = shared[base];
             #[unroll]
             for j in 0..LANES {
-                dw[((co + j) * kv + kk) * cin + ci + i] = F::cast_from(v[j]);
+                db[co + j] = F::cast_from(v[j]);
+            }
+        } else {
+            let kv = k_d * k_h * k_w;
+            #[unroll]
+            for i in 0..LANES {
+                let v = shared[i * UNITS + base];
+                #[unroll]
+                for j in 0..LANES {
+                    dw[((co + j) * kv + kk) * cin + ci + i] = F::cast_from(v[j]);
+                }
             }
         }
     }
