@@ -480,41 +480,18 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments:
     [dr, dmoments]
 }
 
-/// Unit `i < latent`: the sample `mean + exp(½·clamp(logvar))·eps` at latent element `i`
-/// (`moments`, `eps` and `z` dense, each with its channel and spatial strides).
+/// Unit `i < latent`, at latent element `i`: forward, the sample `mean +
+/// exp(½·clamp(logvar))·eps` into `out` (latent-shaped, strides `o_ch`, `o_sp`); `backward`,
+/// the moments' gradient into `out` (the moments' layout) from `dz` (strides `o_ch`, `o_sp`):
+/// `dz` at the mean, `dz·eps·½·exp(½·lv)` at the logvar where the clamp passes it, else 0.
+/// `moments` and `eps` dense, each with its channel and spatial strides.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn posterior_sample_kernel(
     moments: &Tensor<f32>,
     eps: &Tensor<f32>,
-    z: &mut Tensor<f32>,
-    latent: u32,
-    lat_ch: u32,
-    lat_spatial: u32,
-    m_ch: u32,
-    m_sp: u32,
-    e_ch: u32,
-    e_sp: u32,
-    z_ch: u32,
-    z_sp: u32,
-) {
-    let i = ABSOLUTE_POS;
-    if i < latent as usize {
-        let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
-        let e = eps[latent_at(i, lat_ch, lat_spatial, e_ch, e_sp)];
-        z[latent_at(i, lat_ch, lat_spatial, z_ch, z_sp)] = moments[at_m] + (clamp_logvar(moments[at_l]) * 0.5f32).exp() * e;
-    }
-}
-
-/// Unit `i < latent`: the moments' gradient at latent element `i`'s mean (`dz`) and logvar
-/// (`dz·eps·½·exp(½·lv)` where the clamp passes it, else 0), in the moments' layout.
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-fn posterior_sample_backward_kernel(
-    moments: &Tensor<f32>,
-    eps: &Tensor<f32>,
     dz: &Tensor<f32>,
-    dmoments: &mut Tensor<f32>,
+    out: &mut Tensor<f32>,
     latent: u32,
     lat_ch: u32,
     lat_spatial: u32,
@@ -522,28 +499,43 @@ fn posterior_sample_backward_kernel(
     m_sp: u32,
     e_ch: u32,
     e_sp: u32,
-    g_ch: u32,
-    g_sp: u32,
+    o_ch: u32,
+    o_sp: u32,
+    #[comptime] backward: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < latent as usize {
         let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
         let raw = moments[at_l];
-        let g = dz[latent_at(i, lat_ch, lat_spatial, g_ch, g_sp)];
         let e = eps[latent_at(i, lat_ch, lat_spatial, e_ch, e_sp)];
-        dmoments[at_m] = g;
-        dmoments[at_l] = select(clamp_passes(raw), g * e * (clamp_logvar(raw) * 0.5f32).exp() * 0.5f32, 0.0f32);
+        let std = (clamp_logvar(raw) * 0.5f32).exp();
+        let at_o = latent_at(i, lat_ch, lat_spatial, o_ch, o_sp);
+        if comptime![backward] {
+            let g = dz[at_o];
+            out[at_m] = g;
+            out[at_l] = select(clamp_passes(raw), g * e * std * 0.5f32, 0.0f32);
+        } else {
+            out[at_o] = moments[at_m] + std * e;
+        }
     }
 }
 
-/// The posterior sample (f32, `eps`' dims, in the moments' layout) of `moments` with the noise
-/// `eps`.
-pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> CubeTensor<R> {
-    let dims = eps.meta.shape().to_vec();
-    let l = latent(moments);
+/// [`posterior_sample_kernel`] over the moments `l`, forward (`dz` none: the sample, in the
+/// moments' layout) or backward (the moments' gradient, in their layout).
+fn launch_sample<R: CubeRuntime>(l: Latent<R>, eps: CubeTensor<R>, dz: Option<CubeTensor<R>>) -> CubeTensor<R> {
     let (eps, e_ch, e_sp) = strided(eps);
-    let zl = l.half_layout();
-    let z = empty_in(&eps, dims, DType::F32, zl);
+    let backward = dz.is_some();
+    let (out, dz, o_ch, o_sp) = match dz {
+        Some(dz) => {
+            let mdims = l.moments.meta.shape().to_vec();
+            let (dz, g_ch, g_sp) = strided(dz);
+            (empty_in(&eps, mdims, DType::F32, l.layout), dz, g_ch, g_sp)
+        }
+        None => {
+            let zl = l.half_layout();
+            (empty_in(&eps, eps.meta.shape().to_vec(), DType::F32, zl), eps.clone(), zl.channel as u32, zl.spatial as u32)
+        }
+    };
     let client = eps.client.clone();
     let (count, dim) = elem_cubes(&client, l.latent);
     posterior_sample_kernel::launch::<R>(
@@ -552,7 +544,8 @@ pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> Cub
         dim,
         l.moments.into_tensor_arg(),
         eps.into_tensor_arg(),
-        z.clone().into_tensor_arg(),
+        dz.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
         l.latent as u32,
         l.channels as u32,
         l.spatial as u32,
@@ -560,39 +553,21 @@ pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> Cub
         l.layout.spatial as u32,
         e_ch,
         e_sp,
-        zl.channel as u32,
-        zl.spatial as u32,
+        o_ch,
+        o_sp,
+        backward,
     );
-    z
+    out
+}
+
+/// The posterior sample (f32, `eps`' dims, in the moments' layout) of `moments` with the noise
+/// `eps`.
+pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> CubeTensor<R> {
+    launch_sample(latent(moments), eps, None)
 }
 
 /// [`sample`]'s backward for the sample's gradient `dz`: `dmoments` (f32, `moments`' dims, in
 /// their layout).
 pub fn sample_backward<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>, dz: CubeTensor<R>) -> CubeTensor<R> {
-    let mdims = moments.meta.shape().to_vec();
-    let l = latent(moments);
-    let (eps, e_ch, e_sp) = strided(eps);
-    let (dz, g_ch, g_sp) = strided(dz);
-    let d = empty_in(&eps, mdims, DType::F32, l.layout);
-    let client = eps.client.clone();
-    let (count, dim) = elem_cubes(&client, l.latent);
-    posterior_sample_backward_kernel::launch::<R>(
-        &client,
-        count,
-        dim,
-        l.moments.into_tensor_arg(),
-        eps.into_tensor_arg(),
-        dz.into_tensor_arg(),
-        d.clone().into_tensor_arg(),
-        l.latent as u32,
-        l.channels as u32,
-        l.spatial as u32,
-        l.layout.channel as u32,
-        l.layout.spatial as u32,
-        e_ch,
-        e_sp,
-        g_ch,
-        g_sp,
-    );
-    d
+    launch_sample(latent(moments), eps, Some(dz))
 }
