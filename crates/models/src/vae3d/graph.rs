@@ -151,6 +151,8 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     bld.g.stage(stage, &[lat.buf]);
     stage += 1;
     bld.g.module("latent");
+    // flex's composed split, clamp and sample; on CubeCL one node keeping the moments and `eps`
+    // (`nn::lean::posterior_sample`), so the graph is high there by what these keep.
     let half = (batch * cfg.latent_dim * lat.n() * 4) as u64;
     let mean = bld.g.elementwise(&[lat.buf], half);
     let logvar = bld.g.elementwise(&[lat.buf], half);
@@ -199,10 +201,10 @@ pub fn training_graph(cfg: &Vae3dConfig, batch: usize, grid: [usize; 3], p: Prec
     bld.g
 }
 
-/// The reconstruction and KL terms in f32 (`Vae3d::loss_terms`), as flex runs them: composed
+/// The reconstruction and KL terms in f32 (`Vae3d::compute_loss`), as flex runs them: composed
 /// tensor ops. On CubeCL the reference loss is one node (`nn::lean::voxel_loss`) keeping only
-/// `x`, `recon`, `mean` and `logvar` (which the graph holds anyway) and 32 bytes of statistics:
-/// the graph is high there by the differences, squares and weights it keeps below.
+/// `x`, `recon`, the moments (which the graph holds anyway) and 32 bytes of statistics: the
+/// graph is high there by the differences, squares and weights it keeps below.
 #[allow(clippy::too_many_arguments)]
 fn loss(g: &mut Graph, cfg: &Vae3dConfig, x: Buf, recon: Buf, mean: Buf, logvar: Buf, voxels: usize, half: u64) {
     let full = g.bytes(recon);

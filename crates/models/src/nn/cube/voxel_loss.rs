@@ -42,8 +42,8 @@ const PARTIAL_CUBES: usize = 256;
 
 /// Unit `u` of `cubes · BLOCK`: the six sums over voxels `u, u + stride, …` (each voxel's
 /// `channels` elements; `x` and `r` contiguous `[n, channels, spatial]`) and latent elements `u,
-/// u + stride, …` (read from `moments`' rows, see [`latent_at`]); each cube's totals into
-/// `partial[cube · SUMS + k]`.
+/// u + stride, …` (read from `moments` in its layout, see [`moments_at`]); each cube's totals
+/// into `partial[cube · SUMS + k]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn voxel_loss_partials_kernel(
@@ -239,8 +239,9 @@ fn total_of(partial: &Tensor<f32>, #[comptime] k: usize, cubes: u32, shared: &mu
 }
 
 /// Unit `i`: `drecon[i]` (for `i < elems`, `[n, channels, spatial]` contiguous) and the
-/// moments' gradient at latent element `i`'s mean and logvar (for `i < latent`; written
-/// contiguous, read as in [`voxel_loss_partials_kernel`]), each times the loss's gradient `g[0]`.
+/// moments' gradient at latent element `i`'s mean and logvar (for `i < latent`; read and
+/// written in the moments' layout, as in [`voxel_loss_partials_kernel`]), each times the loss's
+/// gradient `g[0]`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn voxel_loss_backward_kernel(
@@ -438,8 +439,9 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: Cu
     stats
 }
 
-/// The loss's gradients `[drecon, dmoments]` (f32, contiguous, in `recon`'s and `moments`' dims)
-/// for the loss gradient `dloss` (`[1]`) from [`stats`]' statistics.
+/// The loss's gradients `[drecon, dmoments]` (f32, in `recon`'s and `moments`' dims; `drecon`
+/// contiguous, `dmoments` in the moments' layout) for the loss gradient `dloss` (`[1]`) from
+/// [`stats`]' statistics.
 pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>, cw: Option<CubeTensor<R>>, stats: CubeTensor<R>, dloss: CubeTensor<R>, s: VoxelLossArgs) -> [CubeTensor<R>; 2] {
     let (rdims, mdims) = (recon.meta.shape().to_vec(), moments.meta.shape().to_vec());
     let o = operands(x, recon, moments);

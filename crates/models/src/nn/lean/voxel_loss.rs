@@ -6,7 +6,7 @@
 //! - [`voxel_loss()`]: the reference's sparse-voxel reconstruction loss
 //!   (`compute_loss(reduction="mean")`: the squared error weighted by occupancy and channel over
 //!   the mean occupancy weight, a false-positive term and an occupancy-mass term, each where its
-//!   weight is > 0) plus `kl_weight` times the posterior's KL term (`Vae3d::loss_terms`).
+//!   weight is > 0) plus `kl_weight` times the posterior's KL term (`Vae3d::compute_loss`).
 //!
 //! Composed of Burn ops the loss, the KL term and their backwards are about a hundred small
 //! launches a step, and the moments' split, clamp and sampling with their backwards 35 more (VAE
