@@ -52,7 +52,7 @@ fn parity_with_lerobot_act_small() {
 
     let t0 = Instant::now();
     let eval = model.forward(&batch, &ActCtx::eval(Precision::F32));
-    assert!(eval.mu.is_none() && eval.log_sigma_x2.is_none(), "eval: no VAE");
+    assert!(eval.posterior.is_none(), "eval: no VAE");
     // Train mode with eps = 0: z = mu.
     let train = model.forward(&batch, &ActCtx::train(Precision::F32));
     let loss = model.loss(&train, batch.action.clone().unwrap(), batch.action_is_pad.clone());
@@ -60,9 +60,9 @@ fn parity_with_lerobot_act_small() {
 
     let got = [
         ("eval_actions", eval.actions.into_data()),
-        ("train_actions_z_mu", train.actions.into_data()),
-        ("vae_mu", train.mu.unwrap().into_data()),
-        ("vae_log_sigma_x2", train.log_sigma_x2.unwrap().into_data()),
+        ("train_actions_z_mu", train.actions.clone().into_data()),
+        ("vae_mu", train.mu().unwrap().into_data()),
+        ("vae_log_sigma_x2", train.log_sigma_x2().unwrap().into_data()),
         ("loss", loss.loss.into_data()),
         ("l1_loss", loss.l1_loss.into_data()),
         ("kld_loss", loss.kld_loss.expect("VAE pass has a KL term").into_data()),
@@ -237,14 +237,13 @@ fn stage_plan_runs_like_forward_and_pre_norm_runs() {
         }
         let staged = model.exit(state, &input);
         assert_eq!(staged.actions.into_data(), out.actions.clone().into_data(), "pre_norm {pre_norm}");
-        assert_eq!(staged.mu.unwrap().into_data(), out.mu.clone().unwrap().into_data());
-        assert_eq!(staged.log_sigma_x2.unwrap().into_data(), out.log_sigma_x2.clone().unwrap().into_data());
+        assert_eq!(staged.posterior.unwrap().into_data(), out.posterior.clone().unwrap().into_data());
         let loss = model.loss(&out, batch.action.clone().unwrap(), batch.action_is_pad.clone()).loss.into_scalar();
         assert!(loss.is_finite());
         // Eval: no VAE stages, z = 0.
         let eval = ActInput { batch: batch.clone(), ctx: ActCtx::eval(Precision::F32) };
         assert_eq!(model.plan(&eval)[0], ActStage::Backbone(bb[0]));
-        assert!(model.run(&eval).mu.is_none());
+        assert!(model.run(&eval).posterior.is_none());
     }
 }
 
@@ -294,8 +293,8 @@ fn bf16_close(model: Act<B>, batch: ActBatch<B>) {
         println!("bf16 vs f32 actions (training {training}): max abs err {err:.3e} (scale {scale:.3e})");
         assert!(err <= 0.1 * scale + 1e-2, "bf16 max abs error {err} vs scale {scale}");
         if training {
-            let mu = f32_out.mu.clone().unwrap();
-            let e = (bf_out.mu.clone().unwrap() - mu.clone()).abs().max().into_scalar();
+            let mu = f32_out.mu().unwrap();
+            let e = (bf_out.mu().unwrap() - mu.clone()).abs().max().into_scalar();
             let s = mu.abs().max().into_scalar();
             println!("bf16 vs f32 mu: max abs err {e:.3e} (scale {s:.3e})");
             assert!(e <= 0.1 * s + 1e-2);

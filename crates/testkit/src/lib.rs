@@ -83,6 +83,18 @@ pub struct Diff {
     pub scale: f32,
 }
 
+/// `n` values uniform in `[lo, lo + span)` from a seeded generator (a 64-bit LCG, top 24 bits):
+/// test inputs made on the host, the same on every backend and run.
+pub fn uniform_values(n: usize, seed: u64, lo: f32, span: f32) -> Vec<f32> {
+    let mut state = seed ^ 0x2545_F491_4F6C_DD1D;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            lo + span * ((state >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
 /// [`Diff`] of `got` against `want`, element by element; panics, naming `name`, when their
 /// lengths differ.
 pub fn diff(name: &str, got: &[f32], want: &[f32]) -> Diff {

@@ -12,14 +12,18 @@
 //! # Layout and precision
 //! Tensors are batch-first (`[batch, seq, dim]`; lerobot is sequence-first, which changes no
 //! arithmetic). Matmuls and convolutions run in the forward's [`Precision`]; the residual
-//! stream of the transformers, LayerNorm, softmax, positions, the outputs (`actions`, `mu`,
-//! `log_sigma_x2`) and the loss are f32 (as torch autocast: LayerNorm outputs f32, so the
+//! stream of the transformers, LayerNorm, softmax, positions, the outputs (`actions`, the
+//! posterior `[mu | log_sigma_x2]`) and the loss are f32 (as torch autocast: LayerNorm outputs f32, so the
 //! post-norm residual stream is f32 there too).
 //!
 //! # Training vs eval ([`ActCtx`])
 //! As lerobot: the VAE encoder runs only when `use_vae`, training and actions are given; then
 //! `z = mu + exp(log_sigma_x2 / 2) · eps` with the caller's `eps` (`None` → `z = mu`, i.e.
-//! eps = 0). Otherwise `z = 0` and `mu` / `log_sigma_x2` are `None`. Dropout (rate
+//! eps = 0). Otherwise `z = 0` and the posterior is `None`. Where [`LeanBackend::lean_loss_nodes`]
+//! (CubeCL) the sample and the loss are nodes reading the posterior's `[b, 2·latent]`
+//! parameters whole ([`crate::nn::lean::posterior_sample`], [`crate::nn::lean::act_loss`]): two
+//! launches with its backward for the sample, three for the loss, where the composed ops are
+//! about forty; flex composes them here. Dropout (rate
 //! `config.dropout`) applies only in training and only with a [`DropoutCtx`] (deterministic
 //! masks); without one it is off.
 //!
@@ -31,7 +35,7 @@
 //! |---|---|---|
 //! | `VaeInput` (VAE pass only) | cls, robot-state and action projections; the key padding mask from `action_is_pad` | `Vae`: tokens `[b, 2+chunk, d]` f32, the mask (a [`Constant`]: built once, not differentiated) |
 //! | `VaeLayer(i)` | VAE encoder layer `i` | `Vae` |
-//! | `VaePosterior` | final norm (`pre_norm`), cls token, `vae_encoder_latent_output_proj` | `Backbone`: no maps yet, [`Posterior`] `mu`, `log_sigma_x2` `[b, latent]` |
+//! | `VaePosterior` | final norm (`pre_norm`), cls token, `vae_encoder_latent_output_proj` | `Backbone`: no maps yet, [`Posterior`] `[mu | log_sigma_x2]` `[b, 2·latent]` |
 //! | `Backbone(s)` (cameras only) | the [`ResNet`] stage `s` on every camera (the stem reads the batch's images) | `Backbone`: maps `[b, c, h, w]` |
 //! | `EncoderInput` | `z` (posterior sample, or 0), input projections, 1×1 image projection, positions | `Encoder`: tokens `[b, s, d]` f32, pos `[1, s, d]` f32 |
 //! | `EncoderLayer(i)` | encoder layer `i` | `Encoder` |
@@ -127,10 +131,20 @@ impl<B: LeanBackend> ActBatch<B> {
 pub struct ActOutput<B: Backend> {
     /// `[b, chunk, action_dim]`
     pub actions: Tensor<B, 3>,
-    /// `[b, latent]` (VAE training pass only)
-    pub mu: Option<Tensor<B, 2>>,
-    /// `2·log σ`, `[b, latent]` (VAE training pass only)
-    pub log_sigma_x2: Option<Tensor<B, 2>>,
+    /// The VAE posterior's parameters `[mu | log_sigma_x2]`, `[b, 2·latent]`
+    /// (`vae_encoder_latent_output_proj`'s output; VAE training pass only)
+    pub posterior: Option<Tensor<B, 2>>,
+}
+
+impl<B: Backend> ActOutput<B> {
+    /// `mu`, `[b, latent]` (VAE training pass only).
+    pub fn mu(&self) -> Option<Tensor<B, 2>> {
+        self.posterior.clone().map(|p| Posterior { params: p }.mu())
+    }
+    /// `log_sigma_x2` (`2·log σ`), `[b, latent]` (VAE training pass only).
+    pub fn log_sigma_x2(&self) -> Option<Tensor<B, 2>> {
+        self.posterior.clone().map(|p| Posterior { params: p }.log_sigma_x2())
+    }
 }
 
 /// lerobot's `ACTPolicy.forward` loss; each `[1]`, f32.
@@ -140,7 +154,7 @@ pub struct ActLoss<B: Backend> {
     pub loss: Tensor<B, 1>,
     /// `(|a − â| · ¬pad).mean()` over all elements (padded ones count in the denominator)
     pub l1_loss: Tensor<B, 1>,
-    /// `mean_b Σ_latent −½(1 + log σ² − μ² − σ²)`, when `mu` / `log_sigma_x2` are present
+    /// `mean_b Σ_latent −½(1 + log σ² − μ² − σ²)`, when the posterior is present
     pub kld_loss: Option<Tensor<B, 1>>,
 }
 
@@ -151,14 +165,27 @@ pub struct ActInput<B: Backend> {
     pub ctx: ActCtx<B>,
 }
 
-/// The VAE posterior, each `[b, latent]` f32.
+/// The VAE posterior: its parameters `[mu | log_sigma_x2]`, `[b, 2·latent]` f32.
 #[derive(Clone, Debug)]
 pub struct Posterior<B: Backend> {
-    pub mu: Tensor<B, 2>,
-    /// `2·log σ`
-    pub log_sigma_x2: Tensor<B, 2>,
+    pub params: Tensor<B, 2>,
 }
-vramlab_stages::tensor_bundle!(struct Posterior { mu, log_sigma_x2 });
+vramlab_stages::tensor_bundle!(struct Posterior { params });
+
+impl<B: Backend> Posterior<B> {
+    fn latent(&self) -> usize {
+        self.params.dims()[1] / 2
+    }
+    /// `[b, latent]`
+    pub fn mu(&self) -> Tensor<B, 2> {
+        self.params.clone().narrow(1, 0, self.latent())
+    }
+    /// `2·log σ`, `[b, latent]`
+    pub fn log_sigma_x2(&self) -> Tensor<B, 2> {
+        let l = self.latent();
+        self.params.clone().narrow(1, l, l)
+    }
+}
 
 /// What flows between [`Act`]'s stages (see the module docs for the plan). Every variant after
 /// the VAE carries the posterior (when the VAE encoder ran) to the output, for the KL term.
@@ -362,11 +389,9 @@ impl<B: LeanBackend> Act<B> {
     /// `vae_encoder_latent_output_proj` on the cls token.
     fn vae_posterior(&self, x: Tensor<B, 3>, p: Precision) -> Posterior<B> {
         let [b, _, d] = x.dims();
-        let l = self.config.latent_dim;
         let cls = x.narrow(1, 0, 1);
         let cls = self.vae_encoder.as_ref().expect("use_vae").final_norm(cls).reshape([b, d]);
-        let params = to_f32(self.vae_encoder_latent_output_proj.as_ref().expect("use_vae").forward(cls, p)); // [b, 2l]
-        Posterior { mu: params.clone().narrow(1, 0, l), log_sigma_x2: params.narrow(1, l, l) }
+        Posterior { params: to_f32(self.vae_encoder_latent_output_proj.as_ref().expect("use_vae").forward(cls, p)) } // [b, 2l]
     }
 
     /// Transformer encoder tokens `[latent, (state), (env state), camera pixels…]` and their
@@ -380,12 +405,12 @@ impl<B: LeanBackend> Act<B> {
         let (batch, p) = (&input.batch, input.ctx.precision);
         let (b, d, device) = (batch.batch_size(), self.config.dim_model, batch.device());
         let z = match posterior {
-            Some(Posterior { mu, log_sigma_x2 }) => match &input.ctx.eps {
+            Some(post) => match &input.ctx.eps {
                 Some(eps) => {
-                    assert_eq!(eps.dims(), mu.dims(), "ActCtx.eps must be [batch, latent_dim]");
-                    mu.clone() + (log_sigma_x2.clone() / 2.0).exp() * to_f32(eps.clone())
+                    assert_eq!(eps.dims(), [b, post.latent()], "ActCtx.eps must be [batch, latent_dim]");
+                    sample(post, to_f32(eps.clone()), B::lean_loss_nodes())
                 }
-                None => mu.clone(),
+                None => post.mu(),
             },
             None => Tensor::zeros([b, self.config.latent_dim], &device),
         };
@@ -422,26 +447,8 @@ impl<B: LeanBackend> Act<B> {
     /// # Shapes
     /// - action: `[b, chunk, action_dim]`; action_is_pad: `[b, chunk]`
     pub fn loss(&self, out: &ActOutput<B>, action: Tensor<B, 3>, action_is_pad: Option<Tensor<B, 2, Bool>>) -> ActLoss<B> {
-        let [b, c, _] = action.dims();
-        let err = (to_f32(action) - out.actions.clone()).abs(); // [b, chunk, a]
-        let err = match action_is_pad {
-            Some(pad) => err * pad.bool_not().float().reshape([b, c, 1]),
-            None => err,
-        };
-        // Every partial sum short (see vae3d::mean_all).
-        let l1_loss = crate::nn::lean::mean_all(err);
-        let kld_loss = match (&out.mu, &out.log_sigma_x2) {
-            (Some(mu), Some(ls)) if self.config.use_vae => {
-                let kld = (ls.clone().exp() + mu.clone().square() - ls.clone() - 1.0) * 0.5; // [b, latent]
-                Some(kld.sum_dim(1).mean_dim(0).reshape([1]))
-            }
-            _ => None,
-        };
-        let loss = match &kld_loss {
-            Some(k) => l1_loss.clone() + k.clone() * self.config.kl_weight,
-            None => l1_loss.clone(),
-        };
-        ActLoss { loss, l1_loss, kld_loss }
+        let kl_weight = self.config.use_vae.then_some(self.config.kl_weight);
+        loss_with(out, action, action_is_pad, kl_weight, B::lean_loss_nodes())
     }
 
     /// PyTorch's `sum(p.numel() for p in parameters())`: buffers excluded.
@@ -557,12 +564,56 @@ impl<B: LeanBackend> Staged<B> for Act<B> {
     fn exit(&self, state: ActState<B>, _input: &ActInput<B>) -> ActOutput<B> {
         match state {
             ActState::Actions { actions, posterior } => {
-                let (mu, log_sigma_x2) = posterior.map(|p| (p.mu, p.log_sigma_x2)).unzip();
-                ActOutput { actions, mu, log_sigma_x2 }
+                ActOutput { actions, posterior: posterior.map(|p| p.params) }
             }
             other => other.unexpected(ActStage::ActionHead),
         }
     }
+}
+
+/// The posterior sample `mu + exp(log_sigma_x2 / 2) · eps` (`[b, latent]` f32), as
+/// `ACT.forward` draws it: [`crate::nn::lean::posterior_sample`]'s node (unclamped) where
+/// `node` (on CubeCL two launches with its backward), else composed of tensor ops (flex; they
+/// agree within f32 rounding, `tests::the_sample_node_equals_the_composed_sample`).
+fn sample<B: LeanBackend>(post: &Posterior<B>, eps: Tensor<B, 2>, node: bool) -> Tensor<B, 2> {
+    if node {
+        let [b, l2] = post.params.dims();
+        let z = crate::nn::lean::posterior_sample(post.params.clone().reshape([b, l2, 1, 1, 1]), eps.reshape([b, l2 / 2, 1, 1, 1]), false);
+        return z.reshape([b, l2 / 2]);
+    }
+    post.mu() + (post.log_sigma_x2() / 2.0).exp() * eps
+}
+
+/// [`Act::loss`] with the KL term's weight where the config has the VAE (`kl_weight`). With the
+/// KL term and where `node`, the loss is one node ([`crate::nn::lean::act_loss`]: on CubeCL two
+/// launches forward and one backward), else composed of tensor ops (flex; they agree within f32
+/// rounding, `tests::the_loss_node_equals_the_composed_loss`).
+fn loss_with<B: LeanBackend>(out: &ActOutput<B>, action: Tensor<B, 3>, action_is_pad: Option<Tensor<B, 2, Bool>>, kl_weight: Option<f64>, node: bool) -> ActLoss<B> {
+    if let (Some(params), Some(w), true) = (&out.posterior, kl_weight, node) {
+        let pad = action_is_pad.map(|m| m.float());
+        let (loss, l1_loss, kld_loss) = crate::nn::lean::act_loss(to_f32(action), out.actions.clone(), pad, params.clone(), w as f32);
+        return ActLoss { loss, l1_loss, kld_loss: Some(kld_loss) };
+    }
+    let [b, c, _] = action.dims();
+    let err = (to_f32(action) - out.actions.clone()).abs(); // [b, chunk, a]
+    let err = match action_is_pad {
+        Some(pad) => err * pad.bool_not().float().reshape([b, c, 1]),
+        None => err,
+    };
+    // Every partial sum short (see vae3d::mean_all).
+    let l1_loss = crate::nn::lean::mean_all(err);
+    let kld_loss = match (out.mu(), out.log_sigma_x2(), kl_weight) {
+        (Some(mu), Some(ls), Some(_)) => {
+            let kld = (ls.clone().exp() + mu.clone().square() - ls.clone() - 1.0) * 0.5; // [b, latent]
+            Some(kld.sum_dim(1).mean_dim(0).reshape([1]))
+        }
+        _ => None,
+    };
+    let loss = match (&kld_loss, kl_weight) {
+        (Some(k), Some(w)) => l1_loss.clone() + k.clone() * w,
+        _ => l1_loss.clone(),
+    };
+    ActLoss { loss, l1_loss, kld_loss }
 }
 
 /// The backbone maps and posterior of a state before the encoder input (none yet at `Start`).
@@ -570,5 +621,85 @@ fn into_backbone<B: LeanBackend>(state: ActState<B>) -> (Vec<Tensor<B, 4>>, Opti
     match state {
         ActState::Backbone { features, posterior } => (features, posterior),
         _ => (Vec::new(), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    type Tb = Flex;
+    type A = burn::backend::Autodiff<Tb>;
+
+    fn values<const D: usize>(t: Tensor<Tb, D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().to_vec().unwrap()
+    }
+
+    /// Values uniform in `[shift − scale/2, shift + scale/2)`, seeded, made on the host.
+    fn host_random<const D: usize>(dims: [usize; D], seed: u64, shift: f32, scale: f32) -> Tensor<Tb, D> {
+        let values = vramlab_testkit::uniform_values(dims.iter().product(), seed, shift - scale / 2.0, scale);
+        Tensor::from_data(TensorData::new(values, dims), &Default::default())
+    }
+
+    /// The loss node ([`crate::nn::lean::act_loss`], here with its composed inner ops, as
+    /// `VRAMLAB_COMPOSED_KERNELS=1` or a backend without the kernels runs it) against the
+    /// model's composed loss on autodiff: the loss, its two terms, and the gradients of the
+    /// prediction and of the posterior's parameters (through the `mu` / `log_sigma_x2` slices),
+    /// with and without padding, some predictions equal to the action.
+    #[test]
+    fn the_loss_node_equals_the_composed_loss() {
+        let (b, c, a, l) = (3, 7, 5, 4);
+        let action: Tensor<Tb, 3> = host_random([b, c, a], 1, 0.0, 2.0);
+        let pred0 = host_random([b, c, a], 2, 0.1, 2.0).slice_assign([0..1, 0..2, 0..a], action.clone().narrow(0, 0, 1).narrow(1, 0, 2));
+        let params0: Tensor<Tb, 2> = host_random([b, 2 * l], 3, 0.0, 3.0);
+        let pad_rows: Vec<bool> = (0..b * c).map(|k| k % 4 == 1).collect();
+        let pad = Tensor::<A, 2, Bool>::from_data(TensorData::new(pad_rows, [b, c]), &Default::default());
+        for (name, pad) in [("padded", Some(pad)), ("unpadded", None)] {
+            let run = |node: bool| {
+                let pred = Tensor::<A, 3>::from_inner(pred0.clone()).require_grad();
+                let params = Tensor::<A, 2>::from_inner(params0.clone()).require_grad();
+                let out = ActOutput { actions: pred.clone(), posterior: Some(params.clone()) };
+                let l = loss_with(&out, Tensor::from_inner(action.clone()), pad.clone(), Some(10.0), node);
+                let parts = [l.loss.clone(), l.l1_loss, l.kld_loss.expect("the KL term")].map(|t| t.into_scalar());
+                let grads = l.loss.backward();
+                (parts, values(pred.grad(&grads).expect("takes a gradient")), values(params.grad(&grads).expect("takes a gradient")))
+            };
+            let (composed, node) = (run(false), run(true));
+            for (k, (x, y)) in node.0.iter().zip(composed.0).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * y.abs().max(1e-6), "{name}: part {k}: node {x} vs composed {y}");
+            }
+            for (what, x, y) in [("dpred", &node.1, &composed.1), ("dparams", &node.2, &composed.2)] {
+                let e = vramlab_testkit::diff(name, x, y).rel;
+                assert!(e <= 1e-6 && x.iter().any(|v| *v != 0.0), "{name}: {what}: relative error {e:e}");
+            }
+            assert!(node.1.iter().any(|v| *v == 0.0), "{name}: dpred 0 where the prediction is exact");
+        }
+    }
+
+    /// The sample node ([`crate::nn::lean::posterior_sample`] unclamped, its composed inner ops)
+    /// against the model's composed sample on autodiff: the sample and the parameters' gradient,
+    /// log-variances beyond the 4D-Radar VAE's clamp (which ACT does not have).
+    #[test]
+    fn the_sample_node_equals_the_composed_sample() {
+        let (b, l) = (3, 4);
+        let mut p = values(host_random([b, 2 * l], 4, 0.0, 3.0));
+        (p[l], p[l + 1]) = (-40.0, 25.0);
+        let params0 = Tensor::<Tb, 2>::from_data(TensorData::new(p, [b, 2 * l]), &Default::default());
+        let eps: Tensor<A, 2> = Tensor::from_inner(host_random([b, l], 5, 0.0, 3.0));
+        let w: Tensor<A, 2> = Tensor::from_inner(host_random([b, l], 6, 0.5, 2.0));
+        let run = |node: bool| {
+            let params = Tensor::<A, 2>::from_inner(params0.clone()).require_grad();
+            let z = sample(&Posterior { params: params.clone() }, eps.clone(), node);
+            let zv = values(z.clone().inner());
+            let grads = (z * w.clone()).sum().backward();
+            (zv, values(params.grad(&grads).expect("takes a gradient")))
+        };
+        let (composed, node) = (run(false), run(true));
+        for (what, x, y) in [("z", &node.0, &composed.0), ("dparams", &node.1, &composed.1)] {
+            let e = vramlab_testkit::diff(what, x, y).rel;
+            assert!(e <= 1e-6, "{what}: relative error {e:e}");
+        }
+        assert!(node.1[l] != 0.0 && node.1[l + 1] != 0.0, "no clamp: the gradient passes beyond the VAE's bounds");
     }
 }

@@ -459,7 +459,7 @@ pub fn split_moments<B: LeanBackend>(moments: Tensor<B, 5>) -> (Tensor<B, 5>, Te
 ///   `[batch, latent, d', h', w']`
 fn sample<B: LeanBackend>(moments: Tensor<B, 5>, eps: Tensor<B, 5>, node: bool) -> Tensor<B, 5> {
     if node {
-        return crate::nn::lean::posterior_sample(moments, eps);
+        return crate::nn::lean::posterior_sample(moments, eps, true);
     }
     let (mean, logvar) = split_moments(moments);
     mean + (logvar * 0.5).exp() * eps
@@ -502,7 +502,7 @@ impl<B: LeanBackend> Vae3d<B> {
                     Some(eps) => {
                         let [b, _, d, h, w] = moments.dims();
                         assert_eq!(eps.dims(), [b, latent, d, h, w], "Vae3d: eps must have the latent's shape");
-                        sample(moments.clone(), to_f32(eps.clone()), B::lean_vae_nodes())
+                        sample(moments.clone(), to_f32(eps.clone()), B::lean_loss_nodes())
                     }
                 };
                 // The reference applies quant_conv to z *after* sampling (VAE3D.encode).
@@ -572,7 +572,7 @@ impl<B: LeanBackend> Vae3d<B> {
     /// The loss of [`Vae3dConfig::loss`] (the reference's `compute_loss(reduction="mean")` by
     /// default), computed in f32.
     pub fn compute_loss(&self, x: Tensor<B, 5>, out: &Vae3dOutput<B>) -> Vae3dLoss<B> {
-        self.loss_terms_with(x, out.recon.clone(), out.moments.clone(), B::lean_vae_nodes())
+        self.loss_terms_with(x, out.recon.clone(), out.moments.clone(), B::lean_loss_nodes())
     }
 
     /// The loss as one node ([`crate::nn::lean::voxel_loss`]: on CubeCL two launches forward and
@@ -770,13 +770,7 @@ mod tests {
     /// Values drawn on the host from `seed` (an LCG, uniform in `[lo, lo + span)`): the same
     /// tensor whatever other tests do with the device's generator meanwhile.
     fn host_random<B: Backend, const D: usize>(dims: [usize; D], seed: u64, lo: f32, span: f32) -> Tensor<B, D> {
-        let mut state = seed ^ 0x2545_F491_4F6C_DD1D;
-        let values: Vec<f32> = (0..dims.iter().product::<usize>())
-            .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                lo + span * ((state >> 40) as f32 / (1u64 << 24) as f32)
-            })
-            .collect();
+        let values = vramlab_testkit::uniform_values(dims.iter().product(), seed, lo, span);
         Tensor::from_data(TensorData::new(values, dims), &Default::default())
     }
 

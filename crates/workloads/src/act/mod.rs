@@ -105,8 +105,8 @@ pub fn predict<B: LeanBackend>(dir: &Path, inputs: &mut Inputs, precision: Preci
         batch.action_is_pad = action_is_pad.clone();
         let o = model.forward(&batch, &ActCtx::train(precision));
         let loss = model.loss(&o, action, action_is_pad);
-        out.push(("train_actions_z_mu".into(), o.actions.into_data()));
-        if let (Some(mu), Some(ls)) = (o.mu, o.log_sigma_x2) {
+        out.push(("train_actions_z_mu".into(), o.actions.clone().into_data()));
+        if let (Some(mu), Some(ls)) = (o.mu(), o.log_sigma_x2()) {
             out.push(("vae_mu".into(), mu.into_data()));
             out.push(("vae_log_sigma_x2".into(), ls.into_data()));
         }

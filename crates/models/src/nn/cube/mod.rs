@@ -26,6 +26,8 @@
 //!   `[b, 2c]` embedding), one launch forward and two backward, in the input's dense layout;
 //! - [`upsample`]: linear upsampling along one axis (the VAE decoder's trilinear upsampling),
 //!   forward and backward one launch each, in the input's dense layout;
+//! - [`act_loss`]: ACT's loss (the L1 term plus the KL term), two launches forward and one
+//!   backward;
 //! - [`voxel_loss`]: the 4D-Radar VAE's loss (the reference's sparse-voxel reconstruction
 //!   loss plus the KL term), two launches forward and one backward;
 //! - [`weight`]: a convolution weight flipped for the input gradient, written channels last
@@ -54,6 +56,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use cubecl::prelude::*;
 
 pub mod act;
+pub mod act_loss;
 pub mod affine;
 pub mod attention;
 pub mod cat;
@@ -216,6 +219,19 @@ pub fn matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTen
 #[cube]
 pub(crate) fn cube_sum(v: f32, shared: &mut SharedMemory<f32>) -> f32 {
     cube_fold(v, shared, false)
+}
+
+/// Column `k` of the `cubes` rows of `sums` values a partial-sums kernel wrote (`partial[c ·
+/// sums + k]` for cube `c`), added, in every unit of the one cube that reads them.
+#[cube]
+pub(crate) fn partial_total(partial: &cubecl::prelude::Tensor<f32>, #[comptime] k: usize, #[comptime] sums: usize, cubes: u32, shared: &mut SharedMemory<f32>) -> f32 {
+    let mut s = 0.0f32;
+    let mut c = UNIT_POS_X as usize;
+    while c < cubes as usize {
+        s += partial[c * sums + k];
+        c += BLOCK;
+    }
+    cube_sum(s, shared)
 }
 
 /// The maximum of every unit's `v` over the cube, in every unit (as [`cube_sum`]).

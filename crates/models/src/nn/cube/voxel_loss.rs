@@ -15,7 +15,8 @@
 //!   `dmoments`' mean and logvar halves, from those coefficients and the loss's gradient, read
 //!   on the device;
 //! - [`sample`], [`sample_backward`]: one unit per latent element: `z = mean + exp(½·lv)·eps`;
-//!   `dmoments = [dz, dz·eps·½·exp(½·lv)]`.
+//!   `dmoments = [dz, dz·eps·½·exp(½·lv)]`. ACT's posterior (`[b, 2·l]` seen as `[b, 2·l, 1, 1,
+//!   1]`) takes them too, its logvar unclamped.
 //!
 //! Everything is f32 (the model computes its loss in f32). `x` and `recon` are read contiguous
 //! (`[n, c, d, h, w]`); the moments (`[n, 2·l, d', h', w']`: the mean, then the logvar, clamped
@@ -29,7 +30,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::{BLOCK, ChannelLayout, channel_layout, contiguous, cube_sum, elem_cubes, empty, empty_in};
+use super::{BLOCK, ChannelLayout, channel_layout, contiguous, cube_sum, elem_cubes, empty, empty_in, partial_total};
 use crate::nn::lean::{LOGVAR_MAX, LOGVAR_MIN, VoxelLossArgs, voxel_loss_stat as stat};
 
 /// The totals one cube of [`voxel_loss_partials_kernel`] writes, in this order: `Σ (r −
@@ -147,12 +148,12 @@ fn voxel_loss_finish_kernel(
     #[comptime] mass: bool,
 ) {
     let mut shared = SharedMemory::<f32>::new(BLOCK);
-    let t_sq = total_of(partial, 0usize, cubes, &mut shared);
-    let t_w = total_of(partial, 1usize, cubes, &mut shared);
-    let t_fp = total_of(partial, 2usize, cubes, &mut shared);
-    let t_rp = total_of(partial, 3usize, cubes, &mut shared);
-    let t_xp = total_of(partial, 4usize, cubes, &mut shared);
-    let t_kl = total_of(partial, 5usize, cubes, &mut shared);
+    let t_sq = partial_total(partial, 0usize, SUMS, cubes, &mut shared);
+    let t_w = partial_total(partial, 1usize, SUMS, cubes, &mut shared);
+    let t_fp = partial_total(partial, 2usize, SUMS, cubes, &mut shared);
+    let t_rp = partial_total(partial, 3usize, SUMS, cubes, &mut shared);
+    let t_xp = partial_total(partial, 4usize, SUMS, cubes, &mut shared);
+    let t_kl = partial_total(partial, 5usize, SUMS, cubes, &mut shared);
     if UNIT_POS_X == 0 {
         let denom = max(t_w / n_voxels, 1.0e-6f32) * cw_scale;
         let mut recon = t_sq / n_all / denom;
@@ -224,18 +225,6 @@ fn clamp_logvar(raw: f32) -> f32 {
 #[cube]
 fn clamp_passes(raw: f32) -> bool {
     raw >= LOGVAR_MIN && raw <= LOGVAR_MAX
-}
-
-/// Total `k` of [`voxel_loss_partials_kernel`]'s `cubes` rows, in every unit of the cube.
-#[cube]
-fn total_of(partial: &Tensor<f32>, #[comptime] k: usize, cubes: u32, shared: &mut SharedMemory<f32>) -> f32 {
-    let mut s = 0.0f32;
-    let mut c = UNIT_POS_X as usize;
-    while c < cubes as usize {
-        s += partial[c * SUMS + k];
-        c += BLOCK;
-    }
-    cube_sum(s, shared)
 }
 
 /// Unit `i`: `drecon[i]` (for `i < elems`, `[n, channels, spatial]` contiguous) and the
@@ -482,10 +471,11 @@ pub fn backward<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments:
     [dr, dmoments]
 }
 
-/// Unit `i < latent`, at latent element `i`: forward, the sample `mean +
-/// exp(½·clamp(logvar))·eps` into `out` (latent-shaped, strides `o_ch`, `o_sp`); `backward`,
-/// the moments' gradient into `out` (the moments' layout) from `dz` (strides `o_ch`, `o_sp`):
-/// `dz` at the mean, `dz·eps·½·exp(½·lv)` at the logvar where the clamp passes it, else 0.
+/// Unit `i < latent`, at latent element `i`: forward, the sample `mean + exp(½·lv)·eps` into
+/// `out` (latent-shaped, strides `o_ch`, `o_sp`); `backward`, the moments' gradient into `out`
+/// (the moments' layout) from `dz` (strides `o_ch`, `o_sp`): `dz` at the mean,
+/// `dz·eps·½·exp(½·lv)` at the logvar. `clamp`: `lv` is the logvar clamped (the 4D-Radar VAE's),
+/// and its gradient 0 where the clamp holds it; else the logvar as it is (ACT's).
 /// `moments` and `eps` dense, each with its channel and spatial strides.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -504,18 +494,27 @@ fn posterior_sample_kernel(
     o_ch: u32,
     o_sp: u32,
     #[comptime] backward: bool,
+    #[comptime] clamp: bool,
 ) {
     let i = ABSOLUTE_POS;
     if i < latent as usize {
         let (at_m, at_l) = moments_at(i, lat_ch, lat_spatial, m_ch, m_sp);
         let raw = moments[at_l];
         let e = eps[latent_at(i, lat_ch, lat_spatial, e_ch, e_sp)];
-        let std = (clamp_logvar(raw) * 0.5f32).exp();
+        let mut lv = raw;
+        if comptime![clamp] {
+            lv = clamp_logvar(raw);
+        }
+        let std = (lv * 0.5f32).exp();
         let at_o = latent_at(i, lat_ch, lat_spatial, o_ch, o_sp);
         if comptime![backward] {
             let g = dz[at_o];
             out[at_m] = g;
-            out[at_l] = select(clamp_passes(raw), g * e * std * 0.5f32, 0.0f32);
+            let mut dl = g * e * std * 0.5f32;
+            if comptime![clamp] {
+                dl = select(clamp_passes(raw), dl, 0.0f32);
+            }
+            out[at_l] = dl;
         } else {
             out[at_o] = moments[at_m] + std * e;
         }
@@ -524,7 +523,7 @@ fn posterior_sample_kernel(
 
 /// [`posterior_sample_kernel`] over the moments `l`, forward (`dz` none: the sample, in the
 /// moments' layout) or backward (the moments' gradient, in their layout).
-fn launch_sample<R: CubeRuntime>(l: Latent<R>, eps: CubeTensor<R>, dz: Option<CubeTensor<R>>) -> CubeTensor<R> {
+fn launch_sample<R: CubeRuntime>(l: Latent<R>, eps: CubeTensor<R>, dz: Option<CubeTensor<R>>, clamp: bool) -> CubeTensor<R> {
     let (eps, e_ch, e_sp) = strided(eps);
     let backward = dz.is_some();
     let (out, dz, o_ch, o_sp) = match dz {
@@ -558,18 +557,19 @@ fn launch_sample<R: CubeRuntime>(l: Latent<R>, eps: CubeTensor<R>, dz: Option<Cu
         o_ch,
         o_sp,
         backward,
+        clamp,
     );
     out
 }
 
 /// The posterior sample (f32, `eps`' dims, in the moments' layout) of `moments` with the noise
-/// `eps`.
-pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>) -> CubeTensor<R> {
-    launch_sample(latent(moments), eps, None)
+/// `eps`, the logvar clamped where `clamp`.
+pub fn sample<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>, clamp: bool) -> CubeTensor<R> {
+    launch_sample(latent(moments), eps, None, clamp)
 }
 
 /// [`sample`]'s backward for the sample's gradient `dz`: `dmoments` (f32, `moments`' dims, in
 /// their layout).
-pub fn sample_backward<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>, dz: CubeTensor<R>) -> CubeTensor<R> {
-    launch_sample(latent(moments), eps, Some(dz))
+pub fn sample_backward<R: CubeRuntime>(moments: CubeTensor<R>, eps: CubeTensor<R>, dz: CubeTensor<R>, clamp: bool) -> CubeTensor<R> {
+    launch_sample(latent(moments), eps, Some(dz), clamp)
 }

@@ -1597,39 +1597,92 @@ fn voxel_loss_kernels_match_the_composed_ops() {
     }
 }
 
-/// The VAE's posterior sample kernels (`nn::cube::voxel_loss::sample`, `sample_backward`)
-/// against the composed ops (`burn_kernels`): the sample and the moments' gradient, logvars on
-/// both sides of the clamp; the moments once a slice of a larger tensor, and once channels last
-/// with `eps` (the sample and the moments' gradient then channels last too); sizes ragged
-/// against the launch's cubes. Within 1e-6 relative.
+/// The posterior sample kernels (`nn::cube::voxel_loss::sample`, `sample_backward`) against
+/// the composed ops (`burn_kernels`), with the VAE's clamp and without it (ACT's): the sample
+/// and the moments' gradient, logvars on both sides of the clamp; the moments once a slice of a
+/// larger tensor, and once channels last with `eps` (the sample and the moments' gradient then
+/// channels last too); sizes ragged against the launch's cubes; ACT's `[b, 2·l, 1, 1, 1]`.
+/// Within 1e-6 relative.
 #[test]
 fn posterior_sample_kernels_match_the_composed_ops() {
-    let cases: [[usize; 5]; 3] = [[2, 4, 2, 8, 8], [3, 3, 1, 2, 3], [1, 2, 5, 40, 30]];
+    let cases: [[usize; 5]; 4] = [[2, 4, 2, 8, 8], [3, 3, 1, 2, 3], [1, 2, 5, 40, 30], [8, 32, 1, 1, 1]];
     for (i, ldims) in cases.into_iter().enumerate() {
-        let seed = 950 + 10 * i as u64;
-        let mut moments = moments_across_the_clamp(ldims, seed);
-        let mut eps: Tensor<W, 5> = random(ldims, seed + 2);
-        if i == 1 {
-            let wider = Tensor::cat(vec![random(ldims, seed + 4), moments.clone()], 1);
-            moments = wider.narrow(1, ldims[1], 2 * ldims[1]);
-        } else if i == 0 {
-            (moments, eps) = (t(channels_last(p(moments))), t(channels_last(p(eps))));
+        for clamp in [true, false] {
+            let seed = 950 + 10 * i as u64;
+            let mut moments = moments_across_the_clamp(ldims, seed);
+            let mut eps: Tensor<W, 5> = random(ldims, seed + 2);
+            if i == 1 {
+                let wider = Tensor::cat(vec![random(ldims, seed + 4), moments.clone()], 1);
+                moments = wider.narrow(1, ldims[1], 2 * ldims[1]);
+            } else if i == 0 {
+                (moments, eps) = (t(channels_last(p(moments))), t(channels_last(p(eps))));
+            }
+            let dz: Tensor<W, 5> = random(ldims, seed + 3);
+            let case = format!("{ldims:?}, clamp {clamp}");
+            let spec = |t: &Tensor<W, 5>| (t.dims().to_vec(), t.dtype());
+            let (sm, se) = (spec(&moments), spec(&eps));
+            assert!(crate::nn::cube::voxel_loss::sample_handles((&sm.0, sm.1), (&se.0, se.1)) && !crate::nn::cube::composed(), "{case}: the kernels take it");
+            let z = cube_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()), clamp);
+            let m_last = is_channels_last(&p(moments.clone()));
+            assert_eq!(is_channels_last(&z), m_last, "{case}: the sample in the moments' layout");
+            let z_ref = burn_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()), clamp);
+            close(&format!("{case}: z"), z, z_ref, 1e-6);
+            let d = cube_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()), clamp);
+            let d_ref = burn_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()), clamp);
+            assert_eq!(is_channels_last(&d), m_last, "{case}: the moments' gradient in their layout");
+            let lv_grads: Vec<f32> = vals(t::<W, 5>(d.clone()).narrow(1, ldims[1], ldims[1]));
+            let masked = lv_grads.iter().any(|v| *v == 0.0);
+            assert!(masked == clamp && lv_grads.iter().any(|v| *v != 0.0), "{case}: the clamp masks some logvars' gradients, not all; without it none");
+            close(&format!("{case}: dmoments"), d, d_ref, 1e-6);
         }
-        let dz: Tensor<W, 5> = random(ldims, seed + 3);
-        let case = format!("{ldims:?}");
-        let spec = |t: &Tensor<W, 5>| (t.dims().to_vec(), t.dtype());
-        let (sm, se) = (spec(&moments), spec(&eps));
-        assert!(crate::nn::cube::voxel_loss::sample_handles((&sm.0, sm.1), (&se.0, se.1)) && !crate::nn::cube::composed(), "{case}: the kernels take it");
-        let z = cube_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()));
-        let m_last = is_channels_last(&p(moments.clone()));
-        assert_eq!(is_channels_last(&z), m_last, "{case}: the sample in the moments' layout");
-        let z_ref = burn_kernels::posterior_sample::<W>(p(moments.clone()), p(eps.clone()));
-        close(&format!("{case}: z"), z, z_ref, 1e-6);
-        let d = cube_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()));
-        let d_ref = burn_kernels::posterior_sample_backward::<W>(p(moments.clone()), p(eps.clone()), p(dz.clone()));
-        assert_eq!(is_channels_last(&d), m_last, "{case}: the moments' gradient in their layout");
-        let lv_grads: Vec<f32> = vals(t::<W, 5>(d.clone()).narrow(1, ldims[1], ldims[1]));
-        assert!(lv_grads.iter().any(|v| *v == 0.0) && lv_grads.iter().any(|v| *v != 0.0), "{case}: the clamp masks some logvars' gradients, not all");
-        close(&format!("{case}: dmoments"), d, d_ref, 1e-6);
+    }
+}
+
+/// ACT's loss kernels (`nn::cube::act_loss`) against the composed loss and backward
+/// (`burn_kernels`, what `VRAMLAB_COMPOSED_KERNELS=1` takes): with and without the padding,
+/// sizes ragged against the launch's cubes and one larger than its 256 cubes of partial sums,
+/// predictions equal to the action at some elements (the L1's gradient 0 there), the
+/// prediction a strided view once (copied). The loss and its terms within 1e-5 relative, the
+/// gradients within 1e-6.
+#[test]
+fn act_loss_kernels_match_the_composed_ops() {
+    let cases: [([usize; 3], usize, bool); 4] = [([2, 100, 14], 32, true), ([3, 7, 5], 3, false), ([8, 100, 14], 32, true), ([64, 1100, 2], 8, true)];
+    for (i, (dims, l, padded)) in cases.into_iter().enumerate() {
+        let seed = 1200 + 10 * i as u64;
+        let [b, c, a] = dims;
+        let pred: Tensor<W, 3> = if i == 1 { random::<W, 3>([b, a, c], seed + 5).swap_dims(1, 2) } else { random(dims, seed + 1) };
+        // Some predictions exact: `sign(0) = 0` in both.
+        let action = random::<W, 3>(dims, seed).slice_assign([0..1, 0..1, 0..a], pred.clone().narrow(0, 0, 1).narrow(1, 0, 1));
+        let pad = padded.then(|| {
+            let flags: Vec<f32> = (0..b * c).map(|k| if (k * 7 + i) % 5 == 0 { 1.0 } else { 0.0 }).collect();
+            Tensor::<W, 2>::from_data(burn::tensor::TensorData::new(flags, [b, c]), &action.device())
+        });
+        let params = random::<W, 2>([b, 2 * l], seed + 2).mul_scalar(2.0);
+        let dloss = random::<W, 1>([1], seed + 3);
+        let kl_weight = 10.0;
+        let case = format!("{dims:?}, l {l}, padded {padded}");
+        let (sa, sr, sm) = ((action.dims().to_vec(), action.dtype()), (pred.dims().to_vec(), pred.dtype()), (params.dims().to_vec(), params.dtype()));
+        let sp = pad.as_ref().map(|m| (m.dims().to_vec(), m.dtype()));
+        assert!(
+            crate::nn::cube::act_loss::handles((&sa.0, sa.1), (&sr.0, sr.1), sp.as_ref().map(|(d, t)| (d.as_slice(), *t)), (&sm.0, sm.1)) && !crate::nn::cube::composed(),
+            "{case}: the kernels take it"
+        );
+        let args = || (p(action.clone()), p(pred.clone()), pad.clone().map(p), p(params.clone()));
+        let (xa, ra, ma, wa) = args();
+        let out = cube_kernels::act_loss::<W>(xa, ra, ma, wa, kl_weight);
+        let (xb, rb, mb, wb) = args();
+        let out_ref = burn_kernels::act_loss::<W>(xb, rb, mb, wb, kl_weight);
+        for ((what, o), r) in ["loss", "l1_loss", "kld_loss"].into_iter().zip(out).zip(out_ref) {
+            close(&format!("{case}: {what}"), o, r, 1e-5);
+        }
+        let (xa, ra, ma, wa) = args();
+        let d = cube_kernels::act_loss_backward::<W>(xa, ra, ma, wa, p(dloss.clone()), kl_weight);
+        let (xb, rb, mb, wb) = args();
+        let d_ref = burn_kernels::act_loss_backward::<W>(xb, rb, mb, wb, p(dloss.clone()), kl_weight);
+        let dpred: Vec<f32> = vals(t::<W, 3>(d[0].clone()));
+        assert!(dpred.iter().any(|v| *v == 0.0) && dpred.iter().any(|v| *v != 0.0), "{case}: dpred 0 where the prediction is exact or padded, not everywhere");
+        for ((what, o), r) in ["dpred", "dparams"].into_iter().zip(d).zip(d_ref) {
+            close(&format!("{case}: {what}"), o, r, 1e-6);
+        }
     }
 }

@@ -22,7 +22,9 @@
 //!   stride-1 input gradient as a forward convolution;
 //! - [`voxel_loss`](mod@voxel_loss): the 4D-Radar VAE's posterior sample and its loss
 //!   (reconstruction and KL terms), each one node on CubeCL reading the encoder's moments (flex
-//!   composes them in the model).
+//!   composes them in the model); ACT's posterior sample is the same node, its logvar unclamped;
+//! - [`act_loss`](mod@act_loss): ACT's loss (L1 and KL terms), one node on CubeCL reading the
+//!   posterior's parameters whole (flex composes it in the model).
 //!
 //! Here: the trait, its `Autodiff<B, C>` implementation (each node is built beside its
 //! backward, in those files), the primitive <-> tensor helpers, and the inner (non-autodiff)
@@ -41,6 +43,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{DType, TensorMetadata, TensorPrimitive};
 
+mod act_loss;
 mod attention;
 mod conv;
 #[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
@@ -51,6 +54,7 @@ mod pointwise;
 mod voxel_loss;
 
 pub use super::linear_source_indices;
+pub use act_loss::act_loss;
 pub use attention::AttnArgs;
 pub use conv::{CONV_WORKSPACE_BYTES, conv_chunks, conv1d, conv2d, conv3d};
 pub use matmul::matmul;
@@ -344,11 +348,11 @@ pub trait LeanBackend: Backend {
     /// instead of one autotuned reduction per axis and shape. On autodiff one node keeping only
     /// the shape (Burn's `mean_dim` nodes each sum the gradient again in their backward).
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self>;
-    /// Whether the 4D-Radar VAE's posterior sample and loss are [`posterior_sample()`]'s and
-    /// [`voxel_loss()`]'s nodes, reading the encoder's moments (CubeCL, unless the composed ops
-    /// are asked for), rather than the model's composed ops (flex, whose measured peaks and
-    /// estimate graph are theirs).
-    fn lean_vae_nodes() -> bool {
+    /// Whether the 4D-Radar VAE's and ACT's posterior samples and losses are
+    /// [`posterior_sample()`]'s, [`voxel_loss()`]'s and [`act_loss()`]'s nodes, reading the
+    /// posterior's moments whole (CubeCL, unless the composed ops are asked for), rather than the
+    /// models' composed ops (flex, whose measured peaks and estimate graphs are theirs).
+    fn lean_loss_nodes() -> bool {
         false
     }
     /// The VAE's loss of the reconstruction `recon` of `x` (`[n, c, d, h, w]` f32) and the
@@ -361,13 +365,24 @@ pub trait LeanBackend: Backend {
     /// `[drecon, dmoments]`, f32 in their inputs' dims.
     #[allow(clippy::too_many_arguments)]
     fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2];
-    /// The VAE's posterior sample `mean + exp(½·clamp(logvar))·eps` (`[n, l, …]` f32) of
-    /// `moments` (as in [`LeanBackend::lean_voxel_loss`]) and the noise `eps` (f32, the sample's
-    /// dims). On autodiff one node keeping `moments` and `eps` (`eps` takes no gradient).
-    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self>;
+    /// A posterior sample `mean + exp(½·logvar)·eps` (`[n, l, …]` f32) of `moments` (`[n, 2·l,
+    /// …]` f32, rank 5: the mean, then the logvar) and the noise `eps` (f32, the sample's dims),
+    /// the logvar clamped first where `clamp` (the 4D-Radar VAE's, as in
+    /// [`LeanBackend::lean_voxel_loss`]). On autodiff one node keeping `moments` and `eps` (`eps`
+    /// takes no gradient).
+    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>, clamp: bool) -> Prim<Self>;
     /// [`LeanBackend::lean_posterior_sample`]'s backward for the sample's gradient `dz`:
-    /// `dmoments` (f32, `moments`' dims; the clamp's mask applied).
-    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self>;
+    /// `dmoments` (f32, `moments`' dims; the clamp's mask applied where `clamp`).
+    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>, clamp: bool) -> Prim<Self>;
+    /// ACT's loss of the prediction `pred` of `action` (`[b, chunk, a]` f32), the padding `pad`
+    /// (`[b, chunk]` f32, 1 where padded) if any, and the posterior's parameters `params`
+    /// (`[b, 2·l]` f32, `[μ | log σ²]`): `[loss, l1_loss, kld_loss]`, each `[1]` f32. On
+    /// autodiff the loss is one node (gradients for `pred` and `params`; `action` and `pad` take
+    /// none) and its two terms are untracked.
+    fn lean_act_loss(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 3];
+    /// [`LeanBackend::lean_act_loss`]'s backward for the loss gradient `dloss` (`[1]`):
+    /// `[dpred, dparams]`, f32 in their inputs' dims.
+    fn lean_act_loss_backward(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, dloss: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 2];
     /// Whether [`LeanBackend::lean_dropout`] runs on the device (CubeCL: one kernel, the masks
     /// neither uploaded nor kept); otherwise [`crate::nn::dropout::DropoutCtx::apply`] draws the
     /// masks on the host and keeps a bool mask.
@@ -623,11 +638,17 @@ mod burn_kernels {
     pub fn voxel_loss_backward<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 2] {
         voxel_loss::backward_composed::<B>(x, recon, moments, cw, stats, dloss, args)
     }
-    pub fn posterior_sample<B: Backend>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
-        voxel_loss::sample_composed::<B>(moments, eps)
+    pub fn posterior_sample<B: Backend>(moments: Prim<B>, eps: Prim<B>, clamp: bool) -> Prim<B> {
+        voxel_loss::sample_composed::<B>(moments, eps, clamp)
     }
-    pub fn posterior_sample_backward<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
-        voxel_loss::sample_backward_composed::<B>(moments, eps, dz)
+    pub fn posterior_sample_backward<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>, clamp: bool) -> Prim<B> {
+        voxel_loss::sample_backward_composed::<B>(moments, eps, dz, clamp)
+    }
+    pub fn act_loss<B: Backend>(action: Prim<B>, pred: Prim<B>, pad: Option<Prim<B>>, params: Prim<B>, kl_weight: f32) -> [Prim<B>; 3] {
+        act_loss::forward_composed::<B>(action, pred, pad, params, kl_weight)
+    }
+    pub fn act_loss_backward<B: Backend>(action: Prim<B>, pred: Prim<B>, pad: Option<Prim<B>>, params: Prim<B>, dloss: Prim<B>, kl_weight: f32) -> [Prim<B>; 2] {
+        act_loss::backward_composed::<B>(action, pred, pad, params, dloss, kl_weight)
     }
     /// `mean_dim` from the last axis to the first, then `[1]`.
     pub fn mean_all<B: Backend>(x: Prim<B>) -> Prim<B> {
@@ -751,8 +772,8 @@ mod cube_kernels {
     pub fn film_node() -> bool {
         !cube::composed()
     }
-    /// The VAE's posterior sample and loss as nodes unless the composed ops are asked for.
-    pub fn vae_nodes() -> bool {
+    /// The VAEs' posterior samples and losses as nodes unless the composed ops are asked for.
+    pub fn loss_nodes() -> bool {
         !cube::composed()
     }
     /// Whether [`cube::voxel_loss`]'s loss kernels take these operands.
@@ -795,23 +816,54 @@ mod cube_kernels {
     fn sample_handles<B: CubeLaunch>(moments: &Prim<B>, eps: &Prim<B>) -> bool {
         cube::voxel_loss::sample_handles((&dims_of::<B>(moments), moments.dtype()), (&dims_of::<B>(eps), eps.dtype()))
     }
-    /// The VAE's posterior sample in one launch ([`cube::voxel_loss::sample`]).
-    pub fn posterior_sample<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
+    /// A posterior sample in one launch ([`cube::voxel_loss::sample`]).
+    pub fn posterior_sample<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>, clamp: bool) -> Prim<B> {
         if !sample_handles::<B>(&moments, &eps) {
-            return burn_kernels::posterior_sample::<B>(moments, eps);
+            return burn_kernels::posterior_sample::<B>(moments, eps, clamp);
         }
         let out = OutSpec::new(dims_of::<B>(&eps), DType::F32);
-        let [z] = B::cube_op("vramlab.posterior_sample", [moments, eps], [out], |[m, e]| [cube::voxel_loss::sample(m, e)]);
+        let name = if clamp { "vramlab.posterior_sample" } else { "vramlab.posterior_sample_unclamped" };
+        let [z] = B::cube_op(name, [moments, eps], [out], move |[m, e]| [cube::voxel_loss::sample(m, e, clamp)]);
         z
     }
     /// Its backward in one launch ([`cube::voxel_loss::sample_backward`]).
-    pub fn posterior_sample_backward<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
+    pub fn posterior_sample_backward<B: CubeLaunch>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>, clamp: bool) -> Prim<B> {
         if !sample_handles::<B>(&moments, &eps) || dims_of::<B>(&dz) != dims_of::<B>(&eps) || dz.dtype() != DType::F32 {
-            return burn_kernels::posterior_sample_backward::<B>(moments, eps, dz);
+            return burn_kernels::posterior_sample_backward::<B>(moments, eps, dz, clamp);
         }
         let out = OutSpec::new(dims_of::<B>(&moments), DType::F32);
-        let [d] = B::cube_op("vramlab.posterior_sample_backward", [moments, eps, dz], [out], |[m, e, g]| [cube::voxel_loss::sample_backward(m, e, g)]);
+        let name = if clamp { "vramlab.posterior_sample_backward" } else { "vramlab.posterior_sample_unclamped_backward" };
+        let [d] = B::cube_op(name, [moments, eps, dz], [out], move |[m, e, g]| [cube::voxel_loss::sample_backward(m, e, g, clamp)]);
         d
+    }
+    /// Whether [`cube::act_loss`]'s kernels take these operands.
+    fn act_loss_handles<B: CubeLaunch>(action: &Prim<B>, pred: &Prim<B>, pad: Option<&Prim<B>>, params: &Prim<B>) -> bool {
+        let spec = |t: &Prim<B>| (dims_of::<B>(t), t.dtype());
+        let (a, r, m) = (spec(action), spec(pred), spec(params));
+        let pad = pad.map(spec);
+        cube::act_loss::handles((&a.0, a.1), (&r.0, r.1), pad.as_ref().map(|(d, t)| (d.as_slice(), *t)), (&m.0, m.1))
+    }
+    /// ACT's loss and its two terms in two launches ([`cube::act_loss::forward`]).
+    pub fn act_loss<B: CubeLaunch>(action: Prim<B>, pred: Prim<B>, pad: Option<Prim<B>>, params: Prim<B>, kl_weight: f32) -> [Prim<B>; 3] {
+        if !act_loss_handles::<B>(&action, &pred, pad.as_ref(), &params) {
+            return burn_kernels::act_loss::<B>(action, pred, pad, params, kl_weight);
+        }
+        let outs = [(); 3].map(|_| OutSpec::new(vec![1], DType::F32));
+        match pad {
+            Some(pad) => B::cube_op("vramlab.act_loss_padded", [action, pred, pad, params], outs, move |[a, r, m, w]| cube::act_loss::forward(a, r, Some(m), w, kl_weight)),
+            None => B::cube_op("vramlab.act_loss", [action, pred, params], outs, move |[a, r, w]| cube::act_loss::forward(a, r, None, w, kl_weight)),
+        }
+    }
+    /// Its backward in one launch ([`cube::act_loss::backward`]).
+    pub fn act_loss_backward<B: CubeLaunch>(action: Prim<B>, pred: Prim<B>, pad: Option<Prim<B>>, params: Prim<B>, dloss: Prim<B>, kl_weight: f32) -> [Prim<B>; 2] {
+        if !act_loss_handles::<B>(&action, &pred, pad.as_ref(), &params) || dloss.dtype() != DType::F32 {
+            return burn_kernels::act_loss_backward::<B>(action, pred, pad, params, dloss, kl_weight);
+        }
+        let outs = [OutSpec::new(dims_of::<B>(&pred), DType::F32), OutSpec::new(dims_of::<B>(&params), DType::F32)];
+        match pad {
+            Some(pad) => B::cube_op("vramlab.act_loss_padded_backward", [action, pred, pad, params, dloss], outs, move |[a, r, m, w, g]| cube::act_loss::backward(a, r, Some(m), w, g, kl_weight)),
+            None => B::cube_op("vramlab.act_loss_backward", [action, pred, params, dloss], outs, move |[a, r, w, g]| cube::act_loss::backward(a, r, None, w, g, kl_weight)),
+        }
     }
     /// Mish and ReLU join GroupNorm's kernels unless the composed ops are asked for (see
     /// [`LeanBackend::lean_group_norm_fuses`]).
@@ -1367,7 +1419,7 @@ fn im2col_block(x: &Prim<burn::backend::Flex>, dy: &Prim<burn::backend::Flex>) -
 mod flex_kernels {
     use crate::nn::flex;
     use super::*;
-    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, posterior_sample, posterior_sample_backward, voxel_loss, voxel_loss_backward, weight_bias_backward_3d};
+    pub use burn_kernels::{attention_heads, attention_softmax, attention_softmax_backward, bias_add, cat3, cat_heads, channel_affine_relu, channel_affine_relu_backward, channel_sum, dropout, dropout_add, film, film_embed_backward, film_x_backward, frozen_scale_shift, group_norm_add_relu, group_norm_add_relu_backward, layer_norm, layer_norm_backward, matmul, mean_all, mish, mish_backward, relu, relu_backward, relu_dropout, relu_dropout_backward, silu, silu_backward, softmax, softmax_backward, posterior_sample, posterior_sample_backward, voxel_loss, voxel_loss_backward, act_loss, act_loss_backward, weight_bias_backward_3d};
     type F = burn::backend::Flex;
     /// flex draws dropout masks on the host ([`crate::nn::dropout::DropoutCtx::apply`]).
     pub fn dropout_on_device() -> bool {
@@ -1399,8 +1451,8 @@ mod flex_kernels {
     pub fn film_node() -> bool {
         false
     }
-    /// flex keeps the VAE posterior's and loss's composed ops (see [`LeanBackend::lean_vae_nodes`]).
-    pub fn vae_nodes() -> bool {
+    /// flex keeps the VAEs' posterior and loss composed ops (see [`LeanBackend::lean_loss_nodes`]).
+    pub fn loss_nodes() -> bool {
         false
     }
     /// flex keeps its two nodes for GroupNorm → Mish / ReLU (see
@@ -1581,8 +1633,8 @@ macro_rules! inner_lean_backend {
             fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
                 $kernels::mean_all::<Self>(x)
             }
-            fn lean_vae_nodes() -> bool {
-                $kernels::vae_nodes()
+            fn lean_loss_nodes() -> bool {
+                $kernels::loss_nodes()
             }
             fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
                 let stats = $kernels::voxel_loss::<Self>(x, recon, moments, cw, args);
@@ -1591,11 +1643,17 @@ macro_rules! inner_lean_backend {
             fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2] {
                 $kernels::voxel_loss_backward::<Self>(x, recon, moments, cw, stats, dloss, args)
             }
-            fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self> {
-                $kernels::posterior_sample::<Self>(moments, eps)
+            fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>, clamp: bool) -> Prim<Self> {
+                $kernels::posterior_sample::<Self>(moments, eps, clamp)
             }
-            fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self> {
-                $kernels::posterior_sample_backward::<Self>(moments, eps, dz)
+            fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>, clamp: bool) -> Prim<Self> {
+                $kernels::posterior_sample_backward::<Self>(moments, eps, dz, clamp)
+            }
+            fn lean_act_loss(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 3] {
+                $kernels::act_loss::<Self>(action, pred, pad, params, kl_weight)
+            }
+            fn lean_act_loss_backward(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, dloss: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 2] {
+                $kernels::act_loss_backward::<Self>(action, pred, pad, params, dloss, kl_weight)
             }
             fn lean_dropout_on_device() -> bool {
                 $kernels::dropout_on_device()
@@ -1938,8 +1996,8 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_mean_all(x: Prim<Self>) -> Prim<Self> {
         pointwise::mean_all_node::<B, C>(x)
     }
-    fn lean_vae_nodes() -> bool {
-        B::lean_vae_nodes()
+    fn lean_loss_nodes() -> bool {
+        B::lean_loss_nodes()
     }
     fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
         voxel_loss::voxel_loss_node::<B, C>(x, recon, moments, cw, args)
@@ -1948,12 +2006,19 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
         let inner = |t: Prim<Self>| t.primitive;
         B::lean_voxel_loss_backward(inner(x), inner(recon), inner(moments), cw.map(inner), inner(stats), inner(dloss), args).map(<Self as AutodiffBackend>::from_inner)
     }
-    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>) -> Prim<Self> {
-        voxel_loss::sample_node::<B, C>(moments, eps)
+    fn lean_posterior_sample(moments: Prim<Self>, eps: Prim<Self>, clamp: bool) -> Prim<Self> {
+        voxel_loss::sample_node::<B, C>(moments, eps, clamp)
     }
-    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>) -> Prim<Self> {
+    fn lean_posterior_sample_backward(moments: Prim<Self>, eps: Prim<Self>, dz: Prim<Self>, clamp: bool) -> Prim<Self> {
         let inner = |t: Prim<Self>| t.primitive;
-        <Self as AutodiffBackend>::from_inner(B::lean_posterior_sample_backward(inner(moments), inner(eps), inner(dz)))
+        <Self as AutodiffBackend>::from_inner(B::lean_posterior_sample_backward(inner(moments), inner(eps), inner(dz), clamp))
+    }
+    fn lean_act_loss(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 3] {
+        act_loss::act_loss_node::<B, C>(action, pred, pad, params, kl_weight)
+    }
+    fn lean_act_loss_backward(action: Prim<Self>, pred: Prim<Self>, pad: Option<Prim<Self>>, params: Prim<Self>, dloss: Prim<Self>, kl_weight: f32) -> [Prim<Self>; 2] {
+        let inner = |t: Prim<Self>| t.primitive;
+        B::lean_act_loss_backward(inner(action), inner(pred), pad.map(inner), inner(params), inner(dloss), kl_weight).map(<Self as AutodiffBackend>::from_inner)
     }
 
     fn lean_dropout_on_device() -> bool {

@@ -20,7 +20,7 @@
 //! backward one pass; the sample keeps the moments and `eps`. `x` and `eps` (data) take no
 //! gradient.
 //!
-//! flex keeps the model's composed ops ([`LeanBackend::lean_vae_nodes`]): its measured peaks and
+//! flex keeps the model's composed ops ([`LeanBackend::lean_loss_nodes`]): its measured peaks and
 //! estimate graph are theirs. The inner backends' composed forms here ([`stats_composed`],
 //! [`backward_composed`], [`sample_composed`], [`sample_backward_composed`]) are what the kernels
 //! are tested against; with them, the nodes on flex are tested against autodiff of the model's
@@ -112,11 +112,12 @@ pub fn voxel_loss<B: LeanBackend>(x: Tensor<B, 5>, recon: Tensor<B, 5>, moments:
 }
 
 /// The posterior sample `mean + exp(½·logvar)·eps` (`[n, l, d', h', w']` f32) of `moments`
-/// (`[n, 2·l, d', h', w']` f32, the logvar unclamped): [`LeanBackend::lean_posterior_sample`].
+/// (`[n, 2·l, d', h', w']` f32), the logvar clamped to [`LOGVAR_MIN`]..=[`LOGVAR_MAX`] first
+/// where `clamp` (the 4D-Radar VAE's; ACT's is not): [`LeanBackend::lean_posterior_sample`].
 /// `eps` (f32, the sample's dims) must not need a gradient.
-pub fn posterior_sample<B: LeanBackend>(moments: Tensor<B, 5>, eps: Tensor<B, 5>) -> Tensor<B, 5> {
+pub fn posterior_sample<B: LeanBackend>(moments: Tensor<B, 5>, eps: Tensor<B, 5>, clamp: bool) -> Tensor<B, 5> {
     debug_assert!(!eps.is_require_grad(), "posterior_sample: eps takes no gradient");
-    t(B::lean_posterior_sample(p(moments), p(eps)))
+    t(B::lean_posterior_sample(p(moments), p(eps), clamp))
 }
 
 /// `(mean, clamped logvar, [logvar within the clamp] as 0/1)` of `moments`, each
@@ -128,6 +129,18 @@ fn split<B: Backend>(moments: Prim<B>) -> (Tensor<B, 5>, Tensor<B, 5>, Tensor<B,
     let lv = raw.clone().clamp(LOGVAR_MIN, LOGVAR_MAX);
     let kept = lv.clone().equal(raw).float();
     (m.narrow(1, 0, l), lv, kept)
+}
+
+/// `(mean, logvar)` of `moments`, the logvar clamped where `clamp`, and the clamp's 0/1 mask
+/// where `clamp`.
+fn split_maybe_clamped<B: Backend>(moments: Prim<B>, clamp: bool) -> (Tensor<B, 5>, Tensor<B, 5>, Option<Tensor<B, 5>>) {
+    if clamp {
+        let (m, lv, kept) = split(moments);
+        return (m, lv, Some(kept));
+    }
+    let m: Tensor<B, 5> = t(moments);
+    let l = m.dims()[1] / 2;
+    (m.clone().narrow(1, 0, l), m.narrow(1, l, l), None)
 }
 
 /// The spatial weight `[n, 1, …]` of `x`'s voxels: `w_occupied` where `x[:, 0] > 0`, else
@@ -215,16 +228,20 @@ pub(super) fn backward_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments:
 }
 
 /// [`LeanBackend::lean_posterior_sample`] composed of Burn ops.
-pub(super) fn sample_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>) -> Prim<B> {
-    let (m, lv, _) = split(moments);
+pub(super) fn sample_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>, clamp: bool) -> Prim<B> {
+    let (m, lv, _) = split_maybe_clamped(moments, clamp);
     p(m + (lv * 0.5).exp() * t::<B, 5>(eps))
 }
 
 /// [`LeanBackend::lean_posterior_sample_backward`] composed of Burn ops: `dmoments`.
-pub(super) fn sample_backward_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>) -> Prim<B> {
-    let (_, lv, kept) = split(moments);
+pub(super) fn sample_backward_composed<B: Backend>(moments: Prim<B>, eps: Prim<B>, dz: Prim<B>, clamp: bool) -> Prim<B> {
+    let (_, lv, kept) = split_maybe_clamped(moments, clamp);
     let dz: Tensor<B, 5> = t(dz);
-    let dl = dz.clone() * t::<B, 5>(eps) * (lv * 0.5).exp() * 0.5 * kept;
+    let dl = dz.clone() * t::<B, 5>(eps) * (lv * 0.5).exp() * 0.5;
+    let dl = match kept {
+        Some(kept) => dl * kept,
+        None => dl,
+    };
     p(Tensor::cat(vec![dz, dl], 1))
 }
 
@@ -268,7 +285,9 @@ pub(super) fn voxel_loss_node<B: LeanBackend, C: CheckpointStrategy>(
 
 /// The sample's node: the moments' gradient from the kept moments and noise.
 #[derive(Debug)]
-struct SampleBackward;
+struct SampleBackward {
+    clamp: bool,
+}
 
 impl<B: LeanBackend> Backward<B, 1> for SampleBackward {
     /// The moments, `eps`.
@@ -277,16 +296,16 @@ impl<B: LeanBackend> Backward<B, 1> for SampleBackward {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dz = grads.consume::<B>(&ops.node);
         let (moments, eps) = ops.state;
-        register_parents::<B, 1>(grads, ops.parents.map(|n| n.map(|n| n.id)), [B::lean_posterior_sample_backward(moments, eps, dz)]);
+        register_parents::<B, 1>(grads, ops.parents.map(|n| n.map(|n| n.id)), [B::lean_posterior_sample_backward(moments, eps, dz, self.clamp)]);
     }
 }
 
 /// [`LeanBackend::lean_posterior_sample`] on `Autodiff<B, C>`: one node ([`SampleBackward`]).
-pub(super) fn sample_node<B: LeanBackend, C: CheckpointStrategy>(moments: Prim<Autodiff<B, C>>, eps: Prim<Autodiff<B, C>>) -> Prim<Autodiff<B, C>> {
+pub(super) fn sample_node<B: LeanBackend, C: CheckpointStrategy>(moments: Prim<Autodiff<B, C>>, eps: Prim<Autodiff<B, C>>, clamp: bool) -> Prim<Autodiff<B, C>> {
     let parents = [moments.node.clone()];
     let (moments, eps) = (moments.primitive, eps.primitive);
-    let z = B::lean_posterior_sample(moments.clone(), eps.clone());
-    match SampleBackward.prepare::<C>(parents).compute_bound().stateful() {
+    let z = B::lean_posterior_sample(moments.clone(), eps.clone(), clamp);
+    match (SampleBackward { clamp }).prepare::<C>(parents).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish((moments, eps), z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     }
