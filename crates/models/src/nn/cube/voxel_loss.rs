@@ -10,7 +10,7 @@
 //!   occupancy masses, the KL summand) over the voxels and the latent elements;
 //!   [`voxel_loss_finish_kernel`] (one cube) adds the cubes' partial sums and writes the `[8]`
 //!   statistics (`stat` in `nn::lean::voxel_loss`): the loss, its two terms, and the
-//!   coefficients of the backward;
+//!   coefficients of the backward; and the loss and its two terms each as its own `[1]`;
 //! - [`backward`]: one unit per element of the reconstruction and of the latent: `drecon`, and
 //!   `dmoments`' mean and logvar halves, from those coefficients and the loss's gradient, read
 //!   on the device;
@@ -130,12 +130,16 @@ fn voxel_loss_partials_kernel(
 /// One cube: the `cubes` rows of `partial` added, then the statistics ([`stat`]'s order): the
 /// loss, the reconstruction and KL terms, `1 / (n_all · denom)`, the false-positive term's and
 /// the mass term's coefficients, the KL's, and `denom` (the weights' mean, at least 1e-6, times
-/// `cw_scale`).
+/// `cw_scale`); and the loss and its two terms again, each its own `[1]` tensor (a slice of the
+/// statistics would be a copy on CubeCL: Burn's slice is a view only at aligned offsets).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn voxel_loss_finish_kernel(
     partial: &Tensor<f32>,
     stats: &mut Tensor<f32>,
+    loss: &mut Tensor<f32>,
+    recon_loss: &mut Tensor<f32>,
+    kl_loss: &mut Tensor<f32>,
     cubes: u32,
     n_all: f32,
     n_voxels: f32,
@@ -170,9 +174,13 @@ fn voxel_loss_finish_kernel(
             mass_coef = mass_weight * sign / n_voxels;
         }
         let kl = t_kl / n_latent * -0.5f32;
-        stats[stat::LOSS] = recon + kl * kl_weight;
+        let total = recon + kl * kl_weight;
+        stats[stat::LOSS] = total;
         stats[stat::RECON] = recon;
         stats[stat::KL] = kl;
+        loss[0] = total;
+        recon_loss[0] = recon;
+        kl_loss[0] = kl;
         stats[stat::SQ_COEF] = 1.0f32 / n_all / denom;
         stats[stat::FP_COEF] = fp_coef;
         stats[stat::MASS_COEF] = mass_coef;
@@ -371,9 +379,10 @@ fn operands<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: Cub
     Operands { x: contiguous(x), r: contiguous(recon), moments: latent(moments), voxels: dims[0] * spatial, spatial, channels: dims[1] }
 }
 
-/// The loss's `[8]` f32 statistics (see [`voxel_loss_finish_kernel`]) of the reconstruction
-/// `recon` of `x` and the posterior in `moments`, with the channel weights `cw` (`[c]`) if given.
-pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>, cw: Option<CubeTensor<R>>, s: VoxelLossArgs) -> CubeTensor<R> {
+/// `[loss, recon_loss, kl_loss, statistics]` (`[1]`, `[1]`, `[1]`, `[8]`, f32; see
+/// [`voxel_loss_finish_kernel`]) of the reconstruction `recon` of `x` and the posterior in
+/// `moments`, with the channel weights `cw` (`[c]`) if given.
+pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: CubeTensor<R>, cw: Option<CubeTensor<R>>, s: VoxelLossArgs) -> [CubeTensor<R>; 4] {
     let o = operands(x, recon, moments);
     let l = o.moments;
     let client = o.x.client.clone();
@@ -382,6 +391,7 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: Cu
     let cubes = o.voxels.max(l.latent).div_ceil(BLOCK).clamp(1, PARTIAL_CUBES);
     let partial = empty(&o.x, vec![cubes * SUMS], DType::F32);
     let stats = empty(&o.x, vec![stat::LEN], DType::F32);
+    let terms = [(); 3].map(|_| empty(&o.x, vec![1], DType::F32));
     let weighted = cw.is_some();
     let cw = cw.map(contiguous).unwrap_or_else(|| o.x.clone());
     let (fp, mass) = (s.fp_weight > 0.0, s.mass_weight > 0.0);
@@ -414,6 +424,9 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: Cu
         CubeDim::new_1d(BLOCK as u32),
         partial.into_tensor_arg(),
         stats.clone().into_tensor_arg(),
+        terms[0].clone().into_tensor_arg(),
+        terms[1].clone().into_tensor_arg(),
+        terms[2].clone().into_tensor_arg(),
         cubes as u32,
         n_all,
         n_voxels,
@@ -425,7 +438,8 @@ pub fn stats<R: CubeRuntime>(x: CubeTensor<R>, recon: CubeTensor<R>, moments: Cu
         fp,
         mass,
     );
-    stats
+    let [loss, recon_loss, kl_loss] = terms;
+    [loss, recon_loss, kl_loss, stats]
 }
 
 /// The loss's gradients `[drecon, dmoments]` (f32, in `recon`'s and `moments`' dims; `drecon`

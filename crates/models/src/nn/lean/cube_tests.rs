@@ -1550,7 +1550,7 @@ fn moments_across_the_clamp(ldims: [usize; 5], seed: u64) -> Tensor<W, 5> {
 /// relative.
 #[test]
 fn voxel_loss_kernels_match_the_composed_ops() {
-    use super::VoxelLossArgs;
+    use super::{VoxelLossArgs, voxel_loss_stat};
     let cases: [([usize; 5], [usize; 5]); 3] = [([2, 4, 8, 32, 32], [2, 4, 2, 8, 8]), ([3, 2, 5, 7, 9], [3, 3, 1, 2, 3]), ([1, 1, 70, 40, 30], [1, 2, 5, 4, 3])];
     for (i, (dims, ldims)) in cases.into_iter().enumerate() {
         let seed = 900 + 10 * i as u64;
@@ -1578,12 +1578,16 @@ fn voxel_loss_kernels_match_the_composed_ops() {
             let kernels = crate::nn::cube::voxel_loss::handles((&sx.0, sx.1), (&sx.0, sx.1), (&sm.0, sm.1), cw_spec.as_ref().map(|(d, t)| (d.as_slice(), *t)));
             assert!(kernels && !crate::nn::cube::composed(), "{case}: the kernels take it");
             let (xa, ra, ma, wa) = inputs();
-            let s = cube_kernels::voxel_loss::<W>(xa, ra, ma, wa, &args);
+            let [loss, recon_loss, kl_loss, s] = cube_kernels::voxel_loss::<W>(xa, ra, ma, wa, &args);
             let (xb, rb, mb, wb) = inputs();
-            let s_ref = burn_kernels::voxel_loss::<W>(xb, rb, mb, wb, &args);
+            let [.., s_ref] = burn_kernels::voxel_loss::<W>(xb, rb, mb, wb, &args);
             let v = |t: Prim<W>| vals(Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(t)));
-            for (k, (a, b)) in v(s.clone()).into_iter().zip(v(s_ref.clone())).enumerate() {
+            let stats_ref = v(s_ref.clone());
+            for (k, (a, b)) in v(s.clone()).into_iter().zip(stats_ref.iter().copied()).enumerate() {
                 assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-12), "{case}: statistic {k}: kernels {a} vs composed {b}");
+            }
+            for (what, k, term) in [("loss", voxel_loss_stat::LOSS, loss), ("recon_loss", voxel_loss_stat::RECON, recon_loss), ("kl_loss", voxel_loss_stat::KL, kl_loss)] {
+                assert_eq!(v(term), [v(s.clone())[k]], "{case}: {what} is the statistics' own");
             }
             let (xa, ra, ma, wa) = inputs();
             let d = cube_kernels::voxel_loss_backward::<W>(xa, ra, ma, wa, s, p(dloss.clone()), &args);

@@ -357,10 +357,10 @@ pub trait LeanBackend: Backend {
     }
     /// The VAE's loss of the reconstruction `recon` of `x` (`[n, c, d, h, w]` f32) and the
     /// posterior in `moments` (`[n, 2·l, …]` f32: the mean, then the logvar before its clamp),
-    /// channel weights `cw` (`[c]` f32) if given: `(loss [1], statistics [8])`, both f32
-    /// (`voxel_loss::stat`). On autodiff the loss is one node (gradients for `recon` and
-    /// `moments`; `x` takes none) and the statistics are untracked.
-    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>);
+    /// channel weights `cw` (`[c]` f32) if given: `[loss, recon_loss, kl_loss, statistics]`
+    /// (`[1]`, `[1]`, `[1]`, `[8]`, f32; `voxel_loss::stat`). On autodiff the loss is one node
+    /// (gradients for `recon` and `moments`; `x` takes none), the rest untracked.
+    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> [Prim<Self>; 4];
     /// [`LeanBackend::lean_voxel_loss`]'s backward for the loss gradient `dloss` (`[1]`):
     /// `[drecon, dmoments]`, f32 in their inputs' dims.
     #[allow(clippy::too_many_arguments)]
@@ -632,8 +632,8 @@ mod burn_kernels {
         }
         B::float_reshape(g, Shape::from(vec![c]))
     }
-    pub fn voxel_loss<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
-        voxel_loss::stats_composed::<B>(x, recon, moments, cw, args)
+    pub fn voxel_loss<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> [Prim<B>; 4] {
+        voxel_loss::forward_composed::<B>(x, recon, moments, cw, args)
     }
     pub fn voxel_loss_backward<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, stats: Prim<B>, dloss: Prim<B>, args: &VoxelLossArgs) -> [Prim<B>; 2] {
         voxel_loss::backward_composed::<B>(x, recon, moments, cw, stats, dloss, args)
@@ -782,22 +782,18 @@ mod cube_kernels {
         let cw_dims = cw.map(|w| (dims_of::<B>(w), w.dtype()));
         cube::voxel_loss::handles((&dims[0], x.dtype()), (&dims[1], recon.dtype()), (&dims[2], moments.dtype()), cw_dims.as_ref().map(|(d, t)| (d.as_slice(), *t)))
     }
-    /// The VAE loss's statistics in two launches ([`cube::voxel_loss::stats`]).
-    pub fn voxel_loss<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> Prim<B> {
+    /// The VAE loss, its two terms and its statistics in two launches
+    /// ([`cube::voxel_loss::stats`]).
+    pub fn voxel_loss<B: CubeLaunch>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, args: &VoxelLossArgs) -> [Prim<B>; 4] {
         if !voxel_loss_handles::<B>(&x, &recon, &moments, cw.as_ref()) {
             return burn_kernels::voxel_loss::<B>(x, recon, moments, cw, args);
         }
-        let out = OutSpec::new(vec![voxel_loss_stat::LEN], DType::F32);
+        let one = OutSpec::new(vec![1], DType::F32);
+        let outs = [one.clone(), one.clone(), one, OutSpec::new(vec![voxel_loss_stat::LEN], DType::F32)];
         let a = *args;
         match cw {
-            Some(cw) => {
-                let [s] = B::cube_op("vramlab.voxel_loss_weighted", [x, recon, moments, cw], [out], move |[x, r, m, w]| [cube::voxel_loss::stats(x, r, m, Some(w), a)]);
-                s
-            }
-            None => {
-                let [s] = B::cube_op("vramlab.voxel_loss", [x, recon, moments], [out], move |[x, r, m]| [cube::voxel_loss::stats(x, r, m, None, a)]);
-                s
-            }
+            Some(cw) => B::cube_op("vramlab.voxel_loss_weighted", [x, recon, moments, cw], outs, move |[x, r, m, w]| cube::voxel_loss::stats(x, r, m, Some(w), a)),
+            None => B::cube_op("vramlab.voxel_loss", [x, recon, moments], outs, move |[x, r, m]| cube::voxel_loss::stats(x, r, m, None, a)),
         }
     }
     /// Its backward in one launch ([`cube::voxel_loss::backward`]).
@@ -1636,9 +1632,8 @@ macro_rules! inner_lean_backend {
             fn lean_loss_nodes() -> bool {
                 $kernels::loss_nodes()
             }
-            fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
-                let stats = $kernels::voxel_loss::<Self>(x, recon, moments, cw, args);
-                (voxel_loss::loss_of::<Self>(stats.clone()), stats)
+            fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> [Prim<Self>; 4] {
+                $kernels::voxel_loss::<Self>(x, recon, moments, cw, args)
             }
             fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2] {
                 $kernels::voxel_loss_backward::<Self>(x, recon, moments, cw, stats, dloss, args)
@@ -1999,7 +1994,7 @@ impl<B: LeanBackend, C: CheckpointStrategy> LeanBackend for Autodiff<B, C> {
     fn lean_loss_nodes() -> bool {
         B::lean_loss_nodes()
     }
-    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> (Prim<Self>, Prim<Self>) {
+    fn lean_voxel_loss(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, args: &VoxelLossArgs) -> [Prim<Self>; 4] {
         voxel_loss::voxel_loss_node::<B, C>(x, recon, moments, cw, args)
     }
     fn lean_voxel_loss_backward(x: Prim<Self>, recon: Prim<Self>, moments: Prim<Self>, cw: Option<Prim<Self>>, stats: Prim<Self>, dloss: Prim<Self>, args: &VoxelLossArgs) -> [Prim<Self>; 2] {

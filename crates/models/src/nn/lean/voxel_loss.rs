@@ -95,20 +95,14 @@ impl VoxelLossArgs {
 pub const LOGVAR_MIN: f32 = -30.0;
 pub const LOGVAR_MAX: f32 = 20.0;
 
-/// The loss `[1]` of the statistics (a slice of them).
-pub(super) fn loss_of<B: Backend>(stats: Prim<B>) -> Prim<B> {
-    p(t::<B, 1>(stats).narrow(0, stat::LOSS, 1))
-}
-
 /// `(loss, recon_loss, kl_loss)`, each `[1]` f32, of the reconstruction `recon` of `x`
 /// (`[n, c, d, h, w]` f32) and the posterior in `moments` (`[n, 2·l, d', h', w']` f32, the
 /// logvar unclamped), with the channel weights `cw` (`[c]`) if given:
 /// [`LeanBackend::lean_voxel_loss`]. Only `loss` takes a gradient; `x` must not need one.
 pub fn voxel_loss<B: LeanBackend>(x: Tensor<B, 5>, recon: Tensor<B, 5>, moments: Tensor<B, 5>, cw: Option<Tensor<B, 1>>, args: &VoxelLossArgs) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
     debug_assert!(!x.is_require_grad(), "voxel_loss: x takes no gradient");
-    let (loss, stats) = B::lean_voxel_loss(p(x), p(recon), p(moments), cw.map(p), args);
-    let stats: Tensor<B, 1> = t(stats);
-    (t(loss), stats.clone().narrow(0, stat::RECON, 1), stats.narrow(0, stat::KL, 1))
+    let [loss, recon_loss, kl_loss, _] = B::lean_voxel_loss(p(x), p(recon), p(moments), cw.map(p), args);
+    (t(loss), t(recon_loss), t(kl_loss))
 }
 
 /// The posterior sample `mean + exp(½·logvar)·eps` (`[n, l, d', h', w']` f32) of `moments`
@@ -150,8 +144,16 @@ fn spatial_weight<B: Backend>(x: &Tensor<B, 5>, a: &VoxelLossArgs) -> Tensor<B, 
     Tensor::full(x0.shape(), a.w_empty, &x0.device()).mask_fill(x0.greater_elem(0.0), a.w_occupied)
 }
 
-/// [`LeanBackend::lean_voxel_loss`]'s statistics composed of Burn ops (see [`stat`]).
-pub(super) fn stats_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, a: &VoxelLossArgs) -> Prim<B> {
+/// [`LeanBackend::lean_voxel_loss`] composed of Burn ops: `[loss, recon_loss, kl_loss,
+/// statistics]`, the first three slices of the statistics (see [`stat`]).
+pub(super) fn forward_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, a: &VoxelLossArgs) -> [Prim<B>; 4] {
+    let stats: Tensor<B, 1> = t(stats_composed::<B>(x, recon, moments, cw, a));
+    let at = |i: usize| p(stats.clone().narrow(0, i, 1));
+    [at(stat::LOSS), at(stat::RECON), at(stat::KL), p(stats)]
+}
+
+/// The loss's statistics composed of Burn ops (see [`stat`]).
+fn stats_composed<B: Backend>(x: Prim<B>, recon: Prim<B>, moments: Prim<B>, cw: Option<Prim<B>>, a: &VoxelLossArgs) -> Prim<B> {
     let (x, r): (Tensor<B, 5>, Tensor<B, 5>) = (t(x), t(recon));
     let (m, lv, _) = split(moments);
     let c = x.dims()[1];
@@ -264,23 +266,24 @@ impl<B: LeanBackend> Backward<B, 2> for VoxelLossBackward {
 }
 
 /// [`LeanBackend::lean_voxel_loss`] on `Autodiff<B, C>`: the loss as one node
-/// ([`VoxelLossBackward`]) and the statistics untracked.
+/// ([`VoxelLossBackward`]), its two terms and the statistics untracked.
 pub(super) fn voxel_loss_node<B: LeanBackend, C: CheckpointStrategy>(
     x: Prim<Autodiff<B, C>>,
     recon: Prim<Autodiff<B, C>>,
     moments: Prim<Autodiff<B, C>>,
     cw: Option<Prim<Autodiff<B, C>>>,
     args: &VoxelLossArgs,
-) -> (Prim<Autodiff<B, C>>, Prim<Autodiff<B, C>>) {
+) -> [Prim<Autodiff<B, C>>; 4] {
     let parents = [recon.node.clone(), moments.node.clone()];
     let (x, recon, moments, cw) = (x.primitive, recon.primitive, moments.primitive, cw.map(|w| w.primitive));
-    let (loss, stats) = B::lean_voxel_loss(x.clone(), recon.clone(), moments.clone(), cw.clone(), args);
-    let stats_out = <Autodiff<B, C> as AutodiffBackend>::from_inner(stats.clone());
+    let [loss, recon_loss, kl_loss, stats] = B::lean_voxel_loss(x.clone(), recon.clone(), moments.clone(), cw.clone(), args);
+    let untracked = <Autodiff<B, C> as AutodiffBackend>::from_inner;
+    let stats_out = untracked(stats.clone());
     let loss = match (VoxelLossBackward { args: *args }).prepare::<C>(parents).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish((x, recon, moments, cw, stats), loss),
         OpsKind::UnTracked(prep) => prep.finish(loss),
     };
-    (loss, stats_out)
+    [loss, untracked(recon_loss), untracked(kl_loss), stats_out]
 }
 
 /// The sample's node: the moments' gradient from the kept moments and noise.
