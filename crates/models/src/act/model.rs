@@ -22,8 +22,8 @@
 //! eps = 0). Otherwise `z = 0` and the posterior is `None`. Where [`LeanBackend::lean_loss_nodes`]
 //! (CubeCL) the sample and the loss are nodes reading the posterior's `[b, 2·latent]`
 //! parameters whole ([`crate::nn::lean::posterior_sample`], [`crate::nn::lean::act_loss`]): two
-//! launches with its backward for the sample, three for the loss, where the composed ops are
-//! about forty; flex composes them here. Dropout (rate
+//! launches for the sample with its backward, three for the loss, where the composed ops took 53
+//! (ACT on lavapipe, `benches/results/kernels/wgpu/launch_trims.md`); flex composes them here. Dropout (rate
 //! `config.dropout`) applies only in training and only with a [`DropoutCtx`] (deterministic
 //! masks); without one it is off.
 //!
@@ -670,7 +670,7 @@ mod tests {
                 assert!((x - y).abs() <= 1e-5 * y.abs().max(1e-6), "{name}: part {k}: node {x} vs composed {y}");
             }
             for (what, x, y) in [("dpred", &node.1, &composed.1), ("dparams", &node.2, &composed.2)] {
-                let e = vramlab_testkit::diff(name, x, y).rel;
+                let e = vramlab_testkit::diff(what, x, y).rel;
                 assert!(e <= 1e-6 && x.iter().any(|v| *v != 0.0), "{name}: {what}: relative error {e:e}");
             }
             assert!(node.1.iter().any(|v| *v == 0.0), "{name}: dpred 0 where the prediction is exact");

@@ -1,7 +1,8 @@
 //! ACT's training loss ([`crate::nn::lean::act_loss`]): lerobot's `ACTPolicy.forward` with the
 //! VAE objective, `l1_loss + kl_weight · kld_loss`, in two launches forward and one backward.
-//! Composed of Burn ops it is 17 launches forward and about as many backward (ACT b2 on
-//! lavapipe, `benches/results/kernels/wgpu/launch_trims.md`, 2026-12-07 fifth session).
+//! Composed of Burn ops it is 17 launches forward; with the posterior sample's 4, their
+//! backwards and the parameters' split undone, 53 a step (ACT on lavapipe,
+//! `benches/results/kernels/wgpu/launch_trims.md`, 2026-12-07 fifth session).
 //!
 //! - [`forward`]: [`act_loss_partials_kernel`] sums, per cube, `|action − pred|` where the
 //!   action is not padding, and the KL summand `exp(lv) + μ² − lv − 1` of the posterior;

@@ -7,8 +7,9 @@
 //!   `[μ | log σ²]` (`[b, 2·l]`, `vae_encoder_latent_output_proj`'s output, whole: the node
 //!   writes both halves' gradients, so the split is neither run nor undone).
 //!
-//! Composed of Burn ops the loss is 17 launches forward and its backward about as many (ACT b2
-//! on lavapipe, `benches/results/kernels/wgpu/launch_trims.md`). On CubeCL it runs
+//! Composed of Burn ops the loss is 17 launches forward; with the sample's 4, their backwards and
+//! the parameters' split undone, 53 a step (ACT on lavapipe,
+//! `benches/results/kernels/wgpu/launch_trims.md`). On CubeCL it runs
 //! `nn::cube::act_loss`: two launches forward (per-cube partial sums, then one cube writing the
 //! loss and its two terms) and one backward. The node keeps the action, the prediction, the
 //! padding and the posterior's parameters: PyTorch's `l1_loss` keeps both its inputs, and the
