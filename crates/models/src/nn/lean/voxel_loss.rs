@@ -2,7 +2,8 @@
 //! (`[n, 2·latent, d', h', w']` f32: the mean, then the logvar before `VAE3D.encode`'s clamp to
 //! [`LOGVAR_MIN`]..=[`LOGVAR_MAX`]):
 //!
-//! - [`posterior_sample`]: `z = mean + exp(½·logvar)·eps`;
+//! - [`posterior_sample`]: `z = mean + exp(½·logvar)·eps` (ACT's posterior takes it too, its
+//!   parameters `[b, 2·l]` seen as `[b, 2·l, 1, 1, 1]`, without the clamp);
 //! - [`voxel_loss()`]: the reference's sparse-voxel reconstruction loss
 //!   (`compute_loss(reduction="mean")`: the squared error weighted by occupancy and channel over
 //!   the mean occupancy weight, a false-positive term and an occupancy-mass term, each where its
