@@ -29,7 +29,9 @@
 # What it cannot see: the IR is the one lavapipe's properties give (line sizes, no matrix units),
 # so the kernels a GPU runs on its matrix units (cubek's tensor-core matmuls and convolutions,
 # Burn's and cubek's code) are not in it, and bf16 is not (lavapipe has none); f16 is, through
-# the tests. NVRTC's compile times here are this machine's, one thread.
+# the tests, and the tests' f16 kernels are checked again as bf16 (dump `tests_bf16`: the IR with
+# each f16 made bf16, `benches/nvrtc/cuda_dump.rs`), what cubecl-cpp writes for a bf16 run of the
+# same kernels at lavapipe's line sizes. NVRTC's compile times here are this machine's, one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -108,13 +110,13 @@ if [ "${#tests[@]}" -gt 0 ]; then
   results=""
   for t in "${tests[@]}"; do
     b=$(basename "$t")
-    VRAMLAB_CUDA_DUMP=$work/dump/tests "$t" cube_tests >"$work/tests_$b.log" 2>&1 || tests_failed=1
+    VRAMLAB_CUDA_DUMP=$work/dump/tests VRAMLAB_CUDA_DUMP_BF16=$work/dump/tests_bf16 "$t" cube_tests >"$work/tests_$b.log" 2>&1 || tests_failed=1
     # A binary that ran no test counts as failed: the filter would otherwise pass on nothing.
     grep -q "test result: ok. [1-9]" "$work/tests_$b.log" || tests_failed=1
     results+="${b%%-*} $(grep -ho '[0-9]* passed; [0-9]* failed' "$work/tests_$b.log" | tail -1 || true); "
   done
-  dumps+=("tests=$work/dump/tests")
-  notes+=("tests: \`cube_tests\` on lavapipe (${results%; })")
+  dumps+=("tests=$work/dump/tests" "tests_bf16=$work/dump/tests_bf16")
+  notes+=("tests: \`cube_tests\` on lavapipe (${results%; })" "tests_bf16: the tests' kernels with f16 in them, every f16 made bf16 in the IR (\`benches/nvrtc/cuda_dump.rs\`)")
   log "kernel tests: ${results%; }"
   if [ "$tests_failed" = 1 ]; then
     log "some kernel tests failed (or a binary ran none) on lavapipe (logs: $work/tests_*.log); their kernels are checked anyway"
@@ -144,7 +146,7 @@ cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1 || true)
 header="- **Machine**: $cpu × $(nproc), no GPU; wgpu over Mesa lavapipe; $(date -u '+%Y-%m-%d %H:%M') UTC; HEAD $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' + uncommitted crates/').
 - **Command**: \`$(for v in ROWS TESTS NVRTC_ROOT CUDA_WHEELS; do [ -n "${!v+x}" ] && printf '%s=%q ' "$v" "${!v}"; done)bash benches/nvrtc_check.sh\`; CubeCL $version.
 - **Dumps**: $(printf '%s; ' "${notes[@]}")
-- **Not covered**: the IR is what lavapipe's properties give (line sizes; no matrix units, so not the tensor-core matmuls and convolutions a GPU takes, which are cubek's; \`matmul_entry\` here is lavapipe's unit matmul, whose blocks a GPU never runs); no bf16 (lavapipe has none). NVRTC times are this machine's, one thread."
+- **Not covered**: the IR is what lavapipe's properties give (line sizes; no matrix units, so not the tensor-core matmuls and convolutions a GPU takes, which are cubek's; \`matmul_entry\` here is lavapipe's unit matmul, whose blocks a GPU never runs); bf16 only as the f16 tests' kernels retyped (lavapipe has none: a bf16 run's own line sizes and kernels are not seen). NVRTC times are this machine's, one thread."
 status=0
 if [ "$nvrtc" = 1 ]; then
   log "NVRTC on $(printf '%s ' "${dumps[@]}")"

@@ -1,5 +1,6 @@
 """Make the scratch copies of cubecl-runtime and cubecl-wgpu that benches/nvrtc_check.sh builds
-vramlab with: a hook in `KernelTask::compile` (a fresh `define()` of every kernel compiled),
+vramlab with: a hook in `KernelTask::compile` (handed the kernel's `define()`, so it can take a fresh
+definition of every kernel compiled for each lowering),
 set by the wgpu server to benches/nvrtc/cuda_dump.rs when VRAMLAB_CUDA_DUMP is set (unset, the
 build compiles as CubeCL's own). Every edit checks its anchor first, so a
 CubeCL whose source moved stops here with the file named, not with a silent no-op.
@@ -45,17 +46,20 @@ runtime = copy("cubecl-runtime")
 edit(runtime / "src/kernel.rs",
      "        let gpu_ir = self.kernel_definition.define();\n",
      "        if let Some(hook) = DUMP_HOOK.get() {\n"
-     "            hook(self.kernel_definition.define(), mode, addr_type);\n"
+     "            hook(&|| self.kernel_definition.define(), mode, addr_type);\n"
      "        }\n"
      "        let gpu_ir = self.kernel_definition.define();\n")
 with open(runtime / "src/kernel.rs", "a") as f:
     f.write("\n/// vramlab's NVRTC check: called with a fresh definition of every kernel compiled.\n"
-            "pub static DUMP_HOOK: std::sync::OnceLock<fn(KernelDefinition, ExecutionMode, StorageType)> = std::sync::OnceLock::new();\n")
+            "pub static DUMP_HOOK: std::sync::OnceLock<fn(&dyn Fn() -> KernelDefinition, ExecutionMode, StorageType)> = std::sync::OnceLock::new();\n")
 
 wgpu = copy("cubecl-wgpu")
 edit(wgpu / "Cargo.toml", f'[dependencies.cubecl-cpp]\nversion = "{version}"\nfeatures = ["metal"]\noptional = true',
      f'[dependencies.cubecl-cpp]\nversion = "{version}"\nfeatures = ["metal", "cuda"]')
 edit(wgpu / "Cargo.toml", 'msl = ["cubecl-cpp/metal"]', "msl = []")
+# The bf16 variants (cuda_dump.rs) go through the IR's serde form as CBOR values.
+with open(wgpu / "Cargo.toml", "a") as f:
+    f.write('\n[dependencies.ciborium]\nversion = "0.2"\n\n[dependencies.serde]\nversion = "1"\n')
 shutil.copy(here / "cuda_dump.rs", wgpu / "src/cuda_dump.rs")
 edit(wgpu / "src/lib.rs", "\nmod compiler;", "\nmod compiler;\npub mod cuda_dump;")
 edit(wgpu / "src/compute/server.rs",
