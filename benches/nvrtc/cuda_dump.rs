@@ -6,7 +6,7 @@
 //! dimensions and the shared memory the kernel declares, which cubecl-cuda checks before a launch.
 //!
 //! With `VRAMLAB_CUDA_DUMP_BF16` set too, every kernel whose IR has f16 in it is also written
-//! there with each f16 made bf16 (lavapipe has no bf16, so a bf16 training run's kernels are
+//! there, as `<kernel>_as_bf16-<hash>.cu`, with each f16 made bf16 (lavapipe has no bf16, so a bf16 training run's kernels are
 //! never compiled here; the f16 tests' kernels are the same IR with the other 16-bit float).
 //! The retyping goes through CubeCL's own serde form of the IR (CBOR values, every `F16` type
 //! name made `BF16`, read back); the same round trip without the swap must lower to the source
@@ -31,7 +31,7 @@ pub fn dump(define: &dyn Fn() -> KernelDefinition, mode: ExecutionMode, addr_typ
     let (ext, text) = lower(kernel, mode, addr_type);
     if let Ok(bf16_dir) = std::env::var("VRAMLAB_CUDA_DUMP_BF16") {
         if let Some((ext, text16)) = as_bf16(define, &text, mode, addr_type) {
-            write(&bf16_dir, &name, ext, &text16);
+            write(&bf16_dir, &format!("{name}_as_bf16"), ext, &text16);
         }
     }
     write(&dir, &name, ext, &text);
@@ -124,6 +124,7 @@ fn retyped(kernel: &KernelDefinition, from: &str, to: &str) -> Result<(KernelDef
     Ok((out, count))
 }
 
+/// `x` through serde as a CBOR value, every text `from` in it made `to` (counted in `count`).
 fn swap<T: serde::Serialize + serde::de::DeserializeOwned>(x: &T, from: &str, to: &str, count: &mut usize) -> Result<T, String> {
     fn walk(v: &mut ciborium::Value, from: &str, to: &str, count: &mut usize) {
         use ciborium::Value as V;
