@@ -28,10 +28,10 @@
 #
 # What it cannot see: the IR is the one lavapipe's properties give (line sizes, no matrix units),
 # so the kernels a GPU runs on its matrix units (cubek's tensor-core matmuls and convolutions,
-# Burn's and cubek's code) are not in it, and bf16 is not (lavapipe has none); f16 is, through
-# the tests, and the tests' f16 kernels are checked again as bf16 (dump `tests_bf16`: the IR with
-# each f16 made bf16, `benches/nvrtc/cuda_dump.rs`), what cubecl-cpp writes for a bf16 run of the
-# same kernels at lavapipe's line sizes. NVRTC's compile times here are this machine's, one thread.
+# Burn's and cubek's code) are not in it. lavapipe has no bf16: f16 is seen, through the tests,
+# and the tests' f16 kernels are checked again as bf16 (dump `tests_bf16`: the IR with each f16
+# made bf16, `benches/nvrtc/cuda_dump.rs`), what cubecl-cpp writes for a bf16 run of the same
+# kernels at lavapipe's line sizes. NVRTC's compile times here are this machine's, one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

@@ -6,8 +6,9 @@
 //! dimensions and the shared memory the kernel declares, which cubecl-cuda checks before a launch.
 //!
 //! With `VRAMLAB_CUDA_DUMP_BF16` set too, every kernel whose IR has f16 in it is also written
-//! there, as `<kernel>_as_bf16-<hash>.cu`, with each f16 made bf16 (lavapipe has no bf16, so a bf16 training run's kernels are
-//! never compiled here; the f16 tests' kernels are the same IR with the other 16-bit float).
+//! there, as `<kernel>_as_bf16-<hash>.cu`, with each f16 made bf16 (lavapipe has no bf16, so a
+//! bf16 training run's kernels are never compiled here; the f16 tests' kernels are the same IR
+//! with the other 16-bit float).
 //! The retyping goes through CubeCL's own serde form of the IR (CBOR values, every `F16` type
 //! name made `BF16`, read back); the same round trip without the swap must lower to the source
 //! the original lowers to (the same lines in any order, shared memory placement aside: both
@@ -52,12 +53,12 @@ fn write(dir: &str, name: &str, ext: &str, text: &str) {
 /// order (cubecl-opt's `SharedLiveness`), which differ between two lowerings of one definition,
 /// the packing's total too (one matmul: 288 or 384 bytes).
 fn canonical(source: &str) -> Vec<String> {
-    let offset = |l: &str| match (l.find("dynamic_shared_mem["), l.rfind(']')) {
+    let placement_free = |l: &str| match (l.find("dynamic_shared_mem["), l.rfind(']')) {
         _ if l.starts_with("// vramlab-dump ") => l.split(" shared_bytes ").next().unwrap_or(l).to_string(),
         (Some(a), Some(b)) if b > a => format!("{}{}", &l[..a + 19], &l[b..]),
         _ => l.to_string(),
     };
-    let mut lines: Vec<String> = source.lines().map(offset).collect();
+    let mut lines: Vec<String> = source.lines().map(placement_free).collect();
     lines.sort();
     lines
 }
@@ -195,18 +196,24 @@ fn allocator(original: &cubecl_ir::Allocator, from: &str, to: &str, count: &mut 
     let fresh: cubecl_ir::Allocator = ciborium::Value::Map(vec![(ciborium::Value::Text("next_id".into()), ciborium::Value::Integer(0.into()))])
         .deserialized()
         .map_err(|e| e.to_string())?;
+    // `at`: the id `fresh` hands out next.
+    let mut at = 0;
     for v in &locals {
         let want = id(v)?;
-        while next(&fresh)? < want {
+        if want < at {
+            return Err(format!("two pooled locals with id {want}"));
+        }
+        for _ in at..want {
             fresh.new_local_index();
         }
-        if next(&fresh)? != want {
-            return Err(format!("local ids out of order at {want}"));
-        }
         fresh.add_local_mut(v.ty);
+        at = want + 1;
     }
-    while next(&fresh)? < end {
+    for _ in at..end {
         fresh.new_local_index();
+    }
+    if next(&fresh)? != end.max(at) {
+        return Err(format!("the rebuilt allocator counts on from {}, the original from {end}", next(&fresh)?));
     }
     Ok(fresh)
 }

@@ -50,7 +50,7 @@ edit(runtime / "src/kernel.rs",
      "        }\n"
      "        let gpu_ir = self.kernel_definition.define();\n")
 with open(runtime / "src/kernel.rs", "a") as f:
-    f.write("\n/// vramlab's NVRTC check: called with a fresh definition of every kernel compiled.\n"
+    f.write("\n/// vramlab's NVRTC check: handed `define()` of every kernel compiled (a fresh definition per call).\n"
             "pub static DUMP_HOOK: std::sync::OnceLock<fn(&dyn Fn() -> KernelDefinition, ExecutionMode, StorageType)> = std::sync::OnceLock::new();\n")
 
 wgpu = copy("cubecl-wgpu")
