@@ -96,7 +96,8 @@ pub struct RunFlags {
     output_dir: Option<String>,
     #[arg(long = "job_name", value_name = "NAME")]
     job_name: Option<String>,
-    /// flex (CPU, default), wgpu or cuda — those compiled into this binary.
+    /// flex (CPU, default), wgpu or cuda — those compiled into this binary (without flex, the
+    /// default is the one it was built for: cuda, else wgpu).
     #[arg(long, value_name = "NAME")]
     backend: Option<String>,
     /// GPU index for wgpu / cuda [default: 0].
@@ -240,7 +241,8 @@ pub struct BenchInferenceArgs {
     /// ensembling runs with n_action_steps = 1, as lerobot requires.
     #[arg(long = "temporal_ensemble_coeff", value_name = "C")]
     pub temporal_ensemble_coeff: Option<f64>,
-    /// flex (CPU, default), wgpu or cuda — those compiled into this binary.
+    /// flex (CPU, default), wgpu or cuda — those compiled into this binary (without flex, the
+    /// default is the one it was built for: cuda, else wgpu).
     #[arg(long, value_name = "NAME")]
     pub backend: Option<String>,
     /// GPU index for wgpu / cuda [default: 0].

@@ -22,14 +22,28 @@ use vramlab_train::CheckpointMode;
 use crate::{Result, WorkloadError};
 
 /// `--backend`: which Burn backend runs the job (`cpu` is `flex`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
-    #[default]
     #[serde(alias = "cpu")]
     Flex,
     Wgpu,
     Cuda,
+}
+
+impl Default for BackendKind {
+    /// flex where this binary has it (every default build); in a build without it, the GPU
+    /// backend it was built for (cuda before wgpu), so `cargo build --no-default-features
+    /// --features cuda` trains on CUDA without `--backend=cuda`.
+    fn default() -> Self {
+        if cfg!(feature = "flex") || !(cfg!(feature = "cuda") || cfg!(feature = "wgpu")) {
+            Self::Flex
+        } else if cfg!(feature = "cuda") {
+            Self::Cuda
+        } else {
+            Self::Wgpu
+        }
+    }
 }
 
 impl fmt::Display for BackendKind {
@@ -507,6 +521,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without `--backend`, a job runs on a backend this binary has: flex in a build with it, the
+    /// GPU backend in a build without it.
+    #[test]
+    fn the_default_backend_is_compiled_in() {
+        let default = BackendKind::default();
+        assert!(default.compiled().is_ok(), "default {default} not among {:?}", compiled());
+        assert_eq!(default == BackendKind::Flex, cfg!(feature = "flex"), "flex is the default wherever it is built");
+    }
 
     /// The CUDA driver check: a library every Linux process has loads, a missing one does not;
     /// on this machine the check's answer agrees with whether libcuda loads.

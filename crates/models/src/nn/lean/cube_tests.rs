@@ -2,7 +2,8 @@
 //! composed Burn ops on the same device: each kernel's forward and saved statistics against
 //! `burn_kernels`' (the path `VRAMLAB_COMPOSED_KERNELS=1` takes), and each node's gradients
 //! against plain autodiff of the composed forward. f32 within 1e-5 relative; shapes ragged
-//! against the kernels' 256-unit cubes, several group counts.
+//! against the kernels' 256-unit cubes, several group counts. The half-precision cases run in
+//! f16 everywhere and in bf16 where the device has it ([`halves`]: CUDA, not lavapipe).
 //!
 //! `cargo test --release -p vramlab-models --no-default-features --features wgpu --lib cube_tests`
 //! (the release profile reuses the wgpu build's dependencies: `CARGO_TARGET_DIR=target/wgpu`).
@@ -66,6 +67,23 @@ fn matrix_units() -> bool {
 /// to 2⁻¹¹ relative, and the two sides of a comparison take different kernels).
 fn gemm_tol() -> f32 {
     if matrix_units() { 5e-3 } else { 1e-5 }
+}
+
+/// The half-precision dtypes the kernels are tested in on this device, each with how much
+/// coarser its rounding is than f16's (every half tolerance below is written for f16): f16
+/// everywhere (lavapipe, CUDA), and bf16 where the device computes in it (CUDA GPUs, not
+/// lavapipe: there the bf16 cases say once that they did not run). bf16 keeps 8 bits of
+/// mantissa to f16's 11, so its tolerances are 8× f16's; bit-for-bit checks stay bit for bit.
+fn halves() -> Vec<(burn::tensor::FloatDType, f32)> {
+    use burn::tensor::{DType, FloatDType};
+    let mut halves = vec![(FloatDType::F16, 1.0)];
+    if W::supports_dtype(&Default::default(), DType::BF16) {
+        halves.push((FloatDType::BF16, 8.0));
+    } else {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("cube_tests: this device has no bf16; the kernels' bf16 cases do not run here (they run on CUDA)"));
+    }
+    halves
 }
 
 /// `x`'s values in f32, flattened (any rank, any float dtype, any layout).
@@ -303,8 +321,8 @@ fn flipped_weight_kernel_equals_the_composed_flip() {
 /// The per-channel sum kernel (bias gradients, and in two launches a whole tensor's mean)
 /// against Burn's reductions: channel axes first,
 /// middle and last, cubes ragged against 256 units (one channel, a thousand, 1-sized ends);
-/// f16 within its rounding. And the nodes that use it (a convolution's and the linear bias's
-/// gradients) against Burn's own autodiff of the same ops.
+/// the half types ([`halves`]) within their rounding. And the nodes that use it (a
+/// convolution's and the linear bias's gradients) against Burn's own autodiff of the same ops.
 #[test]
 fn channel_sum_kernel_and_bias_gradients_match_burns() {
     use burn::tensor::ops::FloatTensorOps;
@@ -316,11 +334,13 @@ fn channel_sum_kernel_and_bias_gradients_match_burns() {
         if axis == 1 && dims.len() > 2 {
             close(&format!("channel sum, channels last, {dims:?}"), cube_kernels::channel_sum::<W>(channels_last(x.clone()), axis), burn_kernels::channel_sum::<W>(x.clone(), axis), 1e-5);
         }
-        let h = <W as FloatTensorOps<W>>::float_cast(x, FloatDType::F16);
-        let k = cube_kernels::channel_sum::<W>(h.clone(), axis);
-        assert_eq!(k.dtype(), burn::tensor::DType::F16);
-        let f32_sum = burn_kernels::channel_sum::<W>(<W as FloatTensorOps<W>>::float_cast(h, FloatDType::F32), axis);
-        close(&format!("f16 channel sum {dims:?} axis {axis}"), <W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32), f32_sum, 1e-3);
+        for (half, coarser) in halves() {
+            let h = <W as FloatTensorOps<W>>::float_cast(x.clone(), half);
+            let k = cube_kernels::channel_sum::<W>(h.clone(), axis);
+            assert_eq!(k.dtype(), half.into());
+            let f32_sum = burn_kernels::channel_sum::<W>(<W as FloatTensorOps<W>>::float_cast(h, FloatDType::F32), axis);
+            close(&format!("{half:?} channel sum {dims:?} axis {axis}"), <W as FloatTensorOps<W>>::float_cast(k, FloatDType::F32), f32_sum, 1e-3 * coarser);
+        }
     }
     for dims in [vec![2, 4, 8, 32, 32], vec![3, 700], vec![5]] {
         let x = p(random::<W, 1>([dims.iter().product::<usize>()], 80));
@@ -361,38 +381,43 @@ fn channel_sum_kernel_and_bias_gradients_match_burns() {
     }
 }
 
-/// f16 inputs (lavapipe has f16, not bf16; the kernels take either through the same generic
-/// element): GroupNorm+SiLU, LayerNorm and softmax kernels against the composed ops on the same
-/// f16 values. The norms compute in f32 both ways, so they differ by the final rounding to f16
-/// (2⁻¹¹ relative) at most.
+/// Half-precision inputs ([`halves`]: f16, and bf16 where the device has it; the kernels take
+/// either through the same generic element): GroupNorm+SiLU, LayerNorm and softmax kernels
+/// against the composed ops on the same half values. The norms compute in f32 both ways, so
+/// they differ by the final rounding to the half type at most (2⁻¹¹ relative in f16, 2⁻⁸ in
+/// bf16).
 #[test]
-fn f16_kernels_match_the_composed_ops_within_rounding() {
-    use burn::tensor::{FloatDType, TensorMetadata};
-    let h = |t: Tensor<W, 3>| p(t.cast(FloatDType::F16));
+fn half_kernels_match_the_composed_ops_within_rounding() {
+    use burn::tensor::TensorMetadata;
     let dims = [2, 12, 77];
-    let (x0, dy0) = (h(random::<W, 3>(dims, 51)), h(random::<W, 3>(dims, 52)));
-    let (w0, b0, lw0) = (p(random::<W, 1>([12], 53) * 0.5 + 1.0), p(random::<W, 1>([12], 54) * 0.5), p(random::<W, 1>([77], 55) * 0.5 + 1.0));
-    let (x, dy, w, b) = (|| x0.clone(), || dy0.clone(), || w0.clone(), || b0.clone());
-    let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
-    let (cy, _, _) = burn_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
-    assert_eq!(ky.dtype(), burn::tensor::DType::F16);
-    close("f16 group norm output", ky, cy, 1e-3);
-    let (kx, kw, _) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy(), 4, NormAct::Silu);
-    let (cx, cw, _) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy(), 4, NormAct::Silu);
-    close("f16 group norm dx", kx, cx, 1e-3);
-    close("f16 group norm dweight", kw, cw, 1e-5);
-    let lw = || lw0.clone();
-    let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
-    let (cy, _, _) = burn_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
-    close("f16 layer norm output", ky, cy, 1e-5);
-    let (kx, _, _) = cube_kernels::layer_norm_backward::<W>(x(), km.clone(), kr.clone(), lw(), dy());
-    let (cx, _, _) = burn_kernels::layer_norm_backward::<W>(x(), km, kr, lw(), dy());
-    close("f16 layer norm dx", kx, cx, 1e-3);
-    let (ks, cs) = (cube_kernels::softmax::<W>(x(), 2), burn_kernels::softmax::<W>(x(), 2));
-    // Burn's softmax and the composed backward compute in f16 themselves: 5e-3.
-    close("f16 softmax output", ks.clone(), cs, 5e-3);
-    let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
-    close("f16 softmax dx", kx, cx, 5e-3);
+    for (half, coarser) in halves() {
+        let h = |t: Tensor<W, 3>| p(t.cast(half));
+        let (x0, dy0) = (h(random::<W, 3>(dims, 51)), h(random::<W, 3>(dims, 52)));
+        let (w0, b0, lw0) = (p(random::<W, 1>([12], 53) * 0.5 + 1.0), p(random::<W, 1>([12], 54) * 0.5), p(random::<W, 1>([77], 55) * 0.5 + 1.0));
+        let (x, dy, w, b) = (|| x0.clone(), || dy0.clone(), || w0.clone(), || b0.clone());
+        let at = |what: &str| format!("{half:?} {what}");
+        let (ky, km, kr) = cube_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+        let (cy, _, _) = burn_kernels::group_norm::<W>(x(), w(), b(), 4, 1e-5, NormAct::Silu);
+        assert_eq!(ky.dtype(), half.into());
+        close(&at("group norm output"), ky, cy, 1e-3 * coarser);
+        let (kx, kw, _) = cube_kernels::group_norm_backward::<W>(x(), km.clone(), kr.clone(), w(), b(), dy(), 4, NormAct::Silu);
+        let (cx, cw, _) = burn_kernels::group_norm_backward::<W>(x(), km, kr, w(), b(), dy(), 4, NormAct::Silu);
+        close(&at("group norm dx"), kx, cx, 1e-3 * coarser);
+        close(&at("group norm dweight"), kw, cw, 1e-5 * coarser);
+        let lw = || lw0.clone();
+        let (ky, km, kr) = cube_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+        let (cy, _, _) = burn_kernels::layer_norm::<W>(x(), lw(), p(Tensor::<W, 1>::zeros([77], &Default::default())), 1e-5);
+        close(&at("layer norm output"), ky, cy, 1e-5 * coarser);
+        let (kx, _, _) = cube_kernels::layer_norm_backward::<W>(x(), km.clone(), kr.clone(), lw(), dy());
+        let (cx, _, _) = burn_kernels::layer_norm_backward::<W>(x(), km, kr, lw(), dy());
+        close(&at("layer norm dx"), kx, cx, 1e-3 * coarser);
+        let (ks, cs) = (cube_kernels::softmax::<W>(x(), 2), burn_kernels::softmax::<W>(x(), 2));
+        // Burn's softmax and the composed backward compute in the half type themselves: 5e-3
+        // in f16.
+        close(&at("softmax output"), ks.clone(), cs, 5e-3 * coarser);
+        let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
+        close(&at("softmax dx"), kx, cx, 5e-3 * coarser);
+    }
 }
 
 /// Under Burn's fusion each kernel is a custom operation of the fusion stream: here its inputs
@@ -427,7 +452,7 @@ fn kernels_between_fused_operations_match_the_composed_ops() {
 
 /// Dropout on the device draws exactly the host's masks (the 64-bit hash in 32-bit halves:
 /// sizes past 2³² are not tested, bases and thresholds are) and gives exactly the host path's
-/// values and input gradient (`x · s` or 0, `dy · s` or 0), f32 and f16, ragged sizes.
+/// values and input gradient (`x · s` or 0, `dy · s` or 0), f32 and the half types ([`halves`]), ragged sizes.
 #[test]
 fn dropout_kernel_draws_the_host_masks() {
     use crate::nn::dropout::DropoutCtx;
@@ -445,10 +470,13 @@ fn dropout_kernel_draws_the_host_masks() {
             assert_eq!(kernel, host, "{at}: the device's dropout equals the host's bit for bit");
             let dropped = kernel.iter().filter(|v| **v == 0.0).count();
             assert_eq!(dropped, ctx.drop_flags(site, n, rate).iter().filter(|d| **d).count(), "{at}: dropped count");
-            // f16: the same flags, the scaling in f16 as Burn's mask_fill + mul_scalar.
-            let xh = x0.clone().cast(burn::tensor::DType::F16);
-            let kh = Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout::<W>(p(xh.clone()), base, threshold, scale)));
-            assert_eq!(vals(kh.cast(burn::tensor::DType::F32)), vals(host_dropout(xh, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+            // Half types: the same flags, the scaling in the half type as Burn's mask_fill +
+            // mul_scalar.
+            for (half, _) in halves() {
+                let xh = x0.clone().cast(half);
+                let kh = Tensor::<W, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout::<W>(p(xh.clone()), base, threshold, scale)));
+                assert_eq!(vals(kh.cast(burn::tensor::DType::F32)), vals(host_dropout(xh, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: {half:?}");
+            }
         }
     }
     // Through autodiff: DropoutCtx::apply takes the device node (nothing kept), the gradient is
@@ -475,9 +503,9 @@ fn dropout_kernel_draws_the_host_masks() {
 /// The residual add after a dropout (`nn::residual_dropout`, ACT's 19 a forward) in one launch:
 /// the kernel gives `r + dropout(x)` of the host's flags bit for bit, with `x` and `r` laid out
 /// contiguously or not (a transposed view: the flags follow the logical index) and in place in
-/// an `x` held by nothing else; f16 through the kernel too. The node on `Autodiff<Wgpu>`: the
+/// an `x` held by nothing else; f16 (and bf16) through the kernel too. The node on `Autodiff<Wgpu>`: the
 /// same output and gradients (`dx` the dropout of `dy`, `dr = dy`) as the dropout's node and
-/// Burn's add, f32, and the composed ops where `x` is f16 (not fused).
+/// Burn's add, f32, and the composed ops where `x` is a half type (not fused).
 #[test]
 fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
     use crate::nn::dropout::DropoutCtx;
@@ -512,9 +540,11 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
         assert_eq!(fused(xt, rt), want, "{at}: transposed views");
         let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
         assert_eq!(fused(alone, r0.clone()), want, "{at}: in place");
-        let h = |t: &Tensor<W, 3>| t.clone().cast(burn::tensor::DType::F16);
-        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(h(&x0)), p(h(&r0)), None, base, threshold, scale)));
-        assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h(&x0), h(&r0), base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+        for (half, _) in halves() {
+            let h = |t: &Tensor<W, 3>| t.clone().cast(half);
+            let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::dropout_add::<W>(p(h(&x0)), p(h(&r0)), None, base, threshold, scale)));
+            assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h(&x0), h(&r0), base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: {half:?}");
+        }
     }
     // The node against the dropout's node and Burn's add.
     assert!(<A as super::LeanBackend>::lean_dropout_add_fuses(burn::tensor::DType::F32, burn::tensor::DType::F32), "CubeCL fuses the residual add in f32");
@@ -525,14 +555,14 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
     let (x0, r0, w) = (random::<A, 3>(dims, 80), random::<A, 3>(dims, 81), random::<A, 3>(dims, 82));
     let b0 = random::<A, 1>([dims[2]], 83);
     let n = dims.iter().product::<usize>();
-    for (half, biased) in [(false, false), (true, false), (false, true), (true, true)] {
+    let dtypes: Vec<burn::tensor::FloatDType> = [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)).collect();
+    for (dtype, biased) in dtypes.iter().flat_map(|d| [(*d, false), (*d, true)]) {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let r = r0.clone().detach().require_grad();
             let b = b0.clone().detach().require_grad();
-            let cast = |t: Tensor<A, 3>| if half { t.cast(burn::tensor::DType::F16) } else { t };
-            let xin = cast(x.clone());
-            let bin = biased.then(|| if half { b.clone().cast(burn::tensor::DType::F16) } else { b.clone() });
+            let xin = x.clone().cast(dtype);
+            let bin = biased.then(|| b.clone().cast(dtype));
             let y = if fused {
                 crate::nn::residual_dropout(r.clone(), xin, bin, Some(&ctx), site, 0.3)
             } else {
@@ -549,7 +579,7 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
         };
         let (a, b) = (run(true), run(false));
         for (name, (a, b)) in ["output", "dx", "dresidual", "dbias"].into_iter().zip(a.iter().zip(&b)) {
-            assert_eq!(a, b, "{name}, x f16 {half}, bias {biased}");
+            assert_eq!(a, b, "{name}, x {dtype:?}, bias {biased}");
         }
     }
 }
@@ -557,7 +587,7 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
 /// The FFN's ReLU before its dropout (`nn::relu_dropout`, ACT's 9 a forward) in one launch: the
 /// kernel gives `dropout(relu(x))` of the host's flags bit for bit, contiguous, through a
 /// transposed view (made contiguous first: the flags follow the logical index), in place in an `x`
-/// held by nothing else, and in f16. The node on `Autodiff<Wgpu>` (f32 and f16): the output and
+/// held by nothing else, and in the half types. The node on `Autodiff<Wgpu>` (f32 and the half types): the output and
 /// `dx` of the ReLU's node, then the dropout's, bit for bit; its backward redraws no flags
 /// (`dy · scale` where the output is > 0).
 #[test]
@@ -590,9 +620,11 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
         assert_eq!(fused(xt), want, "{at}: transposed view");
         let alone = Tensor::<W, 3>::from_data(x0.to_data(), &Default::default());
         assert_eq!(fused(alone), want, "{at}: in place");
-        let h = x0.clone().cast(burn::tensor::DType::F16);
-        let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(h.clone()), None, base, threshold, scale)));
-        assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: f16");
+        for (half, _) in halves() {
+            let h = x0.clone().cast(half);
+            let fh = Tensor::<W, 3>::from_primitive(burn::tensor::TensorPrimitive::Float(cube_kernels::relu_dropout::<W>(p(h.clone()), None, base, threshold, scale)));
+            assert_eq!(flat(fh.cast(burn::tensor::DType::F32)), flat(host(h, base, threshold, scale).cast(burn::tensor::DType::F32)), "{at}: {half:?}");
+        }
     }
     assert!(<A as super::LeanBackend>::lean_relu_dropout_fuses(), "CubeCL fuses the FFN's ReLU and dropout");
     let dims = [3usize, 7, 65];
@@ -601,12 +633,13 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
     let (x0, w) = (random::<A, 3>(dims, 95), random::<A, 3>(dims, 96));
     let b0 = random::<A, 1>([dims[2]], 98);
     let n = dims.iter().product::<usize>();
-    for (half, biased) in [(false, false), (true, false), (false, true), (true, true)] {
+    let dtypes: Vec<burn::tensor::FloatDType> = [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)).collect();
+    for (dtype, biased) in dtypes.iter().flat_map(|d| [(*d, false), (*d, true)]) {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let b = b0.clone().detach().require_grad();
-            let xin = if half { x.clone().cast(burn::tensor::DType::F16) } else { x.clone() };
-            let bin = biased.then(|| if half { b.clone().cast(burn::tensor::DType::F16) } else { b.clone() });
+            let xin = x.clone().cast(dtype);
+            let bin = biased.then(|| b.clone().cast(dtype));
             let y = if fused {
                 crate::nn::relu_dropout(xin, bin, Some(&ctx), site, 0.3)
             } else {
@@ -624,7 +657,7 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
         let (a, b) = (run(true), run(false));
         assert!(a[0].iter().any(|v| *v == 0.0) && a[0].iter().any(|v| *v > 0.0), "some elements dropped or negative, some kept");
         for (name, (a, b)) in ["output", "dx", "dbias"].into_iter().zip(a.iter().zip(&b)) {
-            assert_eq!(a, b, "{name}, x f16 {half}, bias {biased}");
+            assert_eq!(a, b, "{name}, x {dtype:?}, bias {biased}");
         }
     }
 }
@@ -790,11 +823,11 @@ fn relu_kernels_and_node_match_burns() {
 /// within 1e-5 relative: forward and backward for tensors stored channels first, channels last
 /// (the result keeping its input's layout), not dense (copied first) and mixed, inputs from
 /// −100 to 100 (where `exp` overflows and `tanh` saturates), in place when the input is alone;
-/// f16 within its rounding; then the nodes' gradients against autodiff of the composed forward.
+/// the half types ([`halves`]) within their rounding; then the nodes' gradients against autodiff of the composed forward.
 #[test]
 fn act_kernels_and_nodes_match_the_composed_ops() {
     use super::t;
-    use burn::tensor::{FloatDType, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     type Fwd = fn(Prim<W>) -> Prim<W>;
     type Back = fn(Prim<W>, Prim<W>) -> Prim<W>;
     let dims = [2, 5, 7, 9];
@@ -834,13 +867,15 @@ fn act_kernels_and_nodes_match_the_composed_ops() {
             close(&at, dx, dx_ref.clone(), 1e-5);
         }
         close(&format!("{act} backward, not dense"), kernel_back(not_dense(), not_dense()), composed_back(not_dense(), not_dense()), 1e-5);
-        // f16: both compute in f32 and round once to f16 (2⁻¹¹ relative).
-        let h = |x: Prim<W>| p(t::<W, 4>(x).cast(FloatDType::F16));
-        let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
-        let yh = kernel(xh.clone());
-        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "{act}: f16 in, f16 out");
-        close(&format!("{act} f16 forward"), yh, composed(xh.clone()), 1e-3);
-        close(&format!("{act} f16 backward"), kernel_back(xh.clone(), dyh.clone()), composed_back(xh, dyh), 1e-3);
+        // Half types: both compute in f32 and round once (2⁻¹¹ relative in f16).
+        for (half, coarser) in halves() {
+            let h = |x: Prim<W>| p(t::<W, 4>(x).cast(half));
+            let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
+            let yh = kernel(xh.clone());
+            assert_eq!(yh.dtype(), half.into(), "{act}: {half:?} in, {half:?} out");
+            close(&format!("{act} {half:?} forward"), yh, composed(xh.clone()), 1e-3 * coarser);
+            close(&format!("{act} {half:?} backward"), kernel_back(xh.clone(), dyh.clone()), composed_back(xh, dyh), 1e-3 * coarser);
+        }
     }
     let affine = |x: Tensor<A, 4>, w: Tensor<A, 1>, b: Tensor<A, 1>| (x * w.reshape([1, 5, 1, 1]) + b.reshape([1, 5, 1, 1])) * 3.0;
     let softplus = |x: Tensor<A, 4>| burn::tensor::activation::relu(x.clone()) + x.abs().neg().exp().log1p();
@@ -852,12 +887,12 @@ fn act_kernels_and_nodes_match_the_composed_ops() {
 /// `(scale, shift)` from random buffers (f32 within 1e-6 relative: one division and square root
 /// each side), then `x · scale (+ shift)` for `x` stored channels first, channels last (the
 /// result keeping its layout), not dense (copied first) and alone (in place), with and without
-/// the shift, f32 within 1e-6, f16 within its rounding; then a `FrozenBatchNorm2d` with those
+/// the shift, f32 within 1e-6, the half types within their rounding; then a `FrozenBatchNorm2d` with those
 /// buffers on `Autodiff<Wgpu>` against the composed forward's autodiff (output and `dx`).
 #[test]
 fn frozen_batch_norm_kernels_match_the_composed_ops() {
     use super::t;
-    use burn::tensor::{FloatDType, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     let c = 6;
     let dims = [2, c, 7, 9];
     let buf = |seed: u64| p(random::<W, 1>([c], seed));
@@ -883,12 +918,14 @@ fn frozen_batch_norm_kernels_match_the_composed_ops() {
         let alone = p(t::<W, 4>(x0.clone()) * 1.0);
         close(&format!("affine (shift {with_shift}) in place"), cube_kernels::channel_affine::<W>(alone, scale.clone(), sh()), y_ref, 1e-6);
         close(&format!("affine (shift {with_shift}), not dense"), cube_kernels::channel_affine::<W>(not_dense(), scale.clone(), sh()), burn_kernels::channel_affine::<W>(not_dense(), scale.clone(), sh()), 1e-6);
-        let h = |x: Prim<W>| p(t::<W, 1>(x).cast(FloatDType::F16));
-        let xh = p(t::<W, 4>(x0.clone()).cast(FloatDType::F16));
-        let (sh16, bh16) = (h(scale.clone()), with_shift.then(|| h(shift.clone())));
-        let yh = cube_kernels::channel_affine::<W>(xh.clone(), sh16.clone(), bh16.clone());
-        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
-        close(&format!("affine (shift {with_shift}) f16"), yh, burn_kernels::channel_affine::<W>(xh, sh16, bh16), 2e-3);
+        for (half, coarser) in halves() {
+            let h = |x: Prim<W>| p(t::<W, 1>(x).cast(half));
+            let xh = p(t::<W, 4>(x0.clone()).cast(half));
+            let (sh16, bh16) = (h(scale.clone()), with_shift.then(|| h(shift.clone())));
+            let yh = cube_kernels::channel_affine::<W>(xh.clone(), sh16.clone(), bh16.clone());
+            assert_eq!(yh.dtype(), half.into(), "{half:?} in, {half:?} out");
+            close(&format!("affine (shift {with_shift}) {half:?}"), yh, burn_kernels::channel_affine::<W>(xh, sh16, bh16), 2e-3 * coarser);
+        }
     }
     // The module on autodiff: constant buffers, so the lean node (keeping `scale`) and the
     // one-launch `(scale, shift)`.
@@ -918,15 +955,15 @@ fn frozen_batch_norm_kernels_match_the_composed_ops() {
 /// The frozen batch norm + ReLU (+ residual) kernels against the composed ops (`burn_kernels`:
 /// the affine, the add, the ReLU) on the same device. Forward for `x` stored channels first and
 /// last (the result keeping `x`'s layout where the residual shares it), the residual in `x`'s
-/// layout and in the other one (both copied first), and without one; f32 within 1e-6, f16
-/// within its rounding. Backward with and without the residual's gradient `g` for `y` and `dy`
+/// layout and in the other one (both copied first), and without one; f32 within 1e-6, the half
+/// types within their rounding. Backward with and without the residual's gradient `g` for `y` and `dy`
 /// in one layout (either) and in two, and in place in a `dy` held by nothing else; `g` exactly
 /// the ReLU's backward, `dx` within 1e-6. Then the node on `Autodiff<Wgpu>` against autodiff of
 /// the composed ops (output, `dx`, `dresidual`), stored channels last.
 #[test]
 fn affine_relu_kernels_and_node_match_the_composed_ops() {
     use super::t;
-    use burn::tensor::{FloatDType, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     let c = 6;
     let dims = [2, c, 7, 9];
     let x0 = p(random::<W, 4>(dims, 91) * 2.0);
@@ -949,11 +986,13 @@ fn affine_relu_kernels_and_node_match_the_composed_ops() {
         }
         let alone = p(t::<W, 4>(x0.clone()) * 1.0);
         close(&format!("forward, residual {residual}, in place"), cube_kernels::channel_affine_relu::<W>(alone, scale.clone(), shift.clone(), residual.then(|| r0.clone())), y_ref, 1e-6);
-        let h = |v: &Prim<W>| p(t::<W, 4>(v.clone()).cast(FloatDType::F16));
-        let h1 = |v: &Prim<W>| p(t::<W, 1>(v.clone()).cast(FloatDType::F16));
-        let yh = cube_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0)));
-        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
-        close(&format!("forward, residual {residual}, f16"), yh, burn_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0))), 2e-3);
+        for (half, coarser) in halves() {
+            let h = |v: &Prim<W>| p(t::<W, 4>(v.clone()).cast(half));
+            let h1 = |v: &Prim<W>| p(t::<W, 1>(v.clone()).cast(half));
+            let yh = cube_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0)));
+            assert_eq!(yh.dtype(), half.into(), "{half:?} in, {half:?} out");
+            close(&format!("forward, residual {residual}, {half:?}"), yh, burn_kernels::channel_affine_relu::<W>(h(&x0), h1(&scale), h1(&shift), residual.then(|| h(&r0))), 2e-3 * coarser);
+        }
     }
     // The backward from an output with its ReLU zeros.
     let y0 = burn_kernels::channel_affine_relu::<W>(x0.clone(), scale.clone(), shift.clone(), Some(r0.clone()));
@@ -1002,15 +1041,16 @@ fn attention_node_gradients_match_the_composed_ops() {
     // d = 128: the shared q/k projection's halves and their gradients' rows at aligned offsets
     // (CubeCL views, no copy).
     super::attention::tests::attention_node_matches::<A>(2, 7, 7, 32, true, true, true, FloatDType::F32, gemm_tol());
-    // f16 projections and products (lavapipe has no bf16): both sides round alike, not
-    // identically.
-    super::attention::tests::attention_node_matches::<A>(2, 5, 5, 2, true, true, true, FloatDType::F16, 3e-2);
-    super::attention::tests::attention_node_matches::<A>(2, 5, 7, 2, false, false, true, FloatDType::F16, 3e-2);
+    // Half-precision projections and products: both sides round alike, not identically.
+    for (half, coarser) in halves() {
+        super::attention::tests::attention_node_matches::<A>(2, 5, 5, 2, true, true, true, half, 3e-2 * coarser);
+        super::attention::tests::attention_node_matches::<A>(2, 5, 7, 2, false, false, true, half, 3e-2 * coarser);
+    }
 }
 
 /// The attention's two fused forward kernels (`cube::attention`) against the ops they replace,
 /// bit for bit: the bias and head split against Burn's broadcast add and a contiguous copy of
-/// the permuted view (f32 and f16; one to three projections, ragged sizes); the scaled, masked
+/// the permuted view (f32 and the half types; one to three projections, ragged sizes); the scaled, masked
 /// softmax and its dropout against the scale, the mask's add, the softmax kernel and the
 /// dropout kernel run one after the other (with and without a mask and a dropout, rows longer
 /// than a cube, a mask hiding keys); its backward against the dropout's, the softmax's and the
@@ -1023,7 +1063,7 @@ fn attention_kernels_match_the_ops_they_replace() {
         let width = parts * heads * hd;
         let x = random::<W, 2>([n * rows, width], 60 + rows as u64);
         let b = random::<W, 1>([width], 61);
-        for dtype in [burn::tensor::DType::F32, burn::tensor::DType::F16] {
+        for dtype in [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)) {
             let (x, b) = (p(x.clone().cast(dtype)), p(b.clone().cast(dtype)));
             let kernel = cube_kernels::attention_heads::<W>(x.clone(), b.clone(), n, heads, parts);
             assert_eq!(super::dims_of::<W>(&kernel), vec![parts * n, heads, rows, hd], "heads' dims");
@@ -1184,7 +1224,7 @@ fn short_conv_search_matches_burns_convolutions() {
 /// matrix units) against Burn's on the same device: padding, strides, dilation, a 1×1×1 kernel, an
 /// uneven kernel with uneven strides and padding, more output rows than a cube has units, inputs
 /// stored channels last, each with lavapipe's split of a tile's sum and with a GPU's (the search
-/// candidate's, up to 64 units a tile), and f16 within its rounding (against f32 on the same
+/// candidate's, up to 64 units a tile), and the half types within their rounding (against f32 on the same
 /// rounded values). Each also with the bias's gradient from the same launch, against the channel
 /// sum of `dy`.
 #[test]
@@ -1231,27 +1271,31 @@ fn weight_grad_tiles_match_burns_weight_gradient() {
         }
     }
     crate::nn::cube::weight_grad::LAUNCH_UNITS_FOR_TESTS.set(None);
-    // f16: the tiles sum in f32 and round once; Burn's f32 gradient of the same rounded values.
+    // Half types: the tiles sum in f32 and round once; Burn's f32 gradient of the same rounded
+    // values.
     let (x, w, o) = cases[0].clone();
-    let h = |t: Tensor<W, 5>| t.cast(FloatDType::F16);
-    let (xt, wt) = (h(random::<W, 5>(x, 7)), h(random::<W, 5>(w, 8)));
-    let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
-    let dy = h(random::<W, 5>(y.shape().dims(), 9));
-    let dw = cube_kernels::weight_backward_3d::<W>(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
-    assert_eq!(dw.dtype(), burn::tensor::DType::F16);
-    let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
-    let reference = burn_kernels::weight_backward_3d::<W>(f(xt.clone()), f(wt.clone()), f(dy.clone()), o.clone());
-    close("f16 tiled weight gradient", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference.clone(), gemm_tol().max(1e-3));
-    let (dw, db) = cube_kernels::weight_bias_backward_3d::<W>(p(xt), p(wt), p(dy.clone()), o).expect("the kernels take it");
-    assert_eq!((dw.dtype(), db.dtype()), (burn::tensor::DType::F16, burn::tensor::DType::F16));
-    close("f16 tiled weight gradient with the bias's", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, gemm_tol().max(1e-3));
-    close("f16 bias gradient from the tiles", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(db, FloatDType::F32), burn_kernels::channel_sum::<W>(f(dy), 1), 1e-3);
+    for (half, coarser) in halves() {
+        let h = |t: Tensor<W, 5>| t.cast(half);
+        let (xt, wt) = (h(random::<W, 5>(x, 7)), h(random::<W, 5>(w, 8)));
+        let y = burn_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+        let dy = h(random::<W, 5>(y.shape().dims(), 9));
+        let dw = cube_kernels::weight_backward_3d::<W>(p(xt.clone()), p(wt.clone()), p(dy.clone()), o.clone());
+        assert_eq!(dw.dtype(), half.into());
+        let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
+        let reference = burn_kernels::weight_backward_3d::<W>(f(xt.clone()), f(wt.clone()), f(dy.clone()), o.clone());
+        let tol = gemm_tol().max(1e-3 * coarser);
+        close(&format!("{half:?} tiled weight gradient"), <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference.clone(), tol);
+        let (dw, db) = cube_kernels::weight_bias_backward_3d::<W>(p(xt), p(wt), p(dy.clone()), o.clone()).expect("the kernels take it");
+        assert_eq!((dw.dtype(), db.dtype()), (half.into(), half.into()));
+        close(&format!("{half:?} tiled weight gradient with the bias's"), <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(dw, FloatDType::F32), reference, tol);
+        close(&format!("{half:?} bias gradient from the tiles"), <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(db, FloatDType::F32), burn_kernels::channel_sum::<W>(f(dy), 1), 1e-3 * coarser);
+    }
 }
 
 /// 3-D convolutions through `nn::cube::forward_tiles` (a 4-position × 4-channel tile per unit, on
 /// a device without matrix units) against Burn's on the same device: with and without a bias,
 /// padding, strides, dilation, a 1×1×1 kernel, an uneven kernel, output widths that are not
-/// multiples of 4, channels-last inputs; f16 within its rounding.
+/// multiples of 4, channels-last inputs; the half types within their rounding.
 #[test]
 fn forward_tiles_match_burns_convolution() {
     use burn::tensor::ops::ConvOptions;
@@ -1280,23 +1324,24 @@ fn forward_tiles_match_burns_convolution() {
         }
     }
     let (x, w, _, o) = cases[0].clone();
-    let h = |t: Tensor<W, 5>| t.cast(FloatDType::F16);
-    let (xt, wt) = (h(random::<W, 5>(x, 17)), h(random::<W, 5>(w, 18)));
-    let y = cube_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
-    assert_eq!(y.dtype(), burn::tensor::DType::F16);
-    let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
-    let reference = burn_kernels::conv3d::<W>(f(xt), f(wt), None, o);
-    close("f16 tiled convolution", <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(y, FloatDType::F32), reference, gemm_tol().max(1e-3));
+    for (half, coarser) in halves() {
+        let h = |t: Tensor<W, 5>| t.cast(half);
+        let (xt, wt) = (h(random::<W, 5>(x, 17)), h(random::<W, 5>(w, 18)));
+        let y = cube_kernels::conv3d::<W>(p(xt.clone()), p(wt.clone()), None, o.clone());
+        assert_eq!(y.dtype(), half.into());
+        let f = |t: Tensor<W, 5>| p(t.cast(FloatDType::F32));
+        let reference = burn_kernels::conv3d::<W>(f(xt), f(wt), None, o.clone());
+        close(&format!("{half:?} tiled convolution"), <W as burn::tensor::ops::FloatTensorOps<W>>::float_cast(y, FloatDType::F32), reference, gemm_tol().max(1e-3 * coarser));
+    }
 }
 
 /// The linear-upsampling kernels against the composed ops (gathers, multiplies, scatter-adds)
 /// on the same device: forward and backward along each spatial axis of a rank-5 tensor, factors
 /// 2 and 3, inputs stored channels first and channels last (the result keeps the layout), an
 /// axis of length 1 (every output row reads the one source row), a view that is not dense
-/// (copied first), and f16 within its rounding.
+/// (copied first), and the half types within their rounding.
 #[test]
 fn upsample_kernels_match_the_composed_ops() {
-    use burn::tensor::FloatDType;
     let dims = [2, 3, 4, 5, 6];
     for (scale, seed) in [(2, 61), (3, 62)] {
         let x0 = p(random::<W, 5>(dims, seed));
@@ -1327,11 +1372,14 @@ fn upsample_kernels_match_the_composed_ops() {
     let narrow = random::<W, 5>([2, 3, 4, 5, 1], 73);
     let wide = || p(narrow.clone().expand([2, 3, 4, 5, 6]));
     close("not dense: forward", cube_kernels::upsample_linear::<W>(wide(), 3, 2), burn_kernels::upsample_linear::<W>(wide(), 3, 2), 1e-6);
-    // f16: the kernel computes in f32 and rounds once; the composed ops round each product.
-    let h = p(random::<W, 5>(dims, 74).cast(FloatDType::F16));
-    close("f16 forward", cube_kernels::upsample_linear::<W>(h.clone(), 4, 2), burn_kernels::upsample_linear::<W>(h.clone(), 4, 2), 2e-3);
-    let hdy = p(random::<W, 5>([2, 3, 4, 5, 12], 75).cast(FloatDType::F16));
-    close("f16 backward", cube_kernels::upsample_linear_backward::<W>(hdy.clone(), 4, 2), burn_kernels::upsample_linear_backward::<W>(hdy, 4, 2), 2e-3);
+    // Half types: the kernel computes in f32 and rounds once; the composed ops round each
+    // product.
+    for (half, coarser) in halves() {
+        let h = p(random::<W, 5>(dims, 74).cast(half));
+        close(&format!("{half:?} forward"), cube_kernels::upsample_linear::<W>(h.clone(), 4, 2), burn_kernels::upsample_linear::<W>(h.clone(), 4, 2), 2e-3 * coarser);
+        let hdy = p(random::<W, 5>([2, 3, 4, 5, 12], 75).cast(half));
+        close(&format!("{half:?} backward"), cube_kernels::upsample_linear_backward::<W>(hdy.clone(), 4, 2), burn_kernels::upsample_linear_backward::<W>(hdy, 4, 2), 2e-3 * coarser);
+    }
 }
 
 /// The matmul node computes a transposed operand's gradient in its layout: a linear layer's
@@ -1393,7 +1441,7 @@ fn wide_unit_matmul_matches_burns_matmul() {
 /// for `x` stored channels first, channels last (the result keeping its layout), not dense
 /// (copied first) and alone (in place); the input gradient likewise; the embedding's gradient
 /// from `x` and `dy` in every pairing of those layouts; f32 within 1e-6 relative (each element
-/// one product and one sum, or `t` of them in order), f16 within its rounding; each without and
+/// one product and one sum, or `t` of them in order), the half types within their rounding; each without and
 /// with the conditioning linear layer's bias (read by the kernels; its gradient, the embedding's
 /// summed over the batch, in the same launch); then the node on `Autodiff<Wgpu>` (what
 /// Diffusion's residual blocks take) against autodiff of the composed ops (the bias through its
@@ -1402,7 +1450,7 @@ fn wide_unit_matmul_matches_burns_matmul() {
 #[test]
 fn film_kernels_and_node_match_the_composed_ops() {
     use super::t;
-    use burn::tensor::{FloatDType, TensorMetadata};
+    use burn::tensor::TensorMetadata;
     let (b, c, len) = (3, 5, 7);
     let dims = [b, c, len];
     let x0 = p(random::<W, 3>(dims, 91));
@@ -1444,21 +1492,23 @@ fn film_kernels_and_node_match_the_composed_ops() {
         }
         close(&format!("dx, not dense, {with}"), cube_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), not_dense()), burn_kernels::film_x_backward::<W>(e0.clone(), bias.clone(), not_dense()), 1e-6);
         close(&format!("dembed, not dense, {with}"), cube_kernels::film_embed_backward::<W>(not_dense(), not_dense(), bias_grad).0, burn_kernels::film_embed_backward::<W>(not_dense(), not_dense(), bias_grad).0, 1e-6);
-        // f16: the kernels compute in f32 and round once (the embedding and bias's sum rounded
-        // first, as the bias add); the composed ops round after each op.
-        let h = |x: Prim<W>| p(t::<W, 3>(x).cast(FloatDType::F16));
-        let eh = p(t::<W, 2>(e0.clone()).cast(FloatDType::F16));
-        let bh = bias.clone().map(|b| p(t::<W, 1>(b).cast(FloatDType::F16)));
-        let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
-        let yh = cube_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone());
-        assert_eq!(yh.dtype(), burn::tensor::DType::F16, "f16 in, f16 out");
-        close(&format!("f16 forward, {with}"), yh, burn_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone()), 2e-3);
-        close(&format!("f16 dx, {with}"), cube_kernels::film_x_backward::<W>(eh.clone(), bh.clone(), dyh.clone()), burn_kernels::film_x_backward::<W>(eh, bh, dyh.clone()), 2e-3);
-        let (de_h, db_h) = cube_kernels::film_embed_backward::<W>(xh.clone(), dyh.clone(), bias_grad);
-        let (de_h_ref, db_h_ref) = burn_kernels::film_embed_backward::<W>(xh, dyh, bias_grad);
-        close(&format!("f16 dembed, {with}"), de_h, de_h_ref, 4e-3);
-        if let (Some(db), Some(db_ref)) = (db_h, db_h_ref) {
-            close("f16 dbias", db, db_ref, 4e-3);
+        // Half types: the kernels compute in f32 and round once (the embedding and bias's sum
+        // rounded first, as the bias add); the composed ops round after each op.
+        for (half, coarser) in halves() {
+            let h = |x: Prim<W>| p(t::<W, 3>(x).cast(half));
+            let eh = p(t::<W, 2>(e0.clone()).cast(half));
+            let bh = bias.clone().map(|b| p(t::<W, 1>(b).cast(half)));
+            let (xh, dyh) = (h(x0.clone()), h(dy0.clone()));
+            let yh = cube_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone());
+            assert_eq!(yh.dtype(), half.into(), "{half:?} in, {half:?} out");
+            close(&format!("{half:?} forward, {with}"), yh, burn_kernels::film::<W>(xh.clone(), eh.clone(), bh.clone()), 2e-3 * coarser);
+            close(&format!("{half:?} dx, {with}"), cube_kernels::film_x_backward::<W>(eh.clone(), bh.clone(), dyh.clone()), burn_kernels::film_x_backward::<W>(eh, bh, dyh.clone()), 2e-3 * coarser);
+            let (de_h, db_h) = cube_kernels::film_embed_backward::<W>(xh.clone(), dyh.clone(), bias_grad);
+            let (de_h_ref, db_h_ref) = burn_kernels::film_embed_backward::<W>(xh, dyh, bias_grad);
+            close(&format!("{half:?} dembed, {with}"), de_h, de_h_ref, 4e-3 * coarser);
+            if let (Some(db), Some(db_ref)) = (db_h, db_h_ref) {
+                close(&format!("{half:?} dbias"), db, db_ref, 4e-3 * coarser);
+            }
         }
     }
     // The node, as `lean_film` takes it on this backend, against the composed ops' autodiff.
@@ -1476,20 +1526,24 @@ fn film_kernels_and_node_match_the_composed_ops() {
 
 /// The three-part concatenation (`cube::cat`, the attention node's packed gradients) against
 /// Burn's `cat`, value for value: rank 2 contiguous, a transposed part (a matmul's gradient
-/// can come back so), rank 1, f16; shapes that differ fall back to Burn's.
+/// can come back so), rank 1, the half types; shapes that differ fall back to Burn's.
 #[test]
 fn cat3_kernel_equals_burns_cat() {
-    use burn::tensor::FloatDType;
     use burn::tensor::TensorMetadata;
     use burn::tensor::ops::FloatTensorOps;
     let transposed = |dims: [usize; 2], seed| p(random::<W, 2>([dims[1], dims[0]], seed).transpose());
-    let cases: Vec<(&str, [Prim<W>; 3])> = vec![
+    let mut cases: Vec<(String, [Prim<W>; 3])> = vec![
         ("[5, 7]", [p(random::<W, 2>([5, 7], 1)), p(random::<W, 2>([5, 7], 2)), p(random::<W, 2>([5, 7], 3))]),
         ("[6, 4], second part transposed", [p(random::<W, 2>([6, 4], 4)), transposed([6, 4], 5), p(random::<W, 2>([6, 4], 6))]),
         ("[9]", [p(random::<W, 1>([9], 7)), p(random::<W, 1>([9], 8)), p(random::<W, 1>([9], 9))]),
-        ("[300, 33] f16", [1, 2, 3].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 2>([300, 33], 10 + s)), FloatDType::F16))),
         ("[2, 3], [1, 3], [2, 3]: Burn's", [p(random::<W, 2>([2, 3], 14)), p(random::<W, 2>([1, 3], 15)), p(random::<W, 2>([2, 3], 16))]),
-    ];
+    ]
+    .into_iter()
+    .map(|(at, parts)| (at.to_string(), parts))
+    .collect();
+    for (half, _) in halves() {
+        cases.push((format!("[300, 33] {half:?}"), [1, 2, 3].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 2>([300, 33], 10 + s)), half))));
+    }
     for (at, parts) in cases {
         let k = cube_kernels::cat3::<W>(parts.clone());
         let c = burn_kernels::cat3::<W>(parts);
@@ -1501,22 +1555,26 @@ fn cat3_kernel_equals_burns_cat() {
 
 /// The heads side by side (`cube::cat::cat_heads`, a self-attention's `[dq | dk]`) against
 /// Burn's `cat` of the swapped parts, value for value: contiguous parts, parts that are views
-/// (a head-merged product's layout and a transposed one), f16; parts that differ fall back to
+/// (a head-merged product's layout and a transposed one), the half types; parts that differ fall back to
 /// Burn's.
 #[test]
 fn cat_heads_kernel_equals_burns_cat() {
-    use burn::tensor::FloatDType;
     use burn::tensor::TensorMetadata;
     use burn::tensor::ops::FloatTensorOps;
     // `[n, l, h, hd]` stored, seen as `[n, h, l, hd]`; and `[n, h, hd, l]` seen transposed.
     let swapped = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, l, h, hd], seed).swap_dims(1, 2));
     let transposed = |[n, h, l, hd]: [usize; 4], seed| p(random::<W, 4>([n, h, hd, l], seed).swap_dims(2, 3));
-    let cases: Vec<(&str, [Prim<W>; 2])> = vec![
+    let mut cases: Vec<(String, [Prim<W>; 2])> = vec![
         ("[2, 3, 5, 4]", [p(random::<W, 4>([2, 3, 5, 4], 1)), p(random::<W, 4>([2, 3, 5, 4], 2))]),
         ("[1, 8, 7, 16], first part heads-swapped, second transposed", [swapped([1, 8, 7, 16], 3), transposed([1, 8, 7, 16], 4)]),
-        ("[3, 2, 33, 9] f16", [5, 6].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 4>([3, 2, 33, 9], s)), FloatDType::F16))),
         ("[2, 3, 5, 4], [2, 2, 5, 4]: Burn's", [p(random::<W, 4>([2, 3, 5, 4], 7)), p(random::<W, 4>([2, 2, 5, 4], 8))]),
-    ];
+    ]
+    .into_iter()
+    .map(|(at, parts)| (at.to_string(), parts))
+    .collect();
+    for (half, _) in halves() {
+        cases.push((format!("[3, 2, 33, 9] {half:?}"), [5, 6].map(|s| <W as FloatTensorOps<W>>::float_cast(p(random::<W, 4>([3, 2, 33, 9], s)), half))));
+    }
     for (at, parts) in cases {
         let k = cube_kernels::cat_heads::<W>(parts.clone());
         let c = burn_kernels::cat_heads::<W>(parts);
