@@ -450,9 +450,9 @@ fn kernels_between_fused_operations_match_the_composed_ops() {
     }
 }
 
-/// Dropout on the device draws exactly the host's masks (the 64-bit hash in 32-bit halves:
-/// sizes past 2³² are not tested, bases and thresholds are) and gives exactly the host path's
-/// values and input gradient (`x · s` or 0, `dy · s` or 0), f32 and the half types ([`halves`]), ragged sizes.
+/// Dropout on the device draws exactly the host's masks (the 64-bit hash in 32-bit halves: sizes
+/// past 2³² are not tested, bases and thresholds are) and gives exactly the host path's values and
+/// input gradient (`x · s` or 0, `dy · s` or 0), f32 and the half types ([`halves`]), ragged sizes.
 #[test]
 fn dropout_kernel_draws_the_host_masks() {
     use crate::nn::dropout::DropoutCtx;
@@ -500,11 +500,11 @@ fn dropout_kernel_draws_the_host_masks() {
     assert_eq!(gk, gh, "input gradient");
 }
 
-/// The residual add after a dropout (`nn::residual_dropout`, ACT's 19 a forward) in one launch:
-/// the kernel gives `r + dropout(x)` of the host's flags bit for bit, with `x` and `r` laid out
-/// contiguously or not (a transposed view: the flags follow the logical index) and in place in
-/// an `x` held by nothing else; f16 (and bf16) through the kernel too. The node on `Autodiff<Wgpu>`: the
-/// same output and gradients (`dx` the dropout of `dy`, `dr = dy`) as the dropout's node and
+/// The residual add after a dropout (`nn::residual_dropout`, ACT's 19 a forward) in one launch: the
+/// kernel gives `r + dropout(x)` of the host's flags bit for bit, with `x` and `r` laid out
+/// contiguously or not (a transposed view: the flags follow the logical index) and in place in an
+/// `x` held by nothing else; f16 (and bf16) through the kernel too. The node on `Autodiff<Wgpu>`:
+/// the same output and gradients (`dx` the dropout of `dy`, `dr = dy`) as the dropout's node and
 /// Burn's add, f32, and the composed ops where `x` is a half type (not fused).
 #[test]
 fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
@@ -587,9 +587,9 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
 /// The FFN's ReLU before its dropout (`nn::relu_dropout`, ACT's 9 a forward) in one launch: the
 /// kernel gives `dropout(relu(x))` of the host's flags bit for bit, contiguous, through a
 /// transposed view (made contiguous first: the flags follow the logical index), in place in an `x`
-/// held by nothing else, and in the half types. The node on `Autodiff<Wgpu>` (f32 and the half types): the output and
-/// `dx` of the ReLU's node, then the dropout's, bit for bit; its backward redraws no flags
-/// (`dy · scale` where the output is > 0).
+/// held by nothing else, and in the half types. The node on `Autodiff<Wgpu>` (f32 and the half
+/// types): the output and `dx` of the ReLU's node, then the dropout's, bit for bit; its backward
+/// redraws no flags (`dy · scale` where the output is > 0).
 #[test]
 fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
     use crate::nn::dropout::DropoutCtx;
@@ -820,10 +820,11 @@ fn relu_kernels_and_node_match_burns() {
 }
 
 /// The SiLU and Mish kernels against the composed ops (`burn_kernels`) on the same device, f32
-/// within 1e-5 relative: forward and backward for tensors stored channels first, channels last
-/// (the result keeping its input's layout), not dense (copied first) and mixed, inputs from
-/// −100 to 100 (where `exp` overflows and `tanh` saturates), in place when the input is alone;
-/// the half types ([`halves`]) within their rounding; then the nodes' gradients against autodiff of the composed forward.
+/// within 1e-5 relative: forward and backward for tensors stored channels first, channels last (the
+/// result keeping its input's layout), not dense (copied first) and mixed, inputs from −100 to 100
+/// (where `exp` overflows and `tanh` saturates), in place when the input is alone; the half types
+/// ([`halves`]) within their rounding; then the nodes' gradients against autodiff of the composed
+/// forward.
 #[test]
 fn act_kernels_and_nodes_match_the_composed_ops() {
     use super::t;
@@ -885,9 +886,9 @@ fn act_kernels_and_nodes_match_the_composed_ops() {
 
 /// The frozen batch norm's kernels against the composed ops (`burn_kernels`) on the same device:
 /// `(scale, shift)` from random buffers (f32 within 1e-6 relative: one division and square root
-/// each side), then `x · scale (+ shift)` for `x` stored channels first, channels last (the
-/// result keeping its layout), not dense (copied first) and alone (in place), with and without
-/// the shift, f32 within 1e-6, the half types within their rounding; then a `FrozenBatchNorm2d` with those
+/// each side), then `x · scale (+ shift)` for `x` stored channels first, channels last (the result
+/// keeping its layout), not dense (copied first) and alone (in place), with and without the shift,
+/// f32 within 1e-6, the half types within their rounding; then a `FrozenBatchNorm2d` with those
 /// buffers on `Autodiff<Wgpu>` against the composed forward's autodiff (output and `dx`).
 #[test]
 fn frozen_batch_norm_kernels_match_the_composed_ops() {
@@ -952,14 +953,14 @@ fn frozen_batch_norm_kernels_match_the_composed_ops() {
     assert!(rel(&dx, &dx_ref) <= 1e-6, "module dx: relative error {:e}", rel(&dx, &dx_ref));
 }
 
-/// The frozen batch norm + ReLU (+ residual) kernels against the composed ops (`burn_kernels`:
-/// the affine, the add, the ReLU) on the same device. Forward for `x` stored channels first and
-/// last (the result keeping `x`'s layout where the residual shares it), the residual in `x`'s
-/// layout and in the other one (both copied first), and without one; f32 within 1e-6, the half
-/// types within their rounding. Backward with and without the residual's gradient `g` for `y` and `dy`
-/// in one layout (either) and in two, and in place in a `dy` held by nothing else; `g` exactly
-/// the ReLU's backward, `dx` within 1e-6. Then the node on `Autodiff<Wgpu>` against autodiff of
-/// the composed ops (output, `dx`, `dresidual`), stored channels last.
+/// The frozen batch norm + ReLU (+ residual) kernels against the composed ops (`burn_kernels`: the
+/// affine, the add, the ReLU) on the same device. Forward for `x` stored channels first and last
+/// (the result keeping `x`'s layout where the residual shares it), the residual in `x`'s layout and
+/// in the other one (both copied first), and without one; f32 within 1e-6, the half types within
+/// their rounding. Backward with and without the residual's gradient `g` for `y` and `dy` in one
+/// layout (either) and in two, and in place in a `dy` held by nothing else; `g` exactly the ReLU's
+/// backward, `dx` within 1e-6. Then the node on `Autodiff<Wgpu>` against autodiff of the composed
+/// ops (output, `dx`, `dresidual`), stored channels last.
 #[test]
 fn affine_relu_kernels_and_node_match_the_composed_ops() {
     use super::t;
@@ -1048,13 +1049,13 @@ fn attention_node_gradients_match_the_composed_ops() {
     }
 }
 
-/// The attention's two fused forward kernels (`cube::attention`) against the ops they replace,
-/// bit for bit: the bias and head split against Burn's broadcast add and a contiguous copy of
-/// the permuted view (f32 and the half types; one to three projections, ragged sizes); the scaled, masked
-/// softmax and its dropout against the scale, the mask's add, the softmax kernel and the
-/// dropout kernel run one after the other (with and without a mask and a dropout, rows longer
-/// than a cube, a mask hiding keys); its backward against the dropout's, the softmax's and the
-/// scale's kernels.
+/// The attention's two fused forward kernels (`cube::attention`) against the ops they replace, bit
+/// for bit: the bias and head split against Burn's broadcast add and a contiguous copy of the
+/// permuted view (f32 and the half types; one to three projections, ragged sizes); the scaled,
+/// masked softmax and its dropout against the scale, the mask's add, the softmax kernel and the
+/// dropout kernel run one after the other (with and without a mask and a dropout, rows longer than
+/// a cube, a mask hiding keys); its backward against the dropout's, the softmax's and the scale's
+/// kernels.
 #[test]
 fn attention_kernels_match_the_ops_they_replace() {
     use crate::nn::dropout::DropoutCtx;
@@ -1224,9 +1225,9 @@ fn short_conv_search_matches_burns_convolutions() {
 /// matrix units) against Burn's on the same device: padding, strides, dilation, a 1×1×1 kernel, an
 /// uneven kernel with uneven strides and padding, more output rows than a cube has units, inputs
 /// stored channels last, each with lavapipe's split of a tile's sum and with a GPU's (the search
-/// candidate's, up to 64 units a tile), and the half types within their rounding (against f32 on the same
-/// rounded values). Each also with the bias's gradient from the same launch, against the channel
-/// sum of `dy`.
+/// candidate's, up to 64 units a tile), and the half types within their rounding (against f32 on
+/// the same rounded values). Each also with the bias's gradient from the same launch, against the
+/// channel sum of `dy`.
 #[test]
 fn weight_grad_tiles_match_burns_weight_gradient() {
     use burn::tensor::ops::ConvOptions;
@@ -1437,16 +1438,15 @@ fn wide_unit_matmul_matches_burns_matmul() {
     }
 }
 
-/// The FiLM kernels against the composed ops (`burn_kernels`) on the same device: the forward
-/// for `x` stored channels first, channels last (the result keeping its layout), not dense
-/// (copied first) and alone (in place); the input gradient likewise; the embedding's gradient
-/// from `x` and `dy` in every pairing of those layouts; f32 within 1e-6 relative (each element
-/// one product and one sum, or `t` of them in order), the half types within their rounding; each without and
-/// with the conditioning linear layer's bias (read by the kernels; its gradient, the embedding's
-/// summed over the batch, in the same launch); then the node on `Autodiff<Wgpu>` (what
-/// Diffusion's residual blocks take) against autodiff of the composed ops (the bias through its
-/// own node), `x` channels last as a convolution's output lies: output, `dx`, `dembed`, `dbias`
-/// within 1e-5.
+/// The FiLM kernels against the composed ops (`burn_kernels`) on the same device: the forward for
+/// `x` stored channels first, channels last (the result keeping its layout), not dense (copied
+/// first) and alone (in place); the input gradient likewise; the embedding's gradient from `x` and
+/// `dy` in every pairing of those layouts; f32 within 1e-6 relative (each element one product and
+/// one sum, or `t` of them in order), the half types within their rounding; each without and with
+/// the conditioning linear layer's bias (read by the kernels; its gradient, the embedding's summed
+/// over the batch, in the same launch); then the node on `Autodiff<Wgpu>` (what Diffusion's
+/// residual blocks take) against autodiff of the composed ops (the bias through its own node), `x`
+/// channels last as a convolution's output lies: output, `dx`, `dembed`, `dbias` within 1e-5.
 #[test]
 fn film_kernels_and_node_match_the_composed_ops() {
     use super::t;
@@ -1553,10 +1553,10 @@ fn cat3_kernel_equals_burns_cat() {
     }
 }
 
-/// The heads side by side (`cube::cat::cat_heads`, a self-attention's `[dq | dk]`) against
-/// Burn's `cat` of the swapped parts, value for value: contiguous parts, parts that are views
-/// (a head-merged product's layout and a transposed one), the half types; parts that differ fall back to
-/// Burn's.
+/// The heads side by side (`cube::cat::cat_heads`, a self-attention's `[dq | dk]`) against Burn's
+/// `cat` of the swapped parts, value for value: contiguous parts, parts that are views (a
+/// head-merged product's layout and a transposed one), the half types; parts that differ fall back
+/// to Burn's.
 #[test]
 fn cat_heads_kernel_equals_burns_cat() {
     use burn::tensor::TensorMetadata;
