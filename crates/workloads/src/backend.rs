@@ -36,13 +36,7 @@ impl Default for BackendKind {
     /// backend it was built for (cuda before wgpu), so `cargo build --no-default-features
     /// --features cuda` trains on CUDA without `--backend=cuda`.
     fn default() -> Self {
-        if cfg!(feature = "flex") || !(cfg!(feature = "cuda") || cfg!(feature = "wgpu")) {
-            Self::Flex
-        } else if cfg!(feature = "cuda") {
-            Self::Cuda
-        } else {
-            Self::Wgpu
-        }
+        [Self::Flex, Self::Cuda, Self::Wgpu].into_iter().find(|kind| kind.compiled().is_ok()).unwrap_or(Self::Flex)
     }
 }
 

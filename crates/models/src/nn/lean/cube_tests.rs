@@ -86,6 +86,11 @@ fn halves() -> Vec<(burn::tensor::FloatDType, f32)> {
     halves
 }
 
+/// f32, then [`halves`]: the dtypes a kernel that keeps its input's dtype is tested in.
+fn float_dtypes() -> Vec<burn::tensor::FloatDType> {
+    std::iter::once(burn::tensor::FloatDType::F32).chain(halves().into_iter().map(|(half, _)| half)).collect()
+}
+
 /// `x`'s values in f32, flattened (any rank, any float dtype, any layout).
 fn f32_vals(x: Prim<W>) -> Vec<f32> {
     use burn::tensor::ops::FloatTensorOps;
@@ -555,8 +560,7 @@ fn dropout_add_kernel_and_node_match_the_dropout_and_the_add() {
     let (x0, r0, w) = (random::<A, 3>(dims, 80), random::<A, 3>(dims, 81), random::<A, 3>(dims, 82));
     let b0 = random::<A, 1>([dims[2]], 83);
     let n = dims.iter().product::<usize>();
-    let dtypes: Vec<burn::tensor::FloatDType> = [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)).collect();
-    for (dtype, biased) in dtypes.iter().flat_map(|d| [(*d, false), (*d, true)]) {
+    for (dtype, biased) in float_dtypes().into_iter().flat_map(|d| [(d, false), (d, true)]) {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let r = r0.clone().detach().require_grad();
@@ -633,8 +637,7 @@ fn relu_dropout_kernel_and_node_match_the_relu_then_the_dropout() {
     let (x0, w) = (random::<A, 3>(dims, 95), random::<A, 3>(dims, 96));
     let b0 = random::<A, 1>([dims[2]], 98);
     let n = dims.iter().product::<usize>();
-    let dtypes: Vec<burn::tensor::FloatDType> = [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)).collect();
-    for (dtype, biased) in dtypes.iter().flat_map(|d| [(*d, false), (*d, true)]) {
+    for (dtype, biased) in float_dtypes().into_iter().flat_map(|d| [(d, false), (d, true)]) {
         let run = |fused: bool| {
             let x = x0.clone().detach().require_grad();
             let b = b0.clone().detach().require_grad();
@@ -922,10 +925,10 @@ fn frozen_batch_norm_kernels_match_the_composed_ops() {
         for (half, coarser) in halves() {
             let h = |x: Prim<W>| p(t::<W, 1>(x).cast(half));
             let xh = p(t::<W, 4>(x0.clone()).cast(half));
-            let (sh16, bh16) = (h(scale.clone()), with_shift.then(|| h(shift.clone())));
-            let yh = cube_kernels::channel_affine::<W>(xh.clone(), sh16.clone(), bh16.clone());
+            let (scale_h, shift_h) = (h(scale.clone()), with_shift.then(|| h(shift.clone())));
+            let yh = cube_kernels::channel_affine::<W>(xh.clone(), scale_h.clone(), shift_h.clone());
             assert_eq!(yh.dtype(), half.into(), "{half:?} in, {half:?} out");
-            close(&format!("affine (shift {with_shift}) {half:?}"), yh, burn_kernels::channel_affine::<W>(xh, sh16, bh16), 2e-3 * coarser);
+            close(&format!("affine (shift {with_shift}) {half:?}"), yh, burn_kernels::channel_affine::<W>(xh, scale_h, shift_h), 2e-3 * coarser);
         }
     }
     // The module on autodiff: constant buffers, so the lean node (keeping `scale`) and the
@@ -1064,7 +1067,7 @@ fn attention_kernels_match_the_ops_they_replace() {
         let width = parts * heads * hd;
         let x = random::<W, 2>([n * rows, width], 60 + rows as u64);
         let b = random::<W, 1>([width], 61);
-        for dtype in [burn::tensor::FloatDType::F32].into_iter().chain(halves().into_iter().map(|(h, _)| h)) {
+        for dtype in float_dtypes() {
             let (x, b) = (p(x.clone().cast(dtype)), p(b.clone().cast(dtype)));
             let kernel = cube_kernels::attention_heads::<W>(x.clone(), b.clone(), n, heads, parts);
             assert_eq!(super::dims_of::<W>(&kernel), vec![parts * n, heads, rows, hd], "heads' dims");
