@@ -8,8 +8,9 @@
 # compiled by NVRTC as cubecl-cuda does it (`--gpu-architecture=sm_90a`, the CUDA headers), with
 # ptxas's report (registers, spills) and cubecl-cuda's launch checks (cube size, shared memory).
 #
-#   bash benches/nvrtc_check.sh                 # the kernel tests and the vae, act, dif rows
+#   bash benches/nvrtc_check.sh                 # the kernel tests and the vae, act, dif rows, in f32 and f16
 #   ROWS="vae" TESTS=0 bash benches/nvrtc_check.sh
+#   HALF_ROWS= bash benches/nvrtc_check.sh      # the rows in f32 only (HALF_ROWS defaults to ROWS)
 #   NVRTC_ROOT=/usr/local/cuda bash benches/nvrtc_check.sh   # a CUDA toolkit instead of the wheels
 #   ROWS= NVRTC_TARGET_DIR=target/wgpu NVRTC_OFFLINE_OK=1 TESTS_REQUIRED=1 bash benches/nvrtc_check.sh   # CI
 #
@@ -28,16 +29,18 @@
 #
 # What it cannot see: the IR is the one lavapipe's properties give (line sizes, no matrix units),
 # so the kernels a GPU runs on its matrix units (cubek's tensor-core matmuls and convolutions,
-# Burn's and cubek's code) are not in it. lavapipe has no bf16: f16 is seen, through the tests,
-# and the tests' f16 kernels are checked again as bf16 (dump `tests_bf16`: the IR with each f16
-# made bf16, `benches/nvrtc/cuda_dump.rs`), what cubecl-cpp writes for a bf16 run of the same
-# kernels at lavapipe's line sizes. NVRTC's compile times here are this machine's, one thread.
+# Burn's and cubek's code) are not in it. lavapipe has no bf16: f16 is seen, through the tests
+# and the rows run again with --precision=f16 (dumps `<row>_f16`), and those f16 kernels are
+# checked again as bf16 (dumps `tests_bf16`, `<row>_bf16`: the IR with each f16 made bf16,
+# `benches/nvrtc/cuda_dump.rs`), what cubecl-cpp writes for a bf16 run of the same kernels at
+# lavapipe's line sizes. NVRTC's compile times here are this machine's, one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 work=${NVRTC_WORK:-$root/target/nvrtc}
 out=${OUT_DIR:-$root/benches/results/kernels/nvrtc}
 read -r -a rows <<<"${ROWS-vae act dif}"
+read -r -a half_rows <<<"${HALF_ROWS-${rows[*]}}"
 log() { echo "[nvrtc_check $(date -u +%H:%M:%S)] $*" >&2; }
 die() { log "$2"; exit "$1"; }
 mkdir -p "$work" "$out"
@@ -94,7 +97,7 @@ for l in sys.stdin:
         print(m["executable"])')
   [ "${#tests[@]}" = 2 ] || die 3 "the test build did not give the two test binaries"
 fi
-if [ "${#rows[@]}" -gt 0 ]; then
+if [ "${#rows[@]}" -gt 0 ] || [ "${#half_rows[@]}" -gt 0 ]; then
   log "building vramlab (wgpu) against the patched CubeCL"
   cargo_patched build --release --no-default-features --features wgpu >&2 || die 3 "cargo build failed"
 fi
@@ -140,13 +143,30 @@ for r in "${rows[@]}"; do
   notes+=("$r: \`vramlab train --backend=wgpu --precision=f32 --steps=2 ${args[*]}\` (exit $rc)")
   unset -n args
 done
+# The same rows in f16, each kernel with f16 in it also retyped to bf16: the half-precision
+# training kernels (casts, losses, the optimizer beside them) as a --precision=bf16 run on a GPU
+# would compile them, at lavapipe's line sizes.
+for r in "${half_rows[@]}"; do
+  declare -p "$r" >/dev/null 2>&1 || die 2 "HALF_ROWS: unknown row $r (vae, act, dif)"
+  declare -n args=$r
+  log "row ${r}_f16: 2 training steps in f16, every kernel lowered to CUDA C++, the half ones also as bf16"
+  rm -rf "$work/run_${r}_f16"
+  rc=0
+  VRAMLAB_CUDA_DUMP=$work/dump/${r}_f16 VRAMLAB_CUDA_DUMP_BF16=$work/dump/${r}_bf16 timeout "${ROW_TIMEOUT_S:-1200}" \
+    "$target/release/vramlab" train --backend=wgpu --precision=f16 --steps=2 --save_checkpoint=false \
+    --kernel_cache_dir="$work/run_${r}_f16/kernel_cache" "${args[@]}" --output_dir="$work/run_${r}_f16/out" \
+    >"$work/row_${r}_f16.log" 2>&1 || rc=$?
+  dumps+=("${r}_f16=$work/dump/${r}_f16" "${r}_bf16=$work/dump/${r}_bf16")
+  notes+=("${r}_f16: the $r row with \`--precision=f16\` (exit $rc)" "${r}_bf16: that run's kernels with f16 in them, every f16 made bf16 in the IR")
+  unset -n args
+done
 
 # 5. NVRTC.
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1 || true)
 header="- **Machine**: $cpu × $(nproc), no GPU; wgpu over Mesa lavapipe; $(date -u '+%Y-%m-%d %H:%M') UTC; HEAD $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo ' + uncommitted crates/').
-- **Command**: \`$(for v in ROWS TESTS NVRTC_ROOT CUDA_WHEELS; do [ -n "${!v+x}" ] && printf '%s=%q ' "$v" "${!v}"; done)bash benches/nvrtc_check.sh\`; CubeCL $version.
+- **Command**: \`$(for v in ROWS HALF_ROWS TESTS NVRTC_ROOT CUDA_WHEELS; do [ -n "${!v+x}" ] && printf '%s=%q ' "$v" "${!v}"; done)bash benches/nvrtc_check.sh\`; CubeCL $version.
 - **Dumps**: $(printf '%s; ' "${notes[@]}")
-- **Not covered**: the IR is what lavapipe's properties give (line sizes; no matrix units, so not the tensor-core matmuls and convolutions a GPU takes, which are cubek's; \`matmul_entry\` here is lavapipe's unit matmul, whose blocks a GPU never runs); bf16 only as the f16 tests' kernels retyped (lavapipe has none: a bf16 run's own line sizes and kernels are not seen). NVRTC times are this machine's, one thread."
+- **Not covered**: the IR is what lavapipe's properties give (line sizes; no matrix units, so not the tensor-core matmuls and convolutions a GPU takes, which are cubek's; \`matmul_entry\` here is lavapipe's unit matmul, whose blocks a GPU never runs); bf16 only as f16 kernels retyped, the tests' and the f16 rows' (lavapipe has none: a bf16 run's own line sizes, and any kernel only bf16 takes, are not seen). NVRTC times are this machine's, one thread."
 status=0
 if [ "$nvrtc" = 1 ]; then
   log "NVRTC on $(printf '%s ' "${dumps[@]}")"
