@@ -309,17 +309,21 @@ fn softmax_kernels_and_node_match_the_composed_ops() {
 
 /// The flipped weight of the stride-1 input gradient: the kernel's (one launch, stored channels
 /// last) equals Burn's swap-and-flip exactly, for conv1d/2d/3d kernels, 1×1 and one output
-/// channel included.
+/// channel included; in f32 and the half types ([`float_dtypes`]), keeping the dtype.
 #[test]
 fn flipped_weight_kernel_equals_the_composed_flip() {
-    for dims in [vec![5, 3, 4], vec![6, 4, 3, 3], vec![7, 2, 3, 2, 5], vec![8, 16, 1, 1], vec![1, 3, 3, 3]] {
-        let n = dims.iter().product::<usize>();
-        let w = <W as burn::tensor::ops::FloatTensorOps<W>>::float_reshape(p(random::<W, 1>([n], 90)), burn::tensor::Shape::from(dims.clone()));
-        let k = cube_kernels::flipped_weight::<W>(w.clone());
-        if !cfg!(feature = "fusion") && dims[0] > 1 && dims[2..].iter().product::<usize>() > 1 {
-            assert!(is_channels_last(&k), "{dims:?}: stored channels last");
+    use burn::tensor::TensorMetadata;
+    for dtype in float_dtypes() {
+        for dims in [vec![5, 3, 4], vec![6, 4, 3, 3], vec![7, 2, 3, 2, 5], vec![8, 16, 1, 1], vec![1, 3, 3, 3]] {
+            let n = dims.iter().product::<usize>();
+            let w = <W as burn::tensor::ops::FloatTensorOps<W>>::float_reshape(p(random::<W, 1>([n], 90).cast(dtype)), burn::tensor::Shape::from(dims.clone()));
+            let k = cube_kernels::flipped_weight::<W>(w.clone());
+            assert_eq!(k.dtype(), dtype.into(), "{dtype:?} {dims:?}: the dtype kept");
+            if !cfg!(feature = "fusion") && dims[0] > 1 && dims[2..].iter().product::<usize>() > 1 {
+                assert!(is_channels_last(&k), "{dtype:?} {dims:?}: stored channels last");
+            }
+            close(&format!("{dtype:?} flipped weight {dims:?}"), k, burn_kernels::flipped_weight::<W>(w), 0.0);
         }
-        close(&format!("flipped weight {dims:?}"), k, burn_kernels::flipped_weight::<W>(w), 0.0);
     }
 }
 
@@ -422,6 +426,132 @@ fn half_kernels_match_the_composed_ops_within_rounding() {
         close(&at("softmax output"), ks.clone(), cs, 5e-3 * coarser);
         let (kx, cx) = (cube_kernels::softmax_backward::<W>(ks.clone(), dy(), 2), burn_kernels::softmax_backward::<W>(ks, dy(), 2));
         close(&at("softmax dx"), kx, cx, 5e-3 * coarser);
+    }
+}
+
+/// GroupNorm's forward in both its launches' shapes (one cube a group writing its outputs;
+/// the statistics, then a unit an element: few large groups, the VAE's) and its backward, plain
+/// and with the residual and ReLU, `x` stored channels first and last, in the half types: the
+/// kernels on half inputs against the composed ops in f32 on the same rounded values (the
+/// kernels keep their statistics and sums in f32 and round each output once). Outputs and `dx`
+/// within 1e-3 (f16, where lavapipe gives 2–4e-4: one rounding; [`halves`]' factor for bf16), the
+/// f32 statistics and parameter gradients within 1e-5.
+#[test]
+fn half_group_norm_kernels_match_f32_on_the_same_rounded_values() {
+    use burn::tensor::{FloatDType, TensorMetadata};
+    // [1, 8, 1037] in one group and [2, 8, 4, 32, 32] in eight: the two-launch forward;
+    // [2, 12, 77] in four: the one-launch forward.
+    let cases: [(Vec<usize>, usize); 3] = [(vec![1, 8, 1037], 1), (vec![2, 8, 4, 32, 32], 8), (vec![2, 12, 77], 4)];
+    for (half, coarser) in halves() {
+        for (case, (dims, groups)) in cases.iter().enumerate() {
+            let (c, n) = (dims[1], dims.iter().product::<usize>());
+            let seed = 400 + 10 * case as u64;
+            let shaped = |t: Tensor<W, 1>| <W as burn::tensor::ops::FloatTensorOps<W>>::float_reshape(p(t), burn::tensor::Shape::from(dims.clone()));
+            // Drawn in f32, rounded to the half type: `*_h` go to the kernels, `*_f` (the same
+            // values) to the reference.
+            let rounded = |t: Tensor<W, 1>| {
+                let h = t.cast(half);
+                (shaped(h.clone()), shaped(h.cast(FloatDType::F32)))
+            };
+            let (x_h, x_f) = rounded(random::<W, 1>([n], seed) * 2.0);
+            let (r_h, r_f) = rounded(random::<W, 1>([n], seed + 1) - 0.3);
+            let (dy_h, dy_f) = rounded(random::<W, 1>([n], seed + 2));
+            let (w, b) = (p(random::<W, 1>([c], seed + 3) * 0.5 + 1.0), p(random::<W, 1>([c], seed + 4) * 0.5));
+            for x_last in [false, true] {
+                let at = |what: &str| format!("{half:?} {dims:?} groups {groups}, x channels {}: {what}", if x_last { "last" } else { "first" });
+                let x = if x_last { channels_last(x_h.clone()) } else { x_h.clone() };
+                let (ky, km, kr) = cube_kernels::group_norm::<W>(x.clone(), w.clone(), b.clone(), *groups, 1e-5, NormAct::Silu);
+                assert_eq!((ky.dtype(), is_channels_last(&ky)), (half.into(), is_channels_last(&x)), "{}", at("output dtype and layout"));
+                let (cy, cm, cr) = burn_kernels::group_norm::<W>(x_f.clone(), w.clone(), b.clone(), *groups, 1e-5, NormAct::Silu);
+                close(&at("output"), ky, cy, 1e-3 * coarser);
+                close(&at("mean"), km.clone(), cm.clone(), 1e-5);
+                close(&at("rstd"), kr.clone(), cr.clone(), 1e-5);
+                let (kx, kw, kb) = cube_kernels::group_norm_backward::<W>(x.clone(), km, kr, w.clone(), b.clone(), dy_h.clone(), *groups, NormAct::Silu);
+                assert_eq!(kx.dtype(), half.into(), "{}", at("dx dtype"));
+                let (cx, cw, cb) = burn_kernels::group_norm_backward::<W>(x_f.clone(), cm, cr, w.clone(), b.clone(), dy_f.clone(), *groups, NormAct::Silu);
+                close(&at("dx"), kx, cx, 1e-3 * coarser);
+                close(&at("dweight"), kw, cw, 1e-5);
+                close(&at("dbias"), kb, cb, 1e-5);
+                // With the residual and the ReLU (a ResNet block's end).
+                let (ky, km, kr) = cube_kernels::group_norm_add_relu::<W>(x.clone(), w.clone(), b.clone(), r_h.clone(), *groups, 1e-5);
+                assert_eq!(ky.dtype(), half.into(), "{}", at("add+relu output dtype"));
+                let (cy, cm, cr) = burn_kernels::group_norm_add_relu::<W>(x_f.clone(), w.clone(), b.clone(), r_f.clone(), *groups, 1e-5);
+                close(&at("add+relu output"), ky.clone(), cy.clone(), 1e-3 * coarser);
+                let (kx, kw, _, kg) = cube_kernels::group_norm_add_relu_backward::<W>(x.clone(), km, kr, w.clone(), b.clone(), ky, dy_h.clone(), *groups);
+                let (cx, cw, _, cg) = burn_kernels::group_norm_add_relu_backward::<W>(x_f.clone(), cm, cr, w.clone(), b.clone(), cy, dy_f.clone(), *groups);
+                close(&at("add+relu dx"), kx, cx, 1e-3 * coarser);
+                close(&at("add+relu dweight"), kw, cw, 1e-5);
+                // `dy` where the output is positive: exact, up to outputs that round to 0 in the
+                // half type and not in f32 (or back), a few at most.
+                let (kg, cg) = (f32_vals(kg), f32_vals(cg));
+                let differ = kg.iter().zip(&cg).filter(|(a, b)| a != b).count();
+                assert!(differ * 1000 <= n, "{}: {differ} of {n} differ", at("add+relu dresidual"));
+            }
+        }
+    }
+}
+
+/// The convolution nodes (`lean::conv`: forward, input and weight gradients) on half inputs
+/// against the same nodes in f32 on the same rounded values, as a `--precision=bf16` run takes
+/// them: conv1d stride 1 (the input gradient as a convolution with the flipped kernel) and
+/// strided (spread), conv2d 3×3 (flipped) and 1×1 / 3×3 stride 2, conv3d 3×3×3 with a bias
+/// (the VAE's), stride 1 and 2. On lavapipe the 1-D and 2-D ones go through the im2col columns,
+/// on a GPU through cubek's GEMMs (f32 accumulators). Each result within 1.5e-3 of its scale in
+/// f16 (lavapipe: 0.7–4.2e-4, one rounding; [`halves`]' factor for bf16), or [`gemm_tol`] where
+/// that is larger (a GPU's f32 side runs as TF32).
+#[test]
+fn half_convolution_nodes_match_f32_on_the_same_rounded_values() {
+    use burn::tensor::ops::ConvOptions;
+    use burn::tensor::FloatDType;
+    use super::conv::{conv1d, conv2d, conv3d};
+    /// `sum(conv(x, w, b) · r)` on autodiff: (output, dx, dweight, dbias) as f32 values; `dtype`
+    /// the one the inputs are cast to (after rounding to `half`).
+    fn run<const D: usize>(xd: [usize; D], wd: [usize; D], bias: bool, seed: u64, half: FloatDType, dtype: FloatDType, conv: &dyn Fn(Tensor<A, D>, Tensor<A, D>, Option<Tensor<A, 1>>) -> Tensor<A, D>) -> [Vec<f32>; 4] {
+        let leaf = |t: Tensor<W, D>| Tensor::<A, D>::from_inner(t.cast(half).cast(dtype)).require_grad();
+        let (x, w) = (leaf(random::<W, D>(xd, seed)), leaf(random::<W, D>(wd, seed + 1)));
+        let b = bias.then(|| Tensor::<A, 1>::from_inner(random::<W, 1>([wd[0]], seed + 2).cast(half).cast(dtype)).require_grad());
+        let y = conv(x.clone(), w.clone(), b.clone());
+        assert_eq!(y.dtype(), dtype.into(), "the output in the inputs' dtype");
+        let r = Tensor::<A, D>::from_inner(random::<W, D>(y.dims(), seed + 3).cast(half).cast(dtype));
+        let g = (y.clone() * r).sum().backward();
+        let db = b.map(|b| vals(b.grad(&g).expect("b takes a gradient"))).unwrap_or_default();
+        [vals(y), vals(x.grad(&g).expect("x takes a gradient")), vals(w.grad(&g).expect("w takes a gradient")), db]
+    }
+    let c1 = |s, pd| ConvOptions::new([s], [pd], [1], 1);
+    let c2 = |s, pd| ConvOptions::new([s, s], [pd, pd], [1, 1], 1);
+    let c3 = |s, pd| ConvOptions::new([s, s, s], [pd, pd, pd], [1, 1, 1], 1);
+    for (half, coarser) in halves() {
+        let tol = gemm_tol().max(1.5e-3 * coarser);
+        let check = |name: &str, got: [Vec<f32>; 4], want: [Vec<f32>; 4]| {
+            for (what, (a, b)) in ["output", "dx", "dweight", "dbias"].into_iter().zip(got.into_iter().zip(want)) {
+                assert_eq!(a.len(), b.len(), "{half:?} {name} {what}: sizes");
+                if a.is_empty() {
+                    continue; // no bias
+                }
+                assert!(a.iter().all(|v| v.is_finite()), "{half:?} {name} {what}: finite");
+                let e = rel(&a, &b);
+                assert!(e <= tol, "{half:?} {name} {what}: relative error {e:e} > {tol:e}");
+            }
+        };
+        let cases1: [(&str, [usize; 3], [usize; 3], bool, ConvOptions<1>); 2] = [("conv1d k5 pad 2", [3, 8, 37], [6, 8, 5], true, c1(1, 2)), ("conv1d k3 stride 2 pad 1", [2, 6, 16], [6, 6, 3], false, c1(2, 1))];
+        for (i, (name, xd, wd, bias, o)) in cases1.into_iter().enumerate() {
+            let conv = |x, w, b| conv1d(x, w, b, o.clone());
+            check(name, run(xd, wd, bias, 500 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 500 + 10 * i as u64, half, FloatDType::F32, &conv));
+        }
+        let cases2: [(&str, [usize; 4], [usize; 4], bool, ConvOptions<2>); 3] = [
+            ("conv2d 3×3 pad 1", [2, 8, 13, 11], [8, 8, 3, 3], false, c2(1, 1)),
+            ("conv2d 1×1 stride 2", [2, 8, 9, 10], [16, 8, 1, 1], false, c2(2, 0)),
+            ("conv2d 3×3 stride 2 pad 1", [2, 5, 11, 8], [7, 5, 3, 3], true, c2(2, 1)),
+        ];
+        for (i, (name, xd, wd, bias, o)) in cases2.into_iter().enumerate() {
+            let conv = |x, w, b| conv2d(x, w, b, o.clone());
+            check(name, run(xd, wd, bias, 530 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 530 + 10 * i as u64, half, FloatDType::F32, &conv));
+        }
+        let cases3: [(&str, [usize; 5], [usize; 5], bool, ConvOptions<3>); 2] = [("conv3d 3×3×3 pad 1", [2, 4, 6, 9, 8], [8, 4, 3, 3, 3], true, c3(1, 1)), ("conv3d 3×3×3 stride 2 pad 1", [1, 4, 7, 8, 9], [4, 4, 3, 3, 3], false, c3(2, 1))];
+        for (i, (name, xd, wd, bias, o)) in cases3.into_iter().enumerate() {
+            let conv = |x, w, b| conv3d(x, w, b, o.clone());
+            check(name, run(xd, wd, bias, 560 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 560 + 10 * i as u64, half, FloatDType::F32, &conv));
+        }
     }
 }
 
