@@ -493,9 +493,9 @@ fn half_group_norm_kernels_match_f32_on_the_same_rounded_values() {
 
 /// The convolution nodes (`lean::conv`: forward, input and weight gradients) on half inputs
 /// against the same nodes in f32 on the same rounded values, as a `--precision=bf16` run takes
-/// them: conv1d stride 1 (the input gradient as a convolution with the flipped kernel) and
-/// strided (spread), conv2d 3×3 (flipped) and 1×1 / 3×3 stride 2, conv3d 3×3×3 with a bias
-/// (the VAE's), stride 1 and 2. On lavapipe the 1-D and 2-D ones go through the im2col columns,
+/// them: conv1d stride 1 (the input gradient as a convolution with the flipped kernel), conv2d
+/// 1×1 and 3×3 stride 2 (ResNet's), conv3d 3×3×3 with a bias (the VAE's), stride 1 and 2. Few
+/// cases: on a GPU each shape and dtype is a convolution search, kernels compiled at first use. On lavapipe the 1-D and 2-D ones go through the im2col columns,
 /// on a GPU through cubek's GEMMs (f32 accumulators). Each result within 1.5e-3 of its scale in
 /// f16 (lavapipe: 0.7–4.2e-4, one rounding; [`halves`]' factor for bf16), or [`gemm_tol`] where
 /// that is larger (a GPU's f32 side runs as TF32).
@@ -533,16 +533,12 @@ fn half_convolution_nodes_match_f32_on_the_same_rounded_values() {
                 assert!(e <= tol, "{half:?} {name} {what}: relative error {e:e} > {tol:e}");
             }
         };
-        let cases1: [(&str, [usize; 3], [usize; 3], bool, ConvOptions<1>); 2] = [("conv1d k5 pad 2", [3, 8, 37], [6, 8, 5], true, c1(1, 2)), ("conv1d k3 stride 2 pad 1", [2, 6, 16], [6, 6, 3], false, c1(2, 1))];
+        let cases1: [(&str, [usize; 3], [usize; 3], bool, ConvOptions<1>); 1] = [("conv1d k5 pad 2", [3, 8, 37], [6, 8, 5], true, c1(1, 2))];
         for (i, (name, xd, wd, bias, o)) in cases1.into_iter().enumerate() {
             let conv = |x, w, b| conv1d(x, w, b, o.clone());
             check(name, run(xd, wd, bias, 500 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 500 + 10 * i as u64, half, FloatDType::F32, &conv));
         }
-        let cases2: [(&str, [usize; 4], [usize; 4], bool, ConvOptions<2>); 3] = [
-            ("conv2d 3×3 pad 1", [2, 8, 13, 11], [8, 8, 3, 3], false, c2(1, 1)),
-            ("conv2d 1×1 stride 2", [2, 8, 9, 10], [16, 8, 1, 1], false, c2(2, 0)),
-            ("conv2d 3×3 stride 2 pad 1", [2, 5, 11, 8], [7, 5, 3, 3], true, c2(2, 1)),
-        ];
+        let cases2: [(&str, [usize; 4], [usize; 4], bool, ConvOptions<2>); 2] = [("conv2d 1×1 stride 2", [2, 8, 9, 10], [16, 8, 1, 1], false, c2(2, 0)), ("conv2d 3×3 stride 2 pad 1", [2, 5, 11, 8], [7, 5, 3, 3], true, c2(2, 1))];
         for (i, (name, xd, wd, bias, o)) in cases2.into_iter().enumerate() {
             let conv = |x, w, b| conv2d(x, w, b, o.clone());
             check(name, run(xd, wd, bias, 530 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 530 + 10 * i as u64, half, FloatDType::F32, &conv));
