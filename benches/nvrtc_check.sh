@@ -130,35 +130,33 @@ if [ "${#tests[@]}" -gt 0 ]; then
 fi
 # shellcheck source=kernel_rows.sh
 source benches/kernel_rows.sh
+# run_row ROW PRECISION DUMP [BF16_DUMP]: the row's 2 training steps with every kernel lowered to
+# CUDA C++ into $work/dump/DUMP and, with BF16_DUMP, each kernel with f16 in it also retyped to
+# bf16 into $work/dump/BF16_DUMP. Sets row_rc (the run's exit status) and row_args (its arguments).
+run_row() {
+  local r=$1 precision=$2 dump=$3 bf16=${4:-}
+  declare -p "$r" >/dev/null 2>&1 || die 2 "unknown row $r (vae, act, dif)"
+  local -n args=$r
+  log "row $dump: 2 training steps in $precision, every kernel lowered to CUDA C++${bf16:+, the half ones also as bf16}"
+  rm -rf "$work/run_$dump"
+  row_rc=0
+  row_args="${args[*]}"
+  env VRAMLAB_CUDA_DUMP="$work/dump/$dump" ${bf16:+VRAMLAB_CUDA_DUMP_BF16="$work/dump/$bf16"} timeout "${ROW_TIMEOUT_S:-1200}" \
+    "$target/release/vramlab" train --backend=wgpu --precision="$precision" --steps=2 --save_checkpoint=false \
+    --kernel_cache_dir="$work/run_$dump/kernel_cache" "${args[@]}" --output_dir="$work/run_$dump/out" \
+    >"$work/row_$dump.log" 2>&1 || row_rc=$?
+  dumps+=("$dump=$work/dump/$dump")
+  [ -z "$bf16" ] || dumps+=("$bf16=$work/dump/$bf16")
+}
 for r in "${rows[@]}"; do
-  declare -p "$r" >/dev/null 2>&1 || die 2 "ROWS: unknown row $r (vae, act, dif)"
-  declare -n args=$r
-  log "row $r: 2 training steps with every kernel lowered to CUDA C++"
-  rm -rf "$work/run_$r"
-  rc=0
-  VRAMLAB_CUDA_DUMP=$work/dump/$r timeout "${ROW_TIMEOUT_S:-1200}" "$target/release/vramlab" train --backend=wgpu \
-    --precision=f32 --steps=2 --save_checkpoint=false --kernel_cache_dir="$work/run_$r/kernel_cache" "${args[@]}" \
-    --output_dir="$work/run_$r/out" >"$work/row_$r.log" 2>&1 || rc=$?
-  dumps+=("$r=$work/dump/$r")
-  notes+=("$r: \`vramlab train --backend=wgpu --precision=f32 --steps=2 ${args[*]}\` (exit $rc)")
-  unset -n args
+  run_row "$r" f32 "$r"
+  notes+=("$r: \`vramlab train --backend=wgpu --precision=f32 --steps=2 $row_args\` (exit $row_rc)")
 done
 # The same rows in f16, each kernel with f16 in it also retyped to bf16: the half-precision
-# training kernels (casts, losses, the optimizer beside them) as a --precision=bf16 run on a GPU
-# would compile them, at lavapipe's line sizes.
+# training kernels as a --precision=bf16 run on a GPU would compile them, at lavapipe's line sizes.
 for r in "${half_rows[@]}"; do
-  declare -p "$r" >/dev/null 2>&1 || die 2 "HALF_ROWS: unknown row $r (vae, act, dif)"
-  declare -n args=$r
-  log "row ${r}_f16: 2 training steps in f16, every kernel lowered to CUDA C++, the half ones also as bf16"
-  rm -rf "$work/run_${r}_f16"
-  rc=0
-  VRAMLAB_CUDA_DUMP=$work/dump/${r}_f16 VRAMLAB_CUDA_DUMP_BF16=$work/dump/${r}_bf16 timeout "${ROW_TIMEOUT_S:-1200}" \
-    "$target/release/vramlab" train --backend=wgpu --precision=f16 --steps=2 --save_checkpoint=false \
-    --kernel_cache_dir="$work/run_${r}_f16/kernel_cache" "${args[@]}" --output_dir="$work/run_${r}_f16/out" \
-    >"$work/row_${r}_f16.log" 2>&1 || rc=$?
-  dumps+=("${r}_f16=$work/dump/${r}_f16" "${r}_bf16=$work/dump/${r}_bf16")
-  notes+=("${r}_f16: the $r row with \`--precision=f16\` (exit $rc)" "${r}_bf16: that run's kernels with f16 in them, every f16 made bf16 in the IR")
-  unset -n args
+  run_row "$r" f16 "${r}_f16" "${r}_bf16"
+  notes+=("${r}_f16: the $r row with \`--precision=f16\` (exit $row_rc)" "${r}_bf16: that run's kernels with f16 in them, every f16 made bf16 in the IR")
 done
 
 # 5. NVRTC.
