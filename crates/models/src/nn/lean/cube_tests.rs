@@ -495,10 +495,11 @@ fn half_group_norm_kernels_match_f32_on_the_same_rounded_values() {
 /// against the same nodes in f32 on the same rounded values, as a `--precision=bf16` run takes
 /// them: conv1d stride 1 (the input gradient as a convolution with the flipped kernel), conv2d
 /// 1×1 and 3×3 stride 2 (ResNet's), conv3d 3×3×3 with a bias (the VAE's), stride 1 and 2. Few
-/// cases: on a GPU each shape and dtype is a convolution search, kernels compiled at first use. On lavapipe the 1-D and 2-D ones go through the im2col columns,
-/// on a GPU through cubek's GEMMs (f32 accumulators). Each result within 1.5e-3 of its scale in
-/// f16 (lavapipe: 0.7–4.2e-4, one rounding; [`halves`]' factor for bf16), or [`gemm_tol`] where
-/// that is larger (a GPU's f32 side runs as TF32).
+/// cases: on a GPU each shape and dtype is a convolution search, kernels compiled at first use.
+/// On lavapipe the 1-D and 2-D ones go through the im2col columns, on a GPU through cubek's GEMMs
+/// (f32 accumulators). Each result within 1.5e-3 of its scale in f16 (lavapipe: 0.7–4.2e-4, one
+/// rounding; [`halves`]' factor for bf16), or [`gemm_tol`] where that is larger (a GPU's f32
+/// side runs as TF32).
 #[test]
 fn half_convolution_nodes_match_f32_on_the_same_rounded_values() {
     use burn::tensor::ops::ConvOptions;
@@ -522,7 +523,10 @@ fn half_convolution_nodes_match_f32_on_the_same_rounded_values() {
     let c3 = |s, pd| ConvOptions::new([s, s, s], [pd, pd, pd], [1, 1, 1], 1);
     for (half, coarser) in halves() {
         let tol = gemm_tol().max(1.5e-3 * coarser);
-        let check = |name: &str, got: [Vec<f32>; 4], want: [Vec<f32>; 4]| {
+        // `results(dtype)`: the case run in `dtype` on the half-rounded values; the half type's
+        // against f32's.
+        let check = |name: &str, results: &dyn Fn(FloatDType) -> [Vec<f32>; 4]| {
+            let (got, want) = (results(half), results(FloatDType::F32));
             for (what, (a, b)) in ["output", "dx", "dweight", "dbias"].into_iter().zip(got.into_iter().zip(want)) {
                 assert_eq!(a.len(), b.len(), "{half:?} {name} {what}: sizes");
                 if a.is_empty() {
@@ -533,21 +537,11 @@ fn half_convolution_nodes_match_f32_on_the_same_rounded_values() {
                 assert!(e <= tol, "{half:?} {name} {what}: relative error {e:e} > {tol:e}");
             }
         };
-        let cases1: [(&str, [usize; 3], [usize; 3], bool, ConvOptions<1>); 1] = [("conv1d k5 pad 2", [3, 8, 37], [6, 8, 5], true, c1(1, 2))];
-        for (i, (name, xd, wd, bias, o)) in cases1.into_iter().enumerate() {
-            let conv = |x, w, b| conv1d(x, w, b, o.clone());
-            check(name, run(xd, wd, bias, 500 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 500 + 10 * i as u64, half, FloatDType::F32, &conv));
-        }
-        let cases2: [(&str, [usize; 4], [usize; 4], bool, ConvOptions<2>); 2] = [("conv2d 1×1 stride 2", [2, 8, 9, 10], [16, 8, 1, 1], false, c2(2, 0)), ("conv2d 3×3 stride 2 pad 1", [2, 5, 11, 8], [7, 5, 3, 3], true, c2(2, 1))];
-        for (i, (name, xd, wd, bias, o)) in cases2.into_iter().enumerate() {
-            let conv = |x, w, b| conv2d(x, w, b, o.clone());
-            check(name, run(xd, wd, bias, 530 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 530 + 10 * i as u64, half, FloatDType::F32, &conv));
-        }
-        let cases3: [(&str, [usize; 5], [usize; 5], bool, ConvOptions<3>); 2] = [("conv3d 3×3×3 pad 1", [2, 4, 6, 9, 8], [8, 4, 3, 3, 3], true, c3(1, 1)), ("conv3d 3×3×3 stride 2 pad 1", [1, 4, 7, 8, 9], [4, 4, 3, 3, 3], false, c3(2, 1))];
-        for (i, (name, xd, wd, bias, o)) in cases3.into_iter().enumerate() {
-            let conv = |x, w, b| conv3d(x, w, b, o.clone());
-            check(name, run(xd, wd, bias, 560 + 10 * i as u64, half, half, &conv), run(xd, wd, bias, 560 + 10 * i as u64, half, FloatDType::F32, &conv));
-        }
+        check("conv1d k5 pad 2", &|dt| run([3, 8, 37], [6, 8, 5], true, 500, half, dt, &|x, w, b| conv1d(x, w, b, c1(1, 2))));
+        check("conv2d 1×1 stride 2", &|dt| run([2, 8, 9, 10], [16, 8, 1, 1], false, 530, half, dt, &|x, w, b| conv2d(x, w, b, c2(2, 0))));
+        check("conv2d 3×3 stride 2 pad 1", &|dt| run([2, 5, 11, 8], [7, 5, 3, 3], true, 540, half, dt, &|x, w, b| conv2d(x, w, b, c2(2, 1))));
+        check("conv3d 3×3×3 pad 1", &|dt| run([2, 4, 6, 9, 8], [8, 4, 3, 3, 3], true, 560, half, dt, &|x, w, b| conv3d(x, w, b, c3(1, 1))));
+        check("conv3d 3×3×3 stride 2 pad 1", &|dt| run([1, 4, 7, 8, 9], [4, 4, 3, 3, 3], false, 570, half, dt, &|x, w, b| conv3d(x, w, b, c3(2, 1))));
     }
 }
 
